@@ -1,0 +1,14 @@
+// Package offload is kvtier's vocabulary: offload keys, media, localities,
+// the per-request tier filters parsed from kv_transfer_params, request
+// contexts, lookup results, events, transfer jobs, and the SecondaryTier
+// contract that every secondary tier implements.
+//
+// The package does no I/O. Its semantics follow spec/vllm-tiering.md §1–§2
+// (vLLM kv_offload tiering and PR #48123 tier filtering) plus the
+// extensions of DESIGN.md §3: kv_store_tiers, server default filters and
+// strict validation.
+//
+// The filter check TierFilter.Allows sits on the lookup hot path, once per
+// secondary tier per block, so it is precomputed at parse time into a
+// bitmask over the 3×3 medium×locality combinations.
+package offload

@@ -1,0 +1,90 @@
+package offload
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// GroupSuffixLen is the length of the big-endian KV-group index appended to
+// the engine's block hash to form a Key.
+const GroupSuffixLen = 4
+
+// MaxKeyLen bounds the length of a key accepted from outside (the API, a
+// file name, an object name). Engine hashes are 8–32 bytes; 1 KiB leaves
+// room for anything sane and keeps per-key metadata bounded.
+const MaxKeyLen = 1024
+
+// ErrInvalidKey reports a key that is too short to carry a group index or
+// longer than MaxKeyLen.
+var ErrInvalidKey = errors.New("invalid offload key")
+
+// Key identifies one offloaded chunk: the engine's opaque block hash bytes
+// followed by a 4-byte big-endian KV-group index (spec §1.1). kvtier never
+// recomputes hashes. Key is a string so that it can be used as a map key
+// without allocation and is immutable once built.
+type Key string
+
+// MakeKey builds the Key of block hash h in KV group group.
+func MakeKey(h []byte, group uint32) Key {
+	b := make([]byte, len(h)+GroupSuffixLen)
+	copy(b, h)
+	binary.BigEndian.PutUint32(b[len(h):], group)
+	return Key(b)
+}
+
+// KeyFromBytes validates b as an encoded key (hash || be32(group)).
+func KeyFromBytes(b []byte) (Key, error) {
+	if len(b) <= GroupSuffixLen || len(b) > MaxKeyLen {
+		return "", fmt.Errorf("%w: length %d (want %d..%d bytes)", ErrInvalidKey, len(b), GroupSuffixLen+1, MaxKeyLen)
+	}
+	return Key(b), nil
+}
+
+// Valid reports whether k has a non-empty hash and a group suffix and is at
+// most MaxKeyLen bytes long.
+func (k Key) Valid() bool { return len(k) > GroupSuffixLen && len(k) <= MaxKeyLen }
+
+// Hash returns the engine block hash part of k (without the group index).
+// It returns "" for an invalid key.
+func (k Key) Hash() string {
+	if len(k) < GroupSuffixLen {
+		return ""
+	}
+	return string(k[:len(k)-GroupSuffixLen])
+}
+
+// Group returns the KV-group index of k, or 0 for an invalid key.
+func (k Key) Group() uint32 {
+	if len(k) < GroupSuffixLen {
+		return 0
+	}
+	n := len(k)
+	return uint32(k[n-4])<<24 | uint32(k[n-3])<<16 | uint32(k[n-2])<<8 | uint32(k[n-1])
+}
+
+// WireHash is the hash as vLLM publishes it in KV events when integer block
+// hashes are on: the block hash read as a big-endian integer with only the
+// low 64 bits kept, i.e. its last 8 bytes (left-padded with zeros when the
+// hash is shorter).
+func (k Key) WireHash() uint64 { return WireHash(k.Hash()) }
+
+// WireHash returns the low 64 bits of the big-endian integer value of h.
+func WireHash(h string) uint64 {
+	if len(h) > 8 {
+		h = h[len(h)-8:]
+	}
+	var v uint64
+	for i := 0; i < len(h); i++ {
+		v = v<<8 | uint64(h[i])
+	}
+	return v
+}
+
+// HexHash returns the lowercase hex of the hash part, the form used in file
+// and object names.
+func (k Key) HexHash() string { return hex.EncodeToString([]byte(k.Hash())) }
+
+// String renders k for logs: hex hash and group.
+func (k Key) String() string { return fmt.Sprintf("%s/g%d", k.HexHash(), k.Group()) }

@@ -1,0 +1,350 @@
+package offload
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Request parameter keys read from kv_transfer_params.
+const (
+	KeyLoadTiers  = "kv_load_tiers"
+	KeyStoreTiers = "kv_store_tiers"
+	matcherMedium = "medium"
+	matcherLocal  = "locality"
+)
+
+// ValidationMode says what happens to a request whose filter has invalid
+// parts (DESIGN.md §3).
+type ValidationMode uint8
+
+// Validation modes.
+const (
+	// Lenient follows upstream: warn, skip bad entries, fail open to All.
+	Lenient ValidationMode = iota
+	// Strict rejects the request with an error naming the bad entry.
+	Strict
+)
+
+// String returns "lenient" or "strict".
+func (m ValidationMode) String() string {
+	if m == Strict {
+		return "strict"
+	}
+	return "lenient"
+}
+
+// ParseValidationMode maps "lenient" / "strict" (case-insensitive; "" is
+// lenient) to a ValidationMode.
+func ParseValidationMode(s string) (ValidationMode, error) {
+	switch s {
+	case "", "lenient", "LENIENT", "Lenient":
+		return Lenient, nil
+	case "strict", "STRICT", "Strict":
+		return Strict, nil
+	}
+	return Lenient, fmt.Errorf("validation mode %q: want lenient or strict", s)
+}
+
+// Warning reasons, stable identifiers for metrics.
+const (
+	ReasonNotList         = "not_list"
+	ReasonEntryNotObject  = "entry_not_object"
+	ReasonUnknownMedium   = "unknown_medium"
+	ReasonUnknownLocality = "unknown_locality"
+)
+
+// Warning is one problem found while parsing a tier filter. Entry is the
+// index of the offending list entry, or -1 for the field as a whole.
+type Warning struct {
+	Field   string // kv_load_tiers or kv_store_tiers
+	Reason  string // one of the Reason* constants
+	Entry   int
+	Value   string // JSON rendering of the offending value
+	Message string
+}
+
+func (w Warning) String() string { return w.Message }
+
+// ErrInvalidFilter is wrapped by every strict-mode filter error.
+var ErrInvalidFilter = errors.New("invalid tier filter")
+
+// ErrInvalidParams reports kv_transfer_params that are not a JSON object.
+var ErrInvalidParams = errors.New("invalid kv_transfer_params")
+
+// FilterError is the strict-mode error for a filter with an invalid part.
+type FilterError struct{ Warning Warning }
+
+func (e *FilterError) Error() string { return e.Warning.Message }
+
+// Unwrap lets callers test errors.Is(err, ErrInvalidFilter).
+func (e *FilterError) Unwrap() error { return ErrInvalidFilter }
+
+// ParseTierFilter parses the value of a filter field (kv_load_tiers or
+// kv_store_tiers) exactly as spec §2.1: a non-list is All with a warning;
+// non-object entries and entries with an unknown medium or locality are
+// skipped with a warning; [] denies every secondary tier; a non-empty list
+// with no valid entry fails open to All. Values are case-insensitive and
+// "global" is a synonym of "remote". raw is a decoded JSON value (nil,
+// bool, float64 or json.Number, string, []any, map[string]any); a few
+// typed Go forms ([]map[string]any, []map[string]string) are accepted too.
+func ParseTierFilter(field string, raw any) (*TierFilter, []Warning) {
+	entries, ok := asList(raw)
+	if !ok {
+		return All(), []Warning{{
+			Field: field, Reason: ReasonNotList, Entry: -1, Value: render(raw),
+			Message: fmt.Sprintf("%s: expected list, got %s; ignoring", field, jsonTypeName(raw)),
+		}}
+	}
+	var warns []Warning
+	matchers := make([]TierMatcher, 0, len(entries))
+	for i, e := range entries {
+		obj, ok := asObject(e)
+		if !ok {
+			warns = append(warns, Warning{
+				Field: field, Reason: ReasonEntryNotObject, Entry: i, Value: render(e),
+				Message: fmt.Sprintf("%s[%d]: entry is not an object (got %s); skipping", field, i, jsonTypeName(e)),
+			})
+			continue
+		}
+		var m TierMatcher
+		if v, present := obj[matcherMedium]; present && v != nil {
+			s, isStr := v.(string)
+			med, valid := ParseMedium(s)
+			if !isStr || !valid {
+				warns = append(warns, Warning{
+					Field: field, Reason: ReasonUnknownMedium, Entry: i, Value: render(v),
+					Message: fmt.Sprintf("%s[%d]: unknown medium %s; skipping entry", field, i, render(v)),
+				})
+				continue
+			}
+			m.Medium = med
+		}
+		if v, present := obj[matcherLocal]; present && v != nil {
+			s, isStr := v.(string)
+			loc, valid := ParseLocality(s)
+			if !isStr || !valid {
+				warns = append(warns, Warning{
+					Field: field, Reason: ReasonUnknownLocality, Entry: i, Value: render(v),
+					Message: fmt.Sprintf("%s[%d]: unknown locality %s; skipping entry", field, i, render(v)),
+				})
+				continue
+			}
+			m.Locality = loc
+		}
+		matchers = append(matchers, m)
+	}
+	if len(matchers) == 0 && len(entries) > 0 {
+		return All(), warns
+	}
+	return NewTierFilter(matchers...), warns
+}
+
+func asList(v any) ([]any, bool) {
+	switch l := v.(type) {
+	case []any:
+		return l, true
+	case []map[string]any:
+		out := make([]any, len(l))
+		for i := range l {
+			out[i] = l[i]
+		}
+		return out, true
+	case []map[string]string:
+		out := make([]any, len(l))
+		for i := range l {
+			out[i] = l[i]
+		}
+		return out, true
+	}
+	return nil, false
+}
+
+func asObject(v any) (map[string]any, bool) {
+	switch o := v.(type) {
+	case map[string]any:
+		return o, true
+	case map[string]string:
+		out := make(map[string]any, len(o))
+		for k, s := range o {
+			out[k] = s
+		}
+		return out, true
+	}
+	return nil, false
+}
+
+// jsonTypeName names the JSON type of a decoded value for warnings.
+func jsonTypeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case string:
+		return "string"
+	case float64, float32, int, int64, int32, uint, uint64, uint32, json.Number:
+		return "number"
+	case map[string]any, map[string]string:
+		return "object"
+	case []any, []map[string]any, []map[string]string:
+		return "array"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// render gives the JSON form of a value for messages, bounded in length
+// so that a hostile request cannot blow up a log line.
+func render(v any) string {
+	const maxRender = 64
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%v", v)
+	}
+	if len(b) > maxRender {
+		return string(b[:maxRender]) + "…"
+	}
+	return string(b)
+}
+
+// Parser builds request contexts with the server's defaults and
+// validation mode. The zero value is upstream behaviour: lenient, and
+// All for both filters when the request omits them.
+type Parser struct {
+	// DefaultLoad and DefaultStore apply when the request omits the key or
+	// sends null. nil means All.
+	DefaultLoad  *TierFilter
+	DefaultStore *TierFilter
+	Mode         ValidationMode
+	// OnWarning, if set, is called for every warning of a lenient parse
+	// (rate-limited logging and metrics hang off it, see WarningLog).
+	OnWarning func(Warning)
+}
+
+// NewReqContext builds a request context with the zero Parser (lenient,
+// no server defaults). params is JSON bytes, a JSON string, nil, or a
+// decoded map.
+func NewReqContext(reqID string, params any) (*ReqContext, error) {
+	var p Parser
+	return p.NewReqContext(reqID, params)
+}
+
+// NewReqContext parses params (JSON bytes or string, a decoded map, or nil)
+// into a request context. It fails only for params that are not a JSON
+// object, or, in strict mode, for a filter with an invalid part.
+func (p *Parser) NewReqContext(reqID string, params any) (*ReqContext, error) {
+	m, err := decodeParams(params)
+	if err != nil {
+		return nil, err
+	}
+	rc := &ReqContext{ID: reqID, Params: m}
+	rc.LoadFilter, rc.LoadFromRequest, err = p.field(m, KeyLoadTiers, p.DefaultLoad, &rc.Warnings)
+	if err != nil {
+		return nil, err
+	}
+	rc.StoreFilter, rc.StoreFromRequest, err = p.field(m, KeyStoreTiers, p.DefaultStore, &rc.Warnings)
+	if err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
+
+func (p *Parser) field(m map[string]any, key string, def *TierFilter, warns *[]Warning) (*TierFilter, bool, error) {
+	raw, present := m[key]
+	if !present || raw == nil {
+		if def == nil {
+			def = All()
+		}
+		return def, false, nil
+	}
+	f, ws := ParseTierFilter(key, raw)
+	if len(ws) > 0 && p.Mode == Strict {
+		return nil, true, &FilterError{Warning: ws[0]}
+	}
+	for _, w := range ws {
+		if p.OnWarning != nil {
+			p.OnWarning(w)
+		}
+	}
+	*warns = append(*warns, ws...)
+	return f, true, nil
+}
+
+func decodeParams(params any) (map[string]any, error) {
+	var data []byte
+	switch v := params.(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		return v, nil
+	case json.RawMessage:
+		data = v
+	case []byte:
+		data = v
+	case string:
+		data = []byte(v)
+	default:
+		return nil, fmt.Errorf("%w: unsupported Go type %T", ErrInvalidParams, params)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidParams, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the JSON value", ErrInvalidParams)
+	}
+	switch o := v.(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		return o, nil
+	default:
+		return nil, fmt.Errorf("%w: want a JSON object, got %s", ErrInvalidParams, jsonTypeName(v))
+	}
+}
+
+// ReqContext is the per-request context built once from kv_transfer_params
+// and passed to every manager and tier call of that request (spec §1.6).
+// Like the manager, it is used by one goroutine at a time.
+type ReqContext struct {
+	ID string
+	// Params is the raw kv_transfer_params, untouched, so tiers can read
+	// their own keys. nil when the request sent none.
+	Params map[string]any
+	// LoadFilter gates lookups and promotions from secondary tiers;
+	// StoreFilter gates cascades to them. Never nil.
+	LoadFilter  *TierFilter
+	StoreFilter *TierFilter
+	// LoadFromRequest / StoreFromRequest are false when the server
+	// default applied because the request omitted the key or sent null.
+	LoadFromRequest  bool
+	StoreFromRequest bool
+	// Warnings lists every problem found in the request's filters.
+	Warnings []Warning
+
+	state map[any]any
+}
+
+// State returns the per-request scratch value stored under key (nil if
+// none). Tiers use a private key type so they cannot collide.
+func (r *ReqContext) State(key any) any { return r.state[key] }
+
+// SetState stores per-request scratch state under key.
+func (r *ReqContext) SetState(key, v any) {
+	if r.state == nil {
+		r.state = make(map[any]any)
+	}
+	r.state[key] = v
+}
+
+// Background returns a context for internally generated work (promotions
+// on behalf of peers, maintenance): no params, both filters All.
+func Background(reqID string) *ReqContext {
+	return &ReqContext{ID: reqID, LoadFilter: All(), StoreFilter: All()}
+}

@@ -1,0 +1,218 @@
+package offload
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Medium is the coarse storage medium a tier declares (spec §1.2). The
+// zero value is MediumUnspecified: the tier is dynamic on this axis and
+// passes every matcher (it enforces the filter itself).
+type Medium uint8
+
+// Media.
+const (
+	MediumUnspecified Medium = iota
+	MediumCPU
+	MediumStorage
+)
+
+// numAxisValues is the number of values of Medium and of Locality,
+// including unspecified; the filter bitmask has numAxisValues² bits.
+const numAxisValues = 3
+
+// String returns the wire name (CPU, STORAGE) or "" when unspecified.
+func (m Medium) String() string {
+	switch m {
+	case MediumCPU:
+		return "CPU"
+	case MediumStorage:
+		return "STORAGE"
+	case MediumUnspecified:
+		return ""
+	}
+	return fmt.Sprintf("Medium(%d)", uint8(m))
+}
+
+// ParseMedium maps a case-insensitive name (cpu, storage) to a Medium.
+// Whitespace is not trimmed, as upstream.
+func ParseMedium(s string) (Medium, bool) {
+	switch strings.ToUpper(s) {
+	case "CPU":
+		return MediumCPU, true
+	case "STORAGE":
+		return MediumStorage, true
+	}
+	return MediumUnspecified, false
+}
+
+// Locality is the placement of a tier's storage relative to the publishing
+// instance (spec §1.3). The zero value is LocalityUnspecified (dynamic).
+type Locality uint8
+
+// Localities.
+const (
+	LocalityUnspecified Locality = iota
+	LocalityLocal
+	LocalityRemote
+)
+
+// String returns the wire name (LOCAL, REMOTE) or "" when unspecified.
+func (l Locality) String() string {
+	switch l {
+	case LocalityLocal:
+		return "LOCAL"
+	case LocalityRemote:
+		return "REMOTE"
+	case LocalityUnspecified:
+		return ""
+	}
+	return fmt.Sprintf("Locality(%d)", uint8(l))
+}
+
+// ParseLocality maps a case-insensitive name to a Locality. "global" is
+// accepted as a synonym of remote (the spelling of the design discussion).
+func ParseLocality(s string) (Locality, bool) {
+	switch strings.ToUpper(s) {
+	case "LOCAL":
+		return LocalityLocal, true
+	case "REMOTE", "GLOBAL":
+		return LocalityRemote, true
+	}
+	return LocalityUnspecified, false
+}
+
+// TierMatcher matches tiers by medium and locality (spec §1.4). An
+// unspecified field matches anything; a tier whose own field is unspecified
+// passes that axis of every matcher.
+type TierMatcher struct {
+	Medium   Medium
+	Locality Locality
+}
+
+// Matches reports whether a tier declaring (medium, locality) matches m.
+func (m TierMatcher) Matches(medium Medium, locality Locality) bool {
+	mediumOK := m.Medium == MediumUnspecified || medium == MediumUnspecified || m.Medium == medium
+	localityOK := m.Locality == LocalityUnspecified || locality == LocalityUnspecified || m.Locality == locality
+	return mediumOK && localityOK
+}
+
+// String renders m like a request entry, e.g. {medium:STORAGE,locality:LOCAL}.
+func (m TierMatcher) String() string {
+	var parts []string
+	if m.Medium != MediumUnspecified {
+		parts = append(parts, "medium:"+m.Medium.String())
+	}
+	if m.Locality != LocalityUnspecified {
+		parts = append(parts, "locality:"+m.Locality.String())
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// TierFilter is an OR of matchers (spec §1.5). The sentinel All allows
+// every tier; a filter with no matchers denies every secondary tier. The
+// answer for each of the 3×3 (medium, locality) combinations is computed
+// once at construction, so Allows is a single bit test.
+//
+// A TierFilter is immutable after construction; share it by pointer.
+type TierFilter struct {
+	matchers []TierMatcher
+	mask     uint16
+	all      bool
+}
+
+// allFilter is the sentinel behind All. It is never mutated.
+var allFilter = TierFilter{matchers: []TierMatcher{{}}, mask: 1<<(numAxisValues*numAxisValues) - 1, all: true}
+
+// All returns the sentinel filter that allows every tier. It is equal in
+// value to NewTierFilter(TierMatcher{}) but IsAll reports true only for it.
+func All() *TierFilter { return &allFilter }
+
+// NewTierFilter builds a filter from matchers (kept in order, duplicates
+// included). No matchers means deny every secondary tier.
+func NewTierFilter(matchers ...TierMatcher) *TierFilter {
+	f := &TierFilter{matchers: append([]TierMatcher(nil), matchers...)}
+	for m := Medium(0); m < numAxisValues; m++ {
+		for l := Locality(0); l < numAxisValues; l++ {
+			for _, tm := range f.matchers {
+				if tm.Matches(m, l) {
+					f.mask |= 1 << bitIndex(m, l)
+					break
+				}
+			}
+		}
+	}
+	return f
+}
+
+func bitIndex(m Medium, l Locality) uint { return uint(m)*numAxisValues + uint(l) }
+
+// Allows reports whether a tier declaring (medium, locality) may be used.
+// It is branch-free and does not allocate; a nil filter means All.
+// Out-of-range values shift past the mask and are denied.
+func (f *TierFilter) Allows(medium Medium, locality Locality) bool {
+	if f == nil {
+		return true
+	}
+	return f.mask>>bitIndex(medium, locality)&1 != 0
+}
+
+// IsAll reports whether f is the All sentinel (identity, not value).
+func (f *TierFilter) IsAll() bool { return f == nil || f.all }
+
+// DeniesAll reports whether f allows no secondary tier at all.
+func (f *TierFilter) DeniesAll() bool { return f != nil && f.mask == 0 }
+
+// Matchers returns a copy of the matchers in order.
+func (f *TierFilter) Matchers() []TierMatcher {
+	if f == nil {
+		return allFilter.Matchers()
+	}
+	return append([]TierMatcher(nil), f.matchers...)
+}
+
+// Match returns the first matcher that allows (medium, locality), for
+// explanations. ok is false when none does.
+func (f *TierFilter) Match(medium Medium, locality Locality) (m TierMatcher, ok bool) {
+	if f == nil {
+		f = &allFilter
+	}
+	for _, tm := range f.matchers {
+		if tm.Matches(medium, locality) {
+			return tm, true
+		}
+	}
+	return TierMatcher{}, false
+}
+
+// Equal reports value equality: same matchers in the same order. All is
+// equal to a filter holding one unconstrained matcher.
+func (f *TierFilter) Equal(g *TierFilter) bool {
+	if f == nil {
+		f = &allFilter
+	}
+	if g == nil {
+		g = &allFilter
+	}
+	if len(f.matchers) != len(g.matchers) {
+		return false
+	}
+	for i := range f.matchers {
+		if f.matchers[i] != g.matchers[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// String renders f: "ALL", "[]" (deny all) or the matchers.
+func (f *TierFilter) String() string {
+	if f.IsAll() {
+		return "ALL"
+	}
+	parts := make([]string, len(f.matchers))
+	for i, m := range f.matchers {
+		parts[i] = m.String()
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
