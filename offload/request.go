@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"unicode/utf8"
 )
 
 // Request parameter keys read from kv_transfer_params.
@@ -38,10 +42,10 @@ func (m ValidationMode) String() string {
 // ParseValidationMode maps "lenient" / "strict" (case-insensitive; "" is
 // lenient) to a ValidationMode.
 func ParseValidationMode(s string) (ValidationMode, error) {
-	switch s {
-	case "", "lenient", "LENIENT", "Lenient":
+	switch strings.ToLower(s) {
+	case "", "lenient":
 		return Lenient, nil
-	case "strict", "STRICT", "Strict":
+	case "strict":
 		return Strict, nil
 	}
 	return Lenient, fmt.Errorf("validation mode %q: want lenient or strict", s)
@@ -76,7 +80,30 @@ var ErrInvalidParams = errors.New("invalid kv_transfer_params")
 // FilterError is the strict-mode error for a filter with an invalid part.
 type FilterError struct{ Warning Warning }
 
-func (e *FilterError) Error() string { return e.Warning.Message }
+// Error names the field, the entry index (when the problem is one entry)
+// and the offending value, e.g.
+// `invalid tier filter: kv_load_tiers[2]: unknown medium "bogus"`.
+func (e *FilterError) Error() string {
+	w := e.Warning
+	where := w.Field
+	if w.Entry >= 0 {
+		where = fmt.Sprintf("%s[%d]", w.Field, w.Entry)
+	}
+	var what string
+	switch w.Reason {
+	case ReasonNotList:
+		what = "expected a list, got " + w.Value
+	case ReasonEntryNotObject:
+		what = "entry is not an object: " + w.Value
+	case ReasonUnknownMedium:
+		what = "unknown medium " + w.Value + " (want cpu or storage)"
+	case ReasonUnknownLocality:
+		what = "unknown locality " + w.Value + " (want local, remote or global)"
+	default:
+		what = w.Message
+	}
+	return fmt.Sprintf("%v: %s: %s", ErrInvalidFilter, where, what)
+}
 
 // Unwrap lets callers test errors.Is(err, ErrInvalidFilter).
 func (e *FilterError) Unwrap() error { return ErrInvalidFilter }
@@ -87,8 +114,9 @@ func (e *FilterError) Unwrap() error { return ErrInvalidFilter }
 // skipped with a warning; [] denies every secondary tier; a non-empty list
 // with no valid entry fails open to All. Values are case-insensitive and
 // "global" is a synonym of "remote". raw is a decoded JSON value (nil,
-// bool, float64 or json.Number, string, []any, map[string]any); a few
-// typed Go forms ([]map[string]any, []map[string]string) are accepted too.
+// bool, float64 or json.Number, string, []any, map[string]any); other
+// Go slices, maps with string keys and map[any]any with only string keys
+// (as some YAML and CBOR decoders produce) are read the same way.
 func ParseTierFilter(field string, raw any) (*TierFilter, []Warning) {
 	entries, ok := asList(raw)
 	if !ok {
@@ -143,36 +171,59 @@ func ParseTierFilter(field string, raw any) (*TierFilter, []Warning) {
 
 func asList(v any) ([]any, bool) {
 	switch l := v.(type) {
+	case nil:
+		return nil, false
 	case []any:
 		return l, true
-	case []map[string]any:
-		out := make([]any, len(l))
-		for i := range l {
-			out[i] = l[i]
-		}
-		return out, true
-	case []map[string]string:
-		out := make([]any, len(l))
-		for i := range l {
-			out[i] = l[i]
-		}
-		return out, true
+	case string, []byte, json.RawMessage:
+		// A string is not a list; raw bytes are a JSON document that was
+		// not decoded, which we do not guess at.
+		return nil, false
 	}
-	return nil, false
+	// Other typed slices ([]map[string]any, []map[string]string, a
+	// decoder's own list type) hold entries just the same.
+	rv := reflect.ValueOf(v)
+	if k := rv.Kind(); k != reflect.Slice && k != reflect.Array {
+		return nil, false
+	}
+	if rv.Kind() == reflect.Slice && rv.IsNil() {
+		return nil, false
+	}
+	out := make([]any, rv.Len())
+	for i := range out {
+		out[i] = rv.Index(i).Interface()
+	}
+	return out, true
 }
 
 func asObject(v any) (map[string]any, bool) {
 	switch o := v.(type) {
+	case nil:
+		return nil, false
 	case map[string]any:
 		return o, true
-	case map[string]string:
+	case map[any]any:
+		// CBOR and some YAML decoders produce these; an object for us only
+		// if every key is a string.
 		out := make(map[string]any, len(o))
-		for k, s := range o {
-			out[k] = s
+		for k, e := range o {
+			s, ok := k.(string)
+			if !ok {
+				return nil, false
+			}
+			out[s] = e
 		}
 		return out, true
 	}
-	return nil, false
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Map || rv.Type().Key().Kind() != reflect.String || rv.IsNil() {
+		return nil, false
+	}
+	out := make(map[string]any, rv.Len())
+	for it := rv.MapRange(); it.Next(); {
+		out[it.Key().String()] = it.Value().Interface()
+	}
+	return out, true
 }
 
 // jsonTypeName names the JSON type of a decoded value for warnings.
@@ -184,28 +235,42 @@ func jsonTypeName(v any) string {
 		return "boolean"
 	case string:
 		return "string"
-	case float64, float32, int, int64, int32, uint, uint64, uint32, json.Number:
+	case float64, float32, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, json.Number:
 		return "number"
-	case map[string]any, map[string]string:
+	}
+	if _, ok := asObject(v); ok {
 		return "object"
-	case []any, []map[string]any, []map[string]string:
+	}
+	if _, ok := asList(v); ok {
 		return "array"
 	}
 	return fmt.Sprintf("%T", v)
 }
 
 // render gives the JSON form of a value for messages, bounded in length
-// so that a hostile request cannot blow up a log line.
+// so that a hostile request cannot blow up a log line, and cut on a rune
+// boundary so that the message stays valid UTF-8.
 func render(v any) string {
 	const maxRender = 64
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Sprintf("%v", v)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	var b []byte
+	if err := enc.Encode(v); err != nil {
+		// Only Go-typed input gets here (a cycle, a NaN, a func); its
+		// type is safer to print than its value.
+		b = []byte(fmt.Sprintf("<%T>", v))
+	} else {
+		b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	}
-	if len(b) > maxRender {
-		return string(b[:maxRender]) + "…"
+	if len(b) <= maxRender {
+		return string(b)
 	}
-	return string(b)
+	cut := maxRender
+	for cut > 0 && !utf8.RuneStart(b[cut]) {
+		cut--
+	}
+	return string(b[:cut]) + "…"
 }
 
 // Parser builds request contexts with the server's defaults and
@@ -296,7 +361,8 @@ func decodeParams(params any) (map[string]any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidParams, err)
 	}
-	if dec.More() {
+	// dec.More would accept a stray closing bracket; only EOF may follow.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: trailing data after the JSON value", ErrInvalidParams)
 	}
 	switch o := v.(type) {

@@ -17,8 +17,8 @@ const (
 	MediumStorage
 )
 
-// numAxisValues is the number of values of Medium and of Locality,
-// including unspecified; the filter bitmask has numAxisValues² bits.
+// numAxisValues is the number of valid values of Medium and of Locality,
+// including unspecified.
 const numAxisValues = 3
 
 // String returns the wire name (CPU, STORAGE) or "" when unspecified.
@@ -91,7 +91,13 @@ type TierMatcher struct {
 }
 
 // Matches reports whether a tier declaring (medium, locality) matches m.
+// A tier medium or locality outside the declared constants matches
+// nothing: it cannot come from a valid tier declaration, and letting it
+// through would make an unknown value behave like "dynamic".
 func (m TierMatcher) Matches(medium Medium, locality Locality) bool {
+	if medium >= numAxisValues || locality >= numAxisValues {
+		return false
+	}
 	mediumOK := m.Medium == MediumUnspecified || medium == MediumUnspecified || m.Medium == medium
 	localityOK := m.Locality == LocalityUnspecified || locality == LocalityUnspecified || m.Locality == locality
 	return mediumOK && localityOK
@@ -114,7 +120,8 @@ func (m TierMatcher) String() string {
 // answer for each of the 3×3 (medium, locality) combinations is computed
 // once at construction, so Allows is a single bit test.
 //
-// A TierFilter is immutable after construction; share it by pointer.
+// A TierFilter is immutable after construction; share it by pointer. Build
+// one with All or NewTierFilter; the zero TierFilter denies every tier.
 type TierFilter struct {
 	matchers []TierMatcher
 	mask     uint16
@@ -122,7 +129,7 @@ type TierFilter struct {
 }
 
 // allFilter is the sentinel behind All. It is never mutated.
-var allFilter = TierFilter{matchers: []TierMatcher{{}}, mask: 1<<(numAxisValues*numAxisValues) - 1, all: true}
+var allFilter = TierFilter{matchers: []TierMatcher{{}}, mask: maskOf([]TierMatcher{{}}), all: true}
 
 // All returns the sentinel filter that allows every tier. It is equal in
 // value to NewTierFilter(TierMatcher{}) but IsAll reports true only for it.
@@ -132,29 +139,45 @@ func All() *TierFilter { return &allFilter }
 // included). No matchers means deny every secondary tier.
 func NewTierFilter(matchers ...TierMatcher) *TierFilter {
 	f := &TierFilter{matchers: append([]TierMatcher(nil), matchers...)}
+	f.mask = maskOf(f.matchers)
+	return f
+}
+
+// maskOf evaluates the matchers for every valid (medium, locality) pair.
+func maskOf(matchers []TierMatcher) uint16 {
+	var mask uint16
 	for m := Medium(0); m < numAxisValues; m++ {
 		for l := Locality(0); l < numAxisValues; l++ {
-			for _, tm := range f.matchers {
+			for _, tm := range matchers {
 				if tm.Matches(m, l) {
-					f.mask |= 1 << bitIndex(m, l)
+					mask |= 1 << bitIndex(m, l)
 					break
 				}
 			}
 		}
 	}
-	return f
+	return mask
 }
 
-func bitIndex(m Medium, l Locality) uint { return uint(m)*numAxisValues + uint(l) }
+// bitIndex places (m, l) in the 16-bit mask with a stride of 4, so that
+// each axis value below 4 has its own bit and value 3 (invalid) owns bits
+// that are never set. Anything larger must not alias a valid pair: a
+// medium >= 4 already indexes past bit 15, and the l&^3 term pushes a
+// locality >= 4 past it too (a plain m*3+l would map (CPU, 3) onto
+// (STORAGE, unspecified)). Shifting a uint16 by 16 or more yields 0.
+func bitIndex(m Medium, l Locality) uint {
+	return uint(m)<<2 | uint(l) | uint(l&^3)<<4
+}
 
 // Allows reports whether a tier declaring (medium, locality) may be used.
-// It is branch-free and does not allocate; a nil filter means All.
-// Out-of-range values shift past the mask and are denied.
+// It is a bit test without allocation; a nil filter means All. Values
+// outside the declared constants are denied, even by All.
 func (f *TierFilter) Allows(medium Medium, locality Locality) bool {
-	if f == nil {
-		return true
+	mask := allFilter.mask
+	if f != nil {
+		mask = f.mask
 	}
-	return f.mask>>bitIndex(medium, locality)&1 != 0
+	return mask>>bitIndex(medium, locality)&1 != 0
 }
 
 // IsAll reports whether f is the All sentinel (identity, not value).
