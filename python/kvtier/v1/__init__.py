@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of the kvtier v1 API (see api/gen.sh)."""
