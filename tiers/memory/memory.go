@@ -1,0 +1,577 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Type is the configured type of memory tiers.
+const Type = "memory"
+
+// Errors reported in failed JobResults.
+var (
+	// ErrClosed fails jobs submitted to, or still waiting in, a closed tier.
+	ErrClosed = errors.New("memory tier: closed")
+	// ErrNotPresent fails a load of a block the tier does not hold.
+	ErrNotPresent = errors.New("memory tier: block not present")
+	// ErrInjected is the failure produced by Config.FailRate.
+	ErrInjected = errors.New("memory tier: injected failure")
+)
+
+// Config configures a memory tier.
+type Config struct {
+	Name           string
+	Medium         offload.Medium   // unspecified = dynamic
+	Locality       offload.Locality // unspecified = dynamic
+	CapacityBlocks int              // 0 = unbounded; LRU eviction with removed events otherwise
+	Latency        time.Duration    // simulated per-job latency (jobs complete on a goroutine)
+	FailRate       float64          // 0..1 probability that a job fails (failure injection)
+	AsyncLookup    bool             // first lookup answers Retry; resolved at OnScheduleEnd
+	Events         bool             // emit stored/removed events
+	Seed           int64            // deterministic failure injection
+}
+
+// Tier is an in-process secondary tier. It implements
+// offload.SecondaryTier. Like every tier it is driven by one executor
+// goroutine; its own goroutines only complete delayed jobs, so all shared
+// state sits behind one mutex.
+type Tier struct {
+	cfg     Config
+	closing chan struct{} // closed by Close: delayed jobs give up waiting
+
+	// rng decides injected failures at submit time, on the executor, so a
+	// seed reproduces the same failures whatever the goroutine schedule.
+	rng *rand.Rand
+
+	mu       sync.Mutex
+	blocks   map[offload.Key]*entry
+	lru      entry // sentinel of the recency list; lru.next is the oldest
+	spare    [][]byte
+	reqs     map[string]*reqState
+	nmissed  int // keys marked missed across all requests
+	results  []offload.JobResult
+	events   []offload.Event
+	inflight int
+	idle     chan struct{} // closed when inflight drops to zero; nil while idle
+	closed   bool
+}
+
+type entry struct {
+	key        offload.Key
+	data       []byte
+	prev, next *entry
+}
+
+// reqState is what the tier remembers about one request: keys whose
+// asynchronous existence check is queued or resolved, and keys whose load
+// failed (they answer Miss for this request so that the manager does not
+// promote them again and again, the #49328 livelock fix).
+type reqState struct {
+	queued   map[offload.Key]struct{}
+	resolved map[offload.Key]struct{}
+	missed   map[offload.Key]struct{}
+}
+
+// New returns a memory tier. Name defaults to "memory".
+func New(cfg Config) (*Tier, error) {
+	if cfg.Name == "" {
+		cfg.Name = Type
+	}
+	if cfg.Medium > offload.MediumStorage {
+		return nil, fmt.Errorf("memory tier %q: invalid medium %d", cfg.Name, cfg.Medium)
+	}
+	if cfg.Locality > offload.LocalityRemote {
+		return nil, fmt.Errorf("memory tier %q: invalid locality %d", cfg.Name, cfg.Locality)
+	}
+	if cfg.CapacityBlocks < 0 {
+		return nil, fmt.Errorf("memory tier %q: capacity_blocks %d: must be >= 0", cfg.Name, cfg.CapacityBlocks)
+	}
+	if cfg.Latency < 0 {
+		return nil, fmt.Errorf("memory tier %q: latency %v: must be >= 0", cfg.Name, cfg.Latency)
+	}
+	if !(cfg.FailRate >= 0 && cfg.FailRate <= 1) { // also rejects NaN
+		return nil, fmt.Errorf("memory tier %q: fail_rate %v: must be in [0, 1]", cfg.Name, cfg.FailRate)
+	}
+	t := &Tier{
+		cfg:     cfg,
+		closing: make(chan struct{}),
+		rng:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6b7674696572)),
+		blocks:  make(map[offload.Key]*entry),
+		reqs:    make(map[string]*reqState),
+	}
+	t.lru.prev, t.lru.next = &t.lru, &t.lru
+	return t, nil
+}
+
+// Name returns the configured name.
+func (t *Tier) Name() string { return t.cfg.Name }
+
+// Type returns "memory".
+func (t *Tier) Type() string { return Type }
+
+// Medium returns the configured medium (unspecified = dynamic).
+func (t *Tier) Medium() offload.Medium { return t.cfg.Medium }
+
+// Locality returns the configured locality (unspecified = dynamic).
+func (t *Tier) Locality() offload.Locality { return t.cfg.Locality }
+
+// Lookup answers Hit when the tier holds key. In async-lookup mode a key
+// not yet checked for this request answers Retry until the next
+// OnScheduleEnd. A key whose load failed for this request answers Miss.
+func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return offload.Miss
+	}
+	if t.nmissed > 0 || t.cfg.AsyncLookup {
+		rs := t.reqs[reqID(req)]
+		if rs != nil {
+			if _, ok := rs.missed[key]; ok {
+				return offload.Miss
+			}
+		}
+		if t.cfg.AsyncLookup {
+			if rs == nil {
+				rs = &reqState{}
+				t.reqs[reqID(req)] = rs
+			}
+			if _, ok := rs.resolved[key]; !ok {
+				if rs.queued == nil {
+					rs.queued = make(map[offload.Key]struct{})
+				}
+				rs.queued[key] = struct{}{}
+				return offload.Retry
+			}
+		}
+	}
+	if _, ok := t.blocks[key]; ok {
+		return offload.Hit
+	}
+	return offload.Miss
+}
+
+func reqID(req *offload.ReqContext) string {
+	if req == nil {
+		return ""
+	}
+	return req.ID
+}
+
+// SubmitStore copies the job's arena slots into the tier. Blocks the tier
+// already holds are not copied again.
+func (t *Tier) SubmitStore(job *offload.Job) { t.submit(job, false) }
+
+// SubmitLoad copies the tier's blocks into the job's arena slots, in key
+// order, stopping at the first block it cannot deliver; the result then
+// reports the loaded prefix in SuccessfulKeys.
+func (t *Tier) SubmitLoad(job *offload.Job) { t.submit(job, true) }
+
+func (t *Tier) submit(job *offload.Job, load bool) {
+	if job == nil {
+		return // nothing to answer
+	}
+	failAt := -1 // index of the key at which an injected failure strikes
+	if t.cfg.FailRate > 0 && t.rng.Float64() < t.cfg.FailRate {
+		failAt = 0
+		if load && len(job.Keys) > 1 {
+			failAt = t.rng.IntN(len(job.Keys))
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		t.results = append(t.results, offload.JobResult{JobID: job.ID, Err: ErrClosed})
+		return
+	}
+	if t.cfg.Latency <= 0 {
+		t.finish(job, load, failAt, time.Now())
+		return
+	}
+	if t.inflight == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.inflight++
+	go t.delayed(job, load, failAt, time.Now())
+}
+
+// delayed completes a job after the configured latency, or fails it at once
+// when the tier closes.
+func (t *Tier) delayed(job *offload.Job, load bool, failAt int, start time.Time) {
+	timer := time.NewTimer(t.cfg.Latency)
+	aborted := false
+	select {
+	case <-timer.C:
+	case <-t.closing:
+		timer.Stop()
+		aborted = true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if aborted {
+		t.results = append(t.results, offload.JobResult{JobID: job.ID, Err: ErrClosed, Duration: time.Since(start)})
+	} else {
+		t.finish(job, load, failAt, start)
+	}
+	t.inflight--
+	if t.inflight == 0 {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// finish performs the transfer and records the job's only result. t.mu is
+// held.
+func (t *Tier) finish(job *offload.Job, load bool, failAt int, start time.Time) {
+	var res offload.JobResult
+	if load {
+		res = t.load(job, failAt)
+	} else {
+		res = t.store(job, failAt)
+	}
+	res.JobID = job.ID
+	res.Duration = time.Since(start)
+	t.results = append(t.results, res)
+}
+
+func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
+	if failAt >= 0 {
+		return offload.JobResult{Err: fmt.Errorf("memory tier %q: store job %d: %w", t.cfg.Name, job.ID, ErrInjected)}
+	}
+	if len(job.Keys) != len(job.Slots) {
+		return offload.JobResult{Err: fmt.Errorf("memory tier %q: store job %d: %d keys but %d slots", t.cfg.Name, job.ID, len(job.Keys), len(job.Slots))}
+	}
+	if len(job.Keys) > 0 && job.Arena == nil {
+		return offload.JobResult{Err: fmt.Errorf("memory tier %q: store job %d: no arena", t.cfg.Name, job.ID)}
+	}
+	// Validate every slot first so that a bad job stores nothing.
+	for _, s := range job.Slots {
+		if _, err := job.Arena.Slot(s); err != nil {
+			return offload.JobResult{Err: fmt.Errorf("memory tier %q: store job %d: %w", t.cfg.Name, job.ID, err)}
+		}
+	}
+	// Refresh the blocks already held, then make room for the new ones in
+	// one eviction so that a job announces one removal event.
+	missing := 0
+	for _, k := range job.Keys {
+		if e, ok := t.blocks[k]; ok {
+			t.moveToFront(e)
+		} else {
+			missing++
+		}
+	}
+	t.evictFor(missing)
+	var stored []offload.Key
+	var n int64
+	for i, k := range job.Keys {
+		if _, ok := t.blocks[k]; ok {
+			continue
+		}
+		src, _ := job.Arena.Slot(job.Slots[i])
+		t.evictFor(1) // only when the job alone exceeds the capacity
+		e := &entry{key: k, data: t.buffer(len(src))}
+		copy(e.data, src)
+		n += int64(len(src))
+		t.blocks[k] = e
+		t.pushFront(e)
+		if t.cfg.Events {
+			stored = append(stored, k)
+		}
+	}
+	if len(stored) > 0 {
+		t.events = append(t.events, offload.Event{Keys: stored, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Tier: t.cfg.Name})
+	}
+	return offload.JobResult{Success: true, Bytes: n}
+}
+
+func (t *Tier) load(job *offload.Job, failAt int) offload.JobResult {
+	if len(job.Keys) != len(job.Slots) {
+		return offload.JobResult{Err: fmt.Errorf("memory tier %q: load job %d: %d keys but %d slots", t.cfg.Name, job.ID, len(job.Keys), len(job.Slots))}
+	}
+	var n int64
+	var err error
+	done := 0
+	for i, k := range job.Keys {
+		if i == failAt {
+			err = fmt.Errorf("memory tier %q: load %s: %w", t.cfg.Name, k, ErrInjected)
+			break
+		}
+		e, ok := t.blocks[k]
+		if !ok {
+			err = fmt.Errorf("memory tier %q: load %s: %w", t.cfg.Name, k, ErrNotPresent)
+			break
+		}
+		if job.Arena == nil {
+			err = fmt.Errorf("memory tier %q: load job %d: no arena", t.cfg.Name, job.ID)
+			break
+		}
+		dst, serr := job.Arena.Slot(job.Slots[i])
+		if serr != nil {
+			err = fmt.Errorf("memory tier %q: load %s: %w", t.cfg.Name, k, serr)
+			break
+		}
+		if len(dst) != len(e.data) {
+			err = fmt.Errorf("memory tier %q: load %s: block is %d bytes, slot %d", t.cfg.Name, k, len(e.data), len(dst))
+			break
+		}
+		copy(dst, e.data)
+		t.moveToFront(e)
+		n += int64(len(dst))
+		done++
+	}
+	if err == nil {
+		return offload.JobResult{Success: true, Bytes: n}
+	}
+	// Remember the failed key for this request so that it is not promoted
+	// again in a loop; other requests may still try. Only requests the
+	// tier knows (announced and not finished) keep such state, so a late
+	// failure of a finished request's job leaves nothing behind.
+	if rs := t.reqs[reqID(job.Req)]; rs != nil {
+		if rs.missed == nil {
+			rs.missed = make(map[offload.Key]struct{})
+		}
+		if _, dup := rs.missed[job.Keys[done]]; !dup {
+			rs.missed[job.Keys[done]] = struct{}{}
+			t.nmissed++
+		}
+	}
+	res := offload.JobResult{Bytes: n, Err: err}
+	if done > 0 {
+		res.SuccessfulKeys = job.Keys[:done:done]
+	}
+	return res
+}
+
+// evictFor makes room for n new blocks under the capacity limit.
+func (t *Tier) evictFor(n int) {
+	if t.cfg.CapacityBlocks <= 0 {
+		return
+	}
+	var removed []offload.Key
+	for len(t.blocks)+n > t.cfg.CapacityBlocks && t.lru.next != &t.lru {
+		e := t.lru.next
+		t.unlink(e)
+		delete(t.blocks, e.key)
+		t.spare = append(t.spare, e.data)
+		if t.cfg.Events {
+			removed = append(removed, e.key)
+		}
+	}
+	if len(removed) > 0 {
+		t.events = append(t.events, offload.Event{Keys: removed, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Removed: true, Tier: t.cfg.Name})
+	}
+}
+
+// buffer returns a block buffer of size n, reusing an evicted one when it
+// fits: blocks are fixed-size, so churn should not churn the heap.
+func (t *Tier) buffer(n int) []byte {
+	for len(t.spare) > 0 {
+		b := t.spare[len(t.spare)-1]
+		t.spare = t.spare[:len(t.spare)-1]
+		if cap(b) >= n {
+			return b[:n]
+		}
+	}
+	return make([]byte, n)
+}
+
+func (t *Tier) unlink(e *entry) {
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+}
+
+// pushFront makes e the most recently used entry (the list's tail).
+func (t *Tier) pushFront(e *entry) {
+	e.prev = t.lru.prev
+	e.next = &t.lru
+	t.lru.prev.next = e
+	t.lru.prev = e
+}
+
+func (t *Tier) moveToFront(e *entry) {
+	t.unlink(e)
+	t.pushFront(e)
+}
+
+// FinishedJobs returns the results that became available since the last
+// call.
+func (t *Tier) FinishedJobs() []offload.JobResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.results
+	t.results = nil
+	return r
+}
+
+// DrainJobs waits until every submitted job has a result available, or ctx
+// ends.
+func (t *Tier) DrainJobs(ctx context.Context) error {
+	t.mu.Lock()
+	idle := t.idle
+	t.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("memory tier %q: drain: %w", t.cfg.Name, ctx.Err())
+	}
+}
+
+// HasPendingWork reports jobs in flight, results not yet collected, or
+// asynchronous lookups waiting for the next step.
+func (t *Tier) HasPendingWork() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.inflight > 0 || len(t.results) > 0 {
+		return true
+	}
+	for _, rs := range t.reqs {
+		if len(rs.queued) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Touch marks the keys the tier holds as recently used; the first key
+// ends up most recent, as in the primary's LRU.
+func (t *Tier) Touch(keys []offload.Key, _ *offload.ReqContext) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(keys) - 1; i >= 0; i-- {
+		if e, ok := t.blocks[keys[i]]; ok {
+			t.moveToFront(e)
+		}
+	}
+}
+
+// OnNewRequest starts tracking the request's lookup state. It returns
+// BlockLevel: the memory tier needs no prefix-hit blocks offered again.
+func (t *Tier) OnNewRequest(req *offload.ReqContext) offload.OffloadPolicy {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.reqs[reqID(req)]; !ok && !t.closed {
+		t.reqs[reqID(req)] = &reqState{}
+	}
+	return offload.BlockLevel
+}
+
+// OnRequestFinished forgets the request's lookup state.
+func (t *Tier) OnRequestFinished(req *offload.ReqContext) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rs, ok := t.reqs[reqID(req)]; ok {
+		t.nmissed -= len(rs.missed)
+		delete(t.reqs, reqID(req))
+	}
+}
+
+// OnScheduleEnd resolves the asynchronous lookups queued during the step.
+func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
+	if !t.cfg.AsyncLookup {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, rs := range t.reqs {
+		if len(rs.queued) == 0 {
+			continue
+		}
+		if rs.resolved == nil {
+			rs.resolved = make(map[offload.Key]struct{}, len(rs.queued))
+		}
+		for k := range rs.queued {
+			rs.resolved[k] = struct{}{}
+		}
+		clear(rs.queued)
+	}
+}
+
+// TakeEvents returns and clears the buffered stored/removed events.
+func (t *Tier) TakeEvents() []offload.Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := t.events
+	t.events = nil
+	return ev
+}
+
+// Close fails every job still waiting out its latency, waits (bounded by
+// ctx) until every job has its result, and drops the stored blocks.
+// Results stay available to FinishedJobs; later jobs fail with ErrClosed.
+func (t *Tier) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if !t.closed {
+		t.closed = true
+		close(t.closing)
+	}
+	t.mu.Unlock()
+	if err := t.DrainJobs(ctx); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.blocks)
+	t.lru.prev, t.lru.next = &t.lru, &t.lru
+	t.spare = nil
+	clear(t.reqs)
+	t.nmissed = 0
+	return nil
+}
+
+// Len returns the number of blocks the tier holds.
+func (t *Tier) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.blocks)
+}
+
+// Contains reports whether the tier holds key (no recency update).
+func (t *Tier) Contains(key offload.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.blocks[key]
+	return ok
+}
+
+// Get returns a copy of the bytes stored under key.
+func (t *Tier) Get(key offload.Key) ([]byte, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.blocks[key]
+	if !ok {
+		return nil, false
+	}
+	return append([]byte(nil), e.data...), true
+}
+
+// Put stores data under key directly, bypassing jobs: for seeding a tier
+// in tests and tools. It evicts like a store and emits a stored event.
+func (t *Tier) Put(key offload.Key, data []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.blocks[key]; ok {
+		e.data = append(e.data[:0], data...)
+		t.moveToFront(e)
+		return
+	}
+	t.evictFor(1)
+	e := &entry{key: key, data: append(t.buffer(len(data))[:0], data...)}
+	t.blocks[key] = e
+	t.pushFront(e)
+	if t.cfg.Events {
+		t.events = append(t.events, offload.Event{Keys: []offload.Key{key}, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Tier: t.cfg.Name})
+	}
+}
+
+var _ offload.SecondaryTier = (*Tier)(nil)
