@@ -1,0 +1,347 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+func TestParseDefaults(t *testing.T) {
+	for _, doc := range []string{"", "# nothing\n", "---\n", "primary: ~\nnamespace:\n"} {
+		cfg, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", doc, err)
+		}
+		if cfg.Namespace.BytesPerBlock != 2*MiB || cfg.Primary.Bytes != GiB ||
+			cfg.Primary.Policy != PolicyLRU || cfg.Primary.Arena.Kind != ArenaAnonymous ||
+			cfg.Namespace.Model != DefaultModel || cfg.Validation.Mode() != offload.Lenient ||
+			len(cfg.SecondaryTiers) != 0 || cfg.DefaultLoadTiers.IsSet() || cfg.DefaultStoreTiers.IsSet() {
+			t.Errorf("Parse(%q) = %+v, want defaults", doc, cfg)
+		}
+		if got := cfg.NumSlots(); got != 512 {
+			t.Errorf("NumSlots = %d, want 512", got)
+		}
+	}
+}
+
+func TestParseFull(t *testing.T) {
+	doc := `
+namespace:
+  model: llama-3-8b
+  bytes_per_block: 1.5 MiB
+primary:
+  bytes: 3MiB
+  policy: ARC
+  arena: {kind: File, path: /dev/shm/kvtier.arena}
+secondary_tiers:
+  - type: memory
+    medium: storage
+  - name: remote-cpu
+    type: Memory
+    medium: CPU
+    locality: remote
+default_load_tiers: []
+default_store_tiers: [{medium: storage}, {locality: GLOBAL}]
+validation: Strict
+`
+	cfg, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Namespace.Model != "llama-3-8b" || cfg.Namespace.BytesPerBlock != 3*MiB/2 {
+		t.Errorf("namespace = %+v", cfg.Namespace)
+	}
+	if cfg.Primary.Bytes != 3*MiB || cfg.Primary.Policy != PolicyARC ||
+		cfg.Primary.Arena != (Arena{Kind: ArenaFile, Path: "/dev/shm/kvtier.arena"}) {
+		t.Errorf("primary = %+v", cfg.Primary)
+	}
+	if cfg.NumSlots() != 2 {
+		t.Errorf("NumSlots = %d, want 2", cfg.NumSlots())
+	}
+	if len(cfg.SecondaryTiers) != 2 {
+		t.Fatalf("tiers = %+v", cfg.SecondaryTiers)
+	}
+	for i, want := range []struct{ name, typ, path string }{
+		{"memory0", "memory", "secondary_tiers[0]"},
+		{"remote-cpu", "memory", "secondary_tiers[1]"},
+	} {
+		got := cfg.SecondaryTiers[i]
+		if got.Name != want.name || got.Type != want.typ || got.Index != i || got.Path() != want.path {
+			t.Errorf("tier %d = %q %q %d %q, want %+v", i, got.Name, got.Type, got.Index, got.Path(), want)
+		}
+	}
+	if !cfg.SecondaryTiers[1].Has("locality") || cfg.SecondaryTiers[1].Has("name") || cfg.SecondaryTiers[0].Has("locality") {
+		t.Error("Has reports the wrong type-specific keys")
+	}
+	p := cfg.Parser()
+	if p.Mode != offload.Strict {
+		t.Errorf("mode = %v, want strict", p.Mode)
+	}
+	if !p.DefaultLoad.DeniesAll() || p.DefaultLoad.IsAll() {
+		t.Errorf("default load = %v, want []", p.DefaultLoad)
+	}
+	wantStore := offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage}, offload.TierMatcher{Locality: offload.LocalityRemote})
+	if !p.DefaultStore.Equal(wantStore) {
+		t.Errorf("default store = %v, want %v", p.DefaultStore, wantStore)
+	}
+	rc, err := p.NewReqContext("r", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.LoadFromRequest || !rc.LoadFilter.DeniesAll() || !rc.StoreFilter.Equal(wantStore) {
+		t.Errorf("request without filters got load %v store %v", rc.LoadFilter, rc.StoreFilter)
+	}
+}
+
+// TestParseErrors checks that every error names the key path (and value)
+// it is about.
+func TestParseErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		doc  string
+		want []string // substrings of the error, in order of appearance
+	}{
+		{"unknown top-level key", "colour: red\n",
+			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation)`}},
+		{"reserved section not yet supported", "events: {enabled: true}\n",
+			[]string{`events: unknown key`}},
+		{"unknown nested key", "primary:\n  size: 1GiB\n",
+			[]string{`primary.size: unknown key (want one of: bytes, policy, arena)`}},
+		{"duplicate key", "validation: strict\nvalidation: lenient\n",
+			[]string{`validation: duplicate key (first set on line 1)`}},
+		{"bad policy", "primary: {policy: fifo}\n",
+			[]string{`primary.policy: invalid value "fifo" (want lru or arc)`}},
+		{"bad arena kind", "primary: {arena: {kind: hugepages}}\n",
+			[]string{`primary.arena.kind: invalid value "hugepages" (want anonymous, file or memfd)`}},
+		{"file arena without path", "primary: {arena: {kind: file}}\n",
+			[]string{`primary.arena.path: required when primary.arena.kind is file`}},
+		{"path without file arena", "primary: {arena: {path: /dev/shm/x}}\n",
+			[]string{`primary.arena.path: only used when primary.arena.kind is file (kind is anonymous)`}},
+		{"bad size", "primary: {bytes: lots}\n",
+			[]string{`primary.bytes: invalid value "lots" (want a size`}},
+		{"ambiguous unit", "namespace: {bytes_per_block: 2M}\n",
+			[]string{`namespace.bytes_per_block: invalid value "2M": unknown unit "M"`}},
+		{"zero block", "namespace: {bytes_per_block: 0}\n",
+			[]string{`namespace.bytes_per_block: must be positive, got 0`}},
+		{"primary smaller than a block", "primary: {bytes: 1MiB}\n",
+			[]string{`primary.bytes: 1MiB holds no block of namespace.bytes_per_block = 2MiB`}},
+		{"model not a string", "namespace: {model: [a, b]}\n",
+			[]string{`namespace.model: want a string, got a list`}},
+		{"section not a mapping", "primary: big\n",
+			[]string{`primary: want a mapping of keys, got "big"`}},
+		{"bad validation", "validation: paranoid\n",
+			[]string{`validation: invalid value "paranoid" (want lenient or strict)`}},
+		{"tiers not a list", "secondary_tiers: {type: memory}\n",
+			[]string{`secondary_tiers: want a list, got a mapping`}},
+		{"tier without type", "secondary_tiers:\n  - name: a\n",
+			[]string{`secondary_tiers[0].type: missing (every secondary tier needs a type, such as memory)`}},
+		{"empty tier entry", "secondary_tiers:\n  -\n",
+			[]string{`secondary_tiers[0]: want a tier such as {name: cache, type: memory}, got nothing`}},
+		{"tier type not a string", "secondary_tiers: [{type: [memory]}]\n",
+			[]string{`secondary_tiers[0].type: want a tier type such as memory, got a list`}},
+		{"duplicate name", "secondary_tiers:\n  - {name: a, type: memory}\n  - {name: a, type: memory}\n",
+			[]string{`secondary_tiers[1].name: duplicate name "a" (also secondary_tiers[0])`}},
+		{"explicit name collides with a default name", "secondary_tiers:\n  - {type: memory}\n  - {name: memory0, type: memory}\n",
+			[]string{`secondary_tiers[1].name: duplicate name "memory0" (also secondary_tiers[0])`}},
+		{"bad name", "secondary_tiers: [{name: 'my tier', type: memory}]\n",
+			[]string{`secondary_tiers[0].name: invalid name "my tier"`}},
+		{"duplicate key in a tier", "secondary_tiers:\n  - type: memory\n    medium: cpu\n    medium: storage\n",
+			[]string{`secondary_tiers[0].medium: duplicate key (first set on line 3)`}},
+		{"default filter bad medium", "default_load_tiers: [{medium: moon}]\n",
+			[]string{`default_load_tiers[0].medium: invalid value "moon" (want cpu or storage)`}},
+		{"default filter bad locality", "default_store_tiers: [{medium: cpu}, {locality: 5}]\n",
+			[]string{`default_store_tiers[1].locality: invalid value 5 (want local or remote)`}},
+		{"default filter not a list", "default_load_tiers: storage\n",
+			[]string{`default_load_tiers: want a list of matchers such as [{medium: storage}], got "storage"`}},
+		{"default filter entry not a mapping", "default_load_tiers: [cpu]\n",
+			[]string{`default_load_tiers[0]: want a matcher such as {medium: storage, locality: local}, got "cpu"`}},
+		{"default filter unknown matcher key", "default_load_tiers: [{medum: storage}]\n",
+			[]string{`default_load_tiers[0].medum: unknown key (want medium or locality)`}},
+		{"several problems reported together", "validation: x\nprimary: {policy: y}\n",
+			[]string{`validation: invalid value "x"`, `primary.policy: invalid value "y"`}},
+		{"two documents", "validation: strict\n---\nvalidation: lenient\n",
+			[]string{`want one YAML document, found more`}},
+		{"syntax error", "primary: {bytes: 1\n",
+			[]string{`yaml: line`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatalf("Parse succeeded (%+v), want an error containing %q", cfg, tc.want)
+			}
+			msg := err.Error()
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Errorf("error %q is not a *config.Error", msg)
+			}
+			rest := msg
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("error %q does not contain %q (in order)", msg, w)
+				}
+				rest = rest[i+len(w):]
+			}
+		})
+	}
+}
+
+func TestLoadErrorNamesFileAndLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvtier.yaml")
+	doc := "secondary_tiers:\n  - type: memory\n    locality: moon\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load: %v (the memory keys are decoded by tierset, not here)", err)
+	}
+	type spec struct {
+		Locality Locality `yaml:"locality"`
+	}
+	var s spec
+	err = cfg.SecondaryTiers[0].Decode(&s)
+	want := path + `:3: secondary_tiers[0].locality: invalid value "moon" (want local or remote)`
+	if err == nil || err.Error() != want {
+		t.Errorf("Decode error = %v, want %s", err, want)
+	}
+
+	if err := os.WriteFile(path, []byte("validation: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if want := path + `:1: validation: invalid value "x" (want lenient or strict)`; err == nil || err.Error() != want {
+		t.Errorf("Load error = %v, want %s", err, want)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load of a missing file = %v, want ErrNotExist", err)
+	}
+}
+
+type testTier struct {
+	Medium   Medium        `yaml:"medium"`
+	Locality Locality      `yaml:"locality"`
+	Blocks   int           `yaml:"capacity_blocks"`
+	Latency  time.Duration `yaml:"latency"`
+	Rate     float64       `yaml:"fail_rate"`
+	Async    bool          `yaml:"async_lookup"`
+	Limits   *struct {
+		Max int `yaml:"max"`
+	} `yaml:"limits"`
+}
+
+func TestTierSpecDecode(t *testing.T) {
+	cases := []struct {
+		name string
+		tier string
+		want testTier
+		err  string
+	}{
+		{name: "absent keys keep defaults", tier: "{type: memory}", want: testTier{Blocks: 7}},
+		{name: "all keys", tier: "{type: memory, medium: Storage, locality: LOCAL, capacity_blocks: 3, latency: 5ms, fail_rate: 0.5, async_lookup: true, limits: {max: 2}}",
+			want: testTier{Medium: Medium(offload.MediumStorage), Locality: Locality(offload.LocalityLocal), Blocks: 3,
+				Latency: 5 * time.Millisecond, Rate: 0.5, Async: true, Limits: &struct {
+					Max int `yaml:"max"`
+				}{2}}},
+		{name: "null medium is dynamic", tier: "{type: memory, medium: ~, locality: null}", want: testTier{Blocks: 7}},
+		{name: "unknown key", tier: "{type: memory, colour: red}",
+			err: `secondary_tiers[0].colour: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, fail_rate, async_lookup, limits)`},
+		{name: "bad medium", tier: "{type: memory, medium: gpu}",
+			err: `secondary_tiers[0].medium: invalid value "gpu" (want cpu or storage)`},
+		{name: "global is not a config locality", tier: "{type: memory, locality: global}",
+			err: `secondary_tiers[0].locality: invalid value "global" (want local or remote)`},
+		{name: "empty medium", tier: "{type: memory, medium: ''}",
+			err: `secondary_tiers[0].medium: invalid value "" (want cpu or storage)`},
+		{name: "medium not a scalar", tier: "{type: memory, medium: [cpu]}",
+			err: `secondary_tiers[0].medium: invalid value a list (want cpu or storage)`},
+		{name: "bad int", tier: "{type: memory, capacity_blocks: many}",
+			err: `secondary_tiers[0].capacity_blocks: invalid value "many" (want an integer)`},
+		{name: "bad duration", tier: "{type: memory, latency: 5}",
+			err: `secondary_tiers[0].latency: invalid value "5" (want a duration such as 250ms or 2s)`},
+		{name: "bad bool", tier: "{type: memory, async_lookup: maybe}",
+			err: `secondary_tiers[0].async_lookup: invalid value "maybe" (want true or false)`},
+		{name: "nested unknown key", tier: "{type: memory, limits: {min: 1}}",
+			err: `secondary_tiers[0].limits.min: unknown key (want one of: max)`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte("secondary_tiers: [" + tc.tier + "]\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := testTier{Blocks: 7}
+			err = cfg.SecondaryTiers[0].Decode(&got)
+			if tc.err != "" {
+				if err == nil || err.Error() != tc.err {
+					t.Fatalf("Decode error = %v, want %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Limits != nil && tc.want.Limits != nil && *got.Limits == *tc.want.Limits {
+				got.Limits, tc.want.Limits = nil, nil
+			}
+			if got != tc.want {
+				t.Errorf("Decode = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+
+	cfg, err := Parse([]byte("secondary_tiers:\n  - type: memory\n    fail_rate: 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := cfg.SecondaryTiers[0]
+	if err := spec.Decode(testTier{}); err == nil {
+		t.Error("Decode into a non-pointer succeeded")
+	}
+	var ce *Error
+	if err := spec.Errorf("fail_rate", "must be in [0, 1], got %v", 2); !errors.As(err, &ce) || ce.Line != 3 ||
+		err.Error() != "secondary_tiers[0].fail_rate: must be in [0, 1], got 2" {
+		t.Errorf("Errorf = %v (line %d)", err, ce.Line)
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want ByteSize
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"1073741824", GiB, true},
+		{"2MiB", 2 * MiB, true},
+		{"2 mib", 2 * MiB, true},
+		{"1.5GiB", 3 * GiB / 2, true},
+		{"512KiB", 512 * KiB, true},
+		{"1TiB", TiB, true},
+		{"10KB", 10000, true},
+		{"3gb", 3e9, true},
+		{"7B", 7, true},
+		{"0.5B", 0, false},
+		{"1G", 0, false},
+		{"-1", 0, false},
+		{"", 0, false},
+		{"1e3", 0, false},
+		{"99999999999TiB", 0, false},
+	}
+	for _, tc := range cases {
+		got, err := ParseByteSize(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseByteSize(%q) = %d, %v; want %d, ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+	for b, want := range map[ByteSize]string{2 * MiB: "2MiB", GiB: "1GiB", 1536 * KiB: "1536KiB", 7: "7B", 0: "0B"} {
+		if got := b.String(); got != want {
+			t.Errorf("ByteSize(%d).String() = %q, want %q", int64(b), got, want)
+		}
+	}
+}
