@@ -1,0 +1,296 @@
+package events
+
+import (
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Format selects the msgpack shape of events (spec §6.4). The zero value is
+// what current vLLM publishes: map-encoded events and uint64 hashes.
+type Format struct {
+	// Positional encodes events as the arrays of vLLM ≤ 0.23
+	// (["BlockStored", f1, f2, ...], trailing defaults omitted) instead of
+	// maps tagged by "type".
+	Positional bool
+	// RawHashes writes hashes as msgpack bin with the engine's full hash
+	// bytes, like vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, instead
+	// of the low 64 bits as an unsigned integer.
+	RawHashes bool
+}
+
+// Field names of vLLM's event structs.
+const (
+	fType          = "type"
+	fBlockHashes   = "block_hashes"
+	fParent        = "parent_block_hash"
+	fTokenIDs      = "token_ids"
+	fBlockSize     = "block_size"
+	fLoraID        = "lora_id"
+	fMedium        = "medium"
+	fLoraName      = "lora_name"
+	fGroupIdx      = "group_idx"
+	fSpecKind      = "kv_cache_spec_kind"
+	fSlidingWindow = "kv_cache_spec_sliding_window"
+	fLocality      = "locality"
+	fOwnership     = "ownership"
+)
+
+// AppendBatch appends the msgpack encoding of the batch
+// [ts, events, dp_rank] to dst. It allocates only when dst must grow.
+func (f Format) AppendBatch(dst []byte, ts float64, evs []BlockEvent, dpRank int) []byte {
+	dst = msgp.AppendArrayHeader(dst, 3)
+	// msgspec writes every Python float as float64.
+	dst = msgp.AppendFloat64(dst, ts)
+	dst = msgp.AppendArrayHeader(dst, uint32(len(evs)))
+	for i := range evs {
+		dst = f.AppendEvent(dst, &evs[i])
+	}
+	return appendInt(dst, dpRank)
+}
+
+// AppendEvent appends the msgpack encoding of one event to dst.
+func (f Format) AppendEvent(dst []byte, ev *BlockEvent) []byte {
+	switch ev.Type {
+	case BlockStored:
+		if f.Positional {
+			return f.appendStoredArray(dst, ev)
+		}
+		return f.appendStoredMap(dst, ev)
+	case BlockRemoved:
+		if f.Positional {
+			return f.appendRemovedArray(dst, ev)
+		}
+		return f.appendRemovedMap(dst, ev)
+	default:
+		if f.Positional {
+			dst = msgp.AppendArrayHeader(dst, 1)
+			return msgp.AppendString(dst, AllBlocksCleared.String())
+		}
+		dst = msgp.AppendMapHeader(dst, 1)
+		dst = msgp.AppendString(dst, fType)
+		return msgp.AppendString(dst, AllBlocksCleared.String())
+	}
+}
+
+func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
+	// type + the seven fields without a default, then the present optional
+	// fields (extra_keys is never set by kvtier, so always omitted).
+	n := uint32(8)
+	n += b2u(ev.HasGroupIdx) + b2u(ev.SpecKind != "") + b2u(ev.SlidingWindow != 0) +
+		b2u(ev.Locality != "") + b2u(ev.Ownership != "")
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = msgp.AppendString(dst, fType)
+	dst = msgp.AppendString(dst, "BlockStored")
+	dst = msgp.AppendString(dst, fBlockHashes)
+	dst = f.appendHashes(dst, ev.BlockHashes)
+	dst = msgp.AppendString(dst, fParent)
+	dst = f.appendOptHash(dst, ev.ParentHash)
+	dst = msgp.AppendString(dst, fTokenIDs)
+	dst = appendTokens(dst, ev.TokenIDs)
+	dst = msgp.AppendString(dst, fBlockSize)
+	dst = appendInt(dst, ev.BlockSize)
+	dst = msgp.AppendString(dst, fLoraID)
+	dst = appendOptInt(dst, ev.LoraID)
+	dst = msgp.AppendString(dst, fMedium)
+	dst = appendOptString(dst, ev.Medium)
+	dst = msgp.AppendString(dst, fLoraName)
+	dst = appendOptString(dst, ev.LoraName)
+	if ev.HasGroupIdx {
+		dst = msgp.AppendString(dst, fGroupIdx)
+		dst = msgp.AppendUint32(dst, ev.GroupIdx)
+	}
+	if ev.SpecKind != "" {
+		dst = msgp.AppendString(dst, fSpecKind)
+		dst = msgp.AppendString(dst, ev.SpecKind)
+	}
+	if ev.SlidingWindow != 0 {
+		dst = msgp.AppendString(dst, fSlidingWindow)
+		dst = appendInt(dst, ev.SlidingWindow)
+	}
+	if ev.Locality != "" {
+		dst = msgp.AppendString(dst, fLocality)
+		dst = msgp.AppendString(dst, ev.Locality)
+	}
+	if ev.Ownership != "" {
+		dst = msgp.AppendString(dst, fOwnership)
+		dst = msgp.AppendString(dst, ev.Ownership)
+	}
+	return dst
+}
+
+// appendStoredArray writes the pre-#42892 positional form: the tag, then
+// the fields in declaration order, cut after the last field that differs
+// from its default (msgspec array_like + omit_defaults).
+func (f Format) appendStoredArray(dst []byte, ev *BlockEvent) []byte {
+	// Positions after the tag: 1 hashes … 7 lora_name, 8 extra_keys,
+	// 9 group_idx, 10 kind, 11 window, 12 locality, 13 ownership.
+	n := 8
+	switch {
+	case ev.Ownership != "":
+		n = 14
+	case ev.Locality != "":
+		n = 13
+	case ev.SlidingWindow != 0:
+		n = 12
+	case ev.SpecKind != "":
+		n = 11
+	case ev.HasGroupIdx:
+		n = 10
+	}
+	dst = msgp.AppendArrayHeader(dst, uint32(n))
+	dst = msgp.AppendString(dst, "BlockStored")
+	dst = f.appendHashes(dst, ev.BlockHashes)
+	dst = f.appendOptHash(dst, ev.ParentHash)
+	dst = appendTokens(dst, ev.TokenIDs)
+	dst = appendInt(dst, ev.BlockSize)
+	dst = appendOptInt(dst, ev.LoraID)
+	dst = appendOptString(dst, ev.Medium)
+	dst = appendOptString(dst, ev.LoraName)
+	if n <= 8 {
+		return dst
+	}
+	dst = msgp.AppendNil(dst) // extra_keys
+	if n <= 9 {
+		return dst
+	}
+	dst = appendOptGroup(dst, ev)
+	if n <= 10 {
+		return dst
+	}
+	dst = appendOptString(dst, ev.SpecKind)
+	if n <= 11 {
+		return dst
+	}
+	dst = appendOptInt(dst, ev.SlidingWindow)
+	if n <= 12 {
+		return dst
+	}
+	dst = appendOptString(dst, ev.Locality)
+	if n <= 13 {
+		return dst
+	}
+	return appendOptString(dst, ev.Ownership)
+}
+
+func (f Format) appendRemovedMap(dst []byte, ev *BlockEvent) []byte {
+	n := uint32(3) + b2u(ev.HasGroupIdx) + b2u(ev.Locality != "") + b2u(ev.Ownership != "")
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = msgp.AppendString(dst, fType)
+	dst = msgp.AppendString(dst, "BlockRemoved")
+	dst = msgp.AppendString(dst, fBlockHashes)
+	dst = f.appendHashes(dst, ev.BlockHashes)
+	dst = msgp.AppendString(dst, fMedium)
+	dst = appendOptString(dst, ev.Medium)
+	if ev.HasGroupIdx {
+		dst = msgp.AppendString(dst, fGroupIdx)
+		dst = msgp.AppendUint32(dst, ev.GroupIdx)
+	}
+	if ev.Locality != "" {
+		dst = msgp.AppendString(dst, fLocality)
+		dst = msgp.AppendString(dst, ev.Locality)
+	}
+	if ev.Ownership != "" {
+		dst = msgp.AppendString(dst, fOwnership)
+		dst = msgp.AppendString(dst, ev.Ownership)
+	}
+	return dst
+}
+
+func (f Format) appendRemovedArray(dst []byte, ev *BlockEvent) []byte {
+	// Positions after the tag: 1 hashes, 2 medium, 3 group_idx,
+	// 4 locality, 5 ownership.
+	n := 3
+	switch {
+	case ev.Ownership != "":
+		n = 6
+	case ev.Locality != "":
+		n = 5
+	case ev.HasGroupIdx:
+		n = 4
+	}
+	dst = msgp.AppendArrayHeader(dst, uint32(n))
+	dst = msgp.AppendString(dst, "BlockRemoved")
+	dst = f.appendHashes(dst, ev.BlockHashes)
+	dst = appendOptString(dst, ev.Medium)
+	if n <= 3 {
+		return dst
+	}
+	dst = appendOptGroup(dst, ev)
+	if n <= 4 {
+		return dst
+	}
+	dst = appendOptString(dst, ev.Locality)
+	if n <= 5 {
+		return dst
+	}
+	return appendOptString(dst, ev.Ownership)
+}
+
+func (f Format) appendHashes(dst []byte, hs []string) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(hs)))
+	for _, h := range hs {
+		dst = f.appendHash(dst, h)
+	}
+	return dst
+}
+
+func (f Format) appendHash(dst []byte, h string) []byte {
+	if f.RawHashes {
+		dst = msgp.AppendBytesHeader(dst, uint32(len(h)))
+		return append(dst, h...)
+	}
+	return msgp.AppendUint64(dst, offload.WireHash(h))
+}
+
+func (f Format) appendOptHash(dst []byte, h string) []byte {
+	if h == "" {
+		return msgp.AppendNil(dst)
+	}
+	return f.appendHash(dst, h)
+}
+
+func appendTokens(dst []byte, toks []uint32) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(toks)))
+	for _, t := range toks {
+		dst = msgp.AppendUint32(dst, t)
+	}
+	return dst
+}
+
+// appendInt writes a Python int the way msgspec does: non-negative values
+// in the smallest unsigned format, negative ones in the smallest signed.
+func appendInt(dst []byte, v int) []byte {
+	if v >= 0 {
+		return msgp.AppendUint64(dst, uint64(v))
+	}
+	return msgp.AppendInt64(dst, int64(v))
+}
+
+func appendOptInt(dst []byte, v int) []byte {
+	if v == 0 {
+		return msgp.AppendNil(dst)
+	}
+	return appendInt(dst, v)
+}
+
+func appendOptString(dst []byte, s string) []byte {
+	if s == "" {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendString(dst, s)
+}
+
+func appendOptGroup(dst []byte, ev *BlockEvent) []byte {
+	if !ev.HasGroupIdx {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendUint32(dst, ev.GroupIdx)
+}
+
+func b2u(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,329 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// ErrInvalidMeta reports token metadata that cannot describe its key.
+var ErrInvalidMeta = errors.New("invalid token metadata")
+
+// Limits on token metadata accepted from the engine. They bound the memory
+// of the side table (DESIGN.md §7) while leaving ample room: a chunk is at
+// most a few thousand tokens.
+const (
+	// DefaultMaxEntries is the default bound on keys with metadata.
+	DefaultMaxEntries = 1 << 20
+	// MaxMetaHashes bounds the hash blocks of one chunk.
+	MaxMetaHashes = 4096
+	// MaxMetaTokens bounds the tokens of one chunk.
+	MaxMetaTokens = 1 << 18
+)
+
+// TokenMeta is what the engine knows about one offloaded chunk, attached
+// with Tracker.Record so that stored events can describe the chunk fully
+// (spec §6.3, self-describing form).
+type TokenMeta struct {
+	// BlockHashes are the chunk's per-hash-block hashes (raw engine bytes)
+	// in token order; the last one is the key's own hash.
+	BlockHashes [][]byte
+	// ParentHash is the hash of the block preceding the chunk; nil for the
+	// first chunk of a sequence.
+	ParentHash []byte
+	// TokenIDs are the chunk's tokens: BlockSize × len(BlockHashes) of them.
+	TokenIDs []uint32
+	// BlockSize is the number of tokens per hash block (tokens_per_hash).
+	BlockSize int
+	// LoraID (0 = none) and LoraName ("" = none) identify the adapter.
+	LoraID   int
+	LoraName string
+	// SpecKind is the KV group's kind; "" means full attention. Only full
+	// attention groups get self-describing events: vLLM sends placeholders
+	// for sliding-window and SSM groups, whose blocks do not form a prefix.
+	SpecKind string
+	// SlidingWindow is the group's window in tokens, 0 for none; a group
+	// with a window gets placeholders.
+	SlidingWindow int
+}
+
+// meta is the immutable, validated copy of a TokenMeta kept per key.
+type meta struct {
+	hashes    []string
+	parent    string
+	tokens    []uint32
+	blockSize int
+	loraID    int
+	loraName  string
+}
+
+// TrackerConfig configures translation.
+type TrackerConfig struct {
+	// SelfDescribing enables token metadata (vLLM's opt-in
+	// self_describing_kv_events). When false, Record captures nothing and
+	// every event is a placeholder.
+	SelfDescribing bool
+	// MediumNames renames media on the wire for routers with another
+	// vocabulary, keyed by the canonical name ("CPU", "STORAGE"), e.g.
+	// {"STORAGE": "DISK"}. Unlisted media keep their canonical name.
+	MediumNames map[string]string
+	// Ownership writes the emitting tier's name as the ownership field of
+	// secondary-tier events (a later vLLM field; off by default because
+	// #48123-era consumers do not know it).
+	Ownership bool
+	// MaxEntries bounds the keys with metadata (default DefaultMaxEntries);
+	// Record refuses new keys beyond it and their events are placeholders.
+	MaxEntries int
+}
+
+// Tracker translates offloading events into wire events and keeps the
+// token metadata side table. It is safe for concurrent use: the engine API
+// records metadata while the step loop translates.
+type Tracker struct {
+	selfDescribing bool
+	ownership      bool
+	maxEntries     int
+	medium         [3]string // by offload.Medium
+
+	mu      sync.Mutex
+	metas   map[offload.Key]*meta
+	refused uint64
+	groups  []uint32 // scratch for grouping removals
+}
+
+// NewTracker validates cfg and returns a Tracker.
+func NewTracker(cfg TrackerConfig) (*Tracker, error) {
+	t := &Tracker{
+		selfDescribing: cfg.SelfDescribing,
+		ownership:      cfg.Ownership,
+		maxEntries:     cfg.MaxEntries,
+		metas:          make(map[offload.Key]*meta),
+	}
+	if t.maxEntries <= 0 {
+		t.maxEntries = DefaultMaxEntries
+	}
+	t.medium[offload.MediumCPU] = MediumCPU
+	t.medium[offload.MediumStorage] = MediumStorage
+	for canon, name := range cfg.MediumNames {
+		if name == "" {
+			return nil, fmt.Errorf("events: medium_names[%q]: empty wire name", canon)
+		}
+		switch canon {
+		case MediumCPU:
+			t.medium[offload.MediumCPU] = name
+		case MediumStorage:
+			t.medium[offload.MediumStorage] = name
+		default:
+			return nil, fmt.Errorf("events: medium_names: unknown medium %q (want %s or %s)", canon, MediumCPU, MediumStorage)
+		}
+	}
+	return t, nil
+}
+
+// Record attaches token metadata to key, replacing any earlier metadata.
+// It reports whether the metadata was captured: nothing is captured when
+// self-describing events are off, for non-full-attention groups, or when
+// the side table is full. Invalid metadata is an error wrapping
+// ErrInvalidMeta and leaves the table unchanged. meta is copied.
+func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
+	if !t.selfDescribing {
+		return false, nil
+	}
+	if (tm.SpecKind != "" && tm.SpecKind != SpecKindFullAttention) || tm.SlidingWindow != 0 {
+		return false, nil
+	}
+	m, err := newMeta(key, tm)
+	if err != nil {
+		return false, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.metas[key]; !ok && len(t.metas) >= t.maxEntries {
+		t.refused++
+		return false, nil
+	}
+	t.metas[key] = m
+	return true, nil
+}
+
+func newMeta(key offload.Key, tm TokenMeta) (*meta, error) {
+	if !key.Valid() {
+		return nil, fmt.Errorf("events: record %q: %w", key, offload.ErrInvalidKey)
+	}
+	n := len(tm.BlockHashes)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("events: record %s: %w: no block hashes", key, ErrInvalidMeta)
+	case n > MaxMetaHashes:
+		return nil, fmt.Errorf("events: record %s: %w: %d block hashes (max %d)", key, ErrInvalidMeta, n, MaxMetaHashes)
+	case tm.BlockSize <= 0:
+		return nil, fmt.Errorf("events: record %s: %w: block size %d", key, ErrInvalidMeta, tm.BlockSize)
+	case len(tm.TokenIDs) > MaxMetaTokens || len(tm.TokenIDs) != n*tm.BlockSize:
+		return nil, fmt.Errorf("events: record %s: %w: %d tokens for %d hash blocks of %d", key, ErrInvalidMeta, len(tm.TokenIDs), n, tm.BlockSize)
+	case tm.LoraID < 0:
+		return nil, fmt.Errorf("events: record %s: %w: lora id %d", key, ErrInvalidMeta, tm.LoraID)
+	case len(tm.ParentHash) > offload.MaxKeyLen:
+		return nil, fmt.Errorf("events: record %s: %w: parent hash of %d bytes", key, ErrInvalidMeta, len(tm.ParentHash))
+	}
+	m := &meta{
+		hashes:    make([]string, n),
+		parent:    string(tm.ParentHash),
+		tokens:    append([]uint32(nil), tm.TokenIDs...),
+		blockSize: tm.BlockSize,
+		loraID:    tm.LoraID,
+		loraName:  tm.LoraName,
+	}
+	for i, h := range tm.BlockHashes {
+		if len(h) == 0 || len(h) > offload.MaxKeyLen {
+			return nil, fmt.Errorf("events: record %s: %w: block hash %d has %d bytes", key, ErrInvalidMeta, i, len(h))
+		}
+		m.hashes[i] = string(h)
+	}
+	// The key names the chunk by its last hash block; metadata for another
+	// chunk would make routers believe in tokens that are not stored.
+	if m.hashes[n-1] != key.Hash() {
+		return nil, fmt.Errorf("events: record %s: %w: last block hash differs from the key's hash", key, ErrInvalidMeta)
+	}
+	return m, nil
+}
+
+// Has reports whether key has metadata.
+func (t *Tracker) Has(key offload.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.metas[key]
+	return ok
+}
+
+// Len returns the number of keys with metadata.
+func (t *Tracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.metas)
+}
+
+// Refused returns how many Record calls the MaxEntries bound refused.
+func (t *Tracker) Refused() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.refused
+}
+
+// Reset clears the side table (the daemon's reset_cache).
+func (t *Tracker) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.metas)
+}
+
+// MediumName returns the wire name of m ("" for an unspecified medium,
+// which encodes as nil).
+func (t *Tracker) MediumName(m offload.Medium) string {
+	if int(m) < len(t.medium) {
+		return t.medium[m]
+	}
+	return ""
+}
+
+func localityName(l offload.Locality) string {
+	switch l {
+	case offload.LocalityLocal:
+		return LocalityLocal
+	case offload.LocalityRemote:
+		return LocalityRemote
+	}
+	return ""
+}
+
+// Translate appends the wire events of evs to dst in order (spec §6.3):
+// one BlockStored per stored key, and per removal event one BlockRemoved
+// per KV group (groups in order of first appearance) carrying the
+// concatenated hashes. A removal drops the metadata of its keys after
+// using it. Events without keys produce nothing.
+func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range evs {
+		ev := &evs[i]
+		if len(ev.Keys) == 0 {
+			continue
+		}
+		medium := t.MediumName(ev.Medium)
+		locality := localityName(ev.Locality)
+		owner := ""
+		if t.ownership {
+			owner = ev.Tier
+		}
+		if ev.Removed {
+			t.translateRemoved(dst, ev.Keys, medium, locality, owner)
+			continue
+		}
+		for _, k := range ev.Keys {
+			we := BlockEvent{
+				Type:        BlockStored,
+				Medium:      medium,
+				GroupIdx:    k.Group(),
+				HasGroupIdx: true,
+				Locality:    locality,
+				Ownership:   owner,
+			}
+			if m := t.metas[k]; m != nil {
+				we.BlockHashes = m.hashes
+				we.ParentHash = m.parent
+				we.TokenIDs = m.tokens
+				we.BlockSize = m.blockSize
+				we.LoraID = m.loraID
+				we.LoraName = m.loraName
+				we.SpecKind = SpecKindFullAttention
+			} else {
+				start := len(dst.hashes)
+				dst.hashes = append(dst.hashes, k.Hash())
+				we.BlockHashes = dst.run(start)
+			}
+			dst.Events = append(dst.Events, we)
+		}
+	}
+}
+
+func (t *Tracker) translateRemoved(dst *Batch, keys []offload.Key, medium, locality, owner string) {
+	groups := t.groups[:0]
+	for _, k := range keys {
+		g := k.Group()
+		seen := false
+		for _, have := range groups {
+			if have == g {
+				seen = true
+				break
+			}
+		}
+		if !seen {
+			groups = append(groups, g)
+		}
+	}
+	t.groups = groups
+	for _, g := range groups {
+		start := len(dst.hashes)
+		for _, k := range keys {
+			if k.Group() != g {
+				continue
+			}
+			if m := t.metas[k]; m != nil {
+				dst.hashes = append(dst.hashes, m.hashes...)
+				delete(t.metas, k)
+			} else {
+				dst.hashes = append(dst.hashes, k.Hash())
+			}
+		}
+		dst.Events = append(dst.Events, BlockEvent{
+			Type:        BlockRemoved,
+			BlockHashes: dst.run(start),
+			Medium:      medium,
+			GroupIdx:    g,
+			HasGroupIdx: true,
+			Locality:    locality,
+			Ownership:   owner,
+		})
+	}
+}
