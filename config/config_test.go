@@ -229,6 +229,7 @@ type testTier struct {
 	Locality Locality      `yaml:"locality"`
 	Blocks   int           `yaml:"capacity_blocks"`
 	Latency  time.Duration `yaml:"latency"`
+	Timeout  Duration      `yaml:"timeout"`
 	Rate     float64       `yaml:"fail_rate"`
 	Async    bool          `yaml:"async_lookup"`
 	Limits   *struct {
@@ -251,7 +252,7 @@ func TestTierSpecDecode(t *testing.T) {
 				}{2}}},
 		{name: "null medium is dynamic", tier: "{type: memory, medium: ~, locality: null}", want: testTier{Blocks: 7}},
 		{name: "unknown key", tier: "{type: memory, colour: red}",
-			err: `secondary_tiers[0].colour: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, fail_rate, async_lookup, limits)`},
+			err: `secondary_tiers[0].colour: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, timeout, fail_rate, async_lookup, limits)`},
 		{name: "bad medium", tier: "{type: memory, medium: gpu}",
 			err: `secondary_tiers[0].medium: invalid value "gpu" (want cpu or storage)`},
 		{name: "global is not a config locality", tier: "{type: memory, locality: global}",
@@ -264,6 +265,12 @@ func TestTierSpecDecode(t *testing.T) {
 			err: `secondary_tiers[0].capacity_blocks: invalid value "many" (want an integer)`},
 		{name: "bad duration", tier: "{type: memory, latency: 5}",
 			err: `secondary_tiers[0].latency: invalid value "5" (want a duration such as 250ms or 2s)`},
+		{name: "config duration is case-insensitive", tier: "{type: memory, timeout: 1500MS}",
+			want: testTier{Blocks: 7, Timeout: Duration(1500 * time.Millisecond)}},
+		{name: "negative config duration", tier: "{type: memory, timeout: -1s}",
+			err: `secondary_tiers[0].timeout: invalid value "-1s" (must not be negative)`},
+		{name: "bad config duration", tier: "{type: memory, timeout: 3}",
+			err: `secondary_tiers[0].timeout: invalid value "3" (want a duration such as 250ms or 2s)`},
 		{name: "bad bool", tier: "{type: memory, async_lookup: maybe}",
 			err: `secondary_tiers[0].async_lookup: invalid value "maybe" (want true or false)`},
 		{name: "nested unknown key", tier: "{type: memory, limits: {min: 1}}",

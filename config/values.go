@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -224,3 +225,28 @@ func (v Validation) Mode() offload.ValidationMode { return offload.ValidationMod
 
 // String returns "lenient" or "strict".
 func (v Validation) String() string { return v.Mode().String() }
+
+// Duration is a non-negative time.Duration written as a Go duration
+// string such as "250ms" or "2s" (case-insensitive). A bare number is
+// refused: it would be ambiguous between seconds and nanoseconds.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	const want = "want a duration such as 250ms or 2s"
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("invalid value %s (%s)", describeNode(n), want)
+	}
+	v, err := time.ParseDuration(strings.ToLower(n.Value))
+	if err != nil {
+		return fmt.Errorf("invalid value %q (%s)", n.Value, want)
+	}
+	if v < 0 {
+		return fmt.Errorf("invalid value %q (must not be negative)", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Value returns d as a time.Duration.
+func (d Duration) Value() time.Duration { return time.Duration(d) }

@@ -1,0 +1,215 @@
+package tierset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/memory"
+)
+
+// Declaration is what a configured secondary tier declares about itself:
+// its name, its type and the medium and locality the tiering manager
+// filters it by (unspecified = dynamic on that axis).
+type Declaration struct {
+	Name     string
+	Type     string
+	Medium   offload.Medium
+	Locality offload.Locality
+}
+
+// DeclarationOf returns the declaration of a built tier.
+func DeclarationOf(t offload.SecondaryTier) Declaration {
+	return Declaration{Name: t.Name(), Type: t.Type(), Medium: t.Medium(), Locality: t.Locality()}
+}
+
+// MediumString returns the medium's wire name, or "dynamic".
+func (d Declaration) MediumString() string {
+	if d.Medium == offload.MediumUnspecified {
+		return "dynamic"
+	}
+	return d.Medium.String()
+}
+
+// LocalityString returns the locality's wire name, or "dynamic".
+func (d Declaration) LocalityString() string {
+	if d.Locality == offload.LocalityUnspecified {
+		return "dynamic"
+	}
+	return d.Locality.String()
+}
+
+// String renders d as "name (type, MEDIUM/LOCALITY)".
+func (d Declaration) String() string {
+	return fmt.Sprintf("%s (%s, %s/%s)", d.Name, d.Type, d.MediumString(), d.LocalityString())
+}
+
+// Options carries what built tiers get from their surroundings.
+type Options struct {
+	// Logger receives the tiers' logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// plan is a decoded and validated tier entry, ready to build.
+type plan struct {
+	decl  Declaration
+	build func(ctx context.Context, opts Options) (offload.SecondaryTier, error)
+}
+
+// tierTypes lists the supported types, sorted by name. Each entry decodes
+// and validates a TierSpec of its type without side effects.
+var tierTypes = []struct {
+	name string
+	plan func(spec config.TierSpec, cfg *config.Config) (plan, error)
+}{
+	{memory.Type, planMemory},
+}
+
+// Types returns the supported tier types, sorted.
+func Types() []string {
+	out := make([]string, len(tierTypes))
+	for i, t := range tierTypes {
+		out[i] = t.name
+	}
+	return out
+}
+
+func planTiers(cfg *config.Config) ([]plan, error) {
+	plans := make([]plan, 0, len(cfg.SecondaryTiers))
+	var errs []error
+	for _, spec := range cfg.SecondaryTiers {
+		p, err := planTier(spec, cfg)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		plans = append(plans, p)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return plans, nil
+}
+
+func planTier(spec config.TierSpec, cfg *config.Config) (plan, error) {
+	for _, t := range tierTypes {
+		if t.name == spec.Type {
+			return t.plan(spec, cfg)
+		}
+	}
+	return plan{}, spec.Errorf("type", "unknown tier type %q (supported: %s)", spec.Type, strings.Join(Types(), ", "))
+}
+
+// Declare decodes and validates every secondary tier of cfg and returns
+// their declarations in config order, without building anything. Errors
+// (joined, one per problem) name the key path.
+func Declare(cfg *config.Config) ([]Declaration, error) {
+	plans, err := planTiers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	decls := make([]Declaration, len(plans))
+	for i, p := range plans {
+		decls[i] = p.decl
+	}
+	return decls, nil
+}
+
+// Build builds the secondary tiers of cfg in config order (lookup
+// priority). If one fails, the tiers already built are closed and the
+// error names the failing entry.
+func Build(ctx context.Context, cfg *config.Config, opts Options) ([]offload.SecondaryTier, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	plans, err := planTiers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return buildPlans(ctx, cfg.SecondaryTiers, plans, opts)
+}
+
+// buildPlans builds plans[i] (from specs[i]) in order, closing what it
+// built when one fails.
+func buildPlans(ctx context.Context, specs []config.TierSpec, plans []plan, opts Options) ([]offload.SecondaryTier, error) {
+	tiers := make([]offload.SecondaryTier, 0, len(plans))
+	for i, p := range plans {
+		t, err := p.build(ctx, opts)
+		if err == nil && DeclarationOf(t) != p.decl {
+			err = fmt.Errorf("built tier declares %s, config declares %s", DeclarationOf(t), p.decl)
+			err = errors.Join(err, t.Close(ctx))
+		}
+		if err != nil {
+			err = fmt.Errorf("%s (%s): %w", specs[i].Path(), p.decl.Name, err)
+			return nil, errors.Join(err, closeAll(ctx, tiers))
+		}
+		tiers = append(tiers, t)
+	}
+	return tiers, nil
+}
+
+// closeAll closes tiers in reverse order of construction.
+func closeAll(ctx context.Context, tiers []offload.SecondaryTier) error {
+	var errs []error
+	for i := len(tiers) - 1; i >= 0; i-- {
+		if err := tiers[i].Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("close tier %s: %w", tiers[i].Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// memorySpec is the type-specific part of a memory tier entry. config's
+// value types give case-insensitive values and errors that name the key.
+type memorySpec struct {
+	Medium         config.Medium   `yaml:"medium"`
+	Locality       config.Locality `yaml:"locality"`
+	CapacityBlocks int             `yaml:"capacity_blocks"`
+	Latency        config.Duration `yaml:"latency"`
+	FailRate       float64         `yaml:"fail_rate"`
+	AsyncLookup    bool            `yaml:"async_lookup"`
+	Events         bool            `yaml:"events"`
+	Seed           int64           `yaml:"seed"`
+}
+
+func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
+	var s memorySpec
+	if err := spec.Decode(&s); err != nil {
+		return plan{}, err
+	}
+	var errs []error
+	if s.CapacityBlocks < 0 {
+		errs = append(errs, spec.Errorf("capacity_blocks", "must not be negative, got %d", s.CapacityBlocks))
+	}
+	if !(s.FailRate >= 0 && s.FailRate <= 1) { // also rejects NaN
+		errs = append(errs, spec.Errorf("fail_rate", "must be in [0, 1], got %v", s.FailRate))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return plan{}, err
+	}
+	mc := memory.Config{
+		Name:           spec.Name,
+		Medium:         s.Medium.Value(),
+		Locality:       s.Locality.Value(),
+		CapacityBlocks: s.CapacityBlocks,
+		Latency:        s.Latency.Value(),
+		FailRate:       s.FailRate,
+		AsyncLookup:    s.AsyncLookup,
+		Events:         s.Events,
+		Seed:           s.Seed,
+	}
+	return plan{
+		decl: Declaration{Name: mc.Name, Type: memory.Type, Medium: mc.Medium, Locality: mc.Locality},
+		build: func(context.Context, Options) (offload.SecondaryTier, error) {
+			t, err := memory.New(mc)
+			if err != nil {
+				return nil, err // not a typed nil in the interface
+			}
+			return t, nil
+		},
+	}, nil
+}

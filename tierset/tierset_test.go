@@ -1,0 +1,169 @@
+package tierset
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// fourTiers is the filter-examples stack of the design discussion, every
+// tier an in-memory stand-in.
+const fourTiers = `
+secondary_tiers:
+  - {name: local-ssd, type: memory, medium: storage, locality: local}
+  - {name: s3, type: memory, medium: STORAGE, locality: Remote}
+  - {name: redis, type: memory, medium: cpu, locality: remote}
+  - {name: peer, type: memory}
+`
+
+func mustParse(t *testing.T, doc string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestDeclare(t *testing.T) {
+	decls, err := Declare(mustParse(t, fourTiers+"  - {type: memory, locality: local, capacity_blocks: 10, latency: 2MS, fail_rate: 0.1, async_lookup: true, events: true, seed: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Declaration{
+		{"local-ssd", "memory", offload.MediumStorage, offload.LocalityLocal},
+		{"s3", "memory", offload.MediumStorage, offload.LocalityRemote},
+		{"redis", "memory", offload.MediumCPU, offload.LocalityRemote},
+		{"peer", "memory", offload.MediumUnspecified, offload.LocalityUnspecified},
+		{"memory4", "memory", offload.MediumUnspecified, offload.LocalityLocal},
+	}
+	if !slices.Equal(decls, want) {
+		t.Errorf("Declare = %v\nwant      %v", decls, want)
+	}
+	if got := decls[3].String(); got != "peer (memory, dynamic/dynamic)" {
+		t.Errorf("String = %q", got)
+	}
+}
+
+func TestDeclareErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"unknown type", "secondary_tiers: [{type: memory}, {name: disk, type: floppy}]\n",
+			[]string{`secondary_tiers[1].type: unknown tier type "floppy" (supported: memory)`}},
+		{"bad medium", "secondary_tiers: [{type: memory, medium: moon}]\n",
+			[]string{`secondary_tiers[0].medium: invalid value "moon" (want cpu or storage)`}},
+		{"bad locality", "secondary_tiers: [{type: memory}, {type: memory, locality: moon}]\n",
+			[]string{`secondary_tiers[1].locality: invalid value "moon" (want local or remote)`}},
+		{"unknown memory key", "secondary_tiers: [{type: memory, path: /tmp}]\n",
+			[]string{`secondary_tiers[0].path: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, fail_rate, async_lookup, events, seed)`}},
+		{"negative capacity and bad fail rate", "secondary_tiers: [{type: memory, capacity_blocks: -1, fail_rate: 1.5}]\n",
+			[]string{`secondary_tiers[0].capacity_blocks: must not be negative, got -1`, `secondary_tiers[0].fail_rate: must be in [0, 1], got 1.5`}},
+		{"bad latency", "secondary_tiers: [{type: memory, latency: soon}]\n",
+			[]string{`secondary_tiers[0].latency: invalid value "soon" (want a duration such as 250ms or 2s)`}},
+		{"every tier reported", "secondary_tiers: [{type: tape}, {type: memory, medium: gpu}]\n",
+			[]string{`secondary_tiers[0].type: unknown tier type "tape"`, `secondary_tiers[1].medium: invalid value "gpu"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustParse(t, tc.doc)
+			_, err := Declare(cfg)
+			if err == nil {
+				t.Fatalf("Declare succeeded, want %q", tc.want)
+			}
+			rest := err.Error()
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("error %q does not contain %q (in order)", err, w)
+				}
+				rest = rest[i+len(w):]
+			}
+			if _, berr := Build(context.Background(), cfg, Options{}); berr == nil || berr.Error() != err.Error() {
+				t.Errorf("Build error %v, want the Declare error", berr)
+			}
+		})
+	}
+}
+
+func TestBuildMemory(t *testing.T) {
+	ctx := context.Background()
+	cfg := mustParse(t, fourTiers)
+	tiers, err := Build(ctx, cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decls, err := Declare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tiers) != len(decls) {
+		t.Fatalf("built %d tiers, declared %d", len(tiers), len(decls))
+	}
+	for i, tier := range tiers {
+		if got := DeclarationOf(tier); got != decls[i] {
+			t.Errorf("tier %d declares %v, want %v", i, got, decls[i])
+		}
+		if err := tier.Close(ctx); err != nil {
+			t.Errorf("close %s: %v", tier.Name(), err)
+		}
+	}
+}
+
+// fakeTier records Close; its other methods are never called here.
+type fakeTier struct {
+	offload.SecondaryTier
+	decl   Declaration
+	closed *[]string
+}
+
+func (f *fakeTier) Name() string                { return f.decl.Name }
+func (f *fakeTier) Type() string                { return f.decl.Type }
+func (f *fakeTier) Medium() offload.Medium      { return f.decl.Medium }
+func (f *fakeTier) Locality() offload.Locality  { return f.decl.Locality }
+func (f *fakeTier) Close(context.Context) error { *f.closed = append(*f.closed, f.decl.Name); return nil }
+
+func TestBuildClosesBuiltTiersOnFailure(t *testing.T) {
+	cfg := mustParse(t, "secondary_tiers: [{name: a, type: memory}, {name: b, type: memory}, {name: c, type: memory}, {name: d, type: memory}]\n")
+	var closed []string
+	boom := errors.New("boom")
+	ok := func(name string) plan {
+		d := Declaration{Name: name, Type: "fake"}
+		return plan{decl: d, build: func(context.Context, Options) (offload.SecondaryTier, error) {
+			return &fakeTier{decl: d, closed: &closed}, nil
+		}}
+	}
+	lying := ok("c")
+	lying.decl.Medium = offload.MediumCPU // the built tier declares no medium
+
+	_, err := buildPlans(context.Background(), cfg.SecondaryTiers, []plan{ok("a"), ok("b"),
+		{decl: Declaration{Name: "c"}, build: func(context.Context, Options) (offload.SecondaryTier, error) { return nil, boom }}, ok("d")}, Options{})
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "secondary_tiers[2] (c): boom") {
+		t.Errorf("error = %v", err)
+	}
+	if want := []string{"b", "a"}; !slices.Equal(closed, want) {
+		t.Errorf("closed %v, want %v", closed, want)
+	}
+
+	closed = nil
+	_, err = buildPlans(context.Background(), cfg.SecondaryTiers, []plan{ok("a"), lying}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "secondary_tiers[1] (c): built tier declares c (fake, dynamic/dynamic), config declares c (fake, CPU/dynamic)") {
+		t.Errorf("error = %v", err)
+	}
+	if want := []string{"c", "a"}; !slices.Equal(closed, want) {
+		t.Errorf("closed %v, want %v", closed, want)
+	}
+}
+
+func TestTypes(t *testing.T) {
+	if got := Types(); !slices.Equal(got, []string{"memory"}) || !slices.IsSorted(got) {
+		t.Errorf("Types = %v", got)
+	}
+}
