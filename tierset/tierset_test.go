@@ -124,11 +124,14 @@ type fakeTier struct {
 	closed *[]string
 }
 
-func (f *fakeTier) Name() string                { return f.decl.Name }
-func (f *fakeTier) Type() string                { return f.decl.Type }
-func (f *fakeTier) Medium() offload.Medium      { return f.decl.Medium }
-func (f *fakeTier) Locality() offload.Locality  { return f.decl.Locality }
-func (f *fakeTier) Close(context.Context) error { *f.closed = append(*f.closed, f.decl.Name); return nil }
+func (f *fakeTier) Name() string               { return f.decl.Name }
+func (f *fakeTier) Type() string               { return f.decl.Type }
+func (f *fakeTier) Medium() offload.Medium     { return f.decl.Medium }
+func (f *fakeTier) Locality() offload.Locality { return f.decl.Locality }
+func (f *fakeTier) Close(context.Context) error {
+	*f.closed = append(*f.closed, f.decl.Name)
+	return nil
+}
 
 func TestBuildClosesBuiltTiersOnFailure(t *testing.T) {
 	cfg := mustParse(t, "secondary_tiers: [{name: a, type: memory}, {name: b, type: memory}, {name: c, type: memory}, {name: d, type: memory}]\n")
