@@ -1,0 +1,27 @@
+// Package cpu provides kvtier's primary tier: a slot arena in CPU memory
+// and the block bookkeeping of vLLM's CPU offloading manager (spec
+// §3.1–§3.4) — block states and reference counts, lookup, load pins,
+// stores with eviction, events and stats — with an LRU or ARC policy.
+//
+// A block is PENDING (ref −1) from PrepareStore until CompleteStore,
+// READY and evictable at ref 0, and pinned by readers at ref > 0. Only
+// ready, unpinned blocks that are not part of the current store call are
+// ever evicted, and eviction is all-or-nothing.
+//
+// A Primary is not safe for concurrent use: like vLLM's manager it is
+// owned by one executor at a time (the tiering manager, serialised by the
+// daemon). Its arena, though, is shared with transfer workers and engines,
+// which the pin protocol keeps safe.
+//
+// # Cost
+//
+// Keys are indexed by an in-house open-addressing hash table over slot
+// indices; per-slot metadata and the policy lists are flat arrays with
+// intrusive links, so Lookup, Touch and CompleteLoad do not allocate and
+// each key is hashed once per call. Fixed metadata is 32 B (state) + 8 B
+// (list links) + 4 B (free list) + 8–16 B (index bucket at load ≤ 1/2) ≈
+// 60–70 B per slot for LRU; ARC adds ghost lists of up to 2× the slot
+// count at 16 B per ghost plus its bucket (≈ 55–75 B per slot). Key bytes
+// are the caller's strings, kept by reference: do not build keys as
+// substrings of large buffers that should be freed.
+package cpu

@@ -1,0 +1,68 @@
+package cpu
+
+import "github.com/kvtier/kvtier/offload"
+
+// lruPolicy is the evictable-list LRU of spec §3.4: only ready blocks with
+// no reader are listed, in the order they became evictable or were last
+// touched; pending and pinned blocks are not ordered at all.
+type lruPolicy struct {
+	b         *blocks
+	evictable list
+}
+
+func newLRU(b *blocks) *lruPolicy { return &lruPolicy{b: b, evictable: emptyList} }
+
+func (p *lruPolicy) name() string { return "lru" }
+
+// inserted: a new block starts pending, so it is not listed.
+func (p *lruPolicy) inserted(int32, uint64) {}
+
+func (p *lruPolicy) removed(s int32) {
+	if p.b.meta[s].list == inEvictable {
+		p.evictable.unlink(p.b.links, s)
+		p.b.meta[s].list = inNoList
+	}
+}
+
+// becameEvictable appends at the MRU end: finishing a store or the last
+// load counts as a use.
+func (p *lruPolicy) becameEvictable(s int32) {
+	p.evictable.pushBack(p.b.links, s)
+	p.b.meta[s].list = inEvictable
+}
+
+func (p *lruPolicy) pinned(s int32) { p.removed(s) }
+
+// touch moves the listed keys to the MRU end in reverse order, so that the
+// first key ends most recent. Absent, pending and pinned keys are skipped.
+func (p *lruPolicy) touch(keys []offload.Key) {
+	b := p.b
+	for i := len(keys) - 1; i >= 0; i-- {
+		s := b.lookup(keys[i])
+		if s >= 0 && b.meta[s].list == inEvictable {
+			p.evictable.moveToBack(b.links, s)
+		}
+	}
+}
+
+// evict picks the n oldest evictable blocks not marked with epoch and
+// unlists them; it changes nothing when there are fewer than n.
+func (p *lruPolicy) evict(n int, epoch uint32, out []int32) ([]int32, bool) {
+	b := p.b
+	start := len(out)
+	for s := p.evictable.head; s >= 0 && len(out)-start < n; s = b.links[s].next {
+		if b.meta[s].mark != epoch {
+			out = append(out, s)
+		}
+	}
+	if len(out)-start < n {
+		return out[:start], false
+	}
+	for _, s := range out[start:] {
+		p.evictable.unlink(b.links, s)
+		b.meta[s].list = inNoList
+	}
+	return out, true
+}
+
+func (p *lruPolicy) clear() { p.evictable = emptyList }

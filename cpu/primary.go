@@ -1,0 +1,227 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvtier/kvtier/cpu/arena"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Errors returned by PrepareLoad and CompleteLoad, which are caller bugs
+// (the tiering manager only loads keys it saw HIT and unpins what it
+// pinned); they are reported rather than asserted so that a bad request
+// cannot crash the daemon.
+var (
+	ErrUnknownKey = errors.New("key not in primary tier")
+	ErrNotReady   = errors.New("block not ready (store in flight)")
+	ErrNotPinned  = errors.New("block not pinned")
+)
+
+// policy orders blocks for eviction. It shares the blocks table with the
+// Primary and keeps its lists in blocks.links and slotMeta.list; ref
+// counts and free slots are the Primary's business.
+type policy interface {
+	name() string
+	inserted(s int32, h uint64) // a new block, pending
+	removed(s int32)            // a pending block whose store failed
+	becameEvictable(s int32)    // ref reached 0
+	pinned(s int32)             // ref left 0 for a reader
+	touch(keys []offload.Key)
+	// evict appends n victims to out and unlists them, choosing only
+	// blocks with ref 0 whose mark is not epoch; with fewer candidates it
+	// returns out unchanged and false, having changed nothing.
+	evict(n int, epoch uint32, out []int32) ([]int32, bool)
+	clear()
+}
+
+// Primary is the CPU primary tier. See the package documentation.
+type Primary struct {
+	b        blocks
+	pol      policy
+	arena    *arena.Arena
+	slotSize int
+	numSlots int32
+
+	numAllocated int32   // slots [0, numAllocated) have been handed out at least once
+	free         []int32 // freed slots, reused last-in first-out
+	numBlocks    int     // keys present (pending or ready)
+	numPending   int     // ref == -1
+	numEvictable int     // ref == 0
+	epoch        uint32  // marks the slots protected by the current call
+
+	events    bool
+	evs       []offload.Event
+	ctr       counters
+	allocHist [allocBuckets]uint64
+
+	// Scratch reused across calls so that the store path does not allocate
+	// beyond its results.
+	newKeys []offload.Key
+	newHash []uint64
+	victims []int32
+	seen    map[uint64]int32
+}
+
+// New allocates the arena and the metadata of a primary tier.
+func New(cfg Config) (*Primary, error) {
+	n, err := cfg.numSlots()
+	if err != nil {
+		return nil, err
+	}
+	polName, err := cfg.policy()
+	if err != nil {
+		return nil, err
+	}
+	kind, err := cfg.Arena.Kind.arenaKind()
+	if err != nil {
+		return nil, err
+	}
+	a, err := arena.New(arena.Config{SlotSize: cfg.SlotSize, NumSlots: n, Kind: kind, Path: cfg.Arena.Path})
+	if err != nil {
+		return nil, fmt.Errorf("cpu: %d slots of %d bytes: %w", n, cfg.SlotSize, err)
+	}
+	p := &Primary{
+		b:        newBlocks(n),
+		arena:    a,
+		slotSize: cfg.SlotSize,
+		numSlots: int32(n),
+		free:     make([]int32, 0, n),
+		events:   cfg.Events,
+	}
+	if polName == PolicyARC {
+		p.pol = newARC(&p.b, n)
+	} else {
+		p.pol = newLRU(&p.b)
+	}
+	return p, nil
+}
+
+// NumSlots returns the number of slots (blocks the tier can hold).
+func (p *Primary) NumSlots() int { return int(p.numSlots) }
+
+// SlotSize returns the size of a slot in bytes.
+func (p *Primary) SlotSize() int { return p.slotSize }
+
+// Policy returns the eviction policy's name, "lru" or "arc".
+func (p *Primary) Policy() string { return p.pol.name() }
+
+// Arena returns the slot memory.
+func (p *Primary) Arena() offload.Arena { return p.arena }
+
+// SlotArena returns the slot memory with its backing file, for handing it
+// to an engine.
+func (p *Primary) SlotArena() *arena.Arena { return p.arena }
+
+// Lookup reports whether k is held: Miss, Hit, or HitPending while its
+// store is in flight. It never changes recency and does not allocate.
+func (p *Primary) Lookup(k offload.Key) offload.LookupResult {
+	p.ctr.lookups++
+	s := p.b.lookup(k)
+	if s < 0 {
+		p.ctr.misses++
+		return offload.Miss
+	}
+	p.ctr.hits++
+	if p.b.meta[s].ref < 0 {
+		return offload.HitPending
+	}
+	return offload.Hit
+}
+
+// SlotOf returns the slot holding k.
+func (p *Primary) SlotOf(k offload.Key) (int64, bool) {
+	s := p.b.lookup(k)
+	return int64(s), s >= 0
+}
+
+// RefCount returns k's reference count: -1 pending, 0 ready, n > 0 pinned
+// by n readers.
+func (p *Primary) RefCount(k offload.Key) (ref int32, ok bool) {
+	s := p.b.lookup(k)
+	if s < 0 {
+		return 0, false
+	}
+	return p.b.meta[s].ref, true
+}
+
+// PrepareLoad pins every key for reading (ref++) and returns their slots
+// in the order of keys; a key listed twice is pinned twice. If any key is
+// absent or pending it returns an error and pins nothing.
+func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
+	slots := make([]int64, len(keys))
+	for i, k := range keys {
+		s := p.b.lookup(k)
+		if s < 0 {
+			return nil, fmt.Errorf("cpu: prepare load %s: %w", k, ErrUnknownKey)
+		}
+		if p.b.meta[s].ref < 0 {
+			return nil, fmt.Errorf("cpu: prepare load %s: %w", k, ErrNotReady)
+		}
+		slots[i] = int64(s)
+	}
+	for _, s := range slots {
+		m := &p.b.meta[s]
+		if m.ref == 0 {
+			p.numEvictable--
+			p.pol.pinned(int32(s))
+		}
+		m.ref++
+	}
+	p.ctr.loads += uint64(len(keys))
+	return slots, nil
+}
+
+// Touch records a use of keys (GPU prefix-cache hits included) with the
+// policy; absent keys are ignored.
+func (p *Primary) Touch(keys []offload.Key) { p.pol.touch(keys) }
+
+// CompleteLoad unpins keys (ref--); a block whose last reader finished
+// becomes evictable again, as most recently used. If a key is absent or
+// not pinned (as many times as it is listed) it returns an error and
+// unpins nothing.
+func (p *Primary) CompleteLoad(keys []offload.Key) error {
+	p.victims = p.victims[:0]
+	for _, k := range keys {
+		s := p.b.lookup(k)
+		var err error
+		switch {
+		case s < 0:
+			err = ErrUnknownKey
+		case p.b.meta[s].ref <= 0:
+			err = ErrNotPinned
+		}
+		if err != nil {
+			for _, u := range p.victims { // undo: nothing was published yet
+				p.b.meta[u].ref++
+			}
+			return fmt.Errorf("cpu: complete load %s: %w", k, err)
+		}
+		p.b.meta[s].ref--
+		p.victims = append(p.victims, s)
+	}
+	// A key listed twice reaches 0 once: the epoch mark makes its second
+	// sighting a no-op.
+	epoch := p.nextEpoch()
+	for _, s := range p.victims {
+		if m := &p.b.meta[s]; m.ref == 0 && m.mark != epoch {
+			m.mark = epoch
+			p.numEvictable++
+			p.pol.becameEvictable(s)
+		}
+	}
+	return nil
+}
+
+// nextEpoch starts a new marking round. On wrap-around every mark is
+// cleared so that a stale mark can never equal a new epoch.
+func (p *Primary) nextEpoch() uint32 {
+	p.epoch++
+	if p.epoch == 0 {
+		for i := range p.b.meta {
+			p.b.meta[i].mark = 0
+		}
+		p.epoch = 1
+	}
+	return p.epoch
+}

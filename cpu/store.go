@@ -1,0 +1,192 @@
+package cpu
+
+import (
+	"slices"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// dedupMapMin is the batch size from which PrepareStore finds repeated new
+// keys with a map rather than by scanning the keys collected so far.
+const dedupMapMin = 32
+
+// PrepareStore reserves slots for the keys that are not present yet
+// (pending keys count as present: an in-flight store is not duplicated),
+// evicting ready, unpinned blocks if it must. Keys of this call, already
+// present ones included, are never evicted by it. New keys become pending
+// (ref −1) until CompleteStore.
+//
+// ok is false, with no state change at all, when there is not enough
+// evictable capacity. When every key is present the output is empty and
+// ok is true. Eviction appends one removed event before any stored event
+// of the keys that reuse the capacity.
+func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutput, ok bool) {
+	epoch := p.nextEpoch()
+	useMap := len(keys) >= dedupMapMin
+	if useMap {
+		if p.seen == nil {
+			p.seen = make(map[uint64]int32, len(keys))
+		}
+		clear(p.seen)
+	}
+	p.newKeys, p.newHash = p.newKeys[:0], p.newHash[:0]
+	defer func() { clear(p.newKeys) }() // do not pin the caller's keys in scratch
+	for _, k := range keys {
+		h := p.b.hash(k)
+		if s := p.b.find(k, h); s >= 0 {
+			p.b.meta[s].mark = epoch // protected from this call's eviction
+			continue
+		}
+		if p.repeatedNewKey(k, h, useMap) {
+			continue
+		}
+		p.newKeys = append(p.newKeys, k)
+		p.newHash = append(p.newHash, h)
+	}
+	n := len(p.newKeys)
+	if n == 0 {
+		return offload.PrepareStoreOutput{}, true
+	}
+	p.recordAllocation(n)
+
+	p.victims = p.victims[:0]
+	if need := n - len(p.free) - int(p.numSlots-p.numAllocated); need > 0 {
+		if need > p.numEvictable {
+			p.ctr.rejectedStores++
+			return offload.PrepareStoreOutput{}, false
+		}
+		var ok bool
+		if p.victims, ok = p.pol.evict(need, epoch, p.victims); !ok {
+			p.ctr.rejectedStores++
+			return offload.PrepareStoreOutput{}, false
+		}
+	}
+
+	out.KeysToStore = slices.Clone(p.newKeys)
+	out.Slots = make([]int64, n)
+	if len(p.victims) > 0 {
+		out.Evicted = make([]offload.Key, len(p.victims))
+		for i, s := range p.victims {
+			m := &p.b.meta[s]
+			out.Evicted[i] = m.key
+			p.b.index.remove(uint64(m.h32), s)
+			*m = slotMeta{}
+			p.free = append(p.free, s)
+		}
+		p.numEvictable -= len(p.victims)
+		p.numBlocks -= len(p.victims)
+		p.ctr.evictions += uint64(len(p.victims))
+		if p.events {
+			p.evs = append(p.evs, offload.Event{Keys: slices.Clone(out.Evicted), Medium: offload.MediumCPU, Removed: true})
+		}
+	}
+	// Fresh slots in ascending order first, then freed ones, last freed
+	// first.
+	for i, k := range p.newKeys {
+		var s int32
+		if p.numAllocated < p.numSlots {
+			s = p.numAllocated
+			p.numAllocated++
+		} else {
+			s = p.free[len(p.free)-1]
+			p.free = p.free[:len(p.free)-1]
+		}
+		h := p.newHash[i]
+		p.b.meta[s] = slotMeta{key: k, ref: -1, mark: epoch, h32: uint32(h)}
+		p.b.index.insert(h, s)
+		p.pol.inserted(s, h)
+		out.Slots[i] = int64(s)
+	}
+	p.numBlocks += n
+	p.numPending += n
+	return out, true
+}
+
+// repeatedNewKey reports whether k was already collected as new in this
+// call, and if not records it when a map is in use.
+func (p *Primary) repeatedNewKey(k offload.Key, h uint64, useMap bool) bool {
+	if useMap {
+		j, found := p.seen[h]
+		if !found {
+			p.seen[h] = int32(len(p.newKeys))
+			return false
+		}
+		if p.newKeys[j] == k {
+			return true
+		}
+		// Two keys with one 64-bit hash: settle it by scanning.
+	}
+	for j, h2 := range p.newHash {
+		if h2 == h && p.newKeys[j] == k {
+			return true
+		}
+	}
+	return false
+}
+
+// CompleteStore ends the stores of keys. On success each pending key
+// becomes ready and evictable (most recently used) and one stored event
+// lists them; on failure each pending key is dropped and its slot freed,
+// with no event. Keys that are absent or already ready are ignored either
+// way, so a failed job never destroys a block stored before it.
+func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
+	var stored []offload.Key
+	for _, k := range keys {
+		h := p.b.hash(k)
+		s := p.b.find(k, h)
+		if s < 0 || p.b.meta[s].ref != -1 {
+			continue
+		}
+		p.numPending--
+		if success {
+			p.b.meta[s].ref = 0
+			p.numEvictable++
+			p.pol.becameEvictable(s)
+			p.ctr.storedBlocks++
+			if p.events {
+				if stored == nil {
+					stored = make([]offload.Key, 0, len(keys))
+				}
+				stored = append(stored, k)
+			}
+			continue
+		}
+		p.pol.removed(s)
+		p.b.index.remove(h, s)
+		p.b.meta[s] = slotMeta{}
+		p.free = append(p.free, s)
+		p.numBlocks--
+		p.ctr.failedStores++
+	}
+	if len(stored) > 0 {
+		p.evs = append(p.evs, offload.Event{Keys: stored, Medium: offload.MediumCPU})
+	}
+}
+
+// Reset drops every block whatever its state, frees every slot and clears
+// the policy, emitting no event. Buffered events and the cumulative
+// counters of Stats are kept. Completions of jobs started before a reset
+// must not reach the tier (the caller discards them).
+func (p *Primary) Reset() {
+	for i := range p.numAllocated {
+		p.b.meta[i] = slotMeta{}
+		p.b.links[i] = link{-1, -1}
+	}
+	p.b.index.clear()
+	p.free = p.free[:0]
+	p.numAllocated = 0
+	p.numBlocks, p.numPending, p.numEvictable = 0, 0, 0
+	p.pol.clear()
+}
+
+// TakeEvents returns the buffered events in the order they happened and
+// clears the buffer; nil when events are disabled or none happened.
+func (p *Primary) TakeEvents() []offload.Event {
+	evs := p.evs
+	p.evs = nil
+	return evs
+}
+
+// Close releases the arena. Slot views must no longer be used; the
+// bookkeeping keeps working but the arena reports errors.
+func (p *Primary) Close() error { return p.arena.Close() }
