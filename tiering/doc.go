@@ -1,0 +1,31 @@
+// Package tiering is kvtier's multi-tier offloading manager (spec §4): it
+// stacks an ordered list of secondary tiers behind the CPU primary tier,
+// answers lookups primary-first, promotes blocks found in a secondary tier
+// into the primary, cascades stored blocks from the primary down to the
+// secondary tiers, and drives the tiers' jobs step by step.
+//
+// The manager, not the tiers, enforces each request's tier filters: the
+// load filter decides which tiers a lookup may ask (a tier it excludes is
+// not called at all), the store filter decides which tiers receive the
+// cascade of the request's stored blocks. The check is one bit test per
+// tier against the tier's declared medium and locality, read once when
+// the manager is built.
+//
+// Every transfer between the primary and a tier is a job with a unique id.
+// A cascade pins its source blocks in the primary until the tier answers;
+// a promotion reserves its target slots (pending) until the tier answers.
+// The manager matches every pin with one unpin and resolves every reserved
+// slot, on success, failure, reset and shutdown alike, and it survives
+// tiers that misbehave: a tier call that panics is recovered and counted
+// as a miss or a failed job, and results for jobs the manager does not know
+// are logged and counted.
+//
+// Like vLLM's manager, completions are polled at most once per engine step
+// (the first of Lookup, PrepareStore or ScheduleEnd in a step polls), and
+// promotions found during a step are batched per (tier, request) and
+// submitted at ScheduleEnd.
+//
+// A Manager is single-executor: it is not safe for concurrent use, and the
+// daemon serialises calls to it. Tiers do their I/O on their own
+// goroutines.
+package tiering

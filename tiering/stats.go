@@ -1,0 +1,89 @@
+package tiering
+
+import (
+	"time"
+
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Stats is a snapshot of the manager's counters and gauges for metrics.
+type Stats struct {
+	Primary cpu.Stats
+	Tiers   []TierStats
+	// JobsInFlight counts submitted jobs without a result yet.
+	JobsInFlight int
+	// PendingPromotions counts keys reserved for promotion and not yet
+	// submitted (they are submitted at ScheduleEnd).
+	PendingPromotions int
+	// Requests counts requests with state in the manager.
+	Requests int
+	// StaleResults counts results for jobs issued before the last Reset.
+	StaleResults uint64
+}
+
+// TierStats are one secondary tier's counters (monotonic) and gauges.
+type TierStats struct {
+	Name     string
+	Type     string
+	Medium   offload.Medium
+	Locality offload.Locality
+
+	// Lookup answers of the tier, and lookups that did not ask the tier
+	// because the request's load filter excludes it.
+	Hits, Misses, Retries uint64
+	SkippedByFilter       uint64
+
+	// Promotions: started (slot reserved), rejected because the primary
+	// was full, and finished jobs by outcome (a partial load counts as
+	// failed; its loaded prefix counts in PromotedBlocks).
+	PromotionsStarted     uint64
+	PromotionsRejected    uint64
+	PromotionsOK          uint64
+	PromotionsFailed      uint64
+	PromotedBlocks        uint64
+	PromotionBlocksFailed uint64
+
+	// Cascades (stores to the tier): finished jobs by outcome, jobs
+	// dropped by back-pressure, and cascades the request's store filter
+	// excluded.
+	CascadesOK              uint64
+	CascadesFailed          uint64
+	CascadesDropped         uint64
+	CascadeBlocksDropped    uint64
+	CascadesSkippedByFilter uint64
+	CascadedBlocks          uint64
+
+	// BytesIn were loaded from the tier, BytesOut stored to it, as the
+	// tier reported.
+	BytesIn, BytesOut uint64
+
+	// Back-pressure state and the latency average behind it.
+	UnderPressure     bool
+	CascadeLatencyEMA time.Duration
+
+	// Misbehaviour: panics recovered, results for jobs it was not given.
+	Panics      uint64
+	UnknownJobs uint64
+}
+
+// Stats returns a snapshot of the manager's and the primary's counters.
+func (m *Manager) Stats() Stats {
+	s := Stats{
+		Tiers:             make([]TierStats, len(m.tiers)),
+		JobsInFlight:      len(m.jobs),
+		PendingPromotions: m.pendingPromos,
+		Requests:          len(m.reqs),
+		StaleResults:      m.staleResults,
+	}
+	if !m.closed {
+		s.Primary = m.primary.Stats()
+	}
+	for i, ts := range m.tiers {
+		t := ts.stats
+		t.UnderPressure = ts.pressure.active
+		t.CascadeLatencyEMA = time.Duration(ts.pressure.ema * float64(time.Second))
+		s.Tiers[i] = t
+	}
+	return s
+}
