@@ -1,0 +1,62 @@
+// Command kvtier is kvtier's command-line tool.
+//
+//	kvtier explain --config FILE --params JSON [--json]
+//	kvtier version
+//
+// explain prints, for a config file and a request's kv_transfer_params,
+// which secondary tiers the request would load from and store to, and
+// why. The daemon (kvtier serve) and operator commands come later.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time:
+//
+//	go build -ldflags "-X main.version=v0.1.0" ./cmd/kvtier
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run executes the command line args and returns the exit code. Tests
+// call it in-process.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdin, stdout, stderr)
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		if !errors.Is(err, errReported) {
+			fmt.Fprintf(stderr, "kvtier: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+// errReported marks an error the command already printed in its own
+// format (the JSON error object of explain --json).
+var errReported = errors.New("error already reported")
+
+func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kvtier",
+		Short: "Multi-tier KV-cache offloading for LLM serving",
+		Long: `kvtier keeps KV-cache blocks offloaded by an inference engine in a CPU
+primary tier, cascades them to secondary tiers (disk, object storage, Redis,
+peers) and promotes them back, honouring per-request tier filters.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(newVersionCmd(), newExplainCmd())
+	return root
+}
