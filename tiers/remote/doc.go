@@ -1,0 +1,37 @@
+// Package remote is the machinery shared by kvtier's remote secondary
+// tiers (tiers/s3 and tiers/redis): the integrity envelope every block is
+// stored in, a health tracker that turns a dead server into fast misses
+// and recovers by itself, and the job bookkeeping that answers every
+// submitted job exactly once.
+//
+// # Envelope
+//
+// A block is stored as a 32-byte header followed by the slot bytes:
+//
+//	0  4  magic "KVTB"
+//	4  1  version (1)
+//	5  3  reserved, zero
+//	8  8  payload length, big endian
+//	16 8  xxhash64 of the payload, big endian
+//	24 8  xxhash64 of the offload key, big endian
+//
+// A reader checks the magic, version and key checksum before it trusts the
+// length, and the length and payload checksum before the block is exposed
+// (DESIGN.md §5). The key checksum catches a value stored under the wrong
+// name; the payload checksum catches truncation, bit rot and a value that
+// changed underneath a reader.
+//
+// # Health
+//
+// Health counts consecutive transport failures. At a threshold the tier
+// is marked down: lookups answer Miss without touching the network,
+// stores and loads fail at once, and a background goroutine probes the
+// server until it answers again. No caller ever waits for a probe.
+//
+// # Jobs
+//
+// Jobs runs each submitted job on its own goroutine (bounded by a maximum
+// number in flight; beyond it the job fails at once), collects the
+// results for FinishedJobs, lets DrainJobs wait for quiescence, and on
+// Close answers the jobs that did not finish in time as failed.
+package remote

@@ -1,0 +1,148 @@
+package remote
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Stats is a snapshot of a remote tier's counters (monotonic since start)
+// and gauges, for metrics.
+type Stats struct {
+	Healthy bool  // gauge: the server is considered up
+	Downs   int64 // times the server was marked down
+	// Lookups counts Lookup calls; LookupsUnhealthy those answered Miss
+	// without asking because the server was down.
+	Lookups          int64
+	LookupsUnhealthy int64
+	// Probes counts existence checks sent; ProbeErrors those that failed
+	// (each then counts as a miss).
+	Probes      int64
+	ProbeErrors int64
+
+	// Store (cascade) and load (promotion) jobs: completed successfully,
+	// failed while running, and refused at submission (server down, tier
+	// closed, too many in flight) without any I/O.
+	StoreJobsOK      int64
+	StoreJobsFailed  int64
+	StoreJobsSkipped int64
+	LoadJobsOK       int64
+	LoadJobsFailed   int64
+	LoadJobsSkipped  int64
+
+	BlocksStored  int64 // written by this tier
+	BlocksExisted int64 // store skipped because the server already had the block
+	BlocksLoaded  int64
+	BytesWritten  int64 // payload bytes
+	BytesRead     int64
+
+	Corrupted    int64 // blocks that failed verification on load
+	Deleted      int64 // corrupted blocks deleted
+	SizeMismatch int64 // intact blocks of another slot size (kept)
+	Retries      int64 // operations retried after a transient failure
+	Timeouts     int64 // operation attempts that hit the timeout
+
+	EventsDropped int64 // events lost because nobody took them in time
+
+	InFlightJobs int // gauge
+}
+
+// Counters are the live counters behind Stats. The zero value is ready.
+type Counters struct {
+	Lookups, LookupsUnhealthy, Probes, ProbeErrors      atomic.Int64
+	StoreJobsOK, StoreJobsFailed, StoreJobsSkipped      atomic.Int64
+	LoadJobsOK, LoadJobsFailed, LoadJobsSkipped         atomic.Int64
+	BlocksStored, BlocksExisted, BlocksLoaded           atomic.Int64
+	BytesWritten, BytesRead                             atomic.Int64
+	Corrupted, Deleted, SizeMismatch, Retries, Timeouts atomic.Int64
+}
+
+// Snapshot copies the counters into a Stats; the caller fills the gauges.
+func (c *Counters) Snapshot() Stats {
+	return Stats{
+		Lookups: c.Lookups.Load(), LookupsUnhealthy: c.LookupsUnhealthy.Load(),
+		Probes: c.Probes.Load(), ProbeErrors: c.ProbeErrors.Load(),
+		StoreJobsOK: c.StoreJobsOK.Load(), StoreJobsFailed: c.StoreJobsFailed.Load(), StoreJobsSkipped: c.StoreJobsSkipped.Load(),
+		LoadJobsOK: c.LoadJobsOK.Load(), LoadJobsFailed: c.LoadJobsFailed.Load(), LoadJobsSkipped: c.LoadJobsSkipped.Load(),
+		BlocksStored: c.BlocksStored.Load(), BlocksExisted: c.BlocksExisted.Load(), BlocksLoaded: c.BlocksLoaded.Load(),
+		BytesWritten: c.BytesWritten.Load(), BytesRead: c.BytesRead.Load(),
+		Corrupted: c.Corrupted.Load(), Deleted: c.Deleted.Load(), SizeMismatch: c.SizeMismatch.Load(),
+		Retries: c.Retries.Load(), Timeouts: c.Timeouts.Load(),
+	}
+}
+
+// DefaultMaxEvents bounds an Events buffer when nobody takes events.
+const DefaultMaxEvents = 1 << 16
+
+// Events buffers a tier's events between TakeEvents calls. Events beyond
+// the bound are dropped and counted rather than growing without limit.
+// Safe for concurrent use.
+type Events struct {
+	mu      sync.Mutex
+	buf     []offload.Event
+	max     int
+	dropped atomic.Int64
+}
+
+// NewEvents returns a buffer holding at most max events (<= 0 means
+// DefaultMaxEvents).
+func NewEvents(max int) *Events {
+	if max <= 0 {
+		max = DefaultMaxEvents
+	}
+	return &Events{max: max}
+}
+
+// Add appends ev, or drops it when the buffer is full.
+func (e *Events) Add(ev offload.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.buf) >= e.max {
+		e.dropped.Add(1)
+		return
+	}
+	e.buf = append(e.buf, ev)
+}
+
+// Take returns the buffered events in order and empties the buffer.
+func (e *Events) Take() []offload.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := e.buf
+	e.buf = nil
+	return out
+}
+
+// Dropped returns the number of events dropped so far.
+func (e *Events) Dropped() int64 { return e.dropped.Load() }
+
+// KeyQueue collects keys produced on worker goroutines for the tier to
+// apply on the manager's goroutine (MarkMiss, Forget). Safe for
+// concurrent use; bounded so that a tier nobody polls cannot grow it
+// forever (beyond the bound keys are dropped: the queue is advisory).
+type KeyQueue struct {
+	mu   sync.Mutex
+	keys []offload.Key
+}
+
+const maxQueuedKeys = 1 << 16
+
+// Add appends keys.
+func (q *KeyQueue) Add(keys ...offload.Key) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if room := maxQueuedKeys - len(q.keys); room < len(keys) {
+		keys = keys[:max(room, 0)]
+	}
+	q.keys = append(q.keys, keys...)
+}
+
+// Take returns the queued keys and empties the queue.
+func (q *KeyQueue) Take() []offload.Key {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.keys
+	q.keys = nil
+	return out
+}

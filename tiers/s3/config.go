@@ -1,0 +1,230 @@
+package s3
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Config configures an S3 tier. The yaml tags are the type-specific keys
+// of a `type: s3` entry of `secondary_tiers`. Decode into DefaultConfig()
+// so that absent keys keep their defaults; New also fills zero values of
+// the sizing and timing fields with the defaults.
+type Config struct {
+	// Name is the tier name in its stack (from the tier entry's `name`).
+	Name string `yaml:"name,omitempty"`
+
+	// Bucket is required. Prefix is prepended to every object key ("a/b"
+	// and "a/b/" are the same); empty stores at the bucket root.
+	Bucket string `yaml:"bucket"`
+	Prefix string `yaml:"prefix"`
+	// Endpoint is the base URL of the S3-compatible service
+	// (http://host:port or https://…); empty uses AWS's regional endpoint.
+	// Addressing is always path-style.
+	Endpoint string `yaml:"endpoint"`
+	// Region defaults to $AWS_REGION, then us-east-1.
+	Region string `yaml:"region"`
+	// AccessKey, SecretKey and SessionToken default to the standard
+	// environment variables AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+	// AWS_SESSION_TOKEN; with neither, requests are anonymous.
+	AccessKey    string `yaml:"access_key"`
+	SecretKey    string `yaml:"secret_key"`
+	SessionToken string `yaml:"session_token"`
+
+	// Locality is local, remote (or its synonym global), or empty for
+	// unspecified: the tier then passes every locality matcher, as an
+	// upstream tier without a locality does.
+	Locality string `yaml:"locality"`
+
+	// IOThreads bounds concurrent PUT/GET requests across all jobs, and
+	// separately the concurrent HEADs of existence checks (default 16).
+	IOThreads int `yaml:"io_threads"`
+	// MaxInflight bounds jobs in flight; beyond it a job fails at once
+	// (default 256).
+	MaxInflight int `yaml:"max_inflight"`
+	// Timeout bounds one attempt of one request, body included
+	// (default 10s); it also bounds one step's batch of existence checks.
+	Timeout time.Duration `yaml:"timeout"`
+	// Retries is the number of retries of a request after a transient
+	// failure (connection error, timeout, 5xx, 429); 0 disables them.
+	// RetryBackoff is the base of the exponential backoff between them
+	// (default 50ms).
+	Retries      int           `yaml:"retries"`
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
+	// CreateBucket creates a missing bucket at startup instead of failing.
+	CreateBucket bool `yaml:"create_bucket"`
+	// ProbeInterval is the pause between health probes while the service
+	// is down (default 1s). UnhealthyAfter is the number of consecutive
+	// transport failures that mark it down (default 3).
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	UnhealthyAfter int           `yaml:"unhealthy_after"`
+	// LookupBatch bounds the keys of one existence-check call (default
+	// 1024); a step's batch is split beyond it.
+	LookupBatch int `yaml:"lookup_batch"`
+	// Events makes the tier emit a stored event per successful store job
+	// and a removed event per corrupted object it deletes.
+	Events bool `yaml:"events"`
+
+	// Layout names objects after the FS tier's files; set by the daemon
+	// from the namespace.
+	Layout Layout `yaml:"-"`
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger `yaml:"-"`
+	// HTTPClient replaces the tier's HTTP client (tests).
+	HTTPClient *http.Client `yaml:"-"`
+}
+
+// Defaults.
+const (
+	DefaultRegion        = "us-east-1"
+	DefaultIOThreads     = 16
+	DefaultMaxInflight   = 256
+	DefaultTimeout       = 10 * time.Second
+	DefaultRetries       = 2
+	DefaultRetryBackoff  = 50 * time.Millisecond
+	DefaultProbeInterval = time.Second
+	DefaultLookupBatch   = 1024
+)
+
+// DefaultConfig returns a Config with every default filled in; decode the
+// YAML keys over it.
+func DefaultConfig() Config {
+	return Config{
+		IOThreads:      DefaultIOThreads,
+		MaxInflight:    DefaultMaxInflight,
+		Timeout:        DefaultTimeout,
+		Retries:        DefaultRetries,
+		RetryBackoff:   DefaultRetryBackoff,
+		ProbeInterval:  DefaultProbeInterval,
+		UnhealthyAfter: 3,
+		LookupBatch:    DefaultLookupBatch,
+	}
+}
+
+// withDefaults returns c with zero sizing and timing fields defaulted and
+// the credentials and region taken from the environment when unset.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.IOThreads == 0 {
+		c.IOThreads = d.IOThreads
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = d.MaxInflight
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = d.RetryBackoff
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = d.ProbeInterval
+	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = d.UnhealthyAfter
+	}
+	if c.LookupBatch == 0 {
+		c.LookupBatch = d.LookupBatch
+	}
+	if c.Region == "" {
+		c.Region = os.Getenv("AWS_REGION")
+	}
+	if c.Region == "" {
+		c.Region = DefaultRegion
+	}
+	if c.AccessKey == "" && c.SecretKey == "" {
+		c.AccessKey = os.Getenv("AWS_ACCESS_KEY_ID")
+		c.SecretKey = os.Getenv("AWS_SECRET_ACCESS_KEY")
+		if c.SessionToken == "" {
+			c.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
+		}
+	}
+	return c
+}
+
+// Validate checks c (after defaults) and names the offending key.
+func (c Config) Validate() error {
+	bad := func(key string, format string, args ...any) error {
+		return fmt.Errorf("s3 tier %q: %s: %s", c.Name, key, fmt.Sprintf(format, args...))
+	}
+	if c.Bucket == "" {
+		return bad("bucket", "required")
+	}
+	if err := checkBucketName(c.Bucket); err != nil {
+		return bad("bucket", "%q: %v", c.Bucket, err)
+	}
+	if c.Endpoint != "" {
+		u, err := url.Parse(c.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("endpoint", "%q is not an http:// or https:// URL", c.Endpoint)
+		}
+	}
+	if _, err := parseLocality(c.Locality); err != nil {
+		return bad("locality", "%v", err)
+	}
+	if (c.AccessKey == "") != (c.SecretKey == "") {
+		if c.AccessKey == "" {
+			return bad("access_key", "required when secret_key is set")
+		}
+		return bad("secret_key", "required when access_key is set")
+	}
+	if strings.Contains(c.Prefix, "..") || strings.HasPrefix(c.Prefix, "/") {
+		return bad("prefix", "%q must be relative and must not contain ..", c.Prefix)
+	}
+	for _, f := range []struct {
+		key string
+		v   int
+	}{{"io_threads", c.IOThreads}, {"max_inflight", c.MaxInflight}, {"unhealthy_after", c.UnhealthyAfter}, {"lookup_batch", c.LookupBatch}} {
+		if f.v <= 0 {
+			return bad(f.key, "must be > 0, got %d", f.v)
+		}
+	}
+	if c.Retries < 0 {
+		return bad("retries", "must be >= 0, got %d", c.Retries)
+	}
+	for _, f := range []struct {
+		key string
+		v   time.Duration
+	}{{"timeout", c.Timeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
+		if f.v <= 0 {
+			return bad(f.key, "must be > 0, got %v", f.v)
+		}
+	}
+	if err := c.Layout.validate(); err != nil {
+		return bad("layout", "%v", err)
+	}
+	return nil
+}
+
+// checkBucketName applies the S3 bucket naming rules that matter for
+// path-style URLs.
+func checkBucketName(b string) error {
+	if len(b) < 3 || len(b) > 63 {
+		return fmt.Errorf("length %d, want 3..63", len(b))
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return fmt.Errorf("character %q not allowed (lowercase letters, digits, '-', '.')", c)
+		}
+	}
+	return nil
+}
+
+// parseLocality maps the config value to a Locality; "" is unspecified.
+func parseLocality(s string) (offload.Locality, error) {
+	if s == "" {
+		return offload.LocalityUnspecified, nil
+	}
+	l, ok := offload.ParseLocality(s)
+	if !ok {
+		return offload.LocalityUnspecified, fmt.Errorf("%q: want local or remote", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,71 @@
+package s3
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Layout names block objects after the FS tier's files (spec §5.1), so
+// that a bucket prefix holds the same tree an FS root would:
+//
+//	<prefix>/<base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin
+//
+// where hex is the lowercase hex of the block hash (group suffix
+// stripped).
+type Layout struct {
+	// Base is the namespace directory "<model name, / replaced by _>_<digest>"
+	// of the FS layout. Empty means "kvtier".
+	Base string
+	// Rank is the worker rank of the `_r<rank>` suffix.
+	Rank int
+}
+
+const defaultLayoutBase = "kvtier"
+
+func (l Layout) validate() error {
+	if l.Rank < 0 {
+		return fmt.Errorf("rank must be >= 0, got %d", l.Rank)
+	}
+	if strings.ContainsAny(l.Base, "/\\") || l.Base == "." || l.Base == ".." {
+		return fmt.Errorf("base %q must be one path element", l.Base)
+	}
+	return nil
+}
+
+// Path returns the object path of k below the prefix. Keys are
+// hex-encoded, so no key can escape the layout.
+func (l Layout) Path(k offload.Key) string {
+	base := l.Base
+	if base == "" {
+		base = defaultLayoutBase
+	}
+	h := hex.EncodeToString([]byte(k.Hash()))
+	a, b := min(3, len(h)), min(5, len(h))
+	var sb strings.Builder
+	sb.Grow(len(base) + 2*len(h) + 32)
+	sb.WriteString(base)
+	sb.WriteString("_r")
+	sb.WriteString(strconv.Itoa(l.Rank))
+	sb.WriteByte('/')
+	sb.WriteString(h[:a])
+	sb.WriteByte('/')
+	sb.WriteString(h[a:b])
+	sb.WriteString("_g")
+	sb.WriteString(strconv.FormatUint(uint64(k.Group()), 10))
+	sb.WriteByte('/')
+	sb.WriteString(h)
+	sb.WriteString(".bin")
+	return sb.String()
+}
+
+// objectKey joins the configured prefix and the layout path.
+func objectKey(prefix string, l Layout, k offload.Key) string {
+	if prefix == "" {
+		return l.Path(k)
+	}
+	return prefix + "/" + l.Path(k)
+}
