@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
@@ -37,6 +38,7 @@ type fakeTier struct {
 	hold       bool            // keep jobs until release()
 	failStores bool            // store jobs fail
 	partial    int             // >0: loads succeed for this many keys only
+	dur        time.Duration   // reported job duration
 	panics     map[string]bool // method name → panic in it
 	extra      []offload.JobResult
 
@@ -118,7 +120,7 @@ func (f *fakeTier) accept(job *offload.Job) {
 }
 
 func (f *fakeTier) complete(job *offload.Job) {
-	r := offload.JobResult{JobID: job.ID, Success: true}
+	r := offload.JobResult{JobID: job.ID, Success: true, Duration: f.dur}
 	if job.Promotion {
 		for i, k := range job.Keys {
 			if !f.blocks[k] || (f.partial > 0 && i >= f.partial) {

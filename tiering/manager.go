@@ -798,6 +798,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		m.finishJob(jb, offload.JobResult{JobID: id, Err: ErrClosed})
 	}
 	m.closed = true
+	m.polled = false // the hot paths test closed only behind the gate
 	clear(m.reqs)
 	if len(errs) > 0 {
 		errs = append(errs, errors.New("tiering: primary left open: tier transfers may still be running"))
