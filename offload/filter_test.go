@@ -297,7 +297,7 @@ func TestAllIdentityVersusValue(t *testing.T) {
 			t.Errorf("%s: All.Equal = %v, want %v (not symmetric)", c.name, got, c.equal)
 		}
 	}
-	if offload.All() != offload.All() {
+	if a, b := offload.All(), offload.All(); a != b {
 		t.Error("All() is not a single sentinel")
 	}
 	if offload.All().String() != "ALL" || offload.NewTierFilter().String() != "[]" {
