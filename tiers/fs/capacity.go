@@ -1,0 +1,135 @@
+package fs
+
+import (
+	"errors"
+	iofs "io/fs"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// reserve makes room for a file of size bytes before it is written. Over
+// the high watermark it evicts least-recently-used files (never one being
+// read) down to the low watermark; it fails with ErrFull when even then
+// the file would not fit under max_bytes.
+func (t *Tier) reserve(size int64) error {
+	if t.s.maxBytes == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	need := t.idx.used + t.reserved + size
+	if need <= t.s.high {
+		t.reserved += size
+		t.mu.Unlock()
+		return nil
+	}
+	victims, _ := t.idx.pickVictims(need - t.s.low)
+	t.reserved += size // claim now so concurrent writers see it
+	t.mu.Unlock()
+
+	t.evict(victims)
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.idx.used+t.reserved > t.s.maxBytes {
+		t.reserved -= size
+		t.st.full.Add(1)
+		return ErrFull
+	}
+	return nil
+}
+
+// unreserve returns a reservation of a store that failed.
+func (t *Tier) unreserve(size int64) {
+	if t.s.maxBytes == 0 {
+		return
+	}
+	t.mu.Lock()
+	t.reserved -= size
+	t.mu.Unlock()
+}
+
+// evict deletes the files of entries marked evicting, then unmaps them
+// and emits one removed event for the batch. A file that cannot be
+// deleted (other than already gone) goes back to the LRU end.
+func (t *Tier) evict(victims []int32) {
+	if len(victims) == 0 {
+		return
+	}
+	t.mu.Lock()
+	keys := make([]offload.Key, len(victims))
+	for n, i := range victims {
+		keys[n] = t.idx.ents[i].key
+	}
+	t.mu.Unlock()
+
+	errs := make([]error, len(keys))
+	for n, k := range keys {
+		if t.hookEvicting != nil {
+			t.hookEvicting(k)
+		}
+		if err := t.s.fs.Remove(t.lay.path(k)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			errs[n] = err
+		}
+	}
+
+	t.mu.Lock()
+	removed := keys[:0:0]
+	var bytes int64
+	for n, i := range victims {
+		if errs[n] != nil {
+			t.idx.unevict(i)
+			continue
+		}
+		bytes += int64(t.idx.ents[i].size)
+		removed = append(removed, keys[n])
+		t.idx.drop(i)
+	}
+	t.emitLocked(removed, true)
+	t.evictCond.Broadcast()
+	t.mu.Unlock()
+
+	for _, err := range errs {
+		if err != nil {
+			t.s.logger.Warn("eviction: cannot delete block file", "err", err)
+			break
+		}
+	}
+	t.st.evictedBlocks.Add(uint64(len(removed)))
+	t.st.evictedBytes.Add(uint64(bytes))
+	t.lookups.Forget(removed)
+}
+
+// evictToLow evicts down to the low watermark when usage is above the
+// high one (after the start-up scan).
+func (t *Tier) evictToLow() {
+	if t.s.maxBytes == 0 {
+		return
+	}
+	t.mu.Lock()
+	if t.idx.used <= t.s.high {
+		t.mu.Unlock()
+		return
+	}
+	victims, _ := t.idx.pickVictims(t.idx.used - t.s.low)
+	t.mu.Unlock()
+	t.evict(victims)
+}
+
+// discard removes k's file after it failed verification or vanished:
+// unmapped at once (readers in progress keep their descriptors), deleted
+// when corrupt, announced with a removed event. The caller (a failed
+// load) marks the key Miss in the lookup cache, which also drops the
+// shared verdict.
+func (t *Tier) discard(i int32, k offload.Key, deleteFile bool) {
+	t.mu.Lock()
+	if j, ok := t.idx.find(k); ok && j == i && t.idx.ents[i].state == stateLive {
+		t.idx.drop(i)
+		t.emitLocked([]offload.Key{k}, true)
+	}
+	t.mu.Unlock()
+	if deleteFile {
+		if err := t.s.fs.Remove(t.lay.path(k)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			t.s.logger.Warn("cannot delete corrupt block file", "key", k.String(), "err", err)
+		}
+	}
+}

@@ -1,0 +1,246 @@
+package fs
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/vfs"
+)
+
+// Config configures an FS tier. The yaml tags are the keys of an fs entry
+// under secondary_tiers; fields tagged "-" are set by the program.
+type Config struct {
+	// Name is the tier's name in the stack (the config entry's name).
+	Name string `yaml:"-"`
+	// RootDir is the directory under which the namespace directories live
+	// (required). It is created if missing; an unwritable root is an error.
+	RootDir string `yaml:"root_dir"`
+	// Locality is "local" or "remote" (case-insensitive) or "" (unset).
+	Locality string `yaml:"locality"`
+	// ReadThreads and WriteThreads size the load and store worker pools
+	// (default 8 each).
+	ReadThreads  int `yaml:"read_threads"`
+	WriteThreads int `yaml:"write_threads"`
+	// QueueDepth bounds the jobs waiting for each pool (default 256). A
+	// job submitted to a full queue fails at once and is counted.
+	QueueDepth int `yaml:"queue_depth"`
+	// MaxBytes bounds the bytes of block files (0 = unbounded). Usage above
+	// HighWatermark × MaxBytes (default 0.95) evicts least-recently-used
+	// files down to LowWatermark × MaxBytes (default 0.85).
+	MaxBytes      ByteSize `yaml:"max_bytes"`
+	HighWatermark float64  `yaml:"high_watermark"`
+	LowWatermark  float64  `yaml:"low_watermark"`
+	// Format is "kvtier" (default: trailer with checksum) or "vllm" (raw
+	// vLLM layout, length check only).
+	Format string `yaml:"format"`
+	// ODirect is "auto" (default: use O_DIRECT when the probe succeeds),
+	// "on" (fail start-up when it does not) or "off".
+	ODirect string `yaml:"o_direct"`
+	// Events turns on stored/removed events for this tier.
+	Events bool `yaml:"events"`
+	// LookupBatch bounds the keys of one existence-check call (0 = the
+	// whole step's batch at once).
+	LookupBatch int `yaml:"lookup_batch"`
+	// Namespace holds the digest fields (§5.1) and the rank.
+	Namespace Namespace `yaml:"namespace"`
+
+	// GlobalEventsOff is set when KV events are disabled for the whole
+	// daemon: a tier that opts in then logs a warning and stays silent.
+	GlobalEventsOff bool `yaml:"-"`
+	// FS is the filesystem (nil = the operating system's).
+	FS vfs.FS `yaml:"-"`
+	// Logger (nil = slog.Default()).
+	Logger *slog.Logger `yaml:"-"`
+}
+
+// Defaults.
+const (
+	DefaultThreads       = 8
+	DefaultQueueDepth    = 256
+	DefaultHighWatermark = 0.95
+	DefaultLowWatermark  = 0.85
+)
+
+// oDirectMode is the parsed o_direct setting.
+type oDirectMode uint8
+
+const (
+	directAuto oDirectMode = iota
+	directOn
+	directOff
+)
+
+// settings is a validated Config.
+type settings struct {
+	name          string
+	root          string
+	locality      offload.Locality
+	readThreads   int
+	writeThreads  int
+	queueDepth    int
+	maxBytes      int64
+	high, low     int64 // watermarks in bytes (0 when unbounded)
+	format        Format
+	direct        oDirectMode
+	events        bool
+	eventsIgnored bool // opted in with events disabled globally
+	lookupBatch   int
+	ns            Namespace
+	fs            vfs.FS
+	logger        *slog.Logger
+}
+
+// ParseLocality maps a configured locality: "local" or "remote" in any
+// case, or "" for unset. Anything else is an error naming the value.
+func ParseLocality(s string) (offload.Locality, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return offload.LocalityUnspecified, nil
+	case "local":
+		return offload.LocalityLocal, nil
+	case "remote":
+		return offload.LocalityRemote, nil
+	}
+	return 0, fmt.Errorf("locality %q: want local or remote (or leave it unset)", s)
+}
+
+func (c Config) settings() (settings, error) {
+	s := settings{name: c.Name, root: c.RootDir, events: c.Events, lookupBatch: c.LookupBatch, fs: c.FS, logger: c.Logger}
+	if s.name == "" {
+		s.name = "fs"
+	}
+	if s.root == "" {
+		return s, fmt.Errorf("root_dir is required")
+	}
+	var err error
+	if s.locality, err = ParseLocality(c.Locality); err != nil {
+		return s, err
+	}
+	if s.format, err = ParseFormat(c.Format); err != nil {
+		return s, err
+	}
+	switch strings.ToLower(c.ODirect) {
+	case "", "auto":
+		s.direct = directAuto
+	case "on", "true":
+		s.direct = directOn
+	case "off", "false":
+		s.direct = directOff
+	default:
+		return s, fmt.Errorf("o_direct %q: want auto, on or off", c.ODirect)
+	}
+	pos := func(key string, v, def int) (int, error) {
+		switch {
+		case v == 0:
+			return def, nil
+		case v < 0 || v > 4096:
+			return 0, fmt.Errorf("%s %d: want 1..4096", key, v)
+		}
+		return v, nil
+	}
+	if s.readThreads, err = pos("read_threads", c.ReadThreads, DefaultThreads); err != nil {
+		return s, err
+	}
+	if s.writeThreads, err = pos("write_threads", c.WriteThreads, DefaultThreads); err != nil {
+		return s, err
+	}
+	if c.QueueDepth < 0 || c.QueueDepth > 1<<20 {
+		return s, fmt.Errorf("queue_depth %d: want 1..%d", c.QueueDepth, 1<<20)
+	}
+	s.queueDepth = c.QueueDepth
+	if s.queueDepth == 0 {
+		s.queueDepth = DefaultQueueDepth
+	}
+	if c.LookupBatch < 0 {
+		return s, fmt.Errorf("lookup_batch %d is negative", c.LookupBatch)
+	}
+	if c.MaxBytes < 0 {
+		return s, fmt.Errorf("max_bytes %d is negative", c.MaxBytes)
+	}
+	s.maxBytes = int64(c.MaxBytes)
+	high, low := c.HighWatermark, c.LowWatermark
+	if high == 0 {
+		high = DefaultHighWatermark
+	}
+	if low == 0 {
+		low = DefaultLowWatermark
+	}
+	if !(high > 0 && high <= 1) {
+		return s, fmt.Errorf("high_watermark %v: want 0 < high ≤ 1", c.HighWatermark)
+	}
+	if !(low > 0 && low <= high) {
+		return s, fmt.Errorf("low_watermark %v: want 0 < low ≤ high_watermark (%v)", low, high)
+	}
+	if s.maxBytes > 0 {
+		s.high = int64(float64(s.maxBytes) * high)
+		s.low = int64(float64(s.maxBytes) * low)
+	}
+	s.ns = c.Namespace.withDefaults()
+	if err := s.ns.validate(); err != nil {
+		return s, err
+	}
+	if s.fs == nil {
+		s.fs = vfs.OS()
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	s.logger = s.logger.With("tier", s.name, "type", "fs")
+	if s.events && c.GlobalEventsOff {
+		s.events, s.eventsIgnored = false, true
+	}
+	return s, nil
+}
+
+// ByteSize is a size in bytes that YAML may spell as an integer or with a
+// unit: "512MiB", "10GiB", "1.5TB", "4096B".
+type ByteSize int64
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: size must be a number or a string like 10GiB", n.Line)
+	}
+	v, err := ParseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = v
+	return nil
+}
+
+// ParseByteSize parses "1234", "64KiB", "10GiB", "1.5TB" (units B, KB,
+// MB, GB, TB decimal; KiB, MiB, GiB, TiB binary; case-insensitive).
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
+		i--
+	}
+	num, unit := strings.TrimSpace(t[:i]), strings.ToLower(strings.TrimSpace(t[i:]))
+	mult := map[string]float64{
+		"": 1, "b": 1,
+		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+		"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+	}[unit]
+	if mult == 0 || num == "" {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
+	}
+	if n, err := strconv.ParseInt(num, 10, 64); err == nil && mult == 1 {
+		if n < 0 {
+			return 0, fmt.Errorf("size %q is negative", s)
+		}
+		return ByteSize(n), nil
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || f*mult > 1<<62 {
+		return 0, fmt.Errorf("size %q: not a valid size", s)
+	}
+	return ByteSize(f * mult), nil
+}

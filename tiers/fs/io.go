@@ -1,0 +1,390 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/vfs"
+)
+
+// worker holds one pool goroutine's reusable aligned buffers.
+type worker struct {
+	t      *Tier
+	bounce []byte // aligned, grown on demand
+	tail   []byte // one aligned page for the trailer
+}
+
+func (w *worker) buffer(n int64) []byte {
+	if int64(len(w.bounce)) < n {
+		w.bounce = alignedBuf(int(n))
+	}
+	return w.bounce[:n]
+}
+
+func (w *worker) tailPage() []byte {
+	if w.tail == nil {
+		w.tail = alignedBuf(align)
+	}
+	return w.tail
+}
+
+// slots resolves and checks a job's slots before any I/O.
+func (t *Tier) slots(job *offload.Job) ([][]byte, error) {
+	if len(job.Keys) != len(job.Slots) {
+		return nil, fmt.Errorf("%w: %d keys, %d slots", ErrBadJob, len(job.Keys), len(job.Slots))
+	}
+	if len(job.Keys) == 0 {
+		return nil, nil
+	}
+	if job.Arena == nil {
+		return nil, fmt.Errorf("%w: no arena", ErrBadJob)
+	}
+	if bb := t.s.ns.BlockBytes; bb > 0 && job.Arena.SlotSize() != bb {
+		return nil, fmt.Errorf("%w: arena slot size %d, namespace block_bytes %d", ErrBadJob, job.Arena.SlotSize(), bb)
+	}
+	out := make([][]byte, len(job.Keys))
+	for i, k := range job.Keys {
+		if !k.Valid() {
+			return nil, fmt.Errorf("%w: key %d has %d bytes", ErrBadJob, i, len(k))
+		}
+		b, err := job.Arena.Slot(job.Slots[i])
+		if err != nil {
+			return nil, fmt.Errorf("fs tier: slot %d of key %s: %w", job.Slots[i], k, err)
+		}
+		if len(b) == 0 {
+			return nil, fmt.Errorf("%w: empty slot %d", ErrBadJob, job.Slots[i])
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// store runs a store (cascade) job: each block not already on disk is
+// written to a temp file and renamed into place. The first failure fails
+// the job (blocks written before it stay); success emits one stored
+// event with the job's keys in order.
+func (w *worker) store(job *offload.Job) {
+	t, start := w.t, time.Now()
+	slots, err := t.slots(job)
+	if err != nil {
+		t.fail(job, true, nil, err, start)
+		return
+	}
+	var bytes int64
+	for i, k := range job.Keys {
+		if t.closing.Load() {
+			err = ErrClosed
+			break
+		}
+		var n int64
+		if n, err = w.storeBlock(k, slots[i]); err != nil {
+			err = fmt.Errorf("fs tier: store %s: %w", k, err)
+			break
+		}
+		bytes += n
+	}
+	t.lookups.Forget(job.Keys)
+	if err != nil {
+		t.fail(job, true, nil, err, start)
+		return
+	}
+	t.mu.Lock()
+	t.emitLocked(job.Keys, false)
+	t.mu.Unlock()
+	t.st.storeOK.Add(1)
+	t.finish(offload.JobResult{JobID: job.ID, Success: true, Bytes: bytes, Duration: time.Since(start)})
+}
+
+// storeBlock writes one block unless its file exists; it returns the
+// bytes written.
+func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
+	t := w.t
+	dest := t.lay.path(k)
+	t.mu.Lock()
+	for {
+		i, ok := t.idx.find(k)
+		if !ok {
+			break
+		}
+		if t.idx.ents[i].state == stateLive {
+			t.mu.Unlock()
+			t.st.blocksSkipped.Add(1)
+			return 0, nil
+		}
+		// Being evicted: wait for the unlink so that our rename cannot be
+		// deleted by it.
+		t.evictCond.Wait()
+	}
+	t.mu.Unlock()
+	if t.adopt(k) { // written by another process (or vLLM) already
+		t.st.blocksSkipped.Add(1)
+		return 0, nil
+	}
+	size := t.s.format.fileSize(len(payload))
+	if err := t.reserve(size); err != nil {
+		return 0, err
+	}
+	if err := w.writeFile(k, dest, payload); err != nil {
+		t.unreserve(size)
+		return 0, err
+	}
+	t.mu.Lock()
+	if t.s.maxBytes > 0 {
+		t.reserved -= size
+	}
+	if _, ok := t.idx.find(k); !ok {
+		t.idx.insert(k, size)
+	}
+	t.mu.Unlock()
+	t.st.blocksStored.Add(1)
+	t.st.bytesWritten.Add(uint64(size))
+	return size, nil
+}
+
+// writeFile writes payload (and the trailer) to a temp file next to dest
+// and renames it over dest; on any error the temp file is removed.
+func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (err error) {
+	t := w.t
+	fs := t.s.fs
+	tmp := dest + t.tmpPrefix + strconv.FormatUint(t.tmpSeq.Add(1), 36) + ".tmp"
+	flag := os.O_CREATE | os.O_EXCL | os.O_WRONLY
+	if t.direct {
+		flag |= oDirect
+	}
+	f, err := fs.OpenFile(tmp, flag, 0o644)
+	if errors.Is(err, iofs.ErrNotExist) {
+		if err = fs.MkdirAll(filepath.Dir(dest), 0o755); err == nil {
+			f, err = fs.OpenFile(tmp, flag, 0o644)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = fs.Remove(tmp)
+		}
+	}()
+	werr := w.writeBlock(f, k, payload)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return werr
+	}
+	return fs.Rename(tmp, dest)
+}
+
+// writeBlock writes the file contents. With O_DIRECT every write is
+// aligned in address, offset and length, and the file is truncated back
+// to its real size afterwards.
+func (w *worker) writeBlock(f vfs.File, k offload.Key, payload []byte) error {
+	t := w.t
+	n := int64(len(payload))
+	size := t.s.format.fileSize(len(payload))
+	withTrailer := t.s.format == FormatKVTier
+	switch {
+	case !t.direct:
+		if _, err := f.WriteAt(payload, 0); err != nil {
+			return err
+		}
+		if withTrailer {
+			tr := w.tailPage()[:trailerLen]
+			putTrailer(tr, k, payload)
+			if _, err := f.WriteAt(tr, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isAligned(payload):
+		// In place from the slot; the trailer goes in its own padded page.
+		if _, err := f.WriteAt(payload, 0); err != nil {
+			return err
+		}
+		if withTrailer {
+			page := w.tailPage()
+			clear(page)
+			putTrailer(page, k, payload)
+			if _, err := f.WriteAt(page, n); err != nil {
+				return err
+			}
+		}
+	default:
+		buf := w.buffer(roundUp(size))
+		copy(buf, payload)
+		if withTrailer {
+			putTrailer(buf[n:size], k, payload)
+		}
+		clear(buf[size:])
+		if _, err := f.WriteAt(buf, 0); err != nil {
+			return err
+		}
+	}
+	if roundUp(size) != size {
+		return f.Truncate(size)
+	}
+	return nil
+}
+
+// load runs a promotion job: blocks are read into their slots in order
+// and verified; the first failure stops the job, reports the loaded
+// prefix in SuccessfulKeys and marks the rest Miss for the requests that
+// looked them up.
+func (w *worker) load(job *offload.Job) {
+	t, start := w.t, time.Now()
+	slots, err := t.slots(job)
+	if err != nil {
+		t.fail(job, false, nil, err, start)
+		return
+	}
+	var bytes int64
+	for i, k := range job.Keys {
+		if t.closing.Load() {
+			err = ErrClosed
+		} else if err = w.loadBlock(k, slots[i]); err != nil {
+			err = fmt.Errorf("fs tier: load %s: %w", k, err)
+		}
+		if err != nil {
+			var ok []offload.Key
+			if i > 0 {
+				ok = append(ok, job.Keys[:i]...)
+			}
+			t.lookups.MarkMiss(job.Keys[i:])
+			t.fail(job, false, ok, err, start)
+			return
+		}
+		bytes += int64(len(slots[i]))
+	}
+	t.st.loadOK.Add(1)
+	t.finish(offload.JobResult{JobID: job.ID, Success: true, Bytes: bytes, Duration: time.Since(start)})
+}
+
+// loadBlock reads and verifies k's file into slot. Verified corruption
+// deletes the file; I/O errors that prove nothing leave it.
+func (w *worker) loadBlock(k offload.Key, slot []byte) error {
+	t := w.t
+	t.mu.Lock()
+	i, ok := t.idx.acquire(k)
+	t.mu.Unlock()
+	if !ok {
+		if !t.adopt(k) {
+			t.st.notFound.Add(1)
+			return fmt.Errorf("block not stored: %w", iofs.ErrNotExist)
+		}
+		t.mu.Lock()
+		i, ok = t.idx.acquire(k)
+		t.mu.Unlock()
+		if !ok {
+			t.st.notFound.Add(1)
+			return fmt.Errorf("block not stored: %w", iofs.ErrNotExist)
+		}
+	}
+	defer func() {
+		t.mu.Lock()
+		t.idx.done(i)
+		t.mu.Unlock()
+	}()
+	if t.hookAcquired != nil {
+		t.hookAcquired(k)
+	}
+	err := w.readFile(k, t.lay.path(k), slot)
+	switch {
+	case err == nil:
+		t.st.blocksLoaded.Add(1)
+		t.st.bytesRead.Add(uint64(len(slot)))
+	case errors.Is(err, ErrCorrupt):
+		t.st.corrupt.Add(1)
+		t.s.logger.Warn("corrupt block file deleted", "key", k.String(), "err", err)
+		t.discard(i, k, true)
+	case errors.Is(err, ErrForeignFormat):
+		t.st.foreign.Add(1)
+	case errors.Is(err, iofs.ErrNotExist):
+		t.st.notFound.Add(1)
+		t.discard(i, k, false) // deleted behind our back
+	default:
+		t.st.transient.Add(1)
+	}
+	return err
+}
+
+// readFile reads k's file into slot and verifies it.
+func (w *worker) readFile(k offload.Key, name string, slot []byte) error {
+	t := w.t
+	flag := os.O_RDONLY
+	if t.direct {
+		flag |= oDirect
+	}
+	f, err := t.s.fs.OpenFile(name, flag, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	n := int64(len(slot))
+	want := t.s.format.fileSize(len(slot))
+	if got := fi.Size(); got != want {
+		if t.s.format == FormatKVTier && got == n {
+			return fmt.Errorf("%w: %d bytes without a kvtier trailer", ErrForeignFormat, got)
+		}
+		return fmt.Errorf("%w: file is %d bytes, want %d", ErrCorrupt, got, want)
+	}
+	withTrailer := t.s.format == FormatKVTier
+	if !t.direct || isAligned(slot) {
+		if err := readFull(f, slot, 0); err != nil {
+			return err
+		}
+		if !withTrailer {
+			return nil
+		}
+		page := w.tailPage()
+		if !t.direct {
+			page = page[:trailerLen]
+		}
+		m, err := f.ReadAt(page, n)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if m != trailerLen {
+			return fmt.Errorf("%w: short trailer read (%d bytes)", ErrCorrupt, m)
+		}
+		return verifyTrailer(page[:trailerLen], k, slot)
+	}
+	buf := w.buffer(roundUp(want))
+	m, err := f.ReadAt(buf, 0)
+	if err != nil && err != io.EOF {
+		return err
+	}
+	if int64(m) != want {
+		return fmt.Errorf("%w: short read (%d of %d bytes)", ErrCorrupt, m, want)
+	}
+	if withTrailer {
+		if err := verifyTrailer(buf[n:want], k, buf[:n]); err != nil {
+			return err
+		}
+	}
+	copy(slot, buf[:n])
+	return nil
+}
+
+// readFull reads len(b) bytes at off; running out of file is corruption
+// (the size was checked just before), other errors are returned as is.
+func readFull(f vfs.File, b []byte, off int64) error {
+	m, err := f.ReadAt(b, off)
+	if m == len(b) {
+		return nil
+	}
+	if err == nil || err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: short read (%d of %d bytes)", ErrCorrupt, m, len(b))
+	}
+	return err
+}

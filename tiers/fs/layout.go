@@ -1,0 +1,328 @@
+package fs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// digestLen is the number of hex digits of the namespace digest in the
+// directory name (vLLM's _BASE_PATH_HASH_LEN).
+const digestLen = 12
+
+// configFileName is the run-config record written next to the blocks.
+const configFileName = "config.json"
+
+// KVCacheGroup describes one KV-cache group of the model, as vLLM records
+// it in the namespace digest.
+type KVCacheGroup struct {
+	TokensPerBlock int      `yaml:"tokens_per_block" json:"tokens_per_block"`
+	LayerNames     []string `yaml:"layer_names" json:"layer_names"`
+}
+
+// Namespace holds the fields that decide which directory a run's blocks
+// live in (spec §5.1, vLLM's FileMapper). Two processes see each other's
+// blocks exactly when every digest field matches; Rank only selects the
+// `_r<rank>` sibling. The daemon fills it from the engine's registration.
+type Namespace struct {
+	ModelName     string         `yaml:"model_name"`
+	TokensPerHash int            `yaml:"tokens_per_hash"`
+	BlocksPerFile int            `yaml:"blocks_per_file"` // 0 means 1
+	TPSize        int            `yaml:"tp_size"`         // 0 means 1
+	PPSize        int            `yaml:"pp_size"`         // 0 means 1
+	PCPSize       int            `yaml:"pcp_size"`        // 0 means 1
+	DCPSize       int            `yaml:"dcp_size"`        // 0 means 1
+	DType         string         `yaml:"dtype"`
+	KVCacheGroups []KVCacheGroup `yaml:"kv_cache_groups"`
+	// InferenceEngine is part of the digest; "" means "vllm".
+	InferenceEngine string `yaml:"inference_engine"`
+	// Extra holds further digest fields that some vLLM versions add (for
+	// example parallel_agnostic: false); they are hashed as given.
+	Extra map[string]any `yaml:"extra_fields"`
+	// Rank selects the block directory `<base>_r<rank>`; not hashed.
+	Rank int `yaml:"rank"`
+	// BlockBytes, when > 0, is the size every block must have; jobs over an
+	// arena with another slot size fail. Not hashed (vLLM does not).
+	BlockBytes int `yaml:"block_bytes"`
+}
+
+func (ns Namespace) withDefaults() Namespace {
+	one := func(v *int) {
+		if *v == 0 {
+			*v = 1
+		}
+	}
+	one(&ns.BlocksPerFile)
+	one(&ns.TPSize)
+	one(&ns.PPSize)
+	one(&ns.PCPSize)
+	one(&ns.DCPSize)
+	if ns.InferenceEngine == "" {
+		ns.InferenceEngine = "vllm"
+	}
+	return ns
+}
+
+func (ns Namespace) validate() error {
+	if ns.ModelName == "" {
+		return fmt.Errorf("namespace.model_name is required")
+	}
+	for name, v := range map[string]int{
+		"tokens_per_hash": ns.TokensPerHash, "blocks_per_file": ns.BlocksPerFile,
+		"tp_size": ns.TPSize, "pp_size": ns.PPSize, "pcp_size": ns.PCPSize, "dcp_size": ns.DCPSize,
+		"rank": ns.Rank, "block_bytes": ns.BlockBytes,
+	} {
+		if v < 0 {
+			return fmt.Errorf("namespace.%s: %d is negative", name, v)
+		}
+	}
+	for k := range ns.Extra {
+		switch k {
+		case "model_name", "tokens_per_hash", "blocks_per_file", "tp_size", "pp_size",
+			"pcp_size", "dcp_size", "dtype", "kv_cache_groups", "inference_engine":
+			return fmt.Errorf("namespace.extra_fields: %q duplicates a namespace field", k)
+		}
+	}
+	return nil
+}
+
+// Fields returns the digest fields as vLLM's FileMapper builds them (after
+// defaults), the content of config.json.
+func (ns Namespace) Fields() map[string]any {
+	ns = ns.withDefaults()
+	groups := make([]any, len(ns.KVCacheGroups))
+	for i, g := range ns.KVCacheGroups {
+		names := make([]any, len(g.LayerNames))
+		for j, n := range g.LayerNames {
+			names[j] = n
+		}
+		groups[i] = map[string]any{"tokens_per_block": g.TokensPerBlock, "layer_names": names}
+	}
+	f := map[string]any{
+		"model_name":       ns.ModelName,
+		"tokens_per_hash":  ns.TokensPerHash,
+		"blocks_per_file":  ns.BlocksPerFile,
+		"tp_size":          ns.TPSize,
+		"pp_size":          ns.PPSize,
+		"pcp_size":         ns.PCPSize,
+		"dcp_size":         ns.DCPSize,
+		"dtype":            ns.DType,
+		"kv_cache_groups":  groups,
+		"inference_engine": ns.InferenceEngine,
+	}
+	for k, v := range ns.Extra {
+		f[k] = v
+	}
+	return f
+}
+
+// Digest returns the first 12 hex digits of the sha256 of the fields
+// rendered as Python's json.dumps(fields, sort_keys=True,
+// separators=(",", ":")) renders them, so kvtier and vLLM agree on the
+// directory.
+func (ns Namespace) Digest() (string, error) {
+	b, err := appendPyJSON(nil, ns.Fields())
+	if err != nil {
+		return "", fmt.Errorf("namespace digest: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:digestLen], nil
+}
+
+// layout maps keys to paths under one namespace.
+type layout struct {
+	base    string // <root>/<model>_<digest>: holds config.json
+	rankDir string // <base>_r<rank>: holds the blocks
+}
+
+func newLayout(root string, ns Namespace) (layout, error) {
+	d, err := ns.Digest()
+	if err != nil {
+		return layout{}, err
+	}
+	base := filepath.Join(root, strings.ReplaceAll(ns.ModelName, "/", "_")+"_"+d)
+	return layout{base: base, rankDir: base + "_r" + strconv.Itoa(ns.Rank)}, nil
+}
+
+// path returns the block file of k:
+// <base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin. The hash is
+// hex-encoded, so no key can name a path outside the directory.
+func (l layout) path(k offload.Key) string {
+	h := k.HexHash()
+	// Hashes shorter than 3 bytes give short prefixes; slicing clamps.
+	p1, p2 := h[:min(3, len(h))], h[min(3, len(h)):min(5, len(h))]
+	var b strings.Builder
+	b.Grow(len(l.rankDir) + 2*len(h) + 24)
+	b.WriteString(l.rankDir)
+	b.WriteByte('/')
+	b.WriteString(p1)
+	b.WriteByte('/')
+	b.WriteString(p2)
+	b.WriteString("_g")
+	b.WriteString(strconv.FormatUint(uint64(k.Group()), 10))
+	b.WriteByte('/')
+	b.WriteString(h)
+	b.WriteString(".bin")
+	return b.String()
+}
+
+// parsePath is the inverse of path for a path relative to rankDir; ok is
+// false for anything path would not have produced.
+func parsePath(rel string) (offload.Key, bool) {
+	parts := strings.Split(filepath.ToSlash(rel), "/")
+	if len(parts) != 3 || !strings.HasSuffix(parts[2], ".bin") {
+		return "", false
+	}
+	h := strings.TrimSuffix(parts[2], ".bin")
+	raw, err := hex.DecodeString(h)
+	if err != nil || len(raw) == 0 || hex.EncodeToString(raw) != h {
+		return "", false // not lowercase hex
+	}
+	sub, gs, ok := strings.Cut(parts[1], "_g")
+	if !ok || parts[0] != h[:min(3, len(h))] || sub != h[min(3, len(h)):min(5, len(h))] {
+		return "", false
+	}
+	g, err := strconv.ParseUint(gs, 10, 32)
+	if err != nil || strconv.FormatUint(g, 10) != gs {
+		return "", false
+	}
+	k := offload.MakeKey(raw, uint32(g))
+	if !k.Valid() {
+		return "", false
+	}
+	return k, true
+}
+
+// appendPyJSON appends v rendered like Python's json.dumps with
+// sort_keys=True, separators=(",", ":") and the default ensure_ascii=True.
+func appendPyJSON(b []byte, v any) ([]byte, error) {
+	switch x := v.(type) {
+	case nil:
+		return append(b, "null"...), nil
+	case bool:
+		if x {
+			return append(b, "true"...), nil
+		}
+		return append(b, "false"...), nil
+	case string:
+		return appendPyString(b, x), nil
+	case int:
+		return strconv.AppendInt(b, int64(x), 10), nil
+	case int64:
+		return strconv.AppendInt(b, x, 10), nil
+	case uint64:
+		return strconv.AppendUint(b, x, 10), nil
+	case float64:
+		return appendPyFloat(b, x)
+	case []any:
+		b = append(b, '[')
+		for i, e := range x {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var err error
+			if b, err = appendPyJSON(b, e); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, ']'), nil
+	case []string:
+		b = append(b, '[')
+		for i, e := range x {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendPyString(b, e)
+		}
+		return append(b, ']'), nil
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys) // UTF-8 byte order = code point order, as Python
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendPyString(b, k)
+			b = append(b, ':')
+			var err error
+			if b, err = appendPyJSON(b, x[k]); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, '}'), nil
+	}
+	return nil, fmt.Errorf("unsupported value of type %T", v)
+}
+
+// appendPyString escapes like Python's json with ensure_ascii: the short
+// escapes for " \ \n \r \t \b \f, \u00XX for other control characters
+// and \uXXXX (surrogate pairs beyond the BMP) for everything non-ASCII.
+func appendPyString(b []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	u4 := func(b []byte, r uint16) []byte {
+		return append(b, '\\', 'u', hexDigits[r>>12], hexDigits[r>>8&15], hexDigits[r>>4&15], hexDigits[r&15])
+	}
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"':
+			b = append(b, '\\', '"')
+		case r == '\\':
+			b = append(b, '\\', '\\')
+		case r == '\n':
+			b = append(b, '\\', 'n')
+		case r == '\r':
+			b = append(b, '\\', 'r')
+		case r == '\t':
+			b = append(b, '\\', 't')
+		case r == '\b':
+			b = append(b, '\\', 'b')
+		case r == '\f':
+			b = append(b, '\\', 'f')
+		case r < 0x20 || r == 0x7f: // Python escapes everything outside " "..."~"
+			b = u4(b, uint16(r))
+		case r < 0x80:
+			b = append(b, byte(r))
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			b = u4(u4(b, uint16(r1)), uint16(r2))
+		default:
+			b = u4(b, uint16(r))
+		}
+	}
+	return append(b, '"')
+}
+
+// appendPyFloat renders f as Python's float repr: shortest round-trip
+// digits, positional for exponents in [-4, 16), ".0" for integral values.
+func appendPyFloat(b []byte, f float64) ([]byte, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("float %v has no JSON form", f)
+	}
+	e := strconv.FormatFloat(f, 'e', -1, 64)
+	exp, err := strconv.Atoi(e[strings.IndexByte(e, 'e')+1:])
+	if err != nil {
+		return nil, err
+	}
+	if exp < -4 || exp >= 16 {
+		return append(b, e...), nil
+	}
+	s := strconv.FormatFloat(f, 'f', -1, 64)
+	b = append(b, s...)
+	if !strings.ContainsAny(s, ".") {
+		b = append(b, ".0"...)
+	}
+	return b, nil
+}

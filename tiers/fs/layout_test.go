@@ -1,0 +1,117 @@
+package fs
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Golden digests computed with Python: hashlib.sha256(json.dumps(fields,
+// sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12].
+func TestDigestMatchesPython(t *testing.T) {
+	base := Namespace{
+		ModelName: "meta-llama/Llama-3.1-8B", TokensPerHash: 16, DType: "torch.bfloat16",
+		KVCacheGroups: []KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"model.layers.0.self_attn", "model.layers.1.self_attn"}}},
+	}
+	unicode := base
+	unicode.ModelName = "modèle/<x>&\"q\"\u2028\U0001F600"
+	unicode.KVCacheGroups = nil
+	extra := unicode
+	extra.Extra = map[string]any{"parallel_agnostic": false, "x": 1.5}
+	for _, tc := range []struct {
+		name string
+		ns   Namespace
+		want string
+	}{
+		{"plain", base, "b3ab6ffd4561"},
+		{"escapes", unicode, "8a561d6dc8d7"},
+		{"extra fields", extra, "a0907a01acb9"},
+	} {
+		got, err := tc.ns.Digest()
+		if err != nil || got != tc.want {
+			t.Errorf("%s: digest %s (%v), want %s", tc.name, got, err, tc.want)
+		}
+	}
+	b, _ := appendPyJSON(nil, base.Fields())
+	const want = `{"blocks_per_file":1,"dcp_size":1,"dtype":"torch.bfloat16","inference_engine":"vllm","kv_cache_groups":[{"layer_names":["model.layers.0.self_attn","model.layers.1.self_attn"],"tokens_per_block":16}],"model_name":"meta-llama/Llama-3.1-8B","pcp_size":1,"pp_size":1,"tokens_per_hash":16,"tp_size":1}`
+	if string(b) != want {
+		t.Fatalf("canonical JSON\n got %s\nwant %s", b, want)
+	}
+}
+
+func TestPyFloat(t *testing.T) {
+	for f, want := range map[float64]string{1.5: "1.5", 1: "1.0", 1e16: "1e+16", 1e15: "1000000000000000.0", 0.0001: "0.0001", 0.00001: "1e-05", -2.5e-7: "-2.5e-07"} {
+		b, err := appendPyFloat(nil, f)
+		if err != nil || string(b) != want {
+			t.Errorf("%v → %s (%v), want %s", f, b, err, want)
+		}
+	}
+}
+
+func TestLayoutDirsAndConfig(t *testing.T) {
+	root := t.TempDir()
+	ns := testNamespace()
+	ns.Rank = 3
+	tier := newTier(t, root, func(c *Config) { c.Namespace = ns })
+	d, _ := ns.Digest()
+	base := filepath.Join(root, "org_model_"+d)
+	if tier.ConfigPath() != filepath.Join(base, "config.json") || tier.lay.rankDir != base+"_r3" {
+		t.Fatalf("paths %s %s", tier.ConfigPath(), tier.lay.rankDir)
+	}
+	b, err := os.ReadFile(tier.ConfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["model_name"] != "org/model" || got["inference_engine"] != "vllm" || got["tp_size"] != 1.0 {
+		t.Fatalf("config.json = %s", b)
+	}
+	// An existing config.json is left as is.
+	os.WriteFile(tier.ConfigPath(), []byte("{}"), 0o644)
+	tier.Close(t.Context())
+	newTier(t, root, func(c *Config) { c.Namespace = ns })
+	if b, _ := os.ReadFile(filepath.Join(base, "config.json")); string(b) != "{}" {
+		t.Fatal("config.json rewritten")
+	}
+}
+
+func TestParsePathInvertsPath(t *testing.T) {
+	l := layout{rankDir: "/r"}
+	for _, key := range []offload.Key{k(1), k(2), offload.MakeKey([]byte{0xab}, 7), offload.MakeKey([]byte{1, 2, 3, 4, 5, 6, 7, 8}, 1<<31)} {
+		rel := strings.TrimPrefix(l.path(key), "/r/")
+		got, ok := parsePath(rel)
+		if !ok || got != key {
+			t.Fatalf("parsePath(%s) = %v %v, want %v", rel, got, ok, key)
+		}
+	}
+	for _, bad := range []string{
+		"abc/de_g0/abcdef.bin.x", "abc/de_g0/ABCDEF.bin", "abd/de_g0/abcdef.bin", "abc/df_g0/abcdef.bin",
+		"abc/de_g01/abcdef.bin", "abc/de_gx/abcdef.bin", "abc/de/abcdef.bin", "x/abc/de_g0/abcdef.bin",
+		"abc/de_g0/abcde.bin", "abc/de_g4294967296/abcdef.bin",
+	} {
+		if _, ok := parsePath(bad); ok {
+			t.Errorf("parsePath accepted %s", bad)
+		}
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"0": 0, "4096": 4096, "64KiB": 64 << 10, "10GiB": 10 << 30, "1.5TB": 1.5e12, "2 MiB": 2 << 20, "5g": 5 << 30, "7B": 7} {
+		got, err := ParseByteSize(in)
+		if err != nil || got != want {
+			t.Errorf("%q → %d (%v), want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "GiB", "-5", "1.2.3MB", "10XB"} {
+		if _, err := ParseByteSize(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,452 @@
+package fs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtier/kvtier/asynclookup"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Errors reported in failed job results.
+var (
+	// ErrClosed fails jobs submitted to, or still queued in, a closed tier.
+	ErrClosed = errors.New("fs tier closed")
+	// ErrQueueFull fails a job submitted while its pool's queue is full.
+	ErrQueueFull = errors.New("fs tier queue full")
+	// ErrFull fails a store that cannot fit under max_bytes because the
+	// files that could be evicted are all being read.
+	ErrFull = errors.New("fs tier full")
+	// ErrBadJob reports a malformed job (keys and slots not co-indexed, an
+	// invalid key, a slot size that is not the namespace's block size).
+	ErrBadJob = errors.New("malformed job")
+)
+
+// Tier is the filesystem secondary tier. It implements
+// offload.SecondaryTier.
+type Tier struct {
+	s      settings
+	lay    layout
+	direct bool
+
+	lookups *asynclookup.Manager
+
+	loadCh  chan *offload.Job
+	storeCh chan *offload.Job
+	workers sync.WaitGroup
+	closing atomic.Bool
+
+	tmpPrefix string
+	tmpSeq    atomic.Uint64
+
+	mu        sync.Mutex
+	evictCond *sync.Cond // signalled when evictions finish
+	idx       index
+	reserved  int64 // bytes of stores in progress
+	finished  []offload.JobResult
+	pending   int           // submitted jobs without a result yet
+	idle      chan struct{} // closed when pending drops to 0
+	events    []offload.Event
+	closed    bool
+
+	st counters
+
+	// Test hooks, nil in production.
+	hookAcquired func(k offload.Key) // a load holds k's reader ref, before open
+	hookEvicting func(k offload.Key) // k is marked evicting, before its unlink
+}
+
+var _ offload.SecondaryTier = (*Tier)(nil)
+
+// New validates cfg, creates the namespace directories, writes
+// config.json if absent, probes O_DIRECT, rebuilds the index from the
+// files already on disk (removing leftover temp files) and starts the
+// worker pools. An unwritable root_dir, an unknown locality, format or
+// o_direct value, or o_direct: on where it is unsupported fail here.
+func New(cfg Config) (*Tier, error) {
+	s, err := cfg.settings()
+	if err != nil {
+		return nil, fmt.Errorf("fs tier %q: %w", cfg.Name, err)
+	}
+	lay, err := newLayout(s.root, s.ns)
+	if err != nil {
+		return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	t := &Tier{
+		s:         s,
+		lay:       lay,
+		idx:       newIndex(),
+		tmpPrefix: "_" + hex.EncodeToString(rnd[:]),
+	}
+	t.evictCond = sync.NewCond(&t.mu)
+	t.lookups = asynclookup.New(s.name, t.exists, asynclookup.Options{MaxBatch: s.lookupBatch, Logger: s.logger})
+	for _, step := range []func() error{t.prepareDirs, t.probeDirect, t.scan} {
+		if err := step(); err != nil {
+			t.lookups.Close()
+			return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
+		}
+	}
+	if s.eventsIgnored {
+		s.logger.Warn(fmt.Sprintf("events is set on secondary tier '%s' but KV cache events are disabled globally; the tier will not emit events.", s.name))
+	}
+	t.loadCh = make(chan *offload.Job, s.queueDepth)
+	t.storeCh = make(chan *offload.Job, s.queueDepth)
+	for range s.readThreads {
+		t.workers.Add(1)
+		go t.run(t.loadCh, false)
+	}
+	for range s.writeThreads {
+		t.workers.Add(1)
+		go t.run(t.storeCh, true)
+	}
+	return t, nil
+}
+
+// prepareDirs creates the namespace and rank directories and config.json,
+// and proves the rank directory writable.
+func (t *Tier) prepareDirs() error {
+	fs := t.s.fs
+	if err := fs.MkdirAll(t.lay.base, 0o755); err != nil {
+		return fmt.Errorf("root_dir not writable: %w", err)
+	}
+	if err := fs.MkdirAll(t.lay.rankDir, 0o755); err != nil {
+		return fmt.Errorf("root_dir not writable: %w", err)
+	}
+	cfgPath := filepath.Join(t.lay.base, configFileName)
+	if _, err := fs.Stat(cfgPath); errors.Is(err, iofs.ErrNotExist) {
+		b, err := json.MarshalIndent(t.s.ns.Fields(), "", "  ")
+		if err != nil {
+			return fmt.Errorf("config.json: %w", err)
+		}
+		if err := t.writeSmall(cfgPath, append(b, '\n')); err != nil {
+			return fmt.Errorf("root_dir not writable: config.json: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("config.json: %w", err)
+	}
+	probe := filepath.Join(t.lay.rankDir, ".kvtier-probe"+t.tmpPrefix+".tmp")
+	if err := t.writeSmall(probe, nil); err != nil {
+		return fmt.Errorf("root_dir not writable: %w", err)
+	}
+	return fs.Remove(probe)
+}
+
+// writeSmall writes a small file atomically (temp + rename).
+func (t *Tier) writeSmall(name string, data []byte) error {
+	tmp := name + t.tmpPrefix + ".tmp"
+	f, err := t.s.fs.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		_ = t.s.fs.Remove(tmp)
+		return err
+	}
+	if err := t.s.fs.Rename(tmp, name); err != nil {
+		_ = t.s.fs.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// probeDirect decides whether block I/O uses O_DIRECT: one aligned page
+// written with it in the rank directory.
+func (t *Tier) probeDirect() error {
+	if t.s.direct == directOff {
+		return nil
+	}
+	err := t.tryDirect()
+	if err == nil {
+		t.direct = true
+		return nil
+	}
+	if t.s.direct == directOn {
+		return fmt.Errorf("o_direct: on, but the filesystem rejects it: %w", err)
+	}
+	t.s.logger.Info("O_DIRECT unavailable, using buffered I/O", "dir", t.lay.rankDir, "err", err)
+	return nil
+}
+
+func (t *Tier) tryDirect() error {
+	if oDirect == 0 {
+		return errors.New("O_DIRECT is not supported on this platform")
+	}
+	name := filepath.Join(t.lay.rankDir, ".odirect-probe"+t.tmpPrefix+".tmp")
+	f, err := t.s.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY|oDirect, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.WriteAt(alignedBuf(align), 0)
+	cerr := f.Close()
+	rerr := t.s.fs.Remove(name)
+	return errors.Join(werr, cerr, rerr)
+}
+
+// Name implements offload.SecondaryTier.
+func (t *Tier) Name() string { return t.s.name }
+
+// Type implements offload.SecondaryTier; it is "fs".
+func (t *Tier) Type() string { return "fs" }
+
+// Medium implements offload.SecondaryTier; it is STORAGE.
+func (t *Tier) Medium() offload.Medium { return offload.MediumStorage }
+
+// Locality implements offload.SecondaryTier; it is the configured one.
+func (t *Tier) Locality() offload.Locality { return t.s.locality }
+
+// Direct reports whether block I/O uses O_DIRECT.
+func (t *Tier) Direct() bool { return t.direct }
+
+// Path returns the file that holds k (vLLM's get_file_name).
+func (t *Tier) Path(k offload.Key) string { return t.lay.path(k) }
+
+// ConfigPath returns the path of config.json.
+func (t *Tier) ConfigPath() string { return filepath.Join(t.lay.base, configFileName) }
+
+// Lookup implements offload.SecondaryTier: Retry until the batched
+// existence check of key lands (after an OnScheduleEnd), then Hit or
+// Miss.
+func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	if !key.Valid() {
+		return offload.Miss
+	}
+	return t.lookups.Lookup(key, reqID(req))
+}
+
+func reqID(req *offload.ReqContext) string {
+	if req == nil {
+		return ""
+	}
+	return req.ID
+}
+
+// exists is the asynclookup batch function: the index first, a stat for
+// keys it does not know (files another process wrote are adopted).
+func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
+	out := make([]bool, len(keys))
+	var unknown []int
+	t.mu.Lock()
+	for i, k := range keys {
+		if j, ok := t.idx.find(k); ok {
+			out[i] = t.idx.ents[j].state == stateLive
+		} else {
+			unknown = append(unknown, i)
+		}
+	}
+	t.mu.Unlock()
+	for _, i := range unknown {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		out[i] = t.adopt(keys[i])
+	}
+	return out, nil
+}
+
+// adopt indexes k's file if it exists on disk but not in the index.
+func (t *Tier) adopt(k offload.Key) bool {
+	fi, err := t.s.fs.Stat(t.lay.path(k))
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() > int64(^uint32(0)) {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i, ok := t.idx.find(k); ok {
+		return t.idx.ents[i].state == stateLive
+	}
+	t.idx.insert(k, fi.Size())
+	return true
+}
+
+// SubmitStore implements offload.SecondaryTier.
+func (t *Tier) SubmitStore(job *offload.Job) { t.submit(job, t.storeCh, true) }
+
+// SubmitLoad implements offload.SecondaryTier.
+func (t *Tier) SubmitLoad(job *offload.Job) { t.submit(job, t.loadCh, false) }
+
+func (t *Tier) submit(job *offload.Job, ch chan *offload.Job, store bool) {
+	t.mu.Lock()
+	t.pending++
+	if t.pending == 1 {
+		t.idle = make(chan struct{})
+	}
+	if t.closed {
+		t.mu.Unlock()
+		t.fail(job, store, nil, ErrClosed, time.Now())
+		return
+	}
+	select {
+	case ch <- job:
+		t.mu.Unlock()
+	default:
+		t.mu.Unlock()
+		t.st.queueFull.Add(1)
+		t.fail(job, store, nil, ErrQueueFull, time.Now())
+	}
+}
+
+// finish records a job's result exactly once.
+func (t *Tier) finish(r offload.JobResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.finished = append(t.finished, r)
+	t.pending--
+	if t.pending == 0 {
+		close(t.idle)
+	}
+}
+
+// fail answers job with a failure.
+func (t *Tier) fail(job *offload.Job, store bool, ok []offload.Key, err error, start time.Time) {
+	if store {
+		t.st.storeFailed.Add(1)
+	} else {
+		t.st.loadFailed.Add(1)
+	}
+	t.finish(offload.JobResult{JobID: job.ID, SuccessfulKeys: ok, Duration: time.Since(start), Err: err})
+}
+
+// FinishedJobs implements offload.SecondaryTier.
+func (t *Tier) FinishedJobs() []offload.JobResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.finished) == 0 {
+		return nil
+	}
+	out := t.finished
+	t.finished = nil
+	return out
+}
+
+// DrainJobs implements offload.SecondaryTier: it waits until every
+// submitted job has a result.
+func (t *Tier) DrainJobs(ctx context.Context) error {
+	t.mu.Lock()
+	if t.pending == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fs tier %q: drain: %w", t.s.name, ctx.Err())
+	}
+}
+
+// HasPendingWork implements offload.SecondaryTier: jobs without a
+// collected result, or existence checks queued or in flight.
+func (t *Tier) HasPendingWork() bool {
+	t.mu.Lock()
+	busy := t.pending > 0 || len(t.finished) > 0
+	t.mu.Unlock()
+	return busy || t.lookups.Pending()
+}
+
+// Touch implements offload.SecondaryTier: the files of keys become most
+// recently used.
+func (t *Tier) Touch(keys []offload.Key, _ *offload.ReqContext) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		if i, ok := t.idx.find(k); ok {
+			t.idx.touch(i)
+		}
+	}
+}
+
+// OnNewRequest implements offload.SecondaryTier; the tier stores at block
+// level.
+func (t *Tier) OnNewRequest(*offload.ReqContext) offload.OffloadPolicy { return offload.BlockLevel }
+
+// OnRequestFinished implements offload.SecondaryTier: the request's lookup
+// state goes.
+func (t *Tier) OnRequestFinished(req *offload.ReqContext) { t.lookups.Cleanup(reqID(req)) }
+
+// OnScheduleEnd implements offload.SecondaryTier: the step's existence
+// checks are flushed as one batch.
+func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) { t.lookups.Flush() }
+
+// TakeEvents implements offload.SecondaryTier.
+func (t *Tier) TakeEvents() []offload.Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.events) == 0 {
+		return nil
+	}
+	out := t.events
+	t.events = nil
+	return out
+}
+
+// emitLocked buffers an event when events are on; t.mu is held.
+func (t *Tier) emitLocked(keys []offload.Key, removed bool) {
+	if !t.s.events || len(keys) == 0 {
+		return
+	}
+	t.events = append(t.events, offload.Event{
+		Keys: slices.Clone(keys), Medium: offload.MediumStorage,
+		Locality: t.s.locality, Removed: removed, Tier: t.s.name,
+	})
+}
+
+// Close implements offload.SecondaryTier. Jobs still queued fail with
+// ErrClosed, a batched job in progress stops after its current block
+// (loads report the loaded prefix), and Close waits for the workers; if
+// ctx ends first it returns ctx's error while they finish. Results stay
+// available through FinishedJobs.
+func (t *Tier) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.closing.Store(true)
+	close(t.loadCh)
+	close(t.storeCh)
+	t.mu.Unlock()
+	t.lookups.Close()
+	done := make(chan struct{})
+	go func() { t.workers.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fs tier %q: close: %w", t.s.name, ctx.Err())
+	}
+}
+
+// run is one pool worker.
+func (t *Tier) run(ch chan *offload.Job, store bool) {
+	defer t.workers.Done()
+	w := &worker{t: t}
+	for job := range ch {
+		if t.closing.Load() {
+			t.fail(job, store, nil, ErrClosed, time.Now())
+			continue
+		}
+		if store {
+			w.store(job)
+		} else {
+			w.load(job)
+		}
+	}
+}
