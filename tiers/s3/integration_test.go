@@ -1,0 +1,321 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+// Integration tests run against a real S3 service (versitygw in the test
+// script) named by KVTIER_TEST_S3_ENDPOINT, _ACCESS_KEY and _SECRET_KEY.
+// Without them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
+
+func requireIntegration(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
+		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
+	}
+	t.Skipf("%s not available; set it (see scripts/test.sh) to run this integration test", what)
+}
+
+func realS3Config(t *testing.T) Config {
+	t.Helper()
+	ep := os.Getenv("KVTIER_TEST_S3_ENDPOINT")
+	ak, sk := os.Getenv("KVTIER_TEST_S3_ACCESS_KEY"), os.Getenv("KVTIER_TEST_S3_SECRET_KEY")
+	if ep == "" || ak == "" || sk == "" {
+		requireIntegration(t, "KVTIER_TEST_S3_ENDPOINT/ACCESS_KEY/SECRET_KEY")
+	}
+	cfg := DefaultConfig()
+	cfg.Name = "s3-it"
+	cfg.Endpoint = ep
+	cfg.AccessKey, cfg.SecretKey = ak, sk
+	cfg.Bucket = uniqueBucket()
+	cfg.CreateBucket = true
+	cfg.Locality = "remote"
+	cfg.Events = true
+	cfg.Prefix = "it"
+	cfg.Layout = Layout{Base: "test-model_0123456789ab", Rank: 0}
+	cfg.ProbeInterval = 50 * time.Millisecond
+	cfg.RetryBackoff = 5 * time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	t.Cleanup(func() { removeBucket(cfg) })
+	return cfg
+}
+
+// removeBucket deletes the test bucket and its objects (best effort), so
+// a shared test server does not accumulate buckets.
+func removeBucket(cfg Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	raw := rawClient(cfg)
+	p := s3.NewListObjectsV2Paginator(raw, &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return
+		}
+		for _, o := range page.Contents {
+			raw.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(cfg.Bucket), Key: o.Key})
+		}
+	}
+	raw.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(cfg.Bucket)})
+}
+
+func uniqueBucket() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "kvtier-it-" + hex.EncodeToString(b[:])
+}
+
+func TestIntegrationRoundTrip2MiB(t *testing.T) {
+	cfg := realS3Config(t)
+	tier := newTier(t, cfg)
+	const slot = 2 << 20
+	const n = 6
+	src := rt.NewArena(slot, n)
+	for i := 0; i < n; i++ {
+		src.Fill(int64(i), uint64(1000+i))
+	}
+	keys := rt.Keys(500, n)
+	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, n))); !res.Success || res.Bytes != n*slot {
+		t.Fatalf("store %+v", res)
+	}
+	if evs := tier.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != n {
+		t.Fatalf("events %+v", evs)
+	}
+	req, _ := offload.NewReqContext("it", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
+			t.Fatalf("lookup %s: %v", k, r)
+		}
+	}
+	dst := rt.NewArena(slot, n)
+	if res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
+		t.Fatalf("load %+v", res)
+	}
+	for i := 0; i < n; i++ {
+		a, _ := src.Slot(int64(i))
+		b, _ := dst.Slot(int64(i))
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d differs", i)
+		}
+	}
+	// Objects follow the FS layout under the prefix.
+	okey := fmt.Sprintf("it/test-model_0123456789ab_r0/%s/%s_g0/%s.bin", keys[0].HexHash()[:3], keys[0].HexHash()[3:5], keys[0].HexHash())
+	out, err := rawClient(cfg).HeadObject(context.Background(), &s3.HeadObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(okey)})
+	if err != nil || aws.ToInt64(out.ContentLength) != slot+remote.HeaderSize {
+		t.Fatalf("object %s: %v %+v", okey, err, out)
+	}
+}
+
+func TestIntegrationCorruptObject(t *testing.T) {
+	cfg := realS3Config(t)
+	tier := newTier(t, cfg)
+	raw := rawClient(cfg)
+	const slot = 256 << 10
+	src := rt.NewArena(slot, 1)
+	src.Fill(0, 42)
+	keys := rt.Keys(7, 1)
+	if res := rt.Run(t, tier, storeJob(1, src, keys, []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	ctx := context.Background()
+	okey := objectKey(cfg.Prefix, cfg.Layout, keys[0])
+	out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(okey)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, _ := io.ReadAll(out.Body)
+	out.Body.Close()
+	good[len(good)/2] ^= 0x40
+	if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(okey), Body: bytes.NewReader(good)}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := offload.NewReqContext("c", nil)
+	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Hit {
+		t.Fatalf("lookup %v", r)
+	}
+	res := rt.Run(t, tier, loadJob(2, rt.NewArena(slot, 1), keys, []int64{0}, req))
+	if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) {
+		t.Fatalf("load %+v", res)
+	}
+	if r := tier.Lookup(keys[0], req); r != offload.Miss {
+		t.Fatalf("lookup after corrupt load %v", r)
+	}
+	if _, err := raw.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(okey)}); httpStatus(err) != http.StatusNotFound {
+		t.Fatalf("not deleted: %v", err)
+	}
+	if st := tier.Stats(); st.Corrupted != 1 || st.Deleted != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// versitygwBinary finds the versitygw binary: $KVTIER_TEST_VERSITYGW, the
+// repository's .tools/bin, or PATH.
+func versitygwBinary() string {
+	if p := os.Getenv("KVTIER_TEST_VERSITYGW"); p != "" {
+		return p
+	}
+	if p, err := filepath.Abs("../../.tools/bin/versitygw"); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// versity is a versitygw process the test owns, restartable on its port.
+type versity struct {
+	t        *testing.T
+	bin, dir string
+	addr     string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	ak, sk   string
+}
+
+func startVersity(t *testing.T) *versity {
+	bin := versitygwBinary()
+	if bin == "" {
+		requireIntegration(t, "the versitygw binary (KVTIER_TEST_VERSITYGW or .tools/bin/versitygw)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &versity{t: t, bin: bin, dir: t.TempDir(), addr: l.Addr().String(), ak: "itAK", sk: "itSKitSKitSK"}
+	l.Close()
+	v.start()
+	t.Cleanup(v.stop)
+	return v
+}
+
+func (v *versity) start() {
+	v.t.Helper()
+	v.cmd = exec.Command(v.bin, "--port", v.addr, "--access", v.ak, "--secret", v.sk, "--quiet", "posix", v.dir)
+	v.cmd.Stdout, v.cmd.Stderr = io.Discard, io.Discard
+	if err := v.cmd.Start(); err != nil {
+		v.t.Fatalf("start versitygw: %v", err)
+	}
+	v.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(v.cmd, v.exited)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", v.addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-v.exited:
+			v.t.Fatalf("versitygw exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			v.t.Fatalf("versitygw not listening on %s: %v", v.addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (v *versity) stop() {
+	if v.cmd == nil {
+		return
+	}
+	v.cmd.Process.Kill()
+	<-v.exited
+	v.cmd = nil
+}
+
+func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
+	v := startVersity(t)
+	cfg := DefaultConfig()
+	cfg.Name = "s3-restart"
+	cfg.Endpoint = "http://" + v.addr
+	cfg.AccessKey, cfg.SecretKey = v.ak, v.sk
+	cfg.Bucket = uniqueBucket()
+	cfg.CreateBucket = true
+	cfg.Locality = "remote"
+	cfg.Timeout = 2 * time.Second
+	cfg.Retries = 1
+	cfg.RetryBackoff = 5 * time.Millisecond
+	cfg.ProbeInterval = 50 * time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	tier := newTier(t, cfg)
+
+	const slot = 1 << 20
+	arena := rt.NewArena(slot, 8)
+	for i := 0; i < 8; i++ {
+		arena.Fill(int64(i), uint64(i))
+	}
+	keys := rt.Keys(0, 4)
+	if res := rt.Run(t, tier, storeJob(1, arena, keys, rt.Slots(0, 4))); !res.Success {
+		t.Fatalf("store before stop %+v", res)
+	}
+
+	v.stop()
+	id := uint64(10)
+	rt.Eventually(t, 20*time.Second, "tier marked unhealthy", func() bool {
+		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{4}))
+		id++
+		if res.Success {
+			t.Fatal("store succeeded with the server stopped")
+		}
+		return !tier.Healthy()
+	})
+	req, _ := offload.NewReqContext("down", nil)
+	start := time.Now()
+	if r := tier.Lookup(keys[0], req); r != offload.Miss {
+		t.Fatalf("lookup while down %v", r)
+	}
+	tier.SubmitStore(storeJob(100, arena, rt.Keys(100, 1), []int64{5}))
+	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrUnavailable) {
+		t.Fatalf("cascade while down %+v", r)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Fatalf("answers while down took %v", d)
+	}
+	if st := tier.Stats(); st.Healthy || st.StoreJobsSkipped < 1 || st.LookupsUnhealthy < 1 {
+		t.Fatalf("stats while down %+v", st)
+	}
+
+	v.start()
+	rt.Eventually(t, 20*time.Second, "tier healthy after restart", tier.Healthy)
+	req2, _ := offload.NewReqContext("up", nil)
+	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
+		t.Fatalf("lookup after restart %v", r)
+	}
+	dst := rt.NewArena(slot, 4)
+	if res := rt.Run(t, tier, loadJob(200, dst, keys, rt.Slots(0, 4), req2)); !res.Success {
+		t.Fatalf("load after restart %+v", res)
+	}
+	for i := 0; i < 4; i++ {
+		a, _ := arena.Slot(int64(i))
+		b, _ := dst.Slot(int64(i))
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d differs after restart", i)
+		}
+	}
+}
