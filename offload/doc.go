@@ -11,4 +11,8 @@
 // The filter check TierFilter.Allows sits on the lookup hot path, once per
 // secondary tier per block, so it is precomputed at parse time into a
 // bitmask over the 3×3 medium×locality combinations.
+//
+// In lenient mode a Parser reports every filter problem through
+// OnWarning; a WarningLog plugged in there logs each distinct message at
+// most once per interval and counts warnings by reason for metrics.
 package offload
