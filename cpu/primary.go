@@ -60,6 +60,7 @@ type Primary struct {
 	newKeys []offload.Key
 	newHash []uint64
 	victims []int32
+	order   []int32
 	seen    map[uint64]int32
 }
 
@@ -200,15 +201,22 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 		p.b.meta[s].ref--
 		p.victims = append(p.victims, s)
 	}
-	// A key listed twice reaches 0 once: the epoch mark makes its second
-	// sighting a no-op.
+	// Publish as one-at-a-time unpinning would: a block becomes evictable
+	// at the last occurrence of its key, in the order of those last
+	// occurrences. Walking backwards, the epoch mark keeps only the last
+	// occurrence; the order is then restored.
 	epoch := p.nextEpoch()
-	for _, s := range p.victims {
+	p.order = p.order[:0]
+	for i := len(p.victims) - 1; i >= 0; i-- {
+		s := p.victims[i]
 		if m := &p.b.meta[s]; m.ref == 0 && m.mark != epoch {
 			m.mark = epoch
-			p.numEvictable++
-			p.pol.becameEvictable(s)
+			p.order = append(p.order, s)
 		}
+	}
+	for i := len(p.order) - 1; i >= 0; i-- {
+		p.numEvictable++
+		p.pol.becameEvictable(p.order[i])
 	}
 	return nil
 }

@@ -639,8 +639,14 @@ func TestEventsDisabled(t *testing.T) {
 	}
 }
 
+// fatalf is what checkInvariants needs of a *testing.T or a *rapid.T.
+type fatalf interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
 // checkInvariants verifies the bookkeeping against the metadata arrays.
-func checkInvariants(t testing.TB, p *Primary) {
+func checkInvariants(t fatalf, p *Primary) {
 	t.Helper()
 	owner := map[int32]offload.Key{}
 	var pending, evictable, blocks int
@@ -710,4 +716,24 @@ func checkInvariants(t testing.TB, p *Primary) {
 			t.Fatalf("target %v", pol.target)
 		}
 	}
+}
+
+// When T1 is below its target and T2 has no candidate, ARC evicts from T1
+// rather than refusing the store: spec §3.4 fails only when neither list
+// has a candidate.
+func TestARCFallbackToT1(t *testing.T) {
+	p := newPrimary(t, 2, PolicyARC)
+	storeOK(t, p, 1, 2)
+	storeOK(t, p, 3) // evicts 1 into B1
+	p.Touch(ks(3))   // T1 [2], T2 [3]
+	p.Touch(ks(1))
+	p.Touch(ks(1)) // two B1 hits: target 2 > |T1|
+	a := arcOf(p)
+	if a.target != 2 {
+		t.Fatalf("target %v, want 2", a.target)
+	}
+	if _, err := p.PrepareLoad(ks(3)); err != nil { // T2's only block pinned
+		t.Fatal(err)
+	}
+	store(t, p, []int{4}, []int{4}, []int{1}, []int{2})
 }
