@@ -62,8 +62,8 @@ const (
 type LookupResult int32
 
 const (
-	// Not looked up: Lookup stops at the first key that is not a hit when
-	// stop_at_miss is set; the keys after it carry this value.
+	// Not looked up: a prefix_scan Lookup stops at the first MISS; the keys
+	// after it carry this value.
 	LookupResult_LOOKUP_RESULT_UNSPECIFIED LookupResult = 0
 	// Not in any participating tier, or the primary is full so no promotion
 	// could start.
@@ -755,10 +755,13 @@ type LookupRequest struct {
 	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Keys in prefix order.
 	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
-	// Stop at the first key that is not HIT or HIT_PENDING: later keys are
-	// not looked up (no promotion is started for them) and answer
-	// LOOKUP_RESULT_UNSPECIFIED. This is how an engine scans a prefix.
-	StopAtMiss    bool `protobuf:"varint,4,opt,name=stop_at_miss,json=stopAtMiss,proto3" json:"stop_at_miss,omitempty"`
+	// Scan like vLLM's connector scans a prefix (spec §7.G): a RETRY ends
+	// the hit count but the scan goes on, so that later keys start their
+	// existence checks and promotions in the same step; the first MISS ends
+	// the scan, and the keys after it are not looked up (no promotion starts
+	// for them) and answer LOOKUP_RESULT_UNSPECIFIED. Without it every key
+	// is looked up.
+	PrefixScan    bool `protobuf:"varint,4,opt,name=prefix_scan,json=prefixScan,proto3" json:"prefix_scan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,9 +817,9 @@ func (x *LookupRequest) GetKeys() [][]byte {
 	return nil
 }
 
-func (x *LookupRequest) GetStopAtMiss() bool {
+func (x *LookupRequest) GetPrefixScan() bool {
 	if x != nil {
-		return x.StopAtMiss
+		return x.PrefixScan
 	}
 	return false
 }
@@ -2708,8 +2711,10 @@ type GetBlocksRequest struct {
 	// tier then answer RETRY. The wait is capped by the server and by the
 	// call's deadline. Other clients' calls run between steps.
 	WaitMs uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
-	// As in LookupRequest.
-	StopAtMiss    bool `protobuf:"varint,6,opt,name=stop_at_miss,json=stopAtMiss,proto3" json:"stop_at_miss,omitempty"`
+	// Return data only for the leading run of hits (the prefix an engine can
+	// use); keys after the first non-hit carry no data. Every key is still
+	// looked up, so promotions start for all of them in one step.
+	PrefixOnly    bool `protobuf:"varint,6,opt,name=prefix_only,json=prefixOnly,proto3" json:"prefix_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2779,9 +2784,9 @@ func (x *GetBlocksRequest) GetWaitMs() uint32 {
 	return 0
 }
 
-func (x *GetBlocksRequest) GetStopAtMiss() bool {
+func (x *GetBlocksRequest) GetPrefixOnly() bool {
 	if x != nil {
-		return x.StopAtMiss
+		return x.PrefixOnly
 	}
 	return false
 }
@@ -2792,7 +2797,7 @@ type GetBlocksResponse struct {
 	// Co-indexed with the request's keys; data is set for HIT only.
 	Blocks  []*Block       `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
 	Results []LookupResult `protobuf:"varint,2,rep,packed,name=results,proto3,enum=kvtier.v1.LookupResult" json:"results,omitempty"`
-	// Number of leading keys whose data is returned.
+	// Number of leading keys that are HIT (whose data is returned).
 	Hits          uint32 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3024,14 +3029,14 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\fstore_filter\x18\x03 \x01(\v2\x15.kvtier.v1.TierFilterR\vstoreFilter\x12*\n" +
 	"\x11load_from_request\x18\x04 \x01(\bR\x0floadFromRequest\x12,\n" +
 	"\x12store_from_request\x18\x05 \x01(\bR\x10storeFromRequest\x124\n" +
-	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\x82\x01\n" +
+	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\x81\x01\n" +
 	"\rLookupRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\x12 \n" +
-	"\fstop_at_miss\x18\x04 \x01(\bR\n" +
-	"stopAtMiss\"W\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vprefix_scan\x18\x04 \x01(\bR\n" +
+	"prefixScan\"W\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\rR\x04hits\"e\n" +
@@ -3176,16 +3181,16 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x03(\v2\x10.kvtier.v1.BlockR\x06blocks\"_\n" +
 	"\x11PutBlocksResponse\x120\n" +
 	"\bstatuses\x18\x01 \x03(\x0e2\x14.kvtier.v1.PutStatusR\bstatuses\x12\x18\n" +
-	"\aevicted\x18\x02 \x03(\fR\aevicted\"\xcc\x01\n" +
+	"\aevicted\x18\x02 \x03(\fR\aevicted\"\xcb\x01\n" +
 	"\x10GetBlocksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12,\n" +
 	"\x12kv_transfer_params\x18\x03 \x01(\tR\x10kvTransferParams\x12\x12\n" +
 	"\x04keys\x18\x04 \x03(\fR\x04keys\x12\x17\n" +
-	"\await_ms\x18\x05 \x01(\rR\x06waitMs\x12 \n" +
-	"\fstop_at_miss\x18\x06 \x01(\bR\n" +
-	"stopAtMiss\"\x84\x01\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\x12\x1f\n" +
+	"\vprefix_only\x18\x06 \x01(\bR\n" +
+	"prefixOnly\"\x84\x01\n" +
 	"\x11GetBlocksResponse\x12(\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x10.kvtier.v1.BlockR\x06blocks\x121\n" +
 	"\aresults\x18\x02 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +

@@ -1,0 +1,296 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// DefaultMaxMessageBytes matches the daemon's default message limit.
+const DefaultMaxMessageBytes = 64 << 20
+
+// Options configure Dial.
+type Options struct {
+	// Token is sent as "authorization: Bearer <token>" (TCP daemons with
+	// an auth token). It travels in clear text: use it on loopback or
+	// inside a trusted network.
+	Token string
+	// Namespace is the daemon namespace to use ("" = default).
+	Namespace string
+	// MaxMessageBytes bounds messages in both directions (default
+	// DefaultMaxMessageBytes); keep it at or below the daemon's limit.
+	MaxMessageBytes int
+}
+
+// Client is a connection to a kvtier daemon.
+type Client struct {
+	conn     *grpc.ClientConn
+	api      kvtierv1.KVTierClient
+	ns       string
+	unixPath string // "" for TCP
+}
+
+// IsUnixTarget reports whether target names a Unix socket: "unix:PATH",
+// "unix://PATH", or a path (it contains a slash or ends in ".sock").
+func IsUnixTarget(target string) (path string, ok bool) {
+	switch {
+	case strings.HasPrefix(target, "unix://"):
+		return strings.TrimPrefix(target, "unix://"), true
+	case strings.HasPrefix(target, "unix:"):
+		return strings.TrimPrefix(target, "unix:"), true
+	case strings.Contains(target, "/"), strings.HasSuffix(target, ".sock"):
+		return target, true
+	}
+	return "", false
+}
+
+// Dial connects to the daemon at target: a Unix socket (see IsUnixTarget)
+// or a TCP host:port. The connection is made lazily; the first call fails
+// if the daemon is not there.
+func Dial(target string, opts Options) (*Client, error) {
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
+	}
+	if opts.Token != "" {
+		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))
+	}
+	c := &Client{ns: opts.Namespace}
+	addr := target
+	if path, ok := IsUnixTarget(target); ok {
+		c.unixPath = path
+		addr = "passthrough:///unix"
+		dopts = append(dopts, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}))
+	} else {
+		addr = "passthrough:///" + target
+	}
+	conn, err := grpc.NewClient(addr, dopts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: dial %s: %w", target, err)
+	}
+	c.conn = conn
+	c.api = kvtierv1.NewKVTierClient(conn)
+	return c, nil
+}
+
+// bearer sends the token with every call. It does not require transport
+// security because the daemon's TCP listener is plain text.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// API returns the generated client for calls this package does not wrap.
+func (c *Client) API() kvtierv1.KVTierClient { return c.api }
+
+// Namespace returns the namespace the client's calls name.
+func (c *Client) Namespace() string { return c.ns }
+
+// WithNamespace returns a client for another namespace sharing the
+// connection (closing either closes both).
+func (c *Client) WithNamespace(ns string) *Client {
+	cc := *c
+	cc.ns = ns
+	return &cc
+}
+
+func keyBytes(keys []offload.Key) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = []byte(k)
+	}
+	return out
+}
+
+func toKeys(raw [][]byte) []offload.Key {
+	if len(raw) == 0 {
+		return nil
+	}
+	out := make([]offload.Key, len(raw))
+	for i, b := range raw {
+		out[i] = offload.Key(b)
+	}
+	return out
+}
+
+// NewRequest registers request id with its kv_transfer_params (a JSON
+// object, or "" for none) and returns the filters as the daemon parsed
+// them.
+func (c *Client) NewRequest(ctx context.Context, id, params string) (*kvtierv1.NewRequestResponse, error) {
+	return c.api.NewRequest(ctx, &kvtierv1.NewRequestRequest{Namespace: c.ns, RequestId: id, KvTransferParams: params})
+}
+
+// Lookup looks keys up for request id; with prefixScan the daemon scans
+// like vLLM's connector (see LookupRequest.prefix_scan). It returns one
+// result per key and the number of leading hits.
+func (c *Client) Lookup(ctx context.Context, id string, keys []offload.Key, prefixScan bool) ([]kvtierv1.LookupResult, int, error) {
+	resp, err := c.api.Lookup(ctx, &kvtierv1.LookupRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), PrefixScan: prefixScan})
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.GetResults(), int(resp.GetHits()), nil
+}
+
+// PrepareLoad pins keys and returns their arena slots (co-indexed).
+func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key) ([]int64, error) {
+	resp, err := c.api.PrepareLoad(ctx, &kvtierv1.PrepareLoadRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSlots(), nil
+}
+
+// CompleteLoad unpins keys pinned by PrepareLoad.
+func (c *Client) CompleteLoad(ctx context.Context, id string, keys []offload.Key) error {
+	_, err := c.api.CompleteLoad(ctx, &kvtierv1.CompleteLoadRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	return err
+}
+
+// Touch refreshes the recency of keys.
+func (c *Client) Touch(ctx context.Context, id string, keys []offload.Key) error {
+	_, err := c.api.Touch(ctx, &kvtierv1.TouchRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	return err
+}
+
+// Reservation is the answer of PrepareStore.
+type Reservation struct {
+	// OK is false when the primary could not make room (nothing reserved).
+	OK bool
+	// Keys are the keys to write, Slots[i] the slot of Keys[i].
+	Keys    []offload.Key
+	Slots   []int64
+	Evicted []offload.Key
+}
+
+// PrepareStore reserves slots for keys; metadata is nil or one entry per
+// key (token metadata for self-describing events).
+func (c *Client) PrepareStore(ctx context.Context, id string, keys []offload.Key, metadata []*kvtierv1.BlockMetadata) (Reservation, error) {
+	resp, err := c.api.PrepareStore(ctx, &kvtierv1.PrepareStoreRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), Metadata: metadata})
+	if err != nil {
+		return Reservation{}, err
+	}
+	return Reservation{OK: resp.GetOk(), Keys: toKeys(resp.GetKeysToStore()), Slots: resp.GetSlots(), Evicted: toKeys(resp.GetEvicted())}, nil
+}
+
+// CompleteStore commits (success) or abandons reserved slots.
+func (c *Client) CompleteStore(ctx context.Context, id string, keys []offload.Key, success bool) error {
+	_, err := c.api.CompleteStore(ctx, &kvtierv1.CompleteStoreRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), Success: success})
+	return err
+}
+
+// FinishRequest ends request id.
+func (c *Client) FinishRequest(ctx context.Context, id string) error {
+	_, err := c.api.FinishRequest(ctx, &kvtierv1.FinishRequestRequest{Namespace: c.ns, RequestId: id})
+	return err
+}
+
+// ScheduleEnd ends one engine step; pending reports transfers in flight.
+func (c *Client) ScheduleEnd(ctx context.Context, newIDs, preemptedIDs []string) (pending bool, err error) {
+	resp, err := c.api.ScheduleEnd(ctx, &kvtierv1.ScheduleEndRequest{Namespace: c.ns, NewRequestIds: newIDs, PreemptedRequestIds: preemptedIDs})
+	if err != nil {
+		return false, err
+	}
+	return resp.GetHasPendingWork(), nil
+}
+
+// Reset drops every block of the primary tier.
+func (c *Client) Reset(ctx context.Context) error {
+	_, err := c.api.Reset(ctx, &kvtierv1.ResetRequest{Namespace: c.ns})
+	return err
+}
+
+// Stats returns the namespace's counters.
+func (c *Client) Stats(ctx context.Context) (*kvtierv1.StatsResponse, error) {
+	return c.api.Stats(ctx, &kvtierv1.StatsRequest{Namespace: c.ns})
+}
+
+// Explain reports which tiers a request with params would use, and why.
+func (c *Client) Explain(ctx context.Context, params string) (*kvtierv1.ExplainResponse, error) {
+	return c.api.Explain(ctx, &kvtierv1.ExplainRequest{Namespace: c.ns, KvTransferParams: params})
+}
+
+// Block is a key and its bytes.
+type Block struct {
+	Key  offload.Key
+	Data []byte
+}
+
+// CallOptions name the request a by-value call runs for: an active
+// request id, or (RequestID "") a temporary request built from Params.
+type CallOptions struct {
+	RequestID string
+	Params    string
+}
+
+// PutBlocks stores blocks by value (each exactly the daemon's slot size).
+// stored[i] is true when blocks[i] was written, false when it was already
+// present.
+func (c *Client) PutBlocks(ctx context.Context, blocks []Block, o CallOptions) (stored []bool, err error) {
+	in := &kvtierv1.PutBlocksRequest{Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Blocks: make([]*kvtierv1.Block, len(blocks))}
+	for i, b := range blocks {
+		in.Blocks[i] = &kvtierv1.Block{Key: []byte(b.Key), Data: b.Data}
+	}
+	resp, err := c.api.PutBlocks(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	stored = make([]bool, len(resp.GetStatuses()))
+	for i, s := range resp.GetStatuses() {
+		stored[i] = s == kvtierv1.PutStatus_PUT_STATUS_STORED
+	}
+	return stored, nil
+}
+
+// GetOptions tune GetBlocks.
+type GetOptions struct {
+	CallOptions
+	// Wait lets the daemon drive steps until promotions from secondary
+	// tiers land (0: one lookup pass).
+	Wait time.Duration
+	// PrefixOnly returns data only for the leading hits.
+	PrefixOnly bool
+}
+
+// Blocks is the answer of GetBlocks: Data[i] is set when Results[i] is
+// HIT; Hits counts the leading hits.
+type Blocks struct {
+	Results []kvtierv1.LookupResult
+	Data    [][]byte
+	Hits    int
+}
+
+// GetBlocks loads blocks by value.
+func (c *Client) GetBlocks(ctx context.Context, keys []offload.Key, o GetOptions) (Blocks, error) {
+	resp, err := c.api.GetBlocks(ctx, &kvtierv1.GetBlocksRequest{
+		Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Keys: keyBytes(keys),
+		WaitMs: uint32(o.Wait / time.Millisecond), PrefixOnly: o.PrefixOnly,
+	})
+	if err != nil {
+		return Blocks{}, err
+	}
+	out := Blocks{Results: resp.GetResults(), Hits: int(resp.GetHits()), Data: make([][]byte, len(resp.GetBlocks()))}
+	for i, b := range resp.GetBlocks() {
+		out.Data[i] = b.GetData()
+	}
+	return out, nil
+}

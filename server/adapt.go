@@ -1,0 +1,71 @@
+package server
+
+import (
+	"os"
+
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/cpu/arena"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
+)
+
+// ManagerNamespace returns the configuration of a namespace served by m
+// over primary p (the primary m was built with). Its Stats read m's and
+// p's counters; GetArena can hand out p's arena when it is a file or memfd
+// arena.
+func ManagerNamespace(name string, m *tiering.Manager, p *cpu.Primary, parser offload.Parser) NamespaceConfig {
+	nc := NamespaceConfig{
+		Name:    name,
+		Manager: m,
+		Arena:   p.Arena(),
+		Parser:  parser,
+		Stats:   func() Stats { return statsOf(m) },
+	}
+	if a := p.SlotArena(); a != nil && a.File() != nil {
+		nc.Share = sharedArena{a}
+	}
+	return nc
+}
+
+// sharedArena adapts a cpu/arena.Arena to SharedArena.
+type sharedArena struct{ a *arena.Arena }
+
+func (s sharedArena) Kind() string   { return string(s.a.Kind()) }
+func (s sharedArena) Path() string   { return s.a.Path() }
+func (s sharedArena) File() *os.File { return s.a.File() }
+
+// occupancy is implemented by tiers that know how many blocks they hold.
+type occupancy interface{ Len() int }
+
+func statsOf(m *tiering.Manager) Stats {
+	ts := m.Stats()
+	p := ts.Primary
+	st := Stats{
+		Primary: PrimaryStats{
+			SlotSize: int64(p.SlotSize), NumSlots: int64(p.NumSlots),
+			UsedSlots: int64(p.Blocks), PendingSlots: int64(p.Pending), PinnedSlots: int64(p.Pinned),
+			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
+			StoresRejected: p.RejectedStores,
+		},
+		Tiers: make([]TierStats, len(ts.Tiers)),
+	}
+	tiers := m.Tiers()
+	for i, t := range ts.Tiers {
+		out := TierStats{
+			Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality,
+			Hits: t.Hits, Misses: t.Misses, Retries: t.Retries, SkippedByFilter: t.SkippedByFilter,
+			PromotionsOK: t.PromotionsOK, PromotionsFailed: t.PromotionsFailed,
+			CascadesOK: t.CascadesOK, CascadesFailed: t.CascadesFailed,
+			CascadesDropped: t.CascadesDropped, CascadesFiltered: t.CascadesSkippedByFilter,
+			BytesIn: t.BytesIn, BytesOut: t.BytesOut, UnderPressure: t.UnderPressure,
+			OccupancyBlocks: -1,
+		}
+		if i < len(tiers) {
+			if o, ok := tiers[i].(occupancy); ok {
+				out.OccupancyBlocks = int64(o.Len())
+			}
+		}
+		st.Tiers[i] = out
+	}
+	return st
+}

@@ -1,0 +1,40 @@
+// Package server is the kvtier daemon behind `kvtier serve`: the gRPC API
+// of api/kvtier/v1 over a Unix socket and TCP, one tiering manager per
+// namespace, the arena side channel for engines on the same host, and
+// Prometheus metrics.
+//
+// # Concurrency
+//
+// The tiering manager is single-executor, like vLLM's scheduler-side
+// offloading manager. Each Namespace therefore owns a mutex and every API
+// call holds it for the whole manager interaction, including the copies of
+// PutBlocks and GetBlocks (the slots involved are pinned or pending, but a
+// concurrent Reset could otherwise recycle them under the copy). Calls of
+// different namespaces run in parallel. The daemon never advances engine
+// steps on its own: steps end when a client calls ScheduleEnd, except that
+// GetBlocks with a wait drives steps between its lookup passes, releasing
+// the mutex in between so other clients are served.
+//
+// # Requests
+//
+// NewRequest registers a request id per namespace; every per-request call
+// names it and an unknown id is NOT_FOUND. FinishRequest marks it finished;
+// its id is released once its last pending store completed, because vLLM
+// lets completions arrive after the request finished (spec §4.7).
+//
+// # Arena side channel
+//
+// gRPC cannot carry file descriptors, so next to the API's Unix socket the
+// daemon listens on a second Unix socket (the API socket's path with
+// ".arena" appended, created 0600) that passes the arena's descriptor with
+// SCM_RIGHTS: the client sends a namespace name and a newline, the server
+// answers one message whose bytes are a JSON description and whose
+// ancillary data carries the descriptor, then closes the connection.
+//
+// # Shutdown
+//
+// Shutdown stops accepting calls, lets in-flight calls finish (bounded by
+// its context), then closes each namespace: the manager drains its tiers'
+// jobs (every pin released, every job answered), the last events are
+// published and the event sink is flushed, and the sockets are removed.
+package server

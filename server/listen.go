@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// listenUnix listens on a Unix socket at path with mode 0600. The socket
+// is created inside a fresh 0700 directory next to path and renamed into
+// place, so that it is never reachable with looser permissions (a umask
+// change would be process-wide). A stale socket at path (nobody accepts
+// on it) is replaced; a live one, or a file that is not a socket, is an
+// error.
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("listen on %s: path exists and is not a socket", path)
+		}
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen on %s: another process is serving on this socket", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
+			return nil, fmt.Errorf("listen on %s: probe existing socket: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("listen on %s: remove stale socket: %w", path, err)
+		}
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".kvtier-sock-")
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	// The name changes below; the server removes the socket itself.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listen on %s: chmod: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// errUnauthenticated is deliberately vague: it must not help guessing.
+var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or invalid bearer token (send metadata authorization: Bearer <token>)")
+
+func checkToken(ctx context.Context, token string) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		got, ok := strings.CutPrefix(v, "Bearer ")
+		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+			return nil
+		}
+	}
+	return errUnauthenticated
+}
+
+func tokenUnary(token string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := checkToken(ctx, token); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+}
+
+func tokenStream(token string) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := checkToken(ss.Context(), token); err != nil {
+			return err
+		}
+		return h(srv, ss)
+	}
+}

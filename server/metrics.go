@@ -1,0 +1,175 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// metrics owns the daemon's Prometheus registry. Manager and tier counters
+// are read at scrape time by a collector (no cost on the hot path); only
+// the per-call API metrics and the filter-warning counter are updated as
+// things happen.
+type metrics struct {
+	reg            *prometheus.Registry
+	filterWarnings *prometheus.CounterVec
+	calls          *prometheus.CounterVec
+	callSeconds    *prometheus.HistogramVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.filterWarnings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_filter_warnings_total",
+		Help: "Lenient-mode problems found in kv_load_tiers / kv_store_tiers, by reason.",
+	}, []string{"reason"})
+	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_api_calls_total",
+		Help: "API calls by method and gRPC status code.",
+	}, []string{"method", "code"})
+	m.callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvtier_api_call_duration_seconds",
+		Help:    "API call latency inside the daemon, by method.",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10), // 10µs .. 2.6s
+	}, []string{"method"})
+	return m
+}
+
+func (m *metrics) register(s *Server) {
+	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&collector{s: s})
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	method := info.FullMethod
+	if i := lastSlash(method); i >= 0 {
+		method = method[i+1:]
+	}
+	m.callSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	m.calls.WithLabelValues(method, status.Code(err).String()).Inc()
+	return resp, err
+}
+
+func lastSlash(s string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return i
+		}
+	}
+	return -1
+}
+
+var (
+	tierLabels = []string{"namespace", "tier", "type", "medium", "locality"}
+
+	descPrimarySlots = prometheus.NewDesc("kvtier_primary_slots", "Primary tier slots by state (total, used, pending, pinned).", []string{"namespace", "state"}, nil)
+	descPrimarySlot  = prometheus.NewDesc("kvtier_primary_slot_bytes", "Bytes per primary slot (= per block).", []string{"namespace"}, nil)
+	descPrimaryLook  = prometheus.NewDesc("kvtier_primary_lookups_total", "Primary tier lookups by result.", []string{"namespace", "result"}, nil)
+	descPrimaryEvict = prometheus.NewDesc("kvtier_primary_evictions_total", "Blocks evicted from the primary tier.", []string{"namespace"}, nil)
+	descPrimaryRej   = prometheus.NewDesc("kvtier_primary_stores_rejected_total", "PrepareStore calls that could not make room.", []string{"namespace"}, nil)
+
+	descTierLookups   = prometheus.NewDesc("kvtier_tier_lookups_total", "Secondary tier lookups by result (hit, miss, retry).", append(tierLabels, "result"), nil)
+	descTierSkipped   = prometheus.NewDesc("kvtier_tier_lookups_skipped_total", "Lookups not sent to the tier because the request's load filter excluded it.", tierLabels, nil)
+	descTierPromos    = prometheus.NewDesc("kvtier_tier_promotions_total", "Promotions from the tier into the primary, by result (ok, failed).", append(tierLabels, "result"), nil)
+	descTierCascades  = prometheus.NewDesc("kvtier_tier_cascades_total", "Cascades from the primary to the tier, by result (ok, failed, dropped by back-pressure, filtered by the store filter).", append(tierLabels, "result"), nil)
+	descTierBytes     = prometheus.NewDesc("kvtier_tier_bytes_total", "Bytes moved between the primary and the tier (in = promotions, out = cascades).", append(tierLabels, "direction"), nil)
+	descTierPressure  = prometheus.NewDesc("kvtier_tier_under_pressure", "1 while back-pressure drops cascades to the tier.", tierLabels, nil)
+	descTierBlocks    = prometheus.NewDesc("kvtier_tier_blocks", "Blocks held by the tier (occupancy).", tierLabels, nil)
+	descTierEvictions = prometheus.NewDesc("kvtier_tier_evictions_total", "Blocks evicted by the tier.", tierLabels, nil)
+	descTierJobs      = prometheus.NewDesc("kvtier_tier_job_duration_seconds", "Tier job latency by kind (load = promotion, store = cascade).", append(tierLabels, "kind"), nil)
+
+	descRequests  = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
+	descEventsPub = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
+	descEventsDrp = prometheus.NewDesc("kvtier_events_dropped_total", "Events the publisher dropped (queue full).", []string{"namespace"}, nil)
+)
+
+// collector reads every namespace's Stats at scrape time.
+type collector struct{ s *Server }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
+		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
+		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
+		descRequests, descEventsPub, descEventsDrp,
+	} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, ns := range c.s.order {
+		st, err := ns.Stats()
+		if err != nil {
+			continue // shutting down
+		}
+		n := ns.name
+		p := st.Primary
+		gauge(descPrimarySlots, float64(p.NumSlots), n, "total")
+		gauge(descPrimarySlots, float64(p.UsedSlots), n, "used")
+		gauge(descPrimarySlots, float64(p.PendingSlots), n, "pending")
+		gauge(descPrimarySlots, float64(p.PinnedSlots), n, "pinned")
+		gauge(descPrimarySlot, float64(p.SlotSize), n)
+		counter(descPrimaryLook, p.Hits, n, "hit")
+		counter(descPrimaryLook, p.Misses, n, "miss")
+		counter(descPrimaryEvict, p.Evictions, n)
+		counter(descPrimaryRej, p.StoresRejected, n)
+		gauge(descRequests, float64(st.ActiveRequests), n)
+		counter(descEventsPub, st.EventsPublished, n)
+		counter(descEventsDrp, st.EventsDropped, n)
+		for _, t := range st.Tiers {
+			l := []string{n, t.Name, t.Type, orDynamic(t.Medium.String()), orDynamic(t.Locality.String())}
+			with := func(extra string) []string { return append(append([]string(nil), l...), extra) }
+			counter(descTierLookups, t.Hits, with("hit")...)
+			counter(descTierLookups, t.Misses, with("miss")...)
+			counter(descTierLookups, t.Retries, with("retry")...)
+			counter(descTierSkipped, t.SkippedByFilter, l...)
+			counter(descTierPromos, t.PromotionsOK, with("ok")...)
+			counter(descTierPromos, t.PromotionsFailed, with("failed")...)
+			counter(descTierCascades, t.CascadesOK, with("ok")...)
+			counter(descTierCascades, t.CascadesFailed, with("failed")...)
+			counter(descTierCascades, t.CascadesDropped, with("dropped")...)
+			counter(descTierCascades, t.CascadesFiltered, with("filtered")...)
+			counter(descTierBytes, t.BytesIn, with("in")...)
+			counter(descTierBytes, t.BytesOut, with("out")...)
+			pressure := 0.0
+			if t.UnderPressure {
+				pressure = 1
+			}
+			gauge(descTierPressure, pressure, l...)
+			if t.OccupancyBlocks >= 0 {
+				gauge(descTierBlocks, float64(t.OccupancyBlocks), l...)
+			}
+			counter(descTierEvictions, t.Evictions, l...)
+			for kind, h := range map[string]*Histogram{"load": t.LoadLatency, "store": t.StoreLatency} {
+				if h == nil || len(h.Bounds) != len(h.Counts) {
+					continue
+				}
+				buckets := make(map[float64]uint64, len(h.Bounds))
+				for i, b := range h.Bounds {
+					buckets[b] = h.Counts[i]
+				}
+				ch <- prometheus.MustNewConstHistogram(descTierJobs, h.Count, h.Sum, buckets, with(kind)...)
+			}
+		}
+	}
+}

@@ -1,0 +1,755 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Manager is the part of *tiering.Manager the daemon drives. It is
+// single-executor: a Namespace calls it under its mutex only.
+type Manager interface {
+	OnNewRequest(req *offload.ReqContext) offload.OffloadPolicy
+	Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult
+	LookupPrefix(keys []offload.Key, req *offload.ReqContext, out []offload.LookupResult) (hits int)
+	PrepareLoad(keys []offload.Key, req *offload.ReqContext) ([]int64, error)
+	Touch(keys []offload.Key, req *offload.ReqContext)
+	CompleteLoad(keys []offload.Key, req *offload.ReqContext) error
+	PrepareStore(keys []offload.Key, req *offload.ReqContext) (offload.PrepareStoreOutput, bool, error)
+	CompleteStore(keys []offload.Key, req *offload.ReqContext, success bool) error
+	OnRequestFinished(req *offload.ReqContext)
+	ScheduleEnd(se offload.ScheduleEnd)
+	HasPendingWork() bool
+	TakeEvents() []offload.Event
+	Reset(ctx context.Context) error
+	Close(ctx context.Context) error
+	Tiers() []offload.SecondaryTier
+}
+
+// EventSink receives the events of every step, in order (the events
+// package's publisher). Publish must not block on subscribers.
+type EventSink interface {
+	Publish(evs []offload.Event)
+}
+
+// MetaRecorder attaches token metadata to keys for self-describing events
+// (the events package's tracker).
+type MetaRecorder interface {
+	Record(key offload.Key, meta BlockMeta) error
+}
+
+// BlockMeta is the token metadata of one block (spec §6.3), as sent with
+// PrepareStore.
+type BlockMeta struct {
+	BlockHashes   [][]byte
+	ParentHash    []byte
+	TokenIDs      []int64
+	BlockSize     int
+	LoraID        *int64
+	LoraName      *string
+	SpecKind      string
+	SlidingWindow *int64
+}
+
+// SharedArena is an arena another process can map: the cpu/arena package's
+// File and Memfd arenas.
+type SharedArena interface {
+	// Kind is "anonymous", "file" or "memfd".
+	Kind() string
+	// Path is the backing file of a file arena.
+	Path() string
+	// File is the backing file or memfd (nil for anonymous memory). The
+	// arena keeps ownership.
+	File() *os.File
+}
+
+// NamespaceConfig describes one namespace: a manager and the arena of its
+// primary tier.
+type NamespaceConfig struct {
+	// Name selects the namespace in API calls; "" is the default namespace.
+	Name string
+	// Manager is the namespace's tiering manager; Close closes it.
+	Manager Manager
+	// Arena is the primary tier's slot memory (PutBlocks/GetBlocks copy
+	// through it).
+	Arena offload.Arena
+	// Share, if set, lets engines map the arena (GetArena).
+	Share SharedArena
+	// Parser holds the default filters and the validation mode. Its
+	// OnWarning is chained after the server's warning log and metrics.
+	Parser offload.Parser
+	// Events, if set, receives the events of every step. If it has a
+	// Close(context.Context) error method, Close calls it after the last
+	// events were published.
+	Events EventSink
+	// Meta, if set, records PrepareStore's token metadata.
+	Meta MetaRecorder
+	// Stats, if set, reports counters for the Stats call and metrics. It
+	// runs under the namespace mutex.
+	Stats func() Stats
+}
+
+// notLookedUp marks keys after the first non-hit of a prefix lookup.
+const notLookedUp offload.LookupResult = 255
+
+// request is the registry entry of an active request.
+type request struct {
+	ctx      *offload.ReqContext
+	finished bool
+	// pendingStores counts PrepareStore calls that reserved slots and whose
+	// CompleteStore has not arrived yet; a finished request is dropped from
+	// the registry when it reaches zero.
+	pendingStores int
+}
+
+// Namespace is one manager with its request registry. All methods are safe
+// for concurrent use; they are serialised by a mutex.
+type Namespace struct {
+	name   string
+	limits Limits
+	arena  offload.Arena
+	share  SharedArena
+	events EventSink
+	meta   MetaRecorder
+	stats  func() Stats
+	// onWarning counts and logs lenient-mode warnings of NewRequest.
+	onWarning func(offload.Warning)
+
+	mu        sync.Mutex
+	mgr       Manager
+	parser    offload.Parser
+	reqs      map[string]*request
+	ephemeral uint64 // counter for PutBlocks/GetBlocks request ids
+	closed    bool
+	published uint64 // events handed to the sink
+}
+
+func newNamespace(cfg NamespaceConfig, limits Limits, onWarning func(offload.Warning)) (*Namespace, error) {
+	if cfg.Manager == nil {
+		return nil, fmt.Errorf("namespace %q: no manager", cfg.Name)
+	}
+	if cfg.Arena == nil || cfg.Arena.SlotSize() <= 0 || cfg.Arena.NumSlots() <= 0 {
+		return nil, fmt.Errorf("namespace %q: no arena", cfg.Name)
+	}
+	ns := &Namespace{
+		name:      cfg.Name,
+		limits:    limits,
+		arena:     cfg.Arena,
+		share:     cfg.Share,
+		events:    cfg.Events,
+		meta:      cfg.Meta,
+		stats:     cfg.Stats,
+		onWarning: onWarning,
+		mgr:       cfg.Manager,
+		parser:    cfg.Parser,
+		reqs:      make(map[string]*request),
+	}
+	userHook := cfg.Parser.OnWarning
+	ns.parser.OnWarning = func(w offload.Warning) {
+		if onWarning != nil {
+			onWarning(w)
+		}
+		if userHook != nil {
+			userHook(w)
+		}
+	}
+	return ns, nil
+}
+
+// Name returns the namespace's name ("" for the default namespace).
+func (ns *Namespace) Name() string { return ns.name }
+
+// SlotSize returns the arena's bytes per slot (= per block).
+func (ns *Namespace) SlotSize() int { return ns.arena.SlotSize() }
+
+// lock acquires the mutex unless the namespace is closed.
+func (ns *Namespace) lock() error {
+	ns.mu.Lock()
+	if ns.closed {
+		ns.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+// checkParams bounds a kv_transfer_params document.
+func (ns *Namespace) checkParams(params []byte) error {
+	if len(params) > ns.limits.MaxParamsBytes {
+		return fmt.Errorf("%w: kv_transfer_params is %d bytes (max %d)", ErrLimit, len(params), ns.limits.MaxParamsBytes)
+	}
+	return nil
+}
+
+// NewRequest registers request id with its kv_transfer_params (JSON).
+func (ns *Namespace) NewRequest(id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
+	if id == "" {
+		return nil, 0, fmt.Errorf("%w: empty request id", ErrInvalidArgument)
+	}
+	if len(id) > ns.limits.MaxKeyBytes {
+		return nil, 0, fmt.Errorf("%w: request id is %d bytes (max %d)", ErrInvalidArgument, len(id), ns.limits.MaxKeyBytes)
+	}
+	if err := ns.checkParams(params); err != nil {
+		return nil, 0, err
+	}
+	if err := ns.lock(); err != nil {
+		return nil, 0, err
+	}
+	defer ns.mu.Unlock()
+	if _, ok := ns.reqs[id]; ok {
+		return nil, 0, fmt.Errorf("%w: %q", ErrRequestExists, id)
+	}
+	if len(ns.reqs) >= ns.limits.MaxRequests {
+		return nil, 0, fmt.Errorf("%w: %d active requests in namespace %q (max %d); finish requests", ErrLimit, len(ns.reqs), ns.name, ns.limits.MaxRequests)
+	}
+	rc, err := ns.parser.NewReqContext(id, params)
+	if err != nil {
+		return nil, 0, fmt.Errorf("request %q: %w", id, err)
+	}
+	policy := ns.mgr.OnNewRequest(rc)
+	ns.reqs[id] = &request{ctx: rc}
+	return rc, policy, nil
+}
+
+// req returns the active request id; the caller holds the mutex.
+func (ns *Namespace) req(id string) (*request, error) {
+	r, ok := ns.reqs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w %q in namespace %q (call NewRequest first)", ErrUnknownRequest, id, ns.name)
+	}
+	return r, nil
+}
+
+// Keys converts raw keys, checking the per-call count and each key's
+// length against the limits.
+func (ns *Namespace) Keys(raw [][]byte) ([]offload.Key, error) {
+	if len(raw) > ns.limits.MaxKeysPerCall {
+		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, len(raw), ns.limits.MaxKeysPerCall)
+	}
+	keys := make([]offload.Key, len(raw))
+	for i, b := range raw {
+		if len(b) <= offload.GroupSuffixLen || len(b) > ns.limits.MaxKeyBytes {
+			what := "too short"
+			if len(b) > ns.limits.MaxKeyBytes {
+				what = "too long"
+			}
+			return nil, fmt.Errorf("%w: keys[%d]: key %s: %d bytes (want %d..%d: block hash + 4-byte group index)",
+				offload.ErrInvalidKey, i, what, len(b), offload.GroupSuffixLen+1, ns.limits.MaxKeyBytes)
+		}
+		keys[i] = offload.Key(b)
+	}
+	return keys, nil
+}
+
+// Lookup looks keys up for request id into out (len(out) >= len(keys)).
+// Without prefix every key is looked up. With prefix the scan is the
+// connector's prefix scan (tiering.Manager.LookupPrefix): a Retry ends the
+// hit count but the scan goes on so that later keys start their checks and
+// promotions, and the first Miss ends the scan; keys after it answer
+// notLookedUp. It returns the number of leading hits (Hit or HitPending).
+func (ns *Namespace) Lookup(id string, keys []offload.Key, prefix bool, out []offload.LookupResult) (int, error) {
+	if err := ns.lock(); err != nil {
+		return 0, err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return 0, err
+	}
+	if !prefix {
+		return ns.lookupLocked(r.ctx, keys, out), nil
+	}
+	hits := ns.mgr.LookupPrefix(keys, r.ctx, out)
+	for i, res := range out[:len(keys)] {
+		if res == offload.Miss {
+			for j := i + 1; j < len(keys); j++ {
+				out[j] = notLookedUp
+			}
+			break
+		}
+	}
+	return hits, nil
+}
+
+// lookupLocked looks every key up and returns the leading hits.
+func (ns *Namespace) lookupLocked(rc *offload.ReqContext, keys []offload.Key, out []offload.LookupResult) int {
+	hits, inPrefix := 0, true
+	for i, k := range keys {
+		res := ns.mgr.Lookup(k, rc)
+		out[i] = res
+		if inPrefix && (res == offload.Hit || res == offload.HitPending) {
+			hits++
+		} else {
+			inPrefix = false
+		}
+	}
+	return hits
+}
+
+// PrepareLoad pins keys for reading and returns their slots.
+func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error) {
+	if err := ns.lock(); err != nil {
+		return nil, err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return nil, err
+	}
+	slots, err := ns.mgr.PrepareLoad(keys, r.ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+	}
+	return slots, nil
+}
+
+// CompleteLoad unpins keys pinned by PrepareLoad.
+func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
+	if err := ns.lock(); err != nil {
+		return err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return err
+	}
+	if err := ns.mgr.CompleteLoad(keys, r.ctx); err != nil {
+		return fmt.Errorf("%w: complete load: %w", ErrProtocol, err)
+	}
+	return nil
+}
+
+// Touch refreshes the recency of keys.
+func (ns *Namespace) Touch(id string, keys []offload.Key) error {
+	if err := ns.lock(); err != nil {
+		return err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return err
+	}
+	ns.mgr.Touch(keys, r.ctx)
+	return nil
+}
+
+// PrepareStore reserves slots for keys; metas is empty or co-indexed with
+// keys. ok is false when the primary cannot make room.
+func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMeta) (out offload.PrepareStoreOutput, ok bool, err error) {
+	if len(metas) != 0 && len(metas) != len(keys) {
+		return out, false, fmt.Errorf("%w: %d metadata entries for %d keys (want none or one per key)", ErrInvalidArgument, len(metas), len(keys))
+	}
+	if err := ns.lock(); err != nil {
+		return out, false, err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return out, false, err
+	}
+	if r.finished {
+		return out, false, fmt.Errorf("%w: prepare store for finished request %q", ErrProtocol, id)
+	}
+	if ns.meta != nil {
+		for i := range metas {
+			if err := ns.meta.Record(keys[i], metas[i]); err != nil {
+				return out, false, fmt.Errorf("%w: metadata[%d]: %w", ErrInvalidArgument, i, err)
+			}
+		}
+	}
+	out, ok, err = ns.mgr.PrepareStore(keys, r.ctx)
+	if err != nil {
+		return out, false, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
+	}
+	if ok && len(out.KeysToStore) > 0 {
+		r.pendingStores++
+	}
+	return out, ok, nil
+}
+
+// CompleteStore commits or abandons the slots reserved by PrepareStore.
+func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) error {
+	if err := ns.lock(); err != nil {
+		return err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return err
+	}
+	if err := ns.mgr.CompleteStore(keys, r.ctx, success); err != nil {
+		return fmt.Errorf("%w: complete store: %w", ErrProtocol, err)
+	}
+	if r.pendingStores > 0 {
+		r.pendingStores--
+	}
+	ns.maybeDropLocked(id, r)
+	return nil
+}
+
+// FinishRequest marks request id finished.
+func (ns *Namespace) FinishRequest(id string) error {
+	if err := ns.lock(); err != nil {
+		return err
+	}
+	defer ns.mu.Unlock()
+	r, err := ns.req(id)
+	if err != nil {
+		return err
+	}
+	if r.finished {
+		return fmt.Errorf("%w: request %q already finished", ErrProtocol, id)
+	}
+	r.finished = true
+	ns.mgr.OnRequestFinished(r.ctx)
+	ns.maybeDropLocked(id, r)
+	return nil
+}
+
+func (ns *Namespace) maybeDropLocked(id string, r *request) {
+	if r.finished && r.pendingStores == 0 {
+		delete(ns.reqs, id)
+	}
+}
+
+// ScheduleEnd ends one engine step and publishes its events. It reports
+// whether work is still in flight and how many events were published.
+func (ns *Namespace) ScheduleEnd(se offload.ScheduleEnd) (pending bool, published int, err error) {
+	if n := len(se.NewReqIDs) + len(se.PreemptedReqIDs); n > ns.limits.MaxKeysPerCall {
+		return false, 0, fmt.Errorf("%w: %d request ids in one call (max %d)", ErrLimit, n, ns.limits.MaxKeysPerCall)
+	}
+	if err := ns.lock(); err != nil {
+		return false, 0, err
+	}
+	defer ns.mu.Unlock()
+	ns.mgr.ScheduleEnd(se)
+	published = ns.publishLocked()
+	return ns.mgr.HasPendingWork(), published, nil
+}
+
+// publishLocked hands the manager's buffered events to the sink. Without a
+// sink they are taken and dropped so that nothing accumulates.
+func (ns *Namespace) publishLocked() int {
+	evs := ns.mgr.TakeEvents()
+	if len(evs) == 0 || ns.events == nil {
+		return 0
+	}
+	ns.events.Publish(evs)
+	ns.published += uint64(len(evs))
+	return len(evs)
+}
+
+// Reset drops every block of the primary tier.
+func (ns *Namespace) Reset(ctx context.Context) error {
+	if err := ns.lock(); err != nil {
+		return err
+	}
+	defer ns.mu.Unlock()
+	if err := ns.mgr.Reset(ctx); err != nil {
+		return fmt.Errorf("reset namespace %q: %w", ns.name, err)
+	}
+	// Finished requests that waited for stores are gone from the manager.
+	for id, r := range ns.reqs {
+		r.pendingStores = 0
+		ns.maybeDropLocked(id, r)
+	}
+	ns.publishLocked()
+	return nil
+}
+
+// Stats reports the namespace's counters.
+func (ns *Namespace) Stats() (Stats, error) {
+	if err := ns.lock(); err != nil {
+		return Stats{}, err
+	}
+	defer ns.mu.Unlock()
+	var st Stats
+	if ns.stats != nil {
+		st = ns.stats()
+	} else {
+		st.Primary.SlotSize = int64(ns.arena.SlotSize())
+		st.Primary.NumSlots = int64(ns.arena.NumSlots())
+		for _, t := range ns.mgr.Tiers() {
+			st.Tiers = append(st.Tiers, TierStats{Name: t.Name(), Type: t.Type(), Medium: t.Medium(), Locality: t.Locality()})
+		}
+	}
+	st.Namespace = ns.name
+	st.ActiveRequests = len(ns.reqs)
+	st.EventsPublished = ns.published
+	return st, nil
+}
+
+// tempRequest registers a request for one PutBlocks/GetBlocks call; the
+// caller holds the mutex and must call finishTemp.
+func (ns *Namespace) tempRequest(params []byte) (*offload.ReqContext, error) {
+	ns.ephemeral++
+	id := "kvtier-internal-" + strconv.FormatUint(ns.ephemeral, 10)
+	rc, err := ns.parser.NewReqContext(id, params)
+	if err != nil {
+		return nil, err
+	}
+	ns.mgr.OnNewRequest(rc)
+	return rc, nil
+}
+
+// PutBlocks stores blocks by value: PrepareStore, copy into the reserved
+// slots, CompleteStore. With id == "" a temporary request built from
+// params is used. statuses[i] is true when keys[i] was written, false when
+// it was already present.
+func (ns *Namespace) PutBlocks(id string, params []byte, keys []offload.Key, data [][]byte) (written []bool, evicted []offload.Key, err error) {
+	if len(keys) != len(data) {
+		return nil, nil, fmt.Errorf("%w: %d keys for %d blocks", ErrInvalidArgument, len(keys), len(data))
+	}
+	slotSize := ns.arena.SlotSize()
+	index := make(map[offload.Key]int, len(keys))
+	for i, k := range keys {
+		if len(data[i]) != slotSize {
+			return nil, nil, fmt.Errorf("%w: blocks[%d]: data is %d bytes, slot size is %d", ErrInvalidArgument, i, len(data[i]), slotSize)
+		}
+		if j, dup := index[k]; dup {
+			return nil, nil, fmt.Errorf("%w: blocks[%d]: key %s repeats blocks[%d]", ErrInvalidArgument, i, k, j)
+		}
+		index[k] = i
+	}
+	if err := ns.checkParams(params); err != nil {
+		return nil, nil, err
+	}
+	if err := ns.lock(); err != nil {
+		return nil, nil, err
+	}
+	defer ns.mu.Unlock()
+	rc, finish, err := ns.callRequestLocked(id, params)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer finish()
+
+	out, ok, err := ns.mgr.PrepareStore(keys, rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
+	}
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: cannot make room for %d blocks (every evictable slot is pinned or being written); retry later", ErrNoSpace, len(keys))
+	}
+	written = make([]bool, len(keys))
+	for i, k := range out.KeysToStore {
+		dst, err := ns.arena.Slot(out.Slots[i])
+		if err != nil {
+			// Abandon the reservation: the slots go back to the free list.
+			cerr := ns.mgr.CompleteStore(out.KeysToStore, rc, false)
+			return nil, nil, errors.Join(fmt.Errorf("put %s: %w", k, err), cerr)
+		}
+		copy(dst, data[index[k]])
+		written[index[k]] = true
+	}
+	if len(out.KeysToStore) > 0 {
+		if err := ns.mgr.CompleteStore(out.KeysToStore, rc, true); err != nil {
+			return nil, nil, fmt.Errorf("%w: complete store: %w", ErrProtocol, err)
+		}
+	}
+	ns.publishLocked()
+	return written, out.Evicted, nil
+}
+
+// callRequestLocked returns the context for a by-value call: the active
+// request id, or a temporary request finished by the returned func.
+func (ns *Namespace) callRequestLocked(id string, params []byte) (*offload.ReqContext, func(), error) {
+	if id != "" {
+		r, err := ns.req(id)
+		if err != nil {
+			return nil, nil, err
+		}
+		return r.ctx, func() {}, nil
+	}
+	rc, err := ns.tempRequest(params)
+	if err != nil {
+		return nil, nil, fmt.Errorf("temporary request: %w", err)
+	}
+	return rc, func() { ns.mgr.OnRequestFinished(rc) }, nil
+}
+
+// GetBlocks loads blocks by value. It looks every key up; while some key
+// answers Retry or HitPending and the wait has not expired, it ends the
+// step (ScheduleEnd), releases the mutex, sleeps briefly and looks up
+// again. Readable keys are then pinned, copied and unpinned. data[i] is
+// set for results[i] == Hit (only within the leading hits with
+// prefixOnly).
+func (ns *Namespace) GetBlocks(ctx context.Context, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (results []offload.LookupResult, data [][]byte, hits int, err error) {
+	slotSize := ns.arena.SlotSize()
+	// Leave 64 KiB for keys and framing.
+	if max := (ns.limits.MaxMessageBytes - 64<<10) / slotSize; len(keys) > max {
+		return nil, nil, 0, fmt.Errorf("%w: GetBlocks of %d keys with %d-byte blocks may exceed the %d-byte message limit (at most %d keys per call)",
+			ErrLimit, len(keys), slotSize, ns.limits.MaxMessageBytes, max)
+	}
+	if err := ns.checkParams(params); err != nil {
+		return nil, nil, 0, err
+	}
+	wait = min(max(wait, 0), ns.limits.MaxWait)
+	deadline := time.Now().Add(wait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+
+	if err := ns.lock(); err != nil {
+		return nil, nil, 0, err
+	}
+	rc, finish, err := ns.callRequestLocked(id, params)
+	if err != nil {
+		ns.mu.Unlock()
+		return nil, nil, 0, err
+	}
+	results = make([]offload.LookupResult, len(keys))
+	backoff := 100 * time.Microsecond
+	for {
+		ns.lookupLocked(rc, keys, results)
+		if !anyInFlight(results) || !time.Now().Before(deadline) {
+			break
+		}
+		// End the step so that promotions are submitted and finished
+		// jobs are processed by the next lookup pass.
+		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
+		ns.publishLocked()
+		ns.mu.Unlock()
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			// Relock only to finish the temporary request.
+			if lerr := ns.lock(); lerr == nil {
+				finish()
+				ns.mu.Unlock()
+			}
+			return nil, nil, 0, ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Millisecond)
+		if err := ns.lock(); err != nil {
+			// Closed while waiting: Close finished every request.
+			return nil, nil, 0, err
+		}
+	}
+	defer ns.mu.Unlock()
+	defer finish()
+
+	load := make([]offload.Key, 0, len(keys))
+	idx := make([]int, 0, len(keys))
+	inPrefix := true
+	for i, r := range results {
+		if r != offload.Hit {
+			inPrefix = false
+		}
+		if r == offload.Hit && (inPrefix || !prefixOnly) {
+			load = append(load, keys[i])
+			idx = append(idx, i)
+		}
+		if inPrefix {
+			hits++
+		}
+	}
+	data = make([][]byte, len(keys))
+	if len(load) > 0 {
+		slots, err := ns.mgr.PrepareLoad(load, rc)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+		}
+		var copyErr error
+		for j, s := range slots {
+			src, err := ns.arena.Slot(s)
+			if err != nil {
+				copyErr = fmt.Errorf("get %s: %w", load[j], err)
+				break
+			}
+			data[idx[j]] = append(make([]byte, 0, slotSize), src...)
+		}
+		if err := ns.mgr.CompleteLoad(load, rc); err != nil {
+			return nil, nil, 0, errors.Join(copyErr, fmt.Errorf("%w: complete load: %w", ErrProtocol, err))
+		}
+		if copyErr != nil {
+			return nil, nil, 0, copyErr
+		}
+	}
+	ns.publishLocked()
+	return results, data, hits, nil
+}
+
+func anyInFlight(results []offload.LookupResult) bool {
+	for _, r := range results {
+		if r == offload.Retry || r == offload.HitPending {
+			return true
+		}
+	}
+	return false
+}
+
+// ArenaInfo describes the arena for GetArena.
+type ArenaInfo struct {
+	Kind     string // anonymous, file, memfd
+	SlotSize int
+	NumSlots int
+	Path     string
+	file     *os.File
+}
+
+// Arena describes the namespace's arena.
+func (ns *Namespace) Arena() ArenaInfo {
+	info := ArenaInfo{Kind: "anonymous", SlotSize: ns.arena.SlotSize(), NumSlots: ns.arena.NumSlots()}
+	if ns.share != nil {
+		info.Kind = ns.share.Kind()
+		info.Path = ns.share.Path()
+		info.file = ns.share.File()
+	}
+	return info
+}
+
+// Close ends the namespace: it finishes every request, keeps ending steps
+// while transfers are in flight (until ctx ends) so that their results and
+// events are processed, publishes the last events, closes the manager
+// (which answers whatever is still outstanding and releases every pin) and
+// closes the event sink. Later calls fail with ErrClosed.
+func (ns *Namespace) Close(ctx context.Context) error {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if ns.closed {
+		return nil
+	}
+	ns.closed = true
+	var errs []error
+	for id, r := range ns.reqs {
+		if !r.finished {
+			ns.mgr.OnRequestFinished(r.ctx)
+		}
+		delete(ns.reqs, id)
+	}
+	// Drain: in-flight cascades finish and emit their events.
+	backoff := 200 * time.Microsecond
+	for ns.mgr.HasPendingWork() && ctx.Err() == nil {
+		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
+		ns.publishLocked()
+		if !ns.mgr.HasPendingWork() {
+			break
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(backoff*2, 10*time.Millisecond)
+	}
+	ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
+	ns.publishLocked()
+	if err := ns.mgr.Close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("namespace %q: close manager: %w", ns.name, err))
+	}
+	if c, ok := ns.events.(interface{ Close(context.Context) error }); ok {
+		if err := c.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("namespace %q: close events: %w", ns.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

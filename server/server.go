@@ -1,0 +1,325 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Namespaces served; names must be unique. A namespace named "" is the
+	// default one (calls that name no namespace).
+	Namespaces []NamespaceConfig
+	// UnixSocket is the API's Unix socket path ("" for none). It is created
+	// 0600; a stale socket left by a dead daemon is replaced, a live one is
+	// an error. The arena side channel listens on UnixSocket + ".arena".
+	UnixSocket string
+	// TCPAddr is the API's TCP address, e.g. "127.0.0.1:7070" ("" for
+	// none; port 0 picks a free port).
+	TCPAddr string
+	// AuthToken, if set, is required on TCP as "authorization: Bearer
+	// <token>" metadata. The Unix socket relies on file permissions.
+	AuthToken string
+	// MetricsAddr serves Prometheus /metrics ("" for none).
+	MetricsAddr string
+	Limits      Limits
+	Logger      *slog.Logger
+	// WarningLog tunes the rate-limited logging of filter warnings.
+	WarningLog offload.WarningLogOptions
+}
+
+// Server is the kvtier daemon.
+type Server struct {
+	cfg        Config
+	limits     Limits
+	log        *slog.Logger
+	namespaces map[string]*Namespace
+	order      []*Namespace
+	metrics    *metrics
+	warnings   *offload.WarningLog
+
+	unixSrv, tcpSrv *grpc.Server
+	health          *health.Server
+	unixLn, tcpLn   net.Listener
+	fdLn            *net.UnixListener
+	httpSrv         *http.Server
+	httpLn          net.Listener
+	fdPath          string
+
+	wg           sync.WaitGroup
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// New validates cfg and builds a Server; Start opens its listeners.
+func New(cfg Config) (*Server, error) {
+	limits, err := cfg.Limits.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Namespaces) == 0 {
+		return nil, errors.New("server: no namespace configured")
+	}
+	if cfg.UnixSocket == "" && cfg.TCPAddr == "" {
+		return nil, errors.New("server: neither a Unix socket nor a TCP address configured")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:        cfg,
+		limits:     limits,
+		log:        log,
+		namespaces: make(map[string]*Namespace),
+		metrics:    newMetrics(),
+	}
+	wopts := cfg.WarningLog
+	onCount := wopts.OnCount
+	wopts.OnCount = func(reason string) {
+		s.metrics.filterWarnings.WithLabelValues(reason).Inc()
+		if onCount != nil {
+			onCount(reason)
+		}
+	}
+	s.warnings = offload.NewWarningLog(log, wopts)
+	for _, nc := range cfg.Namespaces {
+		if _, dup := s.namespaces[nc.Name]; dup {
+			return nil, fmt.Errorf("server: namespace %q configured twice", nc.Name)
+		}
+		ns, err := newNamespace(nc, limits, s.warnings.Record)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		s.namespaces[nc.Name] = ns
+		s.order = append(s.order, ns)
+	}
+	s.metrics.register(s)
+	return s, nil
+}
+
+func (s *Server) namespaceNames() []string {
+	names := make([]string, 0, len(s.order))
+	for _, ns := range s.order {
+		names = append(names, fmt.Sprintf("%q", ns.name))
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Namespace returns the namespace called name.
+func (s *Server) Namespace(name string) (*Namespace, bool) {
+	ns, ok := s.namespaces[name]
+	return ns, ok
+}
+
+func (s *Server) grpcServer(auth bool) *grpc.Server {
+	unary := []grpc.UnaryServerInterceptor{s.metrics.unaryInterceptor}
+	if auth && s.cfg.AuthToken != "" {
+		unary = append([]grpc.UnaryServerInterceptor{tokenUnary(s.cfg.AuthToken)}, unary...)
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.limits.MaxMessageBytes),
+		grpc.MaxSendMsgSize(s.limits.MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(unary...),
+		// A client that connects and says nothing must not hold a
+		// connection slot forever.
+		grpc.ConnectionTimeout(10 * time.Second),
+	}
+	if auth && s.cfg.AuthToken != "" {
+		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))
+	}
+	g := grpc.NewServer(opts...)
+	kvtierv1.RegisterKVTierServer(g, &service{s: s})
+	healthpb.RegisterHealthServer(g, s.health)
+	return g
+}
+
+// Start opens the listeners and serves in the background. On error,
+// everything opened so far is closed again.
+func (s *Server) Start() (err error) {
+	s.health = health.NewServer()
+	defer func() {
+		if err != nil {
+			s.closeListeners()
+		}
+	}()
+	if s.cfg.UnixSocket != "" {
+		ln, err := listenUnix(s.cfg.UnixSocket)
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		s.unixLn = ln
+		s.fdPath = s.cfg.UnixSocket + ".arena"
+		fdl, err := listenUnix(s.fdPath)
+		if err != nil {
+			return fmt.Errorf("server: arena side channel: %w", err)
+		}
+		s.fdLn = fdl.(*net.UnixListener)
+	}
+	if s.cfg.TCPAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.TCPAddr)
+		if err != nil {
+			return fmt.Errorf("server: listen on %s: %w", s.cfg.TCPAddr, err)
+		}
+		s.tcpLn = ln
+	}
+	if s.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("server: metrics: listen on %s: %w", s.cfg.MetricsAddr, err)
+		}
+		s.httpLn = ln
+	}
+
+	if s.unixLn != nil {
+		s.unixSrv = s.grpcServer(false)
+		s.serve("unix", func() error { return s.unixSrv.Serve(s.unixLn) })
+		s.serve("arena", func() error { return s.serveFDs(s.fdLn) })
+	}
+	if s.tcpLn != nil {
+		s.tcpSrv = s.grpcServer(true)
+		s.serve("tcp", func() error { return s.tcpSrv.Serve(s.tcpLn) })
+	}
+	if s.httpLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", s.metrics.handler())
+		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		s.serve("metrics", func() error { return s.httpSrv.Serve(s.httpLn) })
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "")
+	return nil
+}
+
+func (s *Server) serve(what string, fn func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			s.log.Error("listener stopped", "listener", what, "err", err)
+		}
+	}()
+}
+
+// UnixAddr, TCPAddr and MetricsAddr return the bound addresses ("" when
+// not listening).
+func (s *Server) UnixAddr() string {
+	if s.unixLn == nil {
+		return ""
+	}
+	return s.cfg.UnixSocket
+}
+
+// TCPAddr returns the bound TCP address of the API.
+func (s *Server) TCPAddr() string {
+	if s.tcpLn == nil {
+		return ""
+	}
+	return s.tcpLn.Addr().String()
+}
+
+// MetricsAddr returns the bound address of /metrics.
+func (s *Server) MetricsAddr() string {
+	if s.httpLn == nil {
+		return ""
+	}
+	return s.httpLn.Addr().String()
+}
+
+func (s *Server) fdSocketPath() string {
+	if s.fdLn == nil {
+		return ""
+	}
+	return s.fdPath
+}
+
+// Shutdown stops accepting calls, waits for in-flight calls until ctx
+// ends (then cancels them), closes every namespace (draining tier jobs and
+// flushing events within ctx), and removes the sockets. It is idempotent.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(ctx) })
+	return s.shutdownErr
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
+	if s.health != nil {
+		s.health.Shutdown()
+	}
+	// Remove the socket names first so that no new client finds us.
+	if s.unixLn != nil {
+		os.Remove(s.cfg.UnixSocket)
+	}
+	if s.fdLn != nil {
+		s.fdLn.Close()
+		os.Remove(s.fdPath)
+	}
+	var stopped sync.WaitGroup
+	for _, g := range []*grpc.Server{s.unixSrv, s.tcpSrv} {
+		if g == nil {
+			continue
+		}
+		stopped.Add(1)
+		go func() {
+			defer stopped.Done()
+			g.GracefulStop()
+		}()
+	}
+	done := make(chan struct{})
+	go func() { stopped.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("shutdown deadline reached; cancelling in-flight calls")
+		for _, g := range []*grpc.Server{s.unixSrv, s.tcpSrv} {
+			if g != nil {
+				g.Stop()
+			}
+		}
+		<-done
+	}
+	var errs []error
+	for _, ns := range s.order {
+		if err := ns.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.httpSrv != nil {
+		hctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.httpSrv.Shutdown(hctx)
+		cancel()
+	}
+	s.closeListeners()
+	s.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (s *Server) closeListeners() {
+	for _, ln := range []net.Listener{s.unixLn, s.tcpLn, s.httpLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	if s.fdLn != nil {
+		s.fdLn.Close()
+		os.Remove(s.fdPath)
+	}
+	if s.unixLn != nil {
+		os.Remove(s.cfg.UnixSocket)
+	}
+}

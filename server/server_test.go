@@ -1,0 +1,550 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiering"
+	"github.com/kvtier/kvtier/tiers/memory"
+)
+
+const slotSize = 256
+
+// env is a running daemon with one namespace: a memfd primary of `slots`
+// slots in front of two memory tiers, "remote-cpu" (CPU, REMOTE) and
+// "local-disk" (STORAGE, LOCAL).
+type env struct {
+	srv   *server.Server
+	unix  string
+	tcp   string
+	token string
+	dir   string
+}
+
+type envOptions struct {
+	slots  int
+	token  string
+	parser offload.Parser
+	limits server.Limits
+	tiers  func(t *testing.T) []offload.SecondaryTier
+}
+
+func memTiers(t *testing.T) []offload.SecondaryTier {
+	t.Helper()
+	a, err := memory.New(memory.Config{Name: "remote-cpu", Medium: offload.MediumCPU, Locality: offload.LocalityRemote})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := memory.New(memory.Config{Name: "local-disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Latency: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []offload.SecondaryTier{a, b}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func startEnv(t *testing.T, o envOptions) *env {
+	t.Helper()
+	if o.slots == 0 {
+		o.slots = 64
+	}
+	if o.tiers == nil {
+		o.tiers = memTiers
+	}
+	// Short directory: Unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: int64(slotSize * o.slots), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: o.tiers(t), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{
+		Namespaces:  []server.NamespaceConfig{server.ManagerNamespace("", m, p, o.parser)},
+		UnixSocket:  filepath.Join(dir, "k.sock"),
+		TCPAddr:     "127.0.0.1:0",
+		MetricsAddr: "127.0.0.1:0",
+		AuthToken:   o.token,
+		Limits:      o.limits,
+		Logger:      quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{srv: srv, unix: srv.UnixAddr(), tcp: srv.TCPAddr(), token: o.token, dir: dir}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return e
+}
+
+func (e *env) dial(t *testing.T, target string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(target, client.Options{Token: e.token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func key(i int) offload.Key { return offload.MakeKey([]byte(fmt.Sprintf("hash-%04d", i)), 0) }
+
+func keys(from, n int) []offload.Key {
+	out := make([]offload.Key, n)
+	for i := range out {
+		out[i] = key(from + i)
+	}
+	return out
+}
+
+func block(k offload.Key) []byte {
+	return bytes.Repeat([]byte(k.Hash()[:8]), slotSize/8)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, substr string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v, want code %v", err, code)
+	}
+	if substr != "" && !strings.Contains(status.Convert(err).Message(), substr) {
+		t.Fatalf("error %q does not mention %q", status.Convert(err).Message(), substr)
+	}
+}
+
+// storeViaArena runs the engine's store protocol with direct slot writes.
+func storeViaArena(t *testing.T, ctx context.Context, c *client.Client, a *client.Arena, id string, ks []offload.Key) {
+	t.Helper()
+	res, err := c.PrepareStore(ctx, id, ks, nil)
+	if err != nil || !res.OK {
+		t.Fatalf("PrepareStore: ok=%v err=%v", res.OK, err)
+	}
+	for i, k := range res.Keys {
+		dst, err := a.Slot(res.Slots[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(dst, block(k))
+	}
+	if err := c.CompleteStore(ctx, id, res.Keys, true); err != nil {
+		t.Fatalf("CompleteStore: %v", err)
+	}
+}
+
+// lookupUntil ends steps until every key answers HIT.
+func lookupUntil(t *testing.T, ctx context.Context, c *client.Client, id string, ks []offload.Key) {
+	t.Helper()
+	for i := 0; ; i++ {
+		res, hits, err := c.Lookup(ctx, id, ks, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hits == len(ks) && allHit(res) {
+			return
+		}
+		if i > 2000 {
+			t.Fatalf("keys never became readable: %v", res)
+		}
+		if _, err := c.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func allHit(res []kvtierv1.LookupResult) bool {
+	for _, r := range res {
+		if r != kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+			return false
+		}
+	}
+	return true
+}
+
+// TestEndToEnd runs the engine protocol (store into mapped slots, lookup,
+// load, reset, promotion from a secondary tier, filters) over both
+// transports.
+func TestEndToEnd(t *testing.T) {
+	e := startEnv(t, envOptions{token: "s3cret"})
+	for _, tc := range []struct{ name, target string }{{"unix", e.unix}, {"tcp", e.tcp}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			c := e.dial(t, tc.target)
+			a, err := c.MapArena(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			if a.SlotSize() != slotSize || a.NumSlots() != 64 {
+				t.Fatalf("arena %d×%d", a.NumSlots(), a.SlotSize())
+			}
+			if err := c.Reset(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ks := keys(0, 8)
+			id := "req-store-" + tc.name
+			nr, err := c.NewRequest(ctx, id, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !nr.GetLoadFilter().GetAll() || nr.GetLoadFromRequest() {
+				t.Fatalf("default filter: %v", nr)
+			}
+			storeViaArena(t, ctx, c, a, id, ks)
+			res, hits, err := c.Lookup(ctx, id, ks, true)
+			if err != nil || hits != len(ks) || !allHit(res) {
+				t.Fatalf("lookup after store: hits=%d res=%v err=%v", hits, res, err)
+			}
+			slots, err := c.PrepareLoad(ctx, id, ks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range slots {
+				got, _ := a.Slot(s)
+				if !bytes.Equal(got, block(ks[i])) {
+					t.Fatalf("slot %d of %s holds the wrong bytes", s, ks[i])
+				}
+			}
+			if err := c.CompleteLoad(ctx, id, ks); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.FinishRequest(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			// Let the cascades to both tiers finish.
+			for pending := true; pending; {
+				if pending, err = c.ScheduleEnd(ctx, nil, nil); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+
+			if err := c.Reset(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Deny every secondary tier: the reset primary has nothing.
+			deny := "deny-" + tc.name
+			if _, err := c.NewRequest(ctx, deny, `{"kv_load_tiers": []}`); err != nil {
+				t.Fatal(err)
+			}
+			res, hits, err = c.Lookup(ctx, deny, ks, false)
+			if err != nil || hits != 0 || res[0] != kvtierv1.LookupResult_LOOKUP_RESULT_MISS {
+				t.Fatalf("lookup with kv_load_tiers []: hits=%d res=%v err=%v", hits, res, err)
+			}
+			if err := c.FinishRequest(ctx, deny); err != nil {
+				t.Fatal(err)
+			}
+
+			// Load only from local storage: promotion from local-disk.
+			load := "load-" + tc.name
+			nr, err = c.NewRequest(ctx, load, `{"kv_load_tiers": [{"medium": "storage", "locality": "local"}]}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(nr.GetLoadFilter().GetMatchers()) != 1 || nr.GetLoadFilter().GetMatchers()[0].GetMedium() != kvtierv1.Medium_MEDIUM_STORAGE {
+				t.Fatalf("parsed filter: %v", nr.GetLoadFilter())
+			}
+			res, _, err = c.Lookup(ctx, load, ks, true)
+			if err != nil || res[0] != kvtierv1.LookupResult_LOOKUP_RESULT_RETRY {
+				t.Fatalf("first lookup after reset: %v %v", res, err)
+			}
+			lookupUntil(t, ctx, c, load, ks)
+			slots, err = c.PrepareLoad(ctx, load, ks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range slots {
+				got, _ := a.Slot(s)
+				if !bytes.Equal(got, block(ks[i])) {
+					t.Fatalf("promoted slot %d of %s holds the wrong bytes", s, ks[i])
+				}
+			}
+			if err := c.CompleteLoad(ctx, load, ks); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.FinishRequest(ctx, load); err != nil {
+				t.Fatal(err)
+			}
+			st, err := c.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.GetTiers()) != 2 || st.GetTiers()[1].GetPromotionsOk() == 0 || st.GetTiers()[0].GetSkippedByFilter() == 0 {
+				t.Fatalf("stats: %v", st)
+			}
+		})
+	}
+}
+
+// TestPutGetBlocks stores and loads by value, with the promotion driven by
+// GetBlocks' wait and a filter choosing the tier.
+func TestPutGetBlocks(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	ctx := ctxT(t)
+	c := e.dial(t, e.unix)
+	ks := keys(100, 4)
+	var blocks []client.Block
+	for _, k := range ks {
+		blocks = append(blocks, client.Block{Key: k, Data: block(k)})
+	}
+	// Cascade only to local storage.
+	stored, err := c.PutBlocks(ctx, blocks, client.CallOptions{Params: `{"kv_store_tiers": [{"medium": "storage"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range stored {
+		if !s {
+			t.Fatalf("block %d not stored", i)
+		}
+	}
+	again, err := c.PutBlocks(ctx, blocks[:1], client.CallOptions{})
+	if err != nil || again[0] {
+		t.Fatalf("second put: %v %v", again, err)
+	}
+	got, err := c.GetBlocks(ctx, ks, client.GetOptions{})
+	if err != nil || got.Hits != len(ks) {
+		t.Fatalf("get from primary: %+v %v", got.Results, err)
+	}
+	for i := range ks {
+		if !bytes.Equal(got.Data[i], block(ks[i])) {
+			t.Fatalf("block %d differs", i)
+		}
+	}
+	// Wait for the cascades, then empty the primary.
+	for pending := true; pending; time.Sleep(time.Millisecond) {
+		if pending, err = c.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Remote CPU only: the blocks went to local storage only → miss.
+	got, err = c.GetBlocks(ctx, ks, client.GetOptions{CallOptions: client.CallOptions{Params: `{"kv_load_tiers": [{"medium": "cpu", "locality": "remote"}]}`}, Wait: time.Second})
+	if err != nil || got.Hits != 0 || got.Results[0] != kvtierv1.LookupResult_LOOKUP_RESULT_MISS {
+		t.Fatalf("get with remote-cpu filter: %v %v", got.Results, err)
+	}
+	got, err = c.GetBlocks(ctx, ks, client.GetOptions{CallOptions: client.CallOptions{Params: `{"kv_load_tiers": [{"medium": "storage"}]}`}, Wait: 5 * time.Second})
+	if err != nil || got.Hits != len(ks) {
+		t.Fatalf("get with storage filter: %v %v", got.Results, err)
+	}
+	for i := range ks {
+		if !bytes.Equal(got.Data[i], block(ks[i])) {
+			t.Fatalf("promoted block %d differs", i)
+		}
+	}
+}
+
+// TestAuth checks the TCP token and that the Unix socket needs none.
+func TestAuth(t *testing.T) {
+	e := startEnv(t, envOptions{token: "tok"})
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name, target, token string
+		code                codes.Code
+	}{
+		{"tcp without token", e.tcp, "", codes.Unauthenticated},
+		{"tcp wrong token", e.tcp, "nope", codes.Unauthenticated},
+		{"tcp right token", e.tcp, "tok", codes.OK},
+		{"unix without token", e.unix, "", codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := client.Dial(tc.target, client.Options{Token: tc.token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = c.Stats(ctx)
+			if status.Code(err) != tc.code {
+				t.Fatalf("got %v, want %v", err, tc.code)
+			}
+		})
+	}
+	fi, err := os.Stat(e.unix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("socket mode %v, want 0600 socket", fi.Mode())
+	}
+	fi, err = os.Stat(e.unix + ".arena")
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("arena socket: %v %v", fi, err)
+	}
+}
+
+// TestMetrics scrapes /metrics after some traffic.
+func TestMetrics(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	ctx := ctxT(t)
+	c := e.dial(t, e.unix)
+	if _, err := c.NewRequest(ctx, "m", `{"kv_load_tiers": "storage"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Lookup(ctx, "m", keys(0, 3), false); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + e.srv.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`kvtier_filter_warnings_total{reason="not_list"} 1`,
+		`kvtier_tier_lookups_total{locality="REMOTE",medium="CPU",namespace="",result="miss",tier="remote-cpu",type="memory"} 3`,
+		`kvtier_primary_slots{namespace="",state="total"} 64`,
+		`kvtier_api_calls_total{code="OK",method="Lookup"} 1`,
+		`kvtier_tier_cascades_total`,
+		`kvtier_events_published_total`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// TestStaleSocket replaces a socket nobody serves on and refuses to take
+// over a live one or a regular file.
+func TestStaleSocket(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	mk := func(path string) error {
+		p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: slotSize * 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := tiering.New(tiering.Config{Primary: p, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := server.New(server.Config{Namespaces: []server.NamespaceConfig{server.ManagerNamespace("", m, p, offload.Parser{})}, UnixSocket: path, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = srv.Start()
+		srv.Shutdown(context.Background())
+		return err
+	}
+	if err := mk(e.unix); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("live socket: %v", err)
+	}
+	stale := filepath.Join(e.dir, "stale.sock")
+	ln, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	if err := mk(stale); err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	regular := filepath.Join(e.dir, "file")
+	os.WriteFile(regular, nil, 0o600)
+	if err := mk(regular); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("regular file: %v", err)
+	}
+}
+
+// TestConcurrentClients runs many engines at once (run with -race).
+func TestConcurrentClients(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 256})
+	ctx := ctxT(t)
+	const clients, rounds = 8, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			target := e.unix
+			if w%2 == 1 {
+				target = e.tcp
+			}
+			c, err := client.Dial(target, client.Options{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for r := range rounds {
+				id := fmt.Sprintf("w%d-r%d", w, r)
+				ks := keys(w*1000+r*4, 4)
+				if _, err := c.NewRequest(ctx, id, `{"kv_store_tiers": [{"medium": "storage"}]}`); err != nil {
+					errs <- err
+					return
+				}
+				var blocks []client.Block
+				for _, k := range ks {
+					blocks = append(blocks, client.Block{Key: k, Data: block(k)})
+				}
+				if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{RequestID: id}); err != nil {
+					errs <- fmt.Errorf("%s put: %w", id, err)
+					return
+				}
+				got, err := c.GetBlocks(ctx, ks, client.GetOptions{CallOptions: client.CallOptions{RequestID: id}, Wait: time.Second})
+				if err != nil {
+					errs <- fmt.Errorf("%s get: %w", id, err)
+					return
+				}
+				for i, d := range got.Data {
+					if d != nil && !bytes.Equal(d, block(ks[i])) {
+						errs <- fmt.Errorf("%s: block %d has wrong bytes", id, i)
+						return
+					}
+				}
+				if err := c.FinishRequest(ctx, id); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := c.ScheduleEnd(ctx, []string{id}, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

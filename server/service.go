@@ -1,0 +1,388 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// service implements kvtierv1.KVTierServer on top of the namespaces.
+type service struct {
+	kvtierv1.UnimplementedKVTierServer
+	s *Server
+}
+
+func (sv *service) ns(name string) (*Namespace, error) {
+	ns, ok := sv.s.namespaces[name]
+	if !ok {
+		if name == "" {
+			return nil, fmt.Errorf("%w: no default namespace; name one of %v", ErrUnknownNamespace, sv.s.namespaceNames())
+		}
+		return nil, fmt.Errorf("%w %q (have %v)", ErrUnknownNamespace, name, sv.s.namespaceNames())
+	}
+	return ns, nil
+}
+
+func (sv *service) NewRequest(_ context.Context, in *kvtierv1.NewRequestRequest) (*kvtierv1.NewRequestResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	rc, policy, err := ns.NewRequest(in.GetRequestId(), []byte(in.GetKvTransferParams()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.NewRequestResponse{
+		Policy:           kvtierv1.OffloadPolicy(policy),
+		LoadFilter:       filterProto(rc.LoadFilter),
+		StoreFilter:      filterProto(rc.StoreFilter),
+		LoadFromRequest:  rc.LoadFromRequest,
+		StoreFromRequest: rc.StoreFromRequest,
+		Warnings:         warningsProto(rc.Warnings),
+	}, nil
+}
+
+func (sv *service) Lookup(_ context.Context, in *kvtierv1.LookupRequest) (*kvtierv1.LookupResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	res := make([]offload.LookupResult, len(keys))
+	hits, err := ns.Lookup(in.GetRequestId(), keys, in.GetPrefixScan(), res)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.LookupResponse{Results: resultsProto(res), Hits: uint32(hits)}, nil
+}
+
+func (sv *service) nsKeys(name string, raw [][]byte) (*Namespace, []offload.Key, error) {
+	ns, err := sv.ns(name)
+	if err != nil {
+		return nil, nil, toStatus(err)
+	}
+	keys, err := ns.Keys(raw)
+	if err != nil {
+		return nil, nil, toStatus(err)
+	}
+	return ns, keys, nil
+}
+
+func (sv *service) PrepareLoad(_ context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	slots, err := ns.PrepareLoad(in.GetRequestId(), keys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.PrepareLoadResponse{Slots: slots}, nil
+}
+
+func (sv *service) CompleteLoad(_ context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	if err := ns.CompleteLoad(in.GetRequestId(), keys); err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.CompleteLoadResponse{}, nil
+}
+
+func (sv *service) Touch(_ context.Context, in *kvtierv1.TouchRequest) (*kvtierv1.TouchResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	if err := ns.Touch(in.GetRequestId(), keys); err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.TouchResponse{}, nil
+}
+
+func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequest) (*kvtierv1.PrepareStoreResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	var metas []BlockMeta
+	if len(in.GetMetadata()) > 0 {
+		metas = make([]BlockMeta, len(in.GetMetadata()))
+		for i, m := range in.GetMetadata() {
+			metas[i] = metaFromProto(m)
+		}
+	}
+	out, ok, err := ns.PrepareStore(in.GetRequestId(), keys, metas)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.PrepareStoreResponse{
+		Ok:          ok,
+		KeysToStore: keysProto(out.KeysToStore),
+		Slots:       out.Slots,
+		Evicted:     keysProto(out.Evicted),
+	}, nil
+}
+
+func (sv *service) CompleteStore(_ context.Context, in *kvtierv1.CompleteStoreRequest) (*kvtierv1.CompleteStoreResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	if err := ns.CompleteStore(in.GetRequestId(), keys, in.GetSuccess()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.CompleteStoreResponse{}, nil
+}
+
+func (sv *service) FinishRequest(_ context.Context, in *kvtierv1.FinishRequestRequest) (*kvtierv1.FinishRequestResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := ns.FinishRequest(in.GetRequestId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.FinishRequestResponse{}, nil
+}
+
+func (sv *service) ScheduleEnd(_ context.Context, in *kvtierv1.ScheduleEndRequest) (*kvtierv1.ScheduleEndResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	pending, n, err := ns.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: in.GetNewRequestIds(), PreemptedReqIDs: in.GetPreemptedRequestIds()})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.ScheduleEndResponse{HasPendingWork: pending, EventsPublished: uint32(n)}, nil
+}
+
+func (sv *service) Reset(ctx context.Context, in *kvtierv1.ResetRequest) (*kvtierv1.ResetResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := ns.Reset(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.ResetResponse{}, nil
+}
+
+func (sv *service) Stats(_ context.Context, in *kvtierv1.StatsRequest) (*kvtierv1.StatsResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	st, err := ns.Stats()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return statsProto(st), nil
+}
+
+func (sv *service) Explain(_ context.Context, in *kvtierv1.ExplainRequest) (*kvtierv1.ExplainResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ex, err := ns.Explain([]byte(in.GetKvTransferParams()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &kvtierv1.ExplainResponse{
+		LoadFilter:       filterProto(ex.Load),
+		StoreFilter:      filterProto(ex.Store),
+		LoadFromRequest:  ex.LoadFromRequest,
+		StoreFromRequest: ex.StoreFromRequest,
+		Warnings:         warningsProto(ex.Warnings),
+		StrictError:      ex.StrictError,
+		ValidationMode:   ex.Mode.String(),
+	}
+	for _, d := range ex.Tiers {
+		resp.Tiers = append(resp.Tiers, &kvtierv1.TierDecision{
+			Name: d.Name, Type: d.Type,
+			Medium: kvtierv1.Medium(d.Medium), Locality: kvtierv1.Locality(d.Locality),
+			Load: d.Load, LoadReason: d.LoadReason, Store: d.Store, StoreReason: d.StoreReason,
+		})
+	}
+	return resp, nil
+}
+
+func (sv *service) PutBlocks(_ context.Context, in *kvtierv1.PutBlocksRequest) (*kvtierv1.PutBlocksResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	blocks := in.GetBlocks()
+	raw := make([][]byte, len(blocks))
+	data := make([][]byte, len(blocks))
+	for i, b := range blocks {
+		raw[i], data[i] = b.GetKey(), b.GetData()
+	}
+	keys, err := ns.Keys(raw)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	written, evicted, err := ns.PutBlocks(in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, data)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	st := make([]kvtierv1.PutStatus, len(written))
+	for i, w := range written {
+		st[i] = kvtierv1.PutStatus_PUT_STATUS_ALREADY_PRESENT
+		if w {
+			st[i] = kvtierv1.PutStatus_PUT_STATUS_STORED
+		}
+	}
+	return &kvtierv1.PutBlocksResponse{Statuses: st, Evicted: keysProto(evicted)}, nil
+}
+
+func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest) (*kvtierv1.GetBlocksResponse, error) {
+	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	wait := time.Duration(in.GetWaitMs()) * time.Millisecond
+	res, data, hits, err := ns.GetBlocks(ctx, in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	blocks := make([]*kvtierv1.Block, len(keys))
+	for i := range keys {
+		blocks[i] = &kvtierv1.Block{Key: in.GetKeys()[i], Data: data[i]}
+	}
+	return &kvtierv1.GetBlocksResponse{Blocks: blocks, Results: resultsProto(res), Hits: uint32(hits)}, nil
+}
+
+func (sv *service) GetArena(_ context.Context, in *kvtierv1.GetArenaRequest) (*kvtierv1.GetArenaResponse, error) {
+	ns, err := sv.ns(in.GetNamespace())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	a := ns.Arena()
+	resp := &kvtierv1.GetArenaResponse{
+		SlotSize: int64(a.SlotSize),
+		NumSlots: int64(a.NumSlots),
+		Size:     int64(a.SlotSize) * int64(a.NumSlots),
+	}
+	switch a.Kind {
+	case "file":
+		resp.Kind = kvtierv1.ArenaKind_ARENA_KIND_FILE
+		resp.Path = a.Path
+	case "memfd":
+		resp.Kind = kvtierv1.ArenaKind_ARENA_KIND_MEMFD
+	default:
+		resp.Kind = kvtierv1.ArenaKind_ARENA_KIND_ANONYMOUS
+		return resp, nil
+	}
+	if a.file != nil {
+		resp.FdSocket = sv.s.fdSocketPath()
+	}
+	return resp, nil
+}
+
+func keysProto(keys []offload.Key) [][]byte {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = []byte(k)
+	}
+	return out
+}
+
+func resultsProto(res []offload.LookupResult) []kvtierv1.LookupResult {
+	out := make([]kvtierv1.LookupResult, len(res))
+	for i, r := range res {
+		out[i] = resultProto(r)
+	}
+	return out
+}
+
+func resultProto(r offload.LookupResult) kvtierv1.LookupResult {
+	switch r {
+	case offload.Miss:
+		return kvtierv1.LookupResult_LOOKUP_RESULT_MISS
+	case offload.Hit:
+		return kvtierv1.LookupResult_LOOKUP_RESULT_HIT
+	case offload.HitPending:
+		return kvtierv1.LookupResult_LOOKUP_RESULT_HIT_PENDING
+	case offload.Retry:
+		return kvtierv1.LookupResult_LOOKUP_RESULT_RETRY
+	}
+	return kvtierv1.LookupResult_LOOKUP_RESULT_UNSPECIFIED
+}
+
+func filterProto(f *offload.TierFilter) *kvtierv1.TierFilter {
+	out := &kvtierv1.TierFilter{All: f.IsAll(), Text: f.String()}
+	for _, m := range f.Matchers() {
+		out.Matchers = append(out.Matchers, &kvtierv1.TierMatcher{Medium: kvtierv1.Medium(m.Medium), Locality: kvtierv1.Locality(m.Locality)})
+	}
+	return out
+}
+
+func warningsProto(ws []offload.Warning) []*kvtierv1.FilterWarning {
+	if len(ws) == 0 {
+		return nil
+	}
+	out := make([]*kvtierv1.FilterWarning, len(ws))
+	for i, w := range ws {
+		out[i] = &kvtierv1.FilterWarning{Field: w.Field, Reason: w.Reason, Entry: int32(w.Entry), Value: w.Value, Message: w.Message}
+	}
+	return out
+}
+
+func metaFromProto(m *kvtierv1.BlockMetadata) BlockMeta {
+	bm := BlockMeta{
+		BlockHashes: m.GetBlockHashes(),
+		ParentHash:  m.GetParentBlockHash(),
+		TokenIDs:    m.GetTokenIds(),
+		BlockSize:   int(m.GetBlockSize()),
+		SpecKind:    m.GetKvCacheSpecKind(),
+	}
+	if m.LoraId != nil {
+		v := m.GetLoraId()
+		bm.LoraID = &v
+	}
+	if m.LoraName != nil {
+		v := m.GetLoraName()
+		bm.LoraName = &v
+	}
+	if m.KvCacheSpecSlidingWindow != nil {
+		v := m.GetKvCacheSpecSlidingWindow()
+		bm.SlidingWindow = &v
+	}
+	return bm
+}
+
+func statsProto(st Stats) *kvtierv1.StatsResponse {
+	p := st.Primary
+	resp := &kvtierv1.StatsResponse{
+		Namespace: st.Namespace,
+		Primary: &kvtierv1.PrimaryStats{
+			SlotSize: p.SlotSize, NumSlots: p.NumSlots,
+			UsedSlots: p.UsedSlots, PendingSlots: p.PendingSlots, PinnedSlots: p.PinnedSlots,
+			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
+			StoresRejected: p.StoresRejected,
+		},
+		ActiveRequests: int64(st.ActiveRequests),
+	}
+	for _, t := range st.Tiers {
+		resp.Tiers = append(resp.Tiers, &kvtierv1.TierStats{
+			Name: t.Name, Type: t.Type,
+			Medium: kvtierv1.Medium(t.Medium), Locality: kvtierv1.Locality(t.Locality),
+			Hits: t.Hits, Misses: t.Misses, Retries: t.Retries, SkippedByFilter: t.SkippedByFilter,
+			PromotionsOk: t.PromotionsOK, PromotionsFailed: t.PromotionsFailed,
+			CascadesOk: t.CascadesOK, CascadesFailed: t.CascadesFailed,
+			CascadesDropped: t.CascadesDropped, CascadesFiltered: t.CascadesFiltered,
+			BytesIn: t.BytesIn, BytesOut: t.BytesOut, UnderPressure: t.UnderPressure,
+		})
+	}
+	return resp
+}

@@ -1,0 +1,53 @@
+package server
+
+import "github.com/kvtier/kvtier/offload"
+
+// Stats are the counters of one namespace, read at Stats calls and at
+// metric scrapes (never on the hot path).
+type Stats struct {
+	Namespace       string
+	Primary         PrimaryStats
+	Tiers           []TierStats // lookup order
+	ActiveRequests  int
+	EventsPublished uint64
+	EventsDropped   uint64
+}
+
+// PrimaryStats are the primary tier's counters and gauges.
+type PrimaryStats struct {
+	SlotSize, NumSlots                   int64
+	UsedSlots, PendingSlots, PinnedSlots int64
+	Lookups, Hits, Misses, Evictions     uint64
+	StoresRejected                       uint64
+}
+
+// TierStats are one secondary tier's counters and gauges.
+type TierStats struct {
+	Name     string
+	Type     string
+	Medium   offload.Medium
+	Locality offload.Locality
+
+	Hits, Misses, Retries, SkippedByFilter      uint64
+	PromotionsOK, PromotionsFailed              uint64
+	CascadesOK, CascadesFailed, CascadesDropped uint64
+	CascadesFiltered                            uint64
+	BytesIn, BytesOut                           uint64
+	UnderPressure                               bool
+	// OccupancyBlocks is the number of blocks the tier holds (-1 when the
+	// tier does not know); Evictions counts blocks it evicted.
+	OccupancyBlocks int64
+	Evictions       uint64
+	// LoadLatency and StoreLatency are job latency histograms (promotions
+	// and cascades); nil when the manager does not record them.
+	LoadLatency, StoreLatency *Histogram
+}
+
+// Histogram is a cumulative histogram in seconds, Prometheus style:
+// Counts[i] is the number of observations <= Bounds[i].
+type Histogram struct {
+	Bounds []float64
+	Counts []uint64
+	Count  uint64
+	Sum    float64
+}
