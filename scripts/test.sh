@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# The whole kvtier test suite: the README's test command, and what CI runs
+# (.ci/run). On a fresh Debian 12 machine (as root, or with sudo) it
+# installs what the tests need, starts real redis-server and versitygw
+# (S3) on free loopback ports, runs gofmt, go vet, staticcheck and
+# `go test -race` over every package, and stops the servers on exit.
+#
+# Idempotent; run it from any directory. Needs Go 1.26 on PATH.
+#
+#   ./scripts/test.sh                 everything (what CI runs)
+#   ./scripts/test.sh ./tiers/s3/...  vet, staticcheck and test only these
+#                                     packages, with the same servers
+# Tool binaries go to .tools/bin (gitignored); servers keep their data in
+# temporary directories that are removed on exit.
+set -euo pipefail
+
+pkgs=("$@")
+if ((${#pkgs[@]} == 0)); then
+  pkgs=(./...)
+fi
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
+VERSITYGW=github.com/versity/versitygw/cmd/versitygw@v1.8.0
+DEB_PACKAGES=(libzmq3-dev protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
+  python3-zmq python3-grpcio python3-protobuf python3-cbor2 python3-xxhash)
+PYTHON=/usr/bin/python3 # Debian's: it sees the python3-* packages above
+TOOLS="$root/.tools/bin"
+
+start=$SECONDS
+section() { printf '\n==== %s ====\n' "$*"; }
+die() {
+  printf 'test.sh: %s\n' "$*" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------- setup
+section "setup: Debian packages"
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
+done
+# cgo (libzmq, the race detector) needs a C compiler and pkg-config.
+command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+if ((${#missing[@]} > 0)); then
+  echo "missing: ${missing[*]}"
+  command -v apt-get >/dev/null || die "apt-get not found: install ${missing[*]} by hand (Debian 12 package names)"
+  sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || die "installing packages needs root or sudo: ${missing[*]}"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${DEB_PACKAGES[@]}" "${missing[@]}"
+else
+  echo "all present"
+fi
+"$PYTHON" -c 'import zmq, msgpack, grpc, google.protobuf, cbor2, xxhash' ||
+  die "$PYTHON cannot import the Debian python3 packages"
+
+section "setup: Go and tools"
+command -v go >/dev/null || die "go not found on PATH: install Go 1.26 (https://go.dev/dl/)"
+go version
+export CGO_ENABLED=1
+mkdir -p "$TOOLS"
+# install_tool NAME PKG@VERSION: go install into .tools/bin unless the
+# binary there is already that module version.
+install_tool() {
+  local name=$1 pkg=$2 want=${2##*@} have=""
+  if [ -x "$TOOLS/$name" ]; then
+    have=$(go version -m "$TOOLS/$name" 2>/dev/null | awk '$1 == "mod" { print $3; exit }')
+  fi
+  if [ "$have" = "$want" ]; then
+    echo "$name $have (cached)"
+    return
+  fi
+  echo "installing $pkg into .tools/bin (versitygw's first build takes about 2 minutes)"
+  local t0=$SECONDS
+  GOBIN="$TOOLS" go install "$pkg"
+  echo "$name $want installed in $((SECONDS - t0))s"
+}
+install_tool staticcheck "$STATICCHECK"
+install_tool versitygw "$VERSITYGW"
+
+section "setup: Go modules"
+go mod download
+echo "ok"
+
+section "setup: test servers"
+tmp_dirs=()
+server_pids=()
+cleanup() {
+  local pid i
+  for pid in "${server_pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${server_pids[@]}"; do
+    for ((i = 0; i < 50; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  if ((${#tmp_dirs[@]} > 0)); then
+    rm -rf "${tmp_dirs[@]}"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+# new_tmp VAR NAME: make a temporary directory (removed on exit) and store
+# its path in VAR. Not a $(...) helper: that would record the directory in
+# a subshell's copy of tmp_dirs.
+new_tmp() {
+  local d
+  d=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-test-$2.XXXXXX")
+  tmp_dirs+=("$d")
+  printf -v "$1" '%s' "$d"
+}
+# wait_for NAME PID LOG CMD...: poll CMD until it succeeds; fail (with the
+# server's log) if the server exits or 30 s pass.
+wait_for() {
+  local name=$1 pid=$2 log=$3 i
+  shift 3
+  for ((i = 0; i < 300; i++)); do
+    if "$@" >/dev/null 2>&1; then
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      cat "$log" >&2 || true
+      die "$name exited before answering"
+    fi
+    sleep 0.1
+  done
+  cat "$log" >&2 || true
+  die "$name did not answer within 30s"
+}
+tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+new_tmp redis_dir redis
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$redis_dir" --daemonize no >"$redis_dir/redis.log" 2>&1 &
+server_pids+=($!)
+wait_for redis-server "$!" "$redis_dir/redis.log" redis-cli -h 127.0.0.1 -p "$redis_port" ping
+echo "redis-server $(redis-server --version | awk '{sub("v=", "", $3); print $3}') on 127.0.0.1:$redis_port"
+
+new_tmp s3_dir s3
+s3_port=$(free_port)
+s3_access=kvtiertest
+s3_secret=kvtiertestsecret
+mkdir -p "$s3_dir/data"
+"$TOOLS/versitygw" --port "127.0.0.1:$s3_port" --access "$s3_access" --secret "$s3_secret" \
+  --quiet posix "$s3_dir/data" >"$s3_dir/versitygw.log" 2>&1 &
+server_pids+=($!)
+wait_for versitygw "$!" "$s3_dir/versitygw.log" tcp_open "$s3_port"
+echo "versitygw on http://127.0.0.1:$s3_port"
+
+export KVTIER_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
+export KVTIER_TEST_S3_ENDPOINT="http://127.0.0.1:$s3_port"
+export KVTIER_TEST_S3_ACCESS_KEY="$s3_access"
+export KVTIER_TEST_S3_SECRET_KEY="$s3_secret"
+export KVTIER_TEST_PYTHON="$PYTHON"
+export KVTIER_REQUIRE_INTEGRATION=1
+env | grep '^KVTIER_' | sort
+
+# --------------------------------------------------------------- checks
+failed=()
+timings=()
+# step NAME CMD...: run one check, record its time, keep going on failure
+# so that one run reports every problem.
+step() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  section "$name"
+  "$@" || rc=$?
+  timings+=("$(printf '%-12s %4ds  %s' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo FAILED)")")
+  if [ $rc != 0 ]; then
+    failed+=("$name")
+  fi
+}
+check_gofmt() {
+  local out
+  out=$(find . \( -path ./.git -o -path ./.tools -o -name testdata \) -prune -o -name '*.go' -print0 |
+    xargs -0 -r gofmt -l)
+  if [ -n "$out" ]; then
+    echo "gofmt would change:"
+    echo "$out"
+    return 1
+  fi
+  echo "ok"
+}
+run_ok() { "$@" && echo "ok"; }
+
+step gofmt check_gofmt
+step "go vet" run_ok go vet "${pkgs[@]}"
+step staticcheck run_ok "$TOOLS/staticcheck" "${pkgs[@]}"
+step "go test" go test -race -count=1 -timeout 15m "${pkgs[@]}"
+
+section "summary"
+printf '%s\n' "${timings[@]}"
+echo "total $((SECONDS - start))s"
+if ((${#failed[@]} > 0)); then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "PASS"
