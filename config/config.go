@@ -33,8 +33,10 @@ type Config struct {
 	// part: lenient (warn, skip, fail open) or strict (reject).
 	Validation Validation `yaml:"validation"`
 
-	// The daemon adds its sections (events, server, limits) here, each a
-	// struct with yaml tags; the strict decoder needs nothing else.
+	// Daemon sections (kvtier serve), see daemon.go.
+	Server Server `yaml:"server"`
+	Limits Limits `yaml:"limits"`
+	Events Events `yaml:"events"`
 }
 
 // Namespace describes the blocks kvtier stores.
@@ -79,6 +81,7 @@ func Default() *Config {
 	return &Config{
 		Namespace: Namespace{Model: DefaultModel, BytesPerBlock: DefaultBytesPerBlock},
 		Primary:   Primary{Bytes: DefaultPrimaryBytes, Policy: PolicyLRU, Arena: Arena{Kind: ArenaAnonymous}},
+		Server:    defaultServer(),
 	}
 }
 
@@ -140,6 +143,8 @@ func (c *Config) check(d *decoder) {
 	case a.Kind != ArenaFile && a.Path != "":
 		d.errorf(nil, "primary.arena.path", "only used when primary.arena.kind is file (kind is %s)", a.Kind)
 	}
+
+	c.checkDaemon(d)
 
 	byName := make(map[string]int, len(c.SecondaryTiers))
 	for i := range c.SecondaryTiers {

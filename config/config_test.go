@@ -107,9 +107,13 @@ func TestParseErrors(t *testing.T) {
 		want []string // substrings of the error, in order of appearance
 	}{
 		{"unknown top-level key", "colour: red\n",
-			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation)`}},
-		{"reserved section not yet supported", "events: {enabled: true}\n",
-			[]string{`events: unknown key`}},
+			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events)`}},
+		{"unknown daemon key", "events: {enable: true}\n",
+			[]string{`events.enable: unknown key`}},
+		{"unreachable API", "server: {unix_socket: \"\", tcp_addr: \"\"}\n",
+			[]string{`server: neither unix_socket nor tcp_addr is set`}},
+		{"negative limit", "limits: {max_keys_per_call: -1}\n",
+			[]string{`limits.max_keys_per_call: must not be negative`}},
 		{"unknown nested key", "primary:\n  size: 1GiB\n",
 			[]string{`primary.size: unknown key (want one of: bytes, policy, arena)`}},
 		{"duplicate key", "validation: strict\nvalidation: lenient\n",

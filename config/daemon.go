@@ -1,0 +1,120 @@
+package config
+
+import "time"
+
+// Server configures the daemon's listeners (kvtier serve).
+type Server struct {
+	// UnixSocket is the API's Unix socket, created 0600 (default
+	// ./kvtier.sock; "" disables it). The arena side channel listens on
+	// the same path with ".arena" appended.
+	UnixSocket string `yaml:"unix_socket"`
+	// TCPAddr is the API's TCP address (default 127.0.0.1:7070; ""
+	// disables it). Keep it on loopback unless AuthToken is set.
+	TCPAddr string `yaml:"tcp_addr"`
+	// MetricsAddr serves Prometheus /metrics (default 127.0.0.1:9464; ""
+	// disables it).
+	MetricsAddr string `yaml:"metrics_addr"`
+	// AuthToken, if set, is required from TCP clients as "authorization:
+	// Bearer <token>". AuthTokenFile reads it from a file instead (first
+	// line, surrounding whitespace trimmed); set at most one.
+	AuthToken     string `yaml:"auth_token"`
+	AuthTokenFile string `yaml:"auth_token_file"`
+	// ShutdownTimeout bounds the drain at SIGINT/SIGTERM (default 10s).
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+}
+
+// Limits bound what one API client can ask for. Zero means the daemon's
+// default.
+type Limits struct {
+	// MaxKeysPerCall bounds the keys (or blocks) of one call (default 65536).
+	MaxKeysPerCall int `yaml:"max_keys_per_call"`
+	// MaxKeyBytes bounds one key (default and maximum 1024).
+	MaxKeyBytes int `yaml:"max_key_bytes"`
+	// MaxMessageBytes bounds one API message (default 64MiB); PutBlocks and
+	// GetBlocks carry at most this much block data per call.
+	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
+	// MaxRequests bounds the active requests (default 65536).
+	MaxRequests int `yaml:"max_requests"`
+	// MaxParamsBytes bounds one kv_transfer_params document (default 64KiB).
+	MaxParamsBytes ByteSize `yaml:"max_params_bytes"`
+	// MaxWait caps GetBlocks' wait (default 10s).
+	MaxWait Duration `yaml:"max_wait"`
+}
+
+// Events configures KV event publishing (vLLM's KVEventsConfig, spec §6.5).
+type Events struct {
+	// Enabled turns publishing on (default off).
+	Enabled bool `yaml:"enabled"`
+	// Endpoint of the ZMQ PUB socket (default tcp://*:5557).
+	Endpoint string `yaml:"endpoint"`
+	// ReplayEndpoint of the ROUTER replay socket ("" = no replay).
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// Topic of every batch ("" = kv@<host>:<port>@<model>).
+	Topic string `yaml:"topic"`
+	// BufferSteps, HWM and MaxQueueSize as in vLLM (0 = vLLM's defaults).
+	BufferSteps  int `yaml:"buffer_steps"`
+	HWM          int `yaml:"hwm"`
+	MaxQueueSize int `yaml:"max_queue_size"`
+	// DPRank is the data-parallel rank written into batches.
+	DPRank int `yaml:"dp_rank"`
+	// SelfDescribing publishes token metadata sent with PrepareStore
+	// (vLLM's self_describing_kv_events).
+	SelfDescribing bool `yaml:"self_describing"`
+	// Positional encodes events as the arrays of vLLM <= 0.23.
+	Positional bool `yaml:"positional"`
+	// RawHashes publishes full hash bytes instead of the low 64 bits.
+	RawHashes bool `yaml:"raw_hashes"`
+}
+
+// Daemon defaults.
+const (
+	DefaultUnixSocket      = "./kvtier.sock"
+	DefaultTCPAddr         = "127.0.0.1:7070"
+	DefaultMetricsAddr     = "127.0.0.1:9464"
+	DefaultShutdownTimeout = Duration(10 * time.Second)
+)
+
+// defaultServer is the server section of an empty file.
+func defaultServer() Server {
+	return Server{
+		UnixSocket:      DefaultUnixSocket,
+		TCPAddr:         DefaultTCPAddr,
+		MetricsAddr:     DefaultMetricsAddr,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}
+}
+
+// checkDaemon applies the rules of the daemon sections.
+func (c *Config) checkDaemon(d *decoder) {
+	if c.Server.AuthToken != "" && c.Server.AuthTokenFile != "" {
+		d.errorf(nil, "server.auth_token_file", "set either server.auth_token or server.auth_token_file, not both")
+	}
+	if c.Server.UnixSocket == "" && c.Server.TCPAddr == "" {
+		d.errorf(nil, "server", "neither unix_socket nor tcp_addr is set: the API would be unreachable")
+	}
+	if c.Server.ShutdownTimeout < 0 {
+		d.errorf(nil, "server.shutdown_timeout", "must not be negative, got %s", time.Duration(c.Server.ShutdownTimeout))
+	}
+	for _, f := range []struct {
+		path string
+		v    int64
+	}{
+		{"limits.max_keys_per_call", int64(c.Limits.MaxKeysPerCall)},
+		{"limits.max_key_bytes", int64(c.Limits.MaxKeyBytes)},
+		{"limits.max_message_bytes", int64(c.Limits.MaxMessageBytes)},
+		{"limits.max_requests", int64(c.Limits.MaxRequests)},
+		{"limits.max_params_bytes", int64(c.Limits.MaxParamsBytes)},
+		{"limits.max_wait", int64(c.Limits.MaxWait)},
+		{"events.buffer_steps", int64(c.Events.BufferSteps)},
+		{"events.hwm", int64(c.Events.HWM)},
+		{"events.max_queue_size", int64(c.Events.MaxQueueSize)},
+		{"events.dp_rank", int64(c.Events.DPRank)},
+	} {
+		if f.v < 0 {
+			d.errorf(nil, f.path, "must not be negative, got %d", f.v)
+		}
+	}
+	if c.Limits.MaxKeyBytes > 1024 {
+		d.errorf(nil, "limits.max_key_bytes", "%d exceeds the maximum key length 1024", c.Limits.MaxKeyBytes)
+	}
+}
