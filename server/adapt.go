@@ -7,6 +7,7 @@ import (
 	"github.com/kvtier/kvtier/cpu/arena"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // ManagerNamespace returns the configuration of a namespace served by m
@@ -61,8 +62,12 @@ func statsOf(m *tiering.Manager) Stats {
 			OccupancyBlocks: -1,
 		}
 		if i < len(tiers) {
-			if o, ok := tiers[i].(occupancy); ok {
-				out.OccupancyBlocks = int64(o.Len())
+			switch t := tiers[i].(type) {
+			case *fs.Tier:
+				fst := t.Stats()
+				out.OccupancyBlocks, out.Evictions = int64(fst.Files), fst.EvictedBlocks
+			case occupancy:
+				out.OccupancyBlocks = int64(t.Len())
 			}
 		}
 		st.Tiers[i] = out

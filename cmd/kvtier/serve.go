@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiering"
+	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/memory"
+	"github.com/kvtier/kvtier/tierset"
+)
+
+// defaultServeConfig is what `kvtier serve` runs without --config: nothing
+// outside this process is needed. The memfd arena lets engines on the same
+// host map the primary's slots (GetArena); the FS tier keeps blocks across
+// restarts.
+const defaultServeConfig = `
+namespace:
+  model: default
+  bytes_per_block: 2MiB
+primary:
+  bytes: 1GiB
+  policy: lru
+  arena:
+    kind: memfd
+secondary_tiers:
+  - name: local-disk
+    type: fs
+    root_dir: ./kvtier-data
+    locality: local
+validation: lenient
+server:
+  unix_socket: ./kvtier.sock
+  tcp_addr: 127.0.0.1:7070
+  metrics_addr: 127.0.0.1:9464
+events:
+  enabled: false
+`
+
+type serveFlags struct {
+	config       string
+	primaryBytes string
+	logLevel     string
+	logJSON      bool
+}
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve [--config FILE]",
+		Short: "Run the kvtier daemon (gRPC API over a Unix socket and TCP, metrics)",
+		Long: `serve runs the daemon: a CPU primary tier in front of the configured secondary
+tiers, the gRPC API (api/kvtier/v1) on a Unix socket (0600) and a TCP address,
+the arena side channel next to the Unix socket, and Prometheus metrics.
+
+Without --config it runs an embedded default that needs no outside service:
+a 1GiB primary (--primary-bytes) on a memfd arena with 2MiB blocks, an FS tier
+under ./kvtier-data (local), events off, the API on ./kvtier.sock and
+127.0.0.1:7070, metrics on http://127.0.0.1:9464/metrics.
+
+SIGINT or SIGTERM stops accepting calls, drains in-flight transfers within
+server.shutdown_timeout, flushes events, removes the sockets and exits 0.`,
+		Example: `  kvtier serve
+  kvtier serve --primary-bytes 8GiB
+  kvtier serve --config examples/serve.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, f, cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().StringVar(&f.config, "config", "", "config file (YAML); default: the embedded default")
+	cmd.Flags().StringVar(&f.primaryBytes, "primary-bytes", "", "primary tier capacity, e.g. 1GiB (overrides primary.bytes)")
+	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
+	return cmd
+}
+
+func newLogger(f serveFlags, w interface{ Write([]byte) (int, error) }) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if f.logJSON {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+// loadServeConfig reads --config or the embedded default and applies the
+// flags that override it.
+func loadServeConfig(f serveFlags) (*config.Config, error) {
+	var cfg *config.Config
+	var err error
+	if f.config != "" {
+		cfg, err = config.Load(f.config)
+	} else {
+		cfg, err = config.Parse([]byte(defaultServeConfig))
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.primaryBytes != "" {
+		b, err := config.ParseByteSize(f.primaryBytes)
+		if err != nil {
+			return nil, fmt.Errorf("--primary-bytes: %w", err)
+		}
+		if b < cfg.Namespace.BytesPerBlock {
+			return nil, fmt.Errorf("--primary-bytes %s holds no block of %s", b, cfg.Namespace.BytesPerBlock)
+		}
+		cfg.Primary.Bytes = b
+	}
+	return cfg, nil
+}
+
+func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (int, error) }) error {
+	log, err := newLogger(f, stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := loadServeConfig(f)
+	if err != nil {
+		return err
+	}
+	srv, err := buildDaemon(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return errors.Join(err, srv.Shutdown(ctx))
+	}
+	<-ctx.Done()
+	log.Info("shutting down", "timeout", time.Duration(cfg.Server.ShutdownTimeout))
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Server.ShutdownTimeout))
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error("shutdown", "err", err)
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// buildDaemon builds the primary, the tiers, the manager and the server,
+// and logs one line per tier.
+func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*server.Server, error) {
+	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
+	p, err := cpu.New(cpu.Config{
+		SlotSize: slotSize,
+		Capacity: int64(cfg.Primary.Bytes),
+		Policy:   string(cfg.Primary.Policy),
+		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
+		Events:   cfg.Events.Enabled,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("primary: %w", err)
+	}
+	tiers, err := buildTiers(ctx, cfg, log)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	closeTiers := func() {
+		for _, t := range tiers {
+			t.Close(ctx)
+		}
+		p.Close()
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
+	if err != nil {
+		closeTiers()
+		return nil, err
+	}
+	st := p.Stats()
+	log.Info("tier", "name", "primary", "type", "cpu", "medium", "CPU", "locality", "-",
+		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
+		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
+	for _, t := range tiers {
+		d := tierset.DeclarationOf(t)
+		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
+	}
+
+	token := cfg.Server.AuthToken
+	if cfg.Server.AuthTokenFile != "" {
+		b, err := os.ReadFile(cfg.Server.AuthTokenFile)
+		if err != nil {
+			closeTiers()
+			return nil, fmt.Errorf("server.auth_token_file: %w", err)
+		}
+		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
+		if token == "" {
+			closeTiers()
+			return nil, fmt.Errorf("server.auth_token_file %s: empty", cfg.Server.AuthTokenFile)
+		}
+	}
+	if token == "" && cfg.Server.TCPAddr != "" && !loopback(cfg.Server.TCPAddr) {
+		log.Warn("the TCP API listens beyond loopback without server.auth_token", "tcp_addr", cfg.Server.TCPAddr)
+	}
+	srv, err := server.New(server.Config{
+		Namespaces:  []server.NamespaceConfig{server.ManagerNamespace("", m, p, *cfg.Parser())},
+		UnixSocket:  cfg.Server.UnixSocket,
+		TCPAddr:     cfg.Server.TCPAddr,
+		AuthToken:   token,
+		MetricsAddr: cfg.Server.MetricsAddr,
+		Limits: server.Limits{
+			MaxKeysPerCall:  cfg.Limits.MaxKeysPerCall,
+			MaxKeyBytes:     cfg.Limits.MaxKeyBytes,
+			MaxMessageBytes: int(cfg.Limits.MaxMessageBytes),
+			MaxRequests:     cfg.Limits.MaxRequests,
+			MaxParamsBytes:  int(cfg.Limits.MaxParamsBytes),
+			MaxWait:         time.Duration(cfg.Limits.MaxWait),
+		},
+		Logger: log,
+	})
+	if err != nil {
+		m.Close(ctx)
+		return nil, err
+	}
+	return srv, nil
+}
+
+func loopback(addr string) bool {
+	host, _, _ := strings.Cut(addr, ":")
+	if strings.HasPrefix(addr, "[") {
+		host = strings.TrimPrefix(strings.SplitN(addr, "]", 2)[0], "[")
+	}
+	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
+}
+
+// buildTiers builds the secondary tiers in config order. tierset builds
+// every type it knows; fs entries are built here while tierset does not
+// support them yet.
+func buildTiers(ctx context.Context, cfg *config.Config, log *slog.Logger) ([]offload.SecondaryTier, error) {
+	known := tierset.Types()
+	if !slices.ContainsFunc(cfg.SecondaryTiers, func(s config.TierSpec) bool { return !slices.Contains(known, s.Type) }) {
+		return tierset.Build(ctx, cfg, tierset.Options{Logger: log})
+	}
+	var tiers []offload.SecondaryTier
+	fail := func(err error) ([]offload.SecondaryTier, error) {
+		for _, t := range tiers {
+			t.Close(ctx)
+		}
+		return nil, err
+	}
+	for _, spec := range cfg.SecondaryTiers {
+		var t offload.SecondaryTier
+		var err error
+		switch {
+		case slices.Contains(known, spec.Type):
+			one := *cfg
+			one.SecondaryTiers = []config.TierSpec{spec}
+			var built []offload.SecondaryTier
+			built, err = tierset.Build(ctx, &one, tierset.Options{Logger: log})
+			if err == nil {
+				t = built[0]
+			}
+		case spec.Type == "fs":
+			t, err = buildFS(spec, cfg, log)
+		default:
+			err = spec.Errorf("type", "unknown tier type %q (supported: %s)", spec.Type, strings.Join(append(known, "fs"), ", "))
+		}
+		if err != nil {
+			return fail(err)
+		}
+		tiers = append(tiers, t)
+	}
+	return tiers, nil
+}
+
+// buildFS builds an fs entry: its keys are fs.Config's yaml keys; the
+// namespace's model and block size fill the layout fields left unset.
+func buildFS(spec config.TierSpec, cfg *config.Config, log *slog.Logger) (offload.SecondaryTier, error) {
+	var fc fs.Config
+	if err := spec.Decode(&fc); err != nil {
+		return nil, err
+	}
+	fc.Name = spec.Name
+	if fc.Namespace.ModelName == "" {
+		fc.Namespace.ModelName = cfg.Namespace.Model
+	}
+	if fc.Namespace.BlockBytes == 0 {
+		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
+	}
+	fc.GlobalEventsOff = !cfg.Events.Enabled
+	fc.Logger = log.With("tier", spec.Name)
+	t, err := fs.New(fc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", spec.Path(), err)
+	}
+	return t, nil
+}
+
+// capacityOf describes a tier's capacity for the start-up log.
+func capacityOf(t offload.SecondaryTier) string {
+	switch t := t.(type) {
+	case *fs.Tier:
+		st := t.Stats()
+		if st.MaxBytes == 0 {
+			return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, config.ByteSize(st.UsedBytes))
+		}
+		return fmt.Sprintf("%s (%d blocks, %s used)", config.ByteSize(st.MaxBytes), st.Files, config.ByteSize(st.UsedBytes))
+	case *memory.Tier:
+		return fmt.Sprintf("%d blocks held", t.Len())
+	}
+	return "n/a"
+}
