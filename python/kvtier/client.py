@@ -1,0 +1,244 @@
+"""Python client of the kvtier daemon (api/kvtier/v1).
+
+Needs grpcio and protobuf (Debian: python3-grpcio python3-protobuf). The
+generated stubs live in kvtier.v1; regenerate them with api/gen.sh.
+
+    from kvtier import Client, make_key
+    c = Client("./kvtier.sock")
+    c.put_blocks([(make_key(b"h1", 0), data)])
+    got = c.get_blocks([make_key(b"h1", 0)], params={"kv_load_tiers": [{"medium": "storage"}]}, wait_ms=1000)
+
+Every method raises grpc.RpcError on failure; its .code() and .details()
+name the problem (NOT_FOUND for an unknown request id, INVALID_ARGUMENT
+for a malformed key or a strict-mode filter error, ...).
+"""
+
+import json
+import mmap
+import os
+import socket
+import struct
+
+import grpc
+
+from kvtier.v1 import kvtier_pb2 as pb
+from kvtier.v1 import kvtier_pb2_grpc as pb_grpc
+
+# Lookup results (kvtier.v1.LookupResult).
+NOT_LOOKED_UP = pb.LOOKUP_RESULT_UNSPECIFIED
+MISS = pb.LOOKUP_RESULT_MISS
+HIT = pb.LOOKUP_RESULT_HIT
+HIT_PENDING = pb.LOOKUP_RESULT_HIT_PENDING
+RETRY = pb.LOOKUP_RESULT_RETRY
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+def make_key(block_hash, group=0):
+    """Returns the offload key of an engine block hash in a KV group: the
+    hash bytes followed by the 4-byte big-endian group index (spec §1.1)."""
+    if isinstance(block_hash, int):
+        block_hash = block_hash.to_bytes(8, "big", signed=False)
+    return bytes(block_hash) + struct.pack(">I", group)
+
+
+def _params(params):
+    if params is None:
+        return ""
+    if isinstance(params, (bytes, str)):
+        return params.decode() if isinstance(params, bytes) else params
+    return json.dumps(params)
+
+
+def _unix_path(target):
+    if target.startswith("unix://"):
+        return target[len("unix://"):]
+    if target.startswith("unix:"):
+        return target[len("unix:"):]
+    if "/" in target or target.endswith(".sock"):
+        return target
+    return None
+
+
+class Arena:
+    """The daemon's slot memory mapped into this process (same host only).
+
+    Write only the slots prepare_store returned (until complete_store) and
+    read only the slots prepare_load returned (until complete_load)."""
+
+    def __init__(self, mm, slot_size, num_slots):
+        self._mm = mm
+        self.slot_size = slot_size
+        self.num_slots = num_slots
+
+    def slot(self, i):
+        """A writable memoryview of slot i (no copy)."""
+        if not 0 <= i < self.num_slots:
+            raise IndexError("slot %d out of range (arena has %d slots)" % (i, self.num_slots))
+        off = i * self.slot_size
+        return memoryview(self._mm)[off:off + self.slot_size]
+
+    def close(self):
+        self._mm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def receive_arena_fd(path, namespace=""):
+    """Receives the arena's file descriptor from the daemon's side channel
+    (SCM_RIGHTS). Returns (fd, description dict)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(namespace.encode() + b"\n")
+        msg, fds, _flags, _addr = socket.recv_fds(s, 4096, 1)
+    reply = json.loads(msg.decode() or "{}")
+    if reply.get("error") or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise RuntimeError("kvtier arena side channel: %s" % (reply.get("error") or "no descriptor received"))
+    return fds[0], reply
+
+
+class Client:
+    """A connection to a kvtier daemon.
+
+    target is a Unix socket path ("./kvtier.sock", "unix:/run/kvtier.sock")
+    or a TCP "host:port". token is the daemon's TCP auth token, if any."""
+
+    def __init__(self, target="./kvtier.sock", token=None, namespace="",
+                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        path = _unix_path(target)
+        address = "unix:" + os.path.abspath(path) if path is not None else target
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.KVTierStub(self._channel)
+        self._md = (("authorization", "Bearer " + token),) if token else None
+        self.namespace = namespace
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def stub(self):
+        """The generated stub, for calls this class does not wrap."""
+        return self._stub
+
+    def _call(self, name, req, timeout=None):
+        return getattr(self._stub, name)(req, metadata=self._md, timeout=timeout)
+
+    # Request lifecycle -------------------------------------------------
+
+    def new_request(self, request_id, params=None):
+        """Registers a request; params is kv_transfer_params (dict, JSON
+        text or None). Returns NewRequestResponse (policy, parsed filters,
+        warnings)."""
+        return self._call("NewRequest", pb.NewRequestRequest(
+            namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params)))
+
+    def finish_request(self, request_id):
+        self._call("FinishRequest", pb.FinishRequestRequest(namespace=self.namespace, request_id=request_id))
+
+    def schedule_end(self, new_request_ids=(), preempted_request_ids=()):
+        """Ends one engine step; returns True while transfers are in flight."""
+        resp = self._call("ScheduleEnd", pb.ScheduleEndRequest(
+            namespace=self.namespace, new_request_ids=list(new_request_ids),
+            preempted_request_ids=list(preempted_request_ids)))
+        return resp.has_pending_work
+
+    # Manager calls -----------------------------------------------------
+
+    def lookup(self, request_id, keys, prefix_scan=False):
+        """Returns (results, hits): one LookupResult per key and the number
+        of leading HIT/HIT_PENDING keys."""
+        resp = self._call("Lookup", pb.LookupRequest(
+            namespace=self.namespace, request_id=request_id, keys=list(keys), prefix_scan=prefix_scan))
+        return list(resp.results), resp.hits
+
+    def prepare_load(self, request_id, keys):
+        """Pins keys; returns their arena slots."""
+        return list(self._call("PrepareLoad", pb.PrepareLoadRequest(
+            namespace=self.namespace, request_id=request_id, keys=list(keys))).slots)
+
+    def complete_load(self, request_id, keys):
+        self._call("CompleteLoad", pb.CompleteLoadRequest(
+            namespace=self.namespace, request_id=request_id, keys=list(keys)))
+
+    def touch(self, request_id, keys):
+        self._call("Touch", pb.TouchRequest(namespace=self.namespace, request_id=request_id, keys=list(keys)))
+
+    def prepare_store(self, request_id, keys, metadata=None):
+        """Reserves slots; returns PrepareStoreResponse (ok, keys_to_store,
+        slots, evicted). metadata: None or one pb.BlockMetadata per key."""
+        return self._call("PrepareStore", pb.PrepareStoreRequest(
+            namespace=self.namespace, request_id=request_id, keys=list(keys), metadata=metadata or []))
+
+    def complete_store(self, request_id, keys, success=True):
+        self._call("CompleteStore", pb.CompleteStoreRequest(
+            namespace=self.namespace, request_id=request_id, keys=list(keys), success=success))
+
+    def reset(self):
+        self._call("Reset", pb.ResetRequest(namespace=self.namespace))
+
+    def stats(self):
+        return self._call("Stats", pb.StatsRequest(namespace=self.namespace))
+
+    def explain(self, params=None):
+        return self._call("Explain", pb.ExplainRequest(namespace=self.namespace, kv_transfer_params=_params(params)))
+
+    # By value ----------------------------------------------------------
+
+    def put_blocks(self, blocks, request_id="", params=None):
+        """Stores (key, data) pairs, each data exactly the slot size.
+        Returns one bool per block: True when written, False when it was
+        already present."""
+        resp = self._call("PutBlocks", pb.PutBlocksRequest(
+            namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params),
+            blocks=[pb.Block(key=k, data=bytes(d)) for k, d in blocks]))
+        return [s == pb.PUT_STATUS_STORED for s in resp.statuses]
+
+    def get_blocks(self, keys, request_id="", params=None, wait_ms=0, prefix_only=False):
+        """Loads blocks. Returns (results, data, hits): data[i] is the bytes
+        of keys[i] when results[i] is HIT, else None. wait_ms lets the
+        daemon drive steps until promotions from secondary tiers land."""
+        resp = self._call("GetBlocks", pb.GetBlocksRequest(
+            namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params),
+            keys=list(keys), wait_ms=wait_ms, prefix_only=prefix_only))
+        data = [b.data if r == HIT else None for b, r in zip(resp.blocks, resp.results)]
+        return list(resp.results), data, resp.hits
+
+    # Shared memory -----------------------------------------------------
+
+    def arena_info(self):
+        return self._call("GetArena", pb.GetArenaRequest(namespace=self.namespace))
+
+    def map_arena(self):
+        """Maps the daemon's arena (memfd or shared file) with mmap.
+        Raises RuntimeError when the arena is private memory."""
+        info = self.arena_info()
+        if info.kind in (pb.ARENA_KIND_UNSPECIFIED, pb.ARENA_KIND_ANONYMOUS):
+            raise RuntimeError("kvtier: the daemon's arena is anonymous memory; use put_blocks/get_blocks")
+        if info.fd_socket:
+            fd, _ = receive_arena_fd(info.fd_socket, self.namespace)
+        elif info.kind == pb.ARENA_KIND_FILE and info.path:
+            fd = os.open(info.path, os.O_RDWR)
+        else:
+            raise RuntimeError("kvtier: the daemon offers no way to reach its arena")
+        try:
+            mm = mmap.mmap(fd, info.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return Arena(mm, info.slot_size, info.num_slots)
