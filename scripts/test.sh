@@ -65,10 +65,10 @@ command -v go >/dev/null || die "go not found on PATH: install Go 1.26 (https://
 go version
 export CGO_ENABLED=1
 mkdir -p "$TOOLS"
-# install_tool NAME PKG@VERSION: go install into .tools/bin unless the
-# binary there is already that module version.
+# install_tool NAME PKG@VERSION [NOTE]: go install into .tools/bin unless
+# the binary there is already that module version.
 install_tool() {
-  local name=$1 pkg=$2 want=${2##*@} have=""
+  local name=$1 pkg=$2 want=${2##*@} note=${3:-} have=""
   if [ -x "$TOOLS/$name" ]; then
     have=$(go version -m "$TOOLS/$name" 2>/dev/null | awk '$1 == "mod" { print $3; exit }')
   fi
@@ -76,13 +76,13 @@ install_tool() {
     echo "$name $have (cached)"
     return
   fi
-  echo "installing $pkg into .tools/bin (versitygw's first build takes about 2 minutes)"
+  echo "installing $pkg into .tools/bin${note:+ ($note)}"
   local t0=$SECONDS
   GOBIN="$TOOLS" go install "$pkg"
   echo "$name $want installed in $((SECONDS - t0))s"
 }
 install_tool staticcheck "$STATICCHECK"
-install_tool versitygw "$VERSITYGW"
+install_tool versitygw "$VERSITYGW" "the first build takes about 2 minutes"
 
 section "setup: Go modules"
 go mod download
