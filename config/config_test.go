@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -239,6 +240,7 @@ type testTier struct {
 	Limits   *struct {
 		Max int `yaml:"max"`
 	} `yaml:"limits"`
+	Extra map[string]any `yaml:"extra"`
 }
 
 func TestTierSpecDecode(t *testing.T) {
@@ -254,9 +256,11 @@ func TestTierSpecDecode(t *testing.T) {
 				Latency: 5 * time.Millisecond, Rate: 0.5, Async: true, Limits: &struct {
 					Max int `yaml:"max"`
 				}{2}}},
+		{name: "free-form values", tier: "{type: memory, extra: {a: [1, {b: c}], d: ~}}",
+			want: testTier{Blocks: 7, Extra: map[string]any{"a": []any{1, map[string]any{"b": "c"}}, "d": nil}}},
 		{name: "null medium is dynamic", tier: "{type: memory, medium: ~, locality: null}", want: testTier{Blocks: 7}},
 		{name: "unknown key", tier: "{type: memory, colour: red}",
-			err: `secondary_tiers[0].colour: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, timeout, fail_rate, async_lookup, limits)`},
+			err: `secondary_tiers[0].colour: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, timeout, fail_rate, async_lookup, limits, extra)`},
 		{name: "bad medium", tier: "{type: memory, medium: gpu}",
 			err: `secondary_tiers[0].medium: invalid value "gpu" (want cpu or storage)`},
 		{name: "global is not a config locality", tier: "{type: memory, locality: global}",
@@ -300,7 +304,7 @@ func TestTierSpecDecode(t *testing.T) {
 			if got.Limits != nil && tc.want.Limits != nil && *got.Limits == *tc.want.Limits {
 				got.Limits, tc.want.Limits = nil, nil
 			}
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Decode = %+v, want %+v", got, tc.want)
 			}
 		})

@@ -154,6 +154,11 @@ func (d *decoder) decode(n *yaml.Node, path string, v reflect.Value) {
 		v.Set(s)
 	case reflect.Map:
 		d.decodeMap(n, path, v)
+	case reflect.Interface:
+		// Free-form values (map[string]any and the like) take any shape.
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			d.errorf(n, path, "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+		}
 	default:
 		if n.Kind != yaml.ScalarNode {
 			d.errorf(n, path, "want %s, got %s", describeType(v.Type()), describeNode(n))

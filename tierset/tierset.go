@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
 )
 
@@ -66,6 +67,7 @@ var tierTypes = []struct {
 	name string
 	plan func(spec config.TierSpec, cfg *config.Config) (plan, error)
 }{
+	{fsType, planFS},
 	{memory.Type, planMemory},
 }
 
@@ -208,6 +210,51 @@ func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
 			t, err := memory.New(mc)
 			if err != nil {
 				return nil, err // not a typed nil in the interface
+			}
+			return t, nil
+		},
+	}, nil
+}
+
+// fsType is the configured type of filesystem tiers.
+const fsType = "fs"
+
+// planFS decodes an fs entry: its keys are fs.Config's yaml keys. The
+// namespace fills the layout fields the entry leaves unset, and the
+// daemon-wide events switch gates the tier's events. Settings only fs.New
+// can judge (format, o_direct, thread counts) are checked by Build.
+func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
+	var fc fs.Config
+	if err := spec.Decode(&fc); err != nil {
+		return plan{}, err
+	}
+	var errs []error
+	if fc.RootDir == "" {
+		errs = append(errs, spec.Errorf("root_dir", "required (the directory that holds the tier's blocks)"))
+	}
+	loc, err := fs.ParseLocality(fc.Locality)
+	if err != nil {
+		errs = append(errs, spec.Errorf("locality", "invalid value %q (want local or remote)", fc.Locality))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return plan{}, err
+	}
+	fc.Name = spec.Name
+	if fc.Namespace.ModelName == "" {
+		fc.Namespace.ModelName = cfg.Namespace.Model
+	}
+	if fc.Namespace.BlockBytes == 0 {
+		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
+	}
+	fc.GlobalEventsOff = !cfg.Events.Enabled
+	return plan{
+		decl: Declaration{Name: spec.Name, Type: fsType, Medium: offload.MediumStorage, Locality: loc},
+		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
+			c := fc
+			c.Logger = opts.Logger.With("tier", c.Name)
+			t, err := fs.New(c)
+			if err != nil {
+				return nil, err
 			}
 			return t, nil
 		},

@@ -3,6 +3,8 @@ package tierset
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -57,7 +59,7 @@ func TestDeclareErrors(t *testing.T) {
 		want []string
 	}{
 		{"unknown type", "secondary_tiers: [{type: memory}, {name: disk, type: floppy}]\n",
-			[]string{`secondary_tiers[1].type: unknown tier type "floppy" (supported: memory)`}},
+			[]string{`secondary_tiers[1].type: unknown tier type "floppy" (supported: fs, memory)`}},
 		{"bad medium", "secondary_tiers: [{type: memory, medium: moon}]\n",
 			[]string{`secondary_tiers[0].medium: invalid value "moon" (want cpu or storage)`}},
 		{"bad locality", "secondary_tiers: [{type: memory}, {type: memory, locality: moon}]\n",
@@ -165,8 +167,60 @@ func TestBuildClosesBuiltTiersOnFailure(t *testing.T) {
 	}
 }
 
+func TestFS(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	cfg := mustParse(t, fmt.Sprintf(`
+namespace: {model: m, bytes_per_block: 4KiB}
+primary: {bytes: 1MiB}
+secondary_tiers:
+  - {name: ssd, type: fs, root_dir: %q, locality: LOCAL, max_bytes: 1MiB, namespace: {tp_size: 2}}
+  - {name: nfs, type: fs, root_dir: %q}
+`, filepath.Join(root, "a"), filepath.Join(root, "b")))
+	decls, err := Declare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Declaration{
+		{"ssd", "fs", offload.MediumStorage, offload.LocalityLocal},
+		{"nfs", "fs", offload.MediumStorage, offload.LocalityUnspecified},
+	}
+	if !slices.Equal(decls, want) {
+		t.Errorf("Declare = %v, want %v", decls, want)
+	}
+	tiers, err := Build(ctx, cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tier := range tiers {
+		if got := DeclarationOf(tier); got != want[i] {
+			t.Errorf("built %v, want %v", got, want[i])
+		}
+		if err := tier.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+
+	for _, tc := range []struct{ tier, want string }{
+		{"{type: fs}", `secondary_tiers[0].root_dir: required`},
+		{"{type: fs, root_dir: /x, locality: moon}", `secondary_tiers[0].locality: invalid value "moon" (want local or remote)`},
+		{"{type: fs, root_dir: /x, medium: cpu}", `secondary_tiers[0].medium: unknown key (want one of: name, type, root_dir, locality,`},
+		{"{type: fs, root_dir: /x, namespace: {tp: 2}}", `secondary_tiers[0].namespace.tp: unknown key`},
+	} {
+		_, err := Declare(mustParse(t, "secondary_tiers: ["+tc.tier+"]\n"))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("Declare(%s) = %v, want %s...", tc.tier, err, tc.want)
+		}
+	}
+	// What only fs.New can judge fails Build, naming the entry.
+	_, err = Build(ctx, mustParse(t, fmt.Sprintf("secondary_tiers: [{name: x, type: fs, root_dir: %q, o_direct: maybe}]\n", root)), Options{})
+	if err == nil || !strings.HasPrefix(err.Error(), "secondary_tiers[0] (x): ") || !strings.Contains(err.Error(), "maybe") {
+		t.Errorf("Build with a bad o_direct: %v", err)
+	}
+}
+
 func TestTypes(t *testing.T) {
-	if got := Types(); !slices.Equal(got, []string{"memory"}) || !slices.IsSorted(got) {
+	if got := Types(); !slices.Equal(got, []string{"fs", "memory"}) || !slices.IsSorted(got) {
 		t.Errorf("Types = %v", got)
 	}
 }
