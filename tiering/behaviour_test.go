@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -222,6 +223,33 @@ func TestLookupPrefixScan(t *testing.T) {
 	f2.t1.blocks[K(0)] = true
 	if n := f2.m.LookupPrefix(keyRange(0, 2), f2.ctx, res[:2]); n != 0 || res[1] != offload.Hit {
 		t.Errorf("hits %d, results %v", n, res[:2])
+	}
+}
+
+// A promotion started late in a scan may evict a block that hit earlier in
+// it; that key must not be reported as a hit.
+func TestLookupPrefixEvictionWithinScan(t *testing.T) {
+	f := newFixture(t)
+	f.m.OnNewRequest(f.ctx)
+	f.store(f.ctx, keyRange(0, 5))
+	f.step()
+	f.step() // cascades done: all five evictable, K0 the oldest
+	f.t1.blocks[K(5)] = true
+	out := make([]offload.LookupResult, 6)
+	n := f.m.LookupPrefix(keyRange(0, 6), f.ctx, out)
+	want := rs(offload.Retry, offload.Hit, offload.Hit, offload.Hit, offload.Hit, offload.Retry)
+	if diff := cmp.Diff(want, out); diff != "" || n != 0 {
+		t.Errorf("hits %d; results (-want +got):\n%s", n, diff)
+	}
+	if f.p.Lookup(K(0)) != offload.Miss {
+		t.Fatal("test premise: K0 should have been evicted")
+	}
+	// Without out, the count alone is corrected.
+	f.step()
+	f.step()
+	f.t1.blocks[K(6)] = true
+	if n := f.m.LookupPrefix(append(keyRange(1, 5), K(6)), f.ctx, nil); n != 0 {
+		t.Errorf("hits without out = %d, want 0 (K1 evicted by K6's promotion)", n)
 	}
 }
 
@@ -691,8 +719,10 @@ func TestDataIntegrityThroughMemoryTiers(t *testing.T) {
 	// Load only from tier b: the slow STORAGE tier.
 	r := reqWith("r", offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage}), nil)
 	m.OnNewRequest(r)
+	res := make([]offload.LookupResult, len(keys))
 	for range 1000 {
-		if m.LookupPrefix(keys, r, nil) == len(keys) {
+		m.LookupPrefix(keys, r, res)
+		if !slices.ContainsFunc(res, func(x offload.LookupResult) bool { return x != offload.Hit }) {
 			break
 		}
 		m.ScheduleEnd(offload.ScheduleEnd{})

@@ -66,9 +66,11 @@ type Manager struct {
 	// pendingPromos counts keys reserved for promotion and not yet
 	// submitted.
 	pendingPromos int
-	reqs          map[string]*reqState
-	staleResults  uint64
-	closed        bool
+	// promotions counts promotions started (slots reserved).
+	promotions   uint64
+	reqs         map[string]*reqState
+	staleResults uint64
+	closed       bool
 
 	one [1]offload.Key // scratch for single-key primary calls
 }
@@ -269,6 +271,11 @@ func (m *Manager) Lookup(key offload.Key, req *offload.ReqContext) offload.Looku
 // promotions; the first Miss stops the scan. out, when long enough,
 // receives each key's answer (Miss for keys not scanned). It returns the
 // number of consecutive hits from the first key.
+//
+// A promotion started for a later key may evict a block that answered Hit
+// earlier in the same scan; such a key is reported Retry instead (and the
+// count ends before it), so that every key counted as a hit is present
+// when LookupPrefix returns.
 func (m *Manager) LookupPrefix(keys []offload.Key, req *offload.ReqContext, out []offload.LookupResult) (hits int) {
 	if !m.polled {
 		if m.closed {
@@ -278,7 +285,9 @@ func (m *Manager) LookupPrefix(keys []offload.Key, req *offload.ReqContext, out 
 		m.poll()
 	}
 	req = m.ctx(req)
+	started := m.promotions
 	counting := true
+	scanned := len(keys)
 	for i, k := range keys {
 		r := m.primary.Lookup(k)
 		if r != offload.Hit && r != offload.HitPending {
@@ -287,19 +296,53 @@ func (m *Manager) LookupPrefix(keys []offload.Key, req *offload.ReqContext, out 
 		if i < len(out) {
 			out[i] = r
 		}
-		switch r {
-		case offload.Hit, offload.HitPending:
+		if r == offload.Hit || r == offload.HitPending {
 			if counting {
 				hits++
 			}
-		case offload.Retry:
-			counting = false
-		default:
-			if i+1 < len(out) {
-				clear(out[i+1:])
-			}
-			return hits
+			continue
 		}
+		if r == offload.Retry {
+			counting = false
+			continue
+		}
+		scanned = i + 1
+		if scanned < len(out) {
+			clear(out[scanned:])
+		}
+		break
+	}
+	if m.promotions != started {
+		hits = m.recheckHits(keys[:scanned], out, hits)
+	}
+	return hits
+}
+
+// recheckHits demotes to Retry the keys of a scan that answered Hit but
+// were evicted since by a promotion of the same scan, and returns the
+// corrected hit count.
+func (m *Manager) recheckHits(keys []offload.Key, out []offload.LookupResult, hits int) int {
+	for i, k := range keys {
+		if i < len(out) && out[i] != offload.Hit {
+			continue
+		}
+		if i >= len(out) && i >= hits {
+			break
+		}
+		ref, present := m.primary.RefCount(k)
+		switch {
+		case present && ref >= 0:
+			continue
+		case present: // evicted, then reserved again by this scan
+			if i < len(out) {
+				out[i] = offload.HitPending
+			}
+			continue
+		}
+		if i < len(out) {
+			out[i] = offload.Retry
+		}
+		hits = min(hits, i)
 	}
 	return hits
 }
@@ -349,6 +392,7 @@ func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) of
 	b.keys = append(b.keys, out.KeysToStore...)
 	b.slots = append(b.slots, out.Slots...)
 	m.pendingPromos += len(out.KeysToStore)
+	m.promotions++
 	ts.stats.PromotionsStarted++
 	if m.hitPending {
 		return offload.HitPending

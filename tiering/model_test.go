@@ -1,0 +1,637 @@
+package tiering
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/memory"
+)
+
+// The model-based test drives a manager with random interleavings of the
+// engine's calls (lookups, loads, stores, finishes, steps, resets) and of
+// tier behaviour (job completions with success, failure or partial loads,
+// panics) across several requests, and checks spec §9.1's invariants after
+// every action:
+//
+//   - every pin is matched by one unpin: each key's primary ref count equals
+//     the engine's outstanding loads of it plus the cascades in flight
+//     reading it, and is 0 once everything is quiescent;
+//   - every pending slot is resolved: the primary's pending count equals the
+//     keys of outstanding engine stores plus promotions reserved or in flight;
+//   - every job is answered once and the manager never sees an unknown id;
+//   - a tier the request's load filter excludes is never asked a lookup for
+//     it, and one its store filter excludes never receives its cascade;
+//   - no cascade reaches a tier after the request's finish was delivered;
+//   - no request state is left after the requests finish;
+//   - bytes loaded equal bytes stored, on every load.
+
+const modelSlotSize = 8
+
+var modelSeed = maphash.MakeSeed()
+
+// content is the block data the engine writes for key.
+func content(k offload.Key) []byte {
+	h := maphash.String(modelSeed, string(k))
+	b := make([]byte, modelSlotSize)
+	for i := range b {
+		b[i] = byte(h >> (8 * i))
+	}
+	return b
+}
+
+// modelTier is a controllable tier: it holds jobs until the test completes
+// them, copies real bytes, can panic on demand (before any side effect,
+// except for lifecycle calls, which it records first) and checks the
+// manager's obligations towards it.
+type modelTier struct {
+	name     string
+	medium   offload.Medium
+	locality offload.Locality
+	policy   offload.OffloadPolicy
+	check    *checker
+
+	blocks   map[offload.Key][]byte
+	held     []*offload.Job
+	results  []offload.JobResult
+	answered map[uint64]bool
+	panicOn  map[string]bool
+}
+
+// checker collects violations seen by tiers.
+type checker struct {
+	violations []string
+	finished   map[string]map[string]bool // tier → request ids told finished
+}
+
+func (c *checker) violate(format string, args ...any) {
+	c.violations = append(c.violations, fmt.Sprintf(format, args...))
+}
+
+func (t *modelTier) maybePanic(call string) {
+	if t.panicOn[call] {
+		delete(t.panicOn, call)
+		panic(t.name + ": " + call)
+	}
+}
+
+func (t *modelTier) Name() string               { return t.name }
+func (t *modelTier) Type() string               { return "model" }
+func (t *modelTier) Medium() offload.Medium     { return t.medium }
+func (t *modelTier) Locality() offload.Locality { return t.locality }
+
+func (t *modelTier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	t.check.lookup(t.name, t.medium, t.locality, req)
+	t.maybePanic("Lookup")
+	if _, ok := t.blocks[key]; ok {
+		return offload.Hit
+	}
+	return offload.Miss
+}
+
+func (c *checker) lookup(name string, m offload.Medium, l offload.Locality, req *offload.ReqContext) {
+	if !req.LoadFilter.Allows(m, l) {
+		c.violate("tier %s asked a lookup for request %s whose load filter %v excludes it", name, req.ID, req.LoadFilter)
+	}
+}
+
+func (c *checker) store(name string, m offload.Medium, l offload.Locality, job *offload.Job) {
+	if !job.Req.StoreFilter.Allows(m, l) {
+		c.violate("tier %s got a cascade for request %s whose store filter %v excludes it", name, job.Req.ID, job.Req.StoreFilter)
+	}
+	if c.finished[name][job.Req.ID] {
+		c.violate("tier %s got a cascade for request %s after its finish", name, job.Req.ID)
+	}
+}
+
+func (c *checker) finish(name string, req *offload.ReqContext) {
+	if c.finished[name] == nil {
+		c.finished[name] = map[string]bool{}
+	}
+	if c.finished[name][req.ID] {
+		c.violate("tier %s told twice that request %s finished", name, req.ID)
+	}
+	c.finished[name][req.ID] = true
+}
+
+func (t *modelTier) SubmitStore(job *offload.Job) {
+	t.check.store(t.name, t.medium, t.locality, job)
+	t.maybePanic("SubmitStore")
+	t.held = append(t.held, job)
+}
+
+func (t *modelTier) SubmitLoad(job *offload.Job) {
+	t.maybePanic("SubmitLoad")
+	t.held = append(t.held, job)
+}
+
+// complete answers held job i: outcome 0 success, 1 failure, 2 partial.
+func (t *modelTier) complete(i, outcome, partial int) {
+	job := t.held[i]
+	t.held = slices.Delete(t.held, i, i+1)
+	if t.answered[job.ID] {
+		t.check.violate("tier %s answered job %d twice", t.name, job.ID)
+	}
+	t.answered[job.ID] = true
+	r := offload.JobResult{JobID: job.ID}
+	if !job.Promotion {
+		if outcome == 0 {
+			for i, k := range job.Keys {
+				src, err := job.Arena.Slot(job.Slots[i])
+				if err != nil {
+					t.check.violate("cascade slot: %v", err)
+					continue
+				}
+				t.blocks[k] = bytes.Clone(src)
+			}
+			r.Success = true
+		}
+		t.results = append(t.results, r)
+		return
+	}
+	n := len(job.Keys)
+	switch outcome {
+	case 1:
+		n = 0
+	case 2:
+		n = partial % (len(job.Keys) + 1)
+	}
+	done := 0
+	for i, k := range job.Keys[:n] {
+		data, ok := t.blocks[k]
+		if !ok {
+			break
+		}
+		dst, err := job.Arena.Slot(job.Slots[i])
+		if err != nil {
+			t.check.violate("promotion slot: %v", err)
+			break
+		}
+		copy(dst, data)
+		done++
+	}
+	r.Success = done == len(job.Keys)
+	if !r.Success && done > 0 {
+		r.SuccessfulKeys = job.Keys[:done]
+	}
+	t.results = append(t.results, r)
+}
+
+func (t *modelTier) FinishedJobs() []offload.JobResult {
+	t.maybePanic("FinishedJobs")
+	r := t.results
+	t.results = nil
+	return r
+}
+
+func (t *modelTier) DrainJobs(context.Context) error {
+	t.maybePanic("DrainJobs")
+	for len(t.held) > 0 {
+		t.complete(0, 0, 0)
+	}
+	return nil
+}
+
+func (t *modelTier) HasPendingWork() bool {
+	t.maybePanic("HasPendingWork")
+	return len(t.held)+len(t.results) > 0
+}
+
+func (t *modelTier) Touch([]offload.Key, *offload.ReqContext) { t.maybePanic("Touch") }
+
+func (t *modelTier) OnNewRequest(*offload.ReqContext) offload.OffloadPolicy {
+	t.maybePanic("OnNewRequest")
+	return t.policy
+}
+
+func (t *modelTier) OnRequestFinished(req *offload.ReqContext) {
+	t.check.finish(t.name, req)
+	t.maybePanic("OnRequestFinished")
+}
+
+func (t *modelTier) OnScheduleEnd(offload.ScheduleEnd) { t.maybePanic("OnScheduleEnd") }
+func (t *modelTier) TakeEvents() []offload.Event       { t.maybePanic("TakeEvents"); return nil }
+func (t *modelTier) Close(context.Context) error {
+	for len(t.held) > 0 {
+		t.complete(0, 1, 0)
+	}
+	return nil
+}
+
+// checkedTier wraps a real tier with the checker's filter and lifecycle
+// checks.
+type checkedTier struct {
+	offload.SecondaryTier
+	check *checker
+}
+
+func (c checkedTier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	c.check.lookup(c.Name(), c.Medium(), c.Locality(), req)
+	return c.SecondaryTier.Lookup(key, req)
+}
+
+func (c checkedTier) SubmitStore(job *offload.Job) {
+	c.check.store(c.Name(), c.Medium(), c.Locality(), job)
+	c.SecondaryTier.SubmitStore(job)
+}
+
+func (c checkedTier) OnRequestFinished(req *offload.ReqContext) {
+	c.check.finish(c.Name(), req)
+	c.SecondaryTier.OnRequestFinished(req)
+}
+
+// engine is the model of the connector: its requests and the stores and
+// loads it has in flight.
+type engine struct {
+	reqs   []*engReq
+	stores []engOp
+	loads  []engOp
+	nextID int
+}
+
+type engReq struct {
+	ctx      *offload.ReqContext
+	finished bool
+}
+
+type engOp struct {
+	req  *engReq
+	keys []offload.Key
+}
+
+var modelFilters = []*offload.TierFilter{
+	offload.All(),
+	offload.NewTierFilter(),
+	offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumCPU}),
+	offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage}),
+	offload.NewTierFilter(offload.TierMatcher{Locality: offload.LocalityLocal}),
+	offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage, Locality: offload.LocalityRemote}),
+	offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumCPU}, offload.TierMatcher{Locality: offload.LocalityRemote}),
+}
+
+var modelMethods = []string{"Lookup", "SubmitStore", "SubmitLoad", "FinishedJobs", "DrainJobs", "HasPendingWork",
+	"Touch", "OnNewRequest", "OnRequestFinished", "OnScheduleEnd", "TakeEvents"}
+
+func TestModel(t *testing.T) {
+	var total TierStats // coverage of the generated runs, logged with -v
+	defer func() {
+		t.Logf("over all runs: promotions ok %d failed %d (blocks %d ok, %d failed), cascades ok %d failed %d, filter skips %d lookups %d cascades, panics %d",
+			total.PromotionsOK, total.PromotionsFailed, total.PromotedBlocks, total.PromotionBlocksFailed,
+			total.CascadesOK, total.CascadesFailed, total.SkippedByFilter, total.CascadesSkippedByFilter, total.Panics)
+	}()
+	// Each Check runs rapid.checks (100) random programs of about
+	// rapid.steps (30) actions from a fresh seed; a few rounds find the
+	// rarer interleavings (partial promotions of multi-key batches) in
+	// most runs while staying fast. -rapid.seed reproduces a failure.
+	rounds := 5
+	if testing.Short() {
+		rounds = 1
+	}
+	for range rounds {
+		if rapid.Check(t, modelProperty(&total)); t.Failed() {
+			return
+		}
+	}
+}
+
+func modelProperty(total *TierStats) func(*rapid.T) {
+	return func(rt *rapid.T) {
+		const numSlots, numKeys = 6, 10
+		universe := keyRange(0, numKeys)
+		check := &checker{finished: map[string]map[string]bool{}}
+		p, err := cpu.New(cpu.Config{SlotSize: modelSlotSize, Capacity: numSlots * modelSlotSize, Events: true})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		mk := func(name string, m offload.Medium, l offload.Locality) *modelTier {
+			return &modelTier{name: name, medium: m, locality: l, check: check,
+				blocks: map[offload.Key][]byte{}, answered: map[uint64]bool{}, panicOn: map[string]bool{},
+				policy: offload.OffloadPolicy(rapid.IntRange(0, 1).Draw(rt, "policy_"+name))}
+		}
+		m0 := mk("m0", offload.MediumCPU, offload.LocalityLocal)
+		m1 := mk("m1", offload.MediumStorage, offload.LocalityRemote)
+		mem, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal,
+			CapacityBlocks: 5, FailRate: 0.25, AsyncLookup: true, Seed: rapid.Int64().Draw(rt, "seed")})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		dyn := mk("dyn", offload.MediumUnspecified, offload.LocalityUnspecified)
+		models := []*modelTier{m0, m1, dyn}
+		// Tiers start with data, as persistent tiers of a restarted or a
+		// peer instance would, so that promotions happen from the start.
+		for _, k := range universe {
+			for _, t := range models {
+				if rapid.IntRange(0, 2).Draw(rt, "seeded_"+t.name) == 0 {
+					t.blocks[k] = content(k)
+				}
+			}
+			if rapid.IntRange(0, 3).Draw(rt, "seeded_mem") == 0 {
+				mem.Put(k, content(k))
+			}
+		}
+		m, err := New(Config{
+			Primary:               p,
+			Tiers:                 []offload.SecondaryTier{m0, m1, checkedTier{mem, check}, dyn},
+			HitPendingOnPromotion: rapid.Bool().Draw(rt, "hitPending"),
+			Admission:             AdmissionConfig{Disabled: true},
+		})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer m.Close(context.Background())
+		var e engine
+
+		pickReq := func(rt *rapid.T, active bool) *engReq {
+			var cands []*engReq
+			for _, r := range e.reqs {
+				if !active || !r.finished {
+					cands = append(cands, r)
+				}
+			}
+			if len(cands) == 0 {
+				rt.Skip("no request")
+			}
+			return rapid.SampledFrom(cands).Draw(rt, "req")
+		}
+		keySlice := func(rt *rapid.T) []offload.Key {
+			a := rapid.IntRange(0, numKeys-1).Draw(rt, "from")
+			b := rapid.IntRange(a+1, min(numKeys, a+5)).Draw(rt, "to")
+			return universe[a:b]
+		}
+		verifyBytes := func(keys []offload.Key, slots []int64) {
+			for i, k := range keys {
+				got, err := p.Arena().Slot(slots[i])
+				if err != nil {
+					rt.Fatal(err)
+				}
+				if !bytes.Equal(got, content(k)) {
+					rt.Fatalf("bytes of %v differ from the bytes stored", k)
+				}
+			}
+		}
+		// checkPins verifies ref counts and pending slots against the
+		// engine's and the manager's outstanding work.
+		checkPins := func() {
+			wantRef := map[offload.Key]int32{}
+			for _, l := range e.loads {
+				for _, k := range l.keys {
+					wantRef[k]++
+				}
+			}
+			pending := m.pendingPromos
+			for _, s := range e.stores {
+				pending += len(s.keys)
+			}
+			for _, jb := range m.jobs {
+				if jb.j.Promotion {
+					pending += len(jb.j.Keys)
+					continue
+				}
+				for _, k := range jb.j.Keys {
+					wantRef[k]++
+				}
+			}
+			for _, k := range universe {
+				ref, ok := p.RefCount(k)
+				if ref < 0 {
+					ref = 0
+				}
+				if !ok {
+					ref = 0
+				}
+				if ref != wantRef[k] {
+					rt.Fatalf("ref(%v) = %d, want %d (engine loads + cascades in flight)", k, ref, wantRef[k])
+				}
+			}
+			if got := p.Stats().Pending; got != pending {
+				rt.Fatalf("primary pending %d, want %d (engine stores + promotions)", got, pending)
+			}
+		}
+
+		rt.Repeat(map[string]func(*rapid.T){
+			"new": func(rt *rapid.T) {
+				if len(e.reqs) >= 6 {
+					rt.Skip("enough requests")
+				}
+				e.nextID++
+				ctx := &offload.ReqContext{
+					ID:          fmt.Sprintf("r%d", e.nextID),
+					LoadFilter:  rapid.SampledFrom(modelFilters).Draw(rt, "load"),
+					StoreFilter: rapid.SampledFrom(modelFilters).Draw(rt, "store"),
+				}
+				m.OnNewRequest(ctx)
+				e.reqs = append(e.reqs, &engReq{ctx: ctx})
+			},
+			"lookup": func(rt *rapid.T) {
+				r := pickReq(rt, true)
+				keys := keySlice(rt)
+				out := make([]offload.LookupResult, len(keys))
+				m.LookupPrefix(keys, r.ctx, out)
+				for i, res := range out {
+					if res == offload.Hit && p.Lookup(keys[i]) != offload.Hit {
+						rt.Fatalf("manager HIT for %v not ready in the primary", keys[i])
+					}
+				}
+			},
+			"load": func(rt *rapid.T) {
+				r := pickReq(rt, true)
+				keys := keySlice(rt)
+				out := make([]offload.LookupResult, len(keys))
+				m.LookupPrefix(keys, r.ctx, out)
+				n := 0
+				for n < len(out) && out[n] == offload.Hit {
+					n++
+				}
+				if n == 0 {
+					rt.Skip("nothing to load")
+				}
+				keys = keys[:n]
+				slots, err := m.PrepareLoad(keys, r.ctx)
+				if err != nil {
+					rt.Fatalf("prepare load of HIT keys: %v", err)
+				}
+				verifyBytes(keys, slots)
+				e.loads = append(e.loads, engOp{r, slices.Clone(keys)})
+			},
+			"completeLoad": func(rt *rapid.T) {
+				if len(e.loads) == 0 {
+					rt.Skip("no load")
+				}
+				i := rapid.IntRange(0, len(e.loads)-1).Draw(rt, "load")
+				l := e.loads[i]
+				e.loads = slices.Delete(e.loads, i, i+1)
+				if err := m.CompleteLoad(l.keys, l.req.ctx); err != nil {
+					rt.Fatalf("complete load: %v", err)
+				}
+			},
+			"prepareStore": func(rt *rapid.T) {
+				r := pickReq(rt, true)
+				keys := keySlice(rt)
+				out, ok, err := m.PrepareStore(keys, r.ctx)
+				if err != nil {
+					rt.Fatalf("prepare store: %v", err)
+				}
+				if !ok || len(out.KeysToStore) == 0 {
+					return
+				}
+				for i, k := range out.KeysToStore {
+					dst, err := p.Arena().Slot(out.Slots[i])
+					if err != nil {
+						rt.Fatal(err)
+					}
+					copy(dst, content(k))
+				}
+				e.stores = append(e.stores, engOp{r, out.KeysToStore})
+			},
+			"completeStore": func(rt *rapid.T) {
+				if len(e.stores) == 0 {
+					rt.Skip("no store")
+				}
+				i := rapid.IntRange(0, len(e.stores)-1).Draw(rt, "store")
+				s := e.stores[i]
+				e.stores = slices.Delete(e.stores, i, i+1)
+				if err := m.CompleteStore(s.keys, s.req.ctx, rapid.IntRange(0, 4).Draw(rt, "ok") > 0); err != nil {
+					rt.Fatalf("complete store: %v", err)
+				}
+			},
+			"finish": func(rt *rapid.T) {
+				r := pickReq(rt, true)
+				r.finished = true
+				m.OnRequestFinished(r.ctx)
+			},
+			"touch": func(rt *rapid.T) {
+				m.Touch(keySlice(rt), pickReq(rt, false).ctx)
+			},
+			"step": func(rt *rapid.T) {
+				m.ScheduleEnd(offload.ScheduleEnd{})
+			},
+			"events": func(rt *rapid.T) {
+				m.TakeEvents()
+			},
+			"tierComplete": func(rt *rapid.T) {
+				t := rapid.SampledFrom(models).Draw(rt, "tier")
+				if len(t.held) == 0 {
+					rt.Skip("no job held")
+				}
+				t.complete(rapid.IntRange(0, len(t.held)-1).Draw(rt, "job"),
+					rapid.IntRange(0, 2).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
+			},
+			"drive": func(rt *rapid.T) {
+				// Tiers answer everything; two steps apply it.
+				for _, t := range models {
+					for len(t.held) > 0 {
+						t.complete(0, rapid.IntRange(0, 2).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
+					}
+				}
+				m.ScheduleEnd(offload.ScheduleEnd{})
+				m.ScheduleEnd(offload.ScheduleEnd{})
+			},
+			"tierPanic": func(rt *rapid.T) {
+				t := rapid.SampledFrom(models).Draw(rt, "tier")
+				t.panicOn[rapid.SampledFrom(modelMethods).Draw(rt, "method")] = true
+			},
+			"reset": func(rt *rapid.T) {
+				if err := m.Reset(context.Background()); err != nil {
+					// Only a panicking DrainJobs may stop a reset.
+					if m.Stats().Tiers[0].Panics+m.Stats().Tiers[1].Panics+m.Stats().Tiers[3].Panics == 0 {
+						rt.Fatalf("reset: %v", err)
+					}
+					return
+				}
+				// The connector discards completions of pre-reset work.
+				e.stores, e.loads = nil, nil
+			},
+			"": func(rt *rapid.T) {
+				if len(check.violations) > 0 {
+					rt.Fatalf("violations: %v", check.violations)
+				}
+				for _, ts := range m.Stats().Tiers {
+					if ts.UnknownJobs != 0 {
+						rt.Fatalf("tier %s reported %d unknown jobs", ts.Name, ts.UnknownJobs)
+					}
+				}
+				checkPins()
+			},
+		})
+
+		defer func() {
+			for _, ts := range m.Stats().Tiers {
+				total.PromotionsOK += ts.PromotionsOK
+				total.PromotionsFailed += ts.PromotionsFailed
+				total.PromotedBlocks += ts.PromotedBlocks
+				total.PromotionBlocksFailed += ts.PromotionBlocksFailed
+				total.CascadesOK += ts.CascadesOK
+				total.CascadesFailed += ts.CascadesFailed
+				total.SkippedByFilter += ts.SkippedByFilter
+				total.CascadesSkippedByFilter += ts.CascadesSkippedByFilter
+				total.Panics += ts.Panics
+			}
+		}()
+
+		// Quiesce: the engine completes its work and finishes its requests,
+		// tiers answer everything, the engine steps until idle.
+		for _, l := range e.loads {
+			if err := m.CompleteLoad(l.keys, l.req.ctx); err != nil {
+				rt.Fatal(err)
+			}
+		}
+		for _, s := range e.stores {
+			if err := m.CompleteStore(s.keys, s.req.ctx, true); err != nil {
+				rt.Fatal(err)
+			}
+		}
+		e.loads, e.stores = nil, nil
+		for _, r := range e.reqs {
+			if !r.finished {
+				m.OnRequestFinished(r.ctx)
+			}
+		}
+		for _, t := range models {
+			clear(t.panicOn)
+		}
+		for i := 0; m.HasPendingWork(); i++ {
+			if i > 100 {
+				rt.Fatalf("not quiescent: %+v", m.Stats())
+			}
+			for _, t := range models {
+				for len(t.held) > 0 {
+					t.complete(0, 0, 0)
+				}
+			}
+			m.ScheduleEnd(offload.ScheduleEnd{})
+		}
+		checkPins()
+		st := m.Stats()
+		if st.Primary.Pinned != 0 || st.Primary.Pending != 0 || st.JobsInFlight != 0 || st.PendingPromotions != 0 {
+			rt.Fatalf("not quiescent: %+v", st)
+		}
+		if st.Requests != 0 || len(m.reqs) != 0 {
+			rt.Fatalf("request state left: %d", st.Requests)
+		}
+		for _, r := range e.reqs {
+			for _, name := range []string{"m0", "m1", "mem", "dyn"} {
+				if !check.finished[name][r.ctx.ID] {
+					rt.Fatalf("tier %s never told request %s finished", name, r.ctx.ID)
+				}
+			}
+		}
+		// Every ready block in the primary holds the bytes stored for it.
+		for _, k := range universe {
+			if s, ok := p.SlotOf(k); ok {
+				if ref, _ := p.RefCount(k); ref >= 0 {
+					verifyBytes([]offload.Key{k}, []int64{s})
+				}
+			}
+		}
+		if len(check.violations) > 0 {
+			rt.Fatalf("violations: %v", check.violations)
+		}
+	}
+}
