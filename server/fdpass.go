@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"time"
@@ -17,6 +18,9 @@ const fdRequestTimeout = 5 * time.Second
 
 // maxFDConns bounds concurrent side-channel connections.
 const maxFDConns = 16
+
+// maxFDRequest bounds a side-channel request line.
+const maxFDRequest = 1024
 
 // arenaReply is the JSON part of a side-channel answer.
 type arenaReply struct {
@@ -52,8 +56,11 @@ func (s *Server) serveFDs(ln *net.UnixListener) error {
 
 func (s *Server) answerFD(c *net.UnixConn) error {
 	c.SetDeadline(time.Now().Add(fdRequestTimeout))
-	line, err := bufio.NewReaderSize(c, 512).ReadString('\n')
+	// A namespace name is short; never buffer more than a line's worth.
+	line, err := bufio.NewReaderSize(io.LimitReader(c, maxFDRequest), maxFDRequest).ReadString('\n')
 	if err != nil {
+		msg, _ := json.Marshal(arenaReply{Error: fmt.Sprintf("want a namespace name and a newline within %d bytes", maxFDRequest)})
+		c.Write(msg)
 		return fmt.Errorf("read namespace: %w", err)
 	}
 	name := strings.TrimSuffix(line, "\n")

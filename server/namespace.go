@@ -98,15 +98,26 @@ type NamespaceConfig struct {
 // notLookedUp marks keys after the first non-hit of a prefix lookup.
 const notLookedUp offload.LookupResult = 255
 
-// request is the registry entry of an active request.
+// request is the registry entry of an active request. It remembers the
+// pins and reservations the request holds so that a client can release
+// only its own: the primary's reference counts also carry cascade pins, and
+// its pending slots also carry promotions, which a stray CompleteLoad or
+// CompleteStore would otherwise release or commit (serving wrong bytes).
 type request struct {
 	ctx      *offload.ReqContext
 	finished bool
-	// pendingStores counts PrepareStore calls that reserved slots and whose
-	// CompleteStore has not arrived yet; a finished request is dropped from
-	// the registry when it reaches zero.
-	pendingStores int
+	// pins counts PrepareLoad pins per key not yet released by
+	// CompleteLoad.
+	pins map[offload.Key]int32
+	// reserved holds the keys PrepareStore reserved whose CompleteStore
+	// has not arrived yet.
+	reserved map[offload.Key]struct{}
 }
+
+// idle reports whether the request holds nothing: a finished request is
+// dropped from the registry once idle, because vLLM lets completions
+// arrive after the request finished (spec §4.7).
+func (r *request) idle() bool { return len(r.pins) == 0 && len(r.reserved) == 0 }
 
 // Namespace is one manager with its request registry. All methods are safe
 // for concurrent use; they are serialised by a mutex.
@@ -301,9 +312,18 @@ func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error)
 	if err != nil {
 		return nil, err
 	}
+	if r.finished {
+		return nil, fmt.Errorf("%w: prepare load for finished request %q", ErrProtocol, id)
+	}
 	slots, err := ns.mgr.PrepareLoad(keys, r.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+	}
+	if r.pins == nil {
+		r.pins = make(map[offload.Key]int32, len(keys))
+	}
+	for _, k := range keys {
+		r.pins[k]++
 	}
 	return slots, nil
 }
@@ -318,9 +338,24 @@ func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
 	if err != nil {
 		return err
 	}
+	// Check the whole batch first (a key may repeat) so that a bad call
+	// changes nothing.
+	seen := make(map[offload.Key]int32, len(keys))
+	for i, k := range keys {
+		seen[k]++
+		if seen[k] > r.pins[k] {
+			return fmt.Errorf("%w: complete load: keys[%d] %s is not pinned by request %q (PrepareLoad first)", ErrProtocol, i, k, id)
+		}
+	}
 	if err := ns.mgr.CompleteLoad(keys, r.ctx); err != nil {
 		return fmt.Errorf("%w: complete load: %w", ErrProtocol, err)
 	}
+	for k, n := range seen {
+		if r.pins[k] -= n; r.pins[k] <= 0 {
+			delete(r.pins, k)
+		}
+	}
+	ns.maybeDropLocked(id, r)
 	return nil
 }
 
@@ -367,7 +402,12 @@ func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMe
 		return out, false, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
 	}
 	if ok && len(out.KeysToStore) > 0 {
-		r.pendingStores++
+		if r.reserved == nil {
+			r.reserved = make(map[offload.Key]struct{}, len(out.KeysToStore))
+		}
+		for _, k := range out.KeysToStore {
+			r.reserved[k] = struct{}{}
+		}
 	}
 	return out, ok, nil
 }
@@ -382,11 +422,16 @@ func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) 
 	if err != nil {
 		return err
 	}
+	for i, k := range keys {
+		if _, ok := r.reserved[k]; !ok {
+			return fmt.Errorf("%w: complete store: keys[%d] %s was not reserved for request %q (only PrepareStore's keys_to_store may be completed)", ErrProtocol, i, k, id)
+		}
+	}
 	if err := ns.mgr.CompleteStore(keys, r.ctx, success); err != nil {
 		return fmt.Errorf("%w: complete store: %w", ErrProtocol, err)
 	}
-	if r.pendingStores > 0 {
-		r.pendingStores--
+	for _, k := range keys {
+		delete(r.reserved, k)
 	}
 	ns.maybeDropLocked(id, r)
 	return nil
@@ -412,7 +457,7 @@ func (ns *Namespace) FinishRequest(id string) error {
 }
 
 func (ns *Namespace) maybeDropLocked(id string, r *request) {
-	if r.finished && r.pendingStores == 0 {
+	if r.finished && r.idle() {
 		delete(ns.reqs, id)
 	}
 }
@@ -453,9 +498,11 @@ func (ns *Namespace) Reset(ctx context.Context) error {
 	if err := ns.mgr.Reset(ctx); err != nil {
 		return fmt.Errorf("reset namespace %q: %w", ns.name, err)
 	}
-	// Finished requests that waited for stores are gone from the manager.
+	// The reset dropped every pin and reservation; completions of
+	// pre-reset work are now protocol errors, as the connector discards
+	// them anyway.
 	for id, r := range ns.reqs {
-		r.pendingStores = 0
+		r.pins, r.reserved = nil, nil
 		ns.maybeDropLocked(id, r)
 	}
 	ns.publishLocked()
