@@ -1,8 +1,12 @@
 package events
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/kvtier/kvtier/events/zmtp"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -67,3 +71,68 @@ func BenchmarkEncodeRemoved64(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*len(keys))/b.Elapsed().Seconds(), "blocks/s")
 }
+
+// benchPublish publishes batches of 64 placeholder events; with sub, a Go
+// subscriber reads and discards them over loopback TCP.
+func benchPublish(b *testing.B, sub bool) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", Mode: ModeBind, Host: "h", Model: "m"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var received atomic.Int64
+	done := make(chan struct{})
+	if sub {
+		c, err := zmtp.Dial(context.Background(), "tcp://"+p.Addr().String(), zmtp.Sub, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = c.Subscribe(nil)
+		for len(p.Stats().Subscribers) == 0 || p.Stats().Subscribers[0].Subscriptions == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		go func() {
+			defer close(done)
+			for {
+				if _, err := c.Recv(); err != nil {
+					return
+				}
+				received.Add(1)
+			}
+		}()
+	} else {
+		close(done)
+	}
+	keys := make([]offload.Key, 64)
+	for i := range keys {
+		keys[i] = chunkKey(uint64(i)*0x9e3779b97f4a7c15, 0)
+	}
+	evs := []offload.Event{{Keys: keys, Medium: offload.MediumCPU}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := p.Publish(evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	<-done
+	st := p.Stats()
+	b.ReportMetric(float64(b.N*len(keys))/b.Elapsed().Seconds(), "events/s")
+	if sub {
+		b.ReportMetric(float64(received.Load())/float64(b.N), "delivered/op")
+	}
+	b.ReportMetric(float64(st.BatchesDropped+st.SubscriberDrops), "dropped")
+}
+
+// BenchmarkPublish64 is the daemon's cost per step: translate, encode,
+// queue (the sender goroutine runs concurrently).
+func BenchmarkPublish64(b *testing.B) { benchPublish(b, false) }
+
+// BenchmarkPublish64Subscriber includes delivery to a subscriber reading
+// over loopback TCP; the timer covers Close, which drains the queues.
+func BenchmarkPublish64Subscriber(b *testing.B) { benchPublish(b, true) }

@@ -97,8 +97,10 @@ type Stats struct {
 	ReplayRequests  uint64
 	ReplayedBatches uint64
 	ReplayRejected  uint64
-	// MetadataEntries is the size of the tracker's side table.
+	// MetadataEntries is the size of the tracker's side table and
+	// MetadataEvicted what its bound evicted.
 	MetadataEntries int
+	MetadataEvicted uint64
 }
 
 // batchMsg is one published batch, immutable once queued; its frames are
@@ -436,6 +438,7 @@ func (p *Publisher) Stats() Stats {
 		ReplayedBatches:  p.rBatches,
 		ReplayRejected:   p.rRejected,
 		MetadataEntries:  p.tracker.Len(),
+		MetadataEvicted:  p.tracker.Evicted(),
 	}
 }
 

@@ -51,6 +51,7 @@ type TokenMeta struct {
 
 // meta is the immutable, validated copy of a TokenMeta kept per key.
 type meta struct {
+	seq       uint64 // Record order, matches one fifo entry
 	hashes    []string
 	parent    string
 	tokens    []uint32
@@ -73,8 +74,11 @@ type TrackerConfig struct {
 	// secondary-tier events (a later vLLM field; off by default because
 	// #48123-era consumers do not know it).
 	Ownership bool
-	// MaxEntries bounds the keys with metadata (default DefaultMaxEntries);
-	// Record refuses new keys beyond it and their events are placeholders.
+	// MaxEntries bounds the keys with metadata (default DefaultMaxEntries).
+	// Beyond it Record evicts the oldest recorded key: metadata of a chunk
+	// whose store never happened would otherwise stay forever, and the
+	// oldest entries are the likeliest to be such leftovers. An entry costs
+	// about 150 bytes plus 4 per token and the hash bytes.
 	MaxEntries int
 }
 
@@ -89,8 +93,15 @@ type Tracker struct {
 
 	mu      sync.Mutex
 	metas   map[offload.Key]*meta
-	refused uint64
+	fifo    []fifoEntry // Record order; entries whose seq no longer matches are stale
+	seq     uint64
+	evicted uint64
 	groups  []uint32 // scratch for grouping removals
+}
+
+type fifoEntry struct {
+	key offload.Key
+	seq uint64
 }
 
 // NewTracker validates cfg and returns a Tracker.
@@ -122,10 +133,10 @@ func NewTracker(cfg TrackerConfig) (*Tracker, error) {
 	return t, nil
 }
 
-// Record attaches token metadata to key, replacing any earlier metadata.
-// It reports whether the metadata was captured: nothing is captured when
-// self-describing events are off, for non-full-attention groups, or when
-// the side table is full. Invalid metadata is an error wrapping
+// Record attaches token metadata to key, replacing any earlier metadata,
+// and evicts the oldest entry when the table is full. It reports whether
+// the metadata was captured: nothing is captured when self-describing
+// events are off or for non-full-attention groups. Invalid metadata is an error wrapping
 // ErrInvalidMeta and leaves the table unchanged. meta is copied.
 func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	if !t.selfDescribing {
@@ -140,11 +151,29 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.metas[key]; !ok && len(t.metas) >= t.maxEntries {
-		t.refused++
-		return false, nil
-	}
+	t.seq++
+	m.seq = t.seq
 	t.metas[key] = m
+	t.fifo = append(t.fifo, fifoEntry{key, m.seq})
+	for len(t.metas) > t.maxEntries {
+		e := t.fifo[0]
+		t.fifo = t.fifo[1:]
+		if old := t.metas[e.key]; old != nil && old.seq == e.seq {
+			delete(t.metas, e.key)
+			t.evicted++
+		}
+	}
+	// Removals and replacements leave stale entries behind; compact once
+	// they outnumber the live ones so that the queue stays O(entries).
+	if len(t.fifo) > 2*len(t.metas)+1024 {
+		live := make([]fifoEntry, 0, 2*len(t.metas)+16)
+		for _, e := range t.fifo {
+			if m := t.metas[e.key]; m != nil && m.seq == e.seq {
+				live = append(live, e)
+			}
+		}
+		t.fifo = live
+	}
 	return true, nil
 }
 
@@ -204,11 +233,11 @@ func (t *Tracker) Len() int {
 	return len(t.metas)
 }
 
-// Refused returns how many Record calls the MaxEntries bound refused.
-func (t *Tracker) Refused() uint64 {
+// Evicted returns how many entries the MaxEntries bound evicted.
+func (t *Tracker) Evicted() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.refused
+	return t.evicted
 }
 
 // Reset clears the side table (the daemon's reset_cache).
@@ -216,6 +245,8 @@ func (t *Tracker) Reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	clear(t.metas)
+	clear(t.fifo)
+	t.fifo = t.fifo[:0]
 }
 
 // MediumName returns the wire name of m ("" for an unspecified medium,

@@ -312,17 +312,35 @@ func TestRecordBoundedAndCopied(t *testing.T) {
 	k2, m2 := chunkMeta(2, 1, 4)
 	mustRecord(t, tr, k0, m0)
 	mustRecord(t, tr, k1, m1)
-	if ok, err := tr.Record(k2, m2); ok || err != nil {
-		t.Fatalf("Record beyond MaxEntries = %v, %v; want false, nil", ok, err)
+	mustRecord(t, tr, k0, m0) // re-recording makes k0 the newest
+	mustRecord(t, tr, k2, m2) // evicts the oldest: k1
+	if tr.Has(k1) || !tr.Has(k0) || !tr.Has(k2) || tr.Len() != 2 || tr.Evicted() != 1 {
+		t.Fatalf("after eviction: k0 %v k1 %v k2 %v len %d evicted %d; want k1 evicted",
+			tr.Has(k0), tr.Has(k1), tr.Has(k2), tr.Len(), tr.Evicted())
 	}
-	if tr.Refused() != 1 {
-		t.Errorf("Refused = %d, want 1", tr.Refused())
-	}
-	mustRecord(t, tr, k1, m1) // replacing an existing key is always allowed
-	m0.TokenIDs[0] = 777      // the caller's buffers are not retained
+	m0.TokenIDs[0] = 777 // the caller's buffers are not retained
 	got := translate(tr, stored(offload.MediumCPU, k0))
 	if got[0].TokenIDs[0] != 1 {
 		t.Errorf("tracker shares the caller's token slice")
+	}
+}
+
+// The eviction queue stays proportional to the live entries however many
+// keys come and go.
+func TestRecordQueueCompacts(t *testing.T) {
+	tr := mustTracker(t, TrackerConfig{SelfDescribing: true, MaxEntries: 100})
+	for i := range 20000 {
+		k, m := chunkMeta(i, 1, 1)
+		mustRecord(t, tr, k, m)
+		if i%2 == 0 {
+			translate(tr, removed(offload.MediumCPU, k))
+		}
+	}
+	if tr.Len() != 100 {
+		t.Errorf("len %d, want 100", tr.Len())
+	}
+	if n := len(tr.fifo); n > 2*tr.Len()+1024 {
+		t.Errorf("eviction queue holds %d entries for %d live keys", n, tr.Len())
 	}
 }
 
