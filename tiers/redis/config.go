@@ -1,0 +1,205 @@
+package redis
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Config configures a Redis tier. The yaml tags are the type-specific
+// keys of a `type: redis` entry of `secondary_tiers`. Decode into
+// DefaultConfig() so that absent keys keep their defaults; New also fills
+// zero values of the sizing and timing fields with the defaults.
+type Config struct {
+	// Name is the tier name in its stack (from the tier entry's `name`).
+	Name string `yaml:"name,omitempty"`
+
+	// Addr is the server's host:port (required).
+	Addr string `yaml:"addr"`
+	// Username (Redis 6 ACL) and Password authenticate; DB selects the
+	// logical database (0..15 on a default server).
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	DB       int    `yaml:"db"`
+	// KeyPrefix starts every key the tier writes (default "kvtier:");
+	// give each namespace (model) its own so that they never share
+	// blocks and removals are attributed correctly.
+	KeyPrefix string `yaml:"key_prefix"`
+	// TTL expires blocks after this long without a store or a touch
+	// (0: no expiry; eviction is then the server's maxmemory policy).
+	TTL time.Duration `yaml:"ttl"`
+	// MaxValueBytes bounds one stored value, envelope included (default
+	// 512 MiB, Redis's proto-max-bulk-len); a block beyond it fails its
+	// store job.
+	MaxValueBytes int64 `yaml:"max_value_bytes"`
+	// PoolSize is the number of connections (default 16); it also bounds
+	// concurrent transfer pipelines.
+	PoolSize int `yaml:"pool_size"`
+	// DialTimeout bounds connecting (default 2s); Timeout bounds one
+	// attempt of one command or pipeline (default 5s).
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	Timeout     time.Duration `yaml:"timeout"`
+	// Retries after transient failures (0 disables), with exponential
+	// backoff from RetryBackoff (default 20ms).
+	Retries      int           `yaml:"retries"`
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
+	// KeyspaceEvents subscribes to the server's evicted, expired and del
+	// key-event notifications (enabling them with CONFIG SET when
+	// allowed) so that blocks the server drops are reported as removed.
+	KeyspaceEvents bool `yaml:"keyspace_events"`
+
+	// Locality is local, remote (or its synonym global), or empty for
+	// unspecified (passes every locality matcher).
+	Locality string `yaml:"locality"`
+	// MaxInflight bounds jobs in flight; beyond it a job fails at once
+	// (default 256).
+	MaxInflight int `yaml:"max_inflight"`
+	// ProbeInterval is the pause between health probes while the server
+	// is down (default 1s); UnhealthyAfter the consecutive transport
+	// failures that mark it down (default 3).
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	UnhealthyAfter int           `yaml:"unhealthy_after"`
+	// LookupBatch bounds the keys of one existence-check pipeline
+	// (default 1024).
+	LookupBatch int `yaml:"lookup_batch"`
+	// Events makes the tier emit a stored event per successful store job
+	// and removed events for blocks the server dropped (keyspace events)
+	// or the tier deleted as corrupt.
+	Events bool `yaml:"events"`
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger `yaml:"-"`
+}
+
+// Defaults.
+const (
+	DefaultKeyPrefix     = "kvtier:"
+	DefaultMaxValueBytes = 512 << 20
+	DefaultPoolSize      = 16
+	DefaultDialTimeout   = 2 * time.Second
+	DefaultTimeout       = 5 * time.Second
+	DefaultRetries       = 2
+	DefaultRetryBackoff  = 20 * time.Millisecond
+	DefaultMaxInflight   = 256
+	DefaultProbeInterval = time.Second
+	DefaultLookupBatch   = 1024
+)
+
+// DefaultConfig returns a Config with every default filled in; decode the
+// YAML keys over it.
+func DefaultConfig() Config {
+	return Config{
+		KeyPrefix:      DefaultKeyPrefix,
+		MaxValueBytes:  DefaultMaxValueBytes,
+		PoolSize:       DefaultPoolSize,
+		DialTimeout:    DefaultDialTimeout,
+		Timeout:        DefaultTimeout,
+		Retries:        DefaultRetries,
+		RetryBackoff:   DefaultRetryBackoff,
+		MaxInflight:    DefaultMaxInflight,
+		ProbeInterval:  DefaultProbeInterval,
+		UnhealthyAfter: 3,
+		LookupBatch:    DefaultLookupBatch,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = d.KeyPrefix
+	}
+	if c.MaxValueBytes == 0 {
+		c.MaxValueBytes = d.MaxValueBytes
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = d.PoolSize
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = d.DialTimeout
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = d.RetryBackoff
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = d.MaxInflight
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = d.ProbeInterval
+	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = d.UnhealthyAfter
+	}
+	if c.LookupBatch == 0 {
+		c.LookupBatch = d.LookupBatch
+	}
+	return c
+}
+
+// Validate checks c (after defaults) and names the offending key.
+func (c Config) Validate() error {
+	bad := func(key string, format string, args ...any) error {
+		return fmt.Errorf("redis tier %q: %s: %s", c.Name, key, fmt.Sprintf(format, args...))
+	}
+	if c.Addr == "" {
+		return bad("addr", "required (host:port)")
+	}
+	if _, port, err := net.SplitHostPort(c.Addr); err != nil || port == "" {
+		return bad("addr", "%q is not host:port", c.Addr)
+	}
+	if c.DB < 0 {
+		return bad("db", "must be >= 0, got %d", c.DB)
+	}
+	if strings.ContainsAny(c.KeyPrefix, " \t\r\n") {
+		return bad("key_prefix", "%q must not contain whitespace", c.KeyPrefix)
+	}
+	if c.TTL < 0 {
+		return bad("ttl", "must be >= 0, got %v", c.TTL)
+	}
+	if c.TTL > 0 && c.TTL < time.Millisecond {
+		return bad("ttl", "must be at least 1ms, got %v", c.TTL)
+	}
+	if c.MaxValueBytes <= 0 {
+		return bad("max_value_bytes", "must be > 0, got %d", c.MaxValueBytes)
+	}
+	if _, err := parseLocality(c.Locality); err != nil {
+		return bad("locality", "%v", err)
+	}
+	for _, f := range []struct {
+		key string
+		v   int
+	}{{"pool_size", c.PoolSize}, {"max_inflight", c.MaxInflight}, {"unhealthy_after", c.UnhealthyAfter}, {"lookup_batch", c.LookupBatch}} {
+		if f.v <= 0 {
+			return bad(f.key, "must be > 0, got %d", f.v)
+		}
+	}
+	if c.Retries < 0 {
+		return bad("retries", "must be >= 0, got %d", c.Retries)
+	}
+	for _, f := range []struct {
+		key string
+		v   time.Duration
+	}{{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
+		if f.v <= 0 {
+			return bad(f.key, "must be > 0, got %v", f.v)
+		}
+	}
+	return nil
+}
+
+func parseLocality(s string) (offload.Locality, error) {
+	if s == "" {
+		return offload.LocalityUnspecified, nil
+	}
+	l, ok := offload.ParseLocality(s)
+	if !ok {
+		return offload.LocalityUnspecified, fmt.Errorf("%q: want local or remote", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,74 @@
+// Package redis is kvtier's Redis/Valkey secondary tier (`type: redis`,
+// DESIGN.md §5): a shared remote-DRAM tier, medium CPU, locality from
+// config (usually remote) — the "remote CPU" tier of the filter examples.
+//
+// # Configuration
+//
+//	secondary_tiers:
+//	  - name: remote-dram
+//	    type: redis
+//	    addr: 10.0.0.7:6379          # required
+//	    password: …                  # optional; username for ACLs
+//	    db: 0
+//	    key_prefix: "llama3-8b:"      # one per namespace; default "kvtier:"
+//	    ttl: 30m                     # optional expiry, refreshed by Touch
+//	    max_value_bytes: 536870912   # envelope included
+//	    pool_size: 16                # connections = concurrent pipelines
+//	    dial_timeout: 2s
+//	    timeout: 5s                  # per command or pipeline attempt
+//	    retries: 2
+//	    retry_backoff: 20ms
+//	    keyspace_events: true        # report server evictions/expiries
+//	    locality: remote
+//	    events: true
+//
+// Invalid values are errors naming the key. New pings the server: an
+// unreachable server (ErrUnreachable) or a refused login fails startup.
+//
+// # Keys and values
+//
+// A block is stored under <key_prefix><hex hash>:<group> as a 32-byte
+// kvtier envelope (package tiers/remote: magic, length, xxhash64 of the
+// payload and of the key) followed by the block bytes.
+//
+// # Behaviour
+//
+//   - Lookup is asynchronous (package asynclookup): the first lookup of a
+//     key answers Retry; at OnScheduleEnd the step's keys are checked in
+//     one pipeline of EXISTS, and later lookups answer Hit or Miss.
+//   - A store job is one pipeline of SET (with PX ttl when configured); a
+//     load job is one pipeline of GET. GET returns one consistent value;
+//     the tier verifies the envelope (key, length, checksum) before it
+//     copies anything into the slot, so a value that vanished (reads as
+//     missing) or changed underneath (fails the checksum) is never
+//     served. A corrupt value is a Miss for the request, is counted, and
+//     is deleted by a script that deletes it only if it still holds the
+//     bytes read — a good value written since is kept.
+//   - A failed load marks its keys Miss for the request; a partially
+//     failed load reports the loaded prefix.
+//   - Commands have a timeout; transient failures are retried with
+//     backoff. After unhealthy_after consecutive transport failures the
+//     tier is unhealthy: lookups answer Miss at once, cascades and loads
+//     fail at once and are counted as skipped, and a background PING
+//     marks the tier healthy again when the server answers (re-enabling
+//     keyspace events, which a restarted server has forgotten).
+//   - Touch refreshes the TTL (PEXPIRE) or, without one, the LRU clock
+//     (TOUCH) of the blocks in the background.
+//
+// # Capacity and removed events
+//
+// Capacity is the server's: set maxmemory and an eviction policy
+// (allkeys-lru suits a cache). With keyspace_events the tier enables the
+// E, g, x and e classes of notify-keyspace-events (CONFIG SET; existing
+// flags are kept) and subscribes to __keyevent@<db>__:evicted, :expired
+// and :del. Every such key under the tier's prefix becomes a removed
+// event (medium CPU, the tier's locality) and drops the key's cached
+// lookup verdict. Where CONFIG is not allowed (many managed services) the
+// tier logs that keyspace events are off; configure the flags on the
+// service instead. Without notifications, blocks the server drops are not
+// reported and the next lookup of them answers Miss.
+//
+// Events (when enabled): one stored event per fully successful store job,
+// removed events as above, and a removed event for a corrupt value the
+// tier deleted when no notification will report it.
+package redis

@@ -1,0 +1,450 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+func testConfig(addr string) Config {
+	cfg := DefaultConfig()
+	cfg.Name = "dram"
+	cfg.Addr = addr
+	cfg.KeyPrefix = "ns1:"
+	cfg.Locality = "remote"
+	cfg.PoolSize = 4
+	cfg.Timeout = time.Second
+	cfg.DialTimeout = 500 * time.Millisecond
+	cfg.RetryBackoff = time.Millisecond
+	cfg.ProbeInterval = 20 * time.Millisecond
+	cfg.Events = true
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return cfg
+}
+
+func newTier(t *testing.T, cfg Config) *Tier {
+	t.Helper()
+	tier, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tier.Close(ctx)
+	})
+	return tier
+}
+
+func storeJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64) *offload.Job {
+	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Req: offload.Background("r")}
+}
+
+func loadJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64, req *offload.ReqContext) *offload.Job {
+	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Promotion: true, Req: req}
+}
+
+func TestConfigValidation(t *testing.T) {
+	base := testConfig("127.0.0.1:6379")
+	cases := []struct {
+		name string
+		mod  func(*Config)
+		key  string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"no addr", func(c *Config) { c.Addr = "" }, "addr"},
+		{"addr without port", func(c *Config) { c.Addr = "localhost" }, "addr"},
+		{"negative db", func(c *Config) { c.DB = -1 }, "db"},
+		{"prefix with space", func(c *Config) { c.KeyPrefix = "a b" }, "key_prefix"},
+		{"negative ttl", func(c *Config) { c.TTL = -time.Second }, "ttl"},
+		{"sub-millisecond ttl", func(c *Config) { c.TTL = time.Microsecond }, "ttl"},
+		{"negative max value", func(c *Config) { c.MaxValueBytes = -1 }, "max_value_bytes"},
+		{"bad locality", func(c *Config) { c.Locality = "far" }, "locality"},
+		{"local ok", func(c *Config) { c.Locality = "Local" }, ""},
+		{"negative pool", func(c *Config) { c.PoolSize = -1 }, "pool_size"},
+		{"negative inflight", func(c *Config) { c.MaxInflight = -1 }, "max_inflight"},
+		{"negative retries", func(c *Config) { c.Retries = -1 }, "retries"},
+		{"negative timeout", func(c *Config) { c.Timeout = -1 }, "timeout"},
+		{"negative dial timeout", func(c *Config) { c.DialTimeout = -1 }, "dial_timeout"},
+		{"negative probe interval", func(c *Config) { c.ProbeInterval = -1 }, "probe_interval"},
+		{"negative lookup batch", func(c *Config) { c.LookupBatch = -5 }, "lookup_batch"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.mod(&c)
+			err := c.withDefaults().Validate()
+			if tc.key == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.key+":") {
+				t.Fatalf("error %v does not name key %q", err, tc.key)
+			}
+		})
+	}
+}
+
+func TestStartupErrors(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, err = New(context.Background(), testConfig(addr))
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("got %v, want ErrUnreachable naming %s", err, addr)
+	}
+
+	m := miniredis.RunT(t)
+	m.RequireAuth("secret")
+	_, err = New(context.Background(), testConfig(m.Addr()))
+	if err == nil || errors.Is(err, ErrUnreachable) {
+		t.Fatalf("wrong password: got %v", err)
+	}
+	cfg := testConfig(m.Addr())
+	cfg.Password = "secret"
+	newTier(t, cfg)
+}
+
+func TestKeyNames(t *testing.T) {
+	tier := &Tier{cfg: Config{KeyPrefix: "p:x:"}}
+	k := offload.MakeKey([]byte{0xde, 0xad, 0xbe, 0xef}, 3)
+	s := tier.redisKey(k)
+	if s != "p:x:deadbeef:3" {
+		t.Fatalf("key %q", s)
+	}
+	if got, ok := tier.parseKey(s); !ok || got != k {
+		t.Fatalf("parse %q: %v %v", s, got, ok)
+	}
+	for _, bad := range []string{"other:deadbeef:3", "p:x:zz:1", "p:x:deadbeef:", "p:x::1", "p:x:deadbeef:99999999999", "p:x:"} {
+		if _, ok := tier.parseKey(bad); ok {
+			t.Errorf("parsed foreign key %q", bad)
+		}
+	}
+	if !strings.Contains(missingFlags(""), "E") || missingFlags("KEA") != "" || missingFlags("Egx") != "e" || missingFlags("Kgxe") != "E" {
+		t.Fatal("missingFlags")
+	}
+}
+
+func TestStoreLookupLoadRoundTrip(t *testing.T) {
+	m := miniredis.RunT(t)
+	cfg := testConfig(m.Addr())
+	cfg.TTL = time.Hour
+	tier := newTier(t, cfg)
+	if tier.Type() != "redis" || tier.Medium() != offload.MediumCPU || tier.Locality() != offload.LocalityRemote || tier.Name() != "dram" {
+		t.Fatal("declarations")
+	}
+	const slot = 32<<10 + 5
+	src := rt.NewArena(slot, 3)
+	for i := 0; i < 3; i++ {
+		src.Fill(int64(i), uint64(i+7))
+	}
+	keys := rt.Keys(0, 3)
+	req, _ := offload.NewReqContext("req", nil)
+	if r := tier.Lookup(keys[0], req); r != offload.Retry {
+		t.Fatalf("first lookup %v", r)
+	}
+	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Miss {
+		t.Fatalf("before store %v", r)
+	}
+	res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 3)))
+	if !res.Success || res.Bytes != 3*slot {
+		t.Fatalf("store %+v", res)
+	}
+	evs := tier.TakeEvents()
+	if len(evs) != 1 || evs[0].Removed || evs[0].Medium != offload.MediumCPU || evs[0].Locality != offload.LocalityRemote || evs[0].Tier != "dram" || len(evs[0].Keys) != 3 {
+		t.Fatalf("events %+v", evs)
+	}
+	rk := tier.redisKey(keys[1])
+	if ttl := m.TTL(rk); ttl != time.Hour {
+		t.Fatalf("ttl of %s: %v", rk, ttl)
+	}
+	v, err := m.Get(rk)
+	if err != nil || len(v) != slot+remote.HeaderSize {
+		t.Fatalf("stored value: %d bytes, %v", len(v), err)
+	}
+
+	req2, _ := offload.NewReqContext("req2", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req2); r != offload.Hit {
+			t.Fatalf("lookup %s: %v", k, r)
+		}
+	}
+	dst := rt.NewArena(slot, 3)
+	res = rt.Run(t, tier, loadJob(2, dst, keys, []int64{2, 1, 0}, req2))
+	if !res.Success || res.Bytes != 3*slot {
+		t.Fatalf("load %+v", res)
+	}
+	for i, d := range []int64{2, 1, 0} {
+		a, _ := src.Slot(int64(i))
+		b, _ := dst.Slot(d)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d differs", i)
+		}
+	}
+	st := tier.Stats()
+	if st.BlocksStored != 3 || st.BlocksLoaded != 3 || st.StoreJobsOK != 1 || st.LoadJobsOK != 1 || !st.Healthy || st.BytesWritten != 3*slot {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Touch refreshes the TTL in the background.
+	m.FastForward(50 * time.Minute)
+	tier.Touch(keys[:1], req2)
+	rt.Eventually(t, 5*time.Second, "ttl refreshed", func() bool { return m.TTL(tier.redisKey(keys[0])) == time.Hour })
+
+	tier.OnRequestFinished(req)
+	tier.OnRequestFinished(req2)
+	rt.Drain(t, tier)
+	if tier.HasPendingWork() {
+		t.Fatal("pending work when idle")
+	}
+}
+
+func TestMaxValueBytes(t *testing.T) {
+	m := miniredis.RunT(t)
+	cfg := testConfig(m.Addr())
+	cfg.MaxValueBytes = 1024
+	tier := newTier(t, cfg)
+	res := rt.Run(t, tier, storeJob(1, rt.NewArena(1024, 1), rt.Keys(0, 1), []int64{0}))
+	if res.Success || !errors.Is(res.Err, ErrValueTooLarge) || !strings.Contains(res.Err.Error(), "max_value_bytes") {
+		t.Fatalf("oversized store %+v", res)
+	}
+	if res := rt.Run(t, tier, storeJob(2, rt.NewArena(1024-remote.HeaderSize, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
+		t.Fatalf("store at the limit %+v", res)
+	}
+	if len(m.Keys()) != 1 {
+		t.Fatalf("keys %v", m.Keys())
+	}
+}
+
+func TestCorruptValueIsMissDeletedCounted(t *testing.T) {
+	const slot = 2048
+	cases := []struct {
+		name    string
+		corrupt func(good, other string) string
+	}{
+		{"flipped payload bit", func(g, _ string) string { b := []byte(g); b[remote.HeaderSize+9] ^= 0x80; return string(b) }},
+		{"truncated", func(g, _ string) string { return g[:len(g)-1] }},
+		{"shorter than header", func(g, _ string) string { return g[:7] }},
+		{"empty", func(string, string) string { return "" }},
+		{"trailing bytes", func(g, _ string) string { return g + "xyz" }},
+		{"bad version", func(g, _ string) string { b := []byte(g); b[4] = 9; return string(b) }},
+		{"another key's value", func(_, o string) string { return o }},
+		{"bad checksum field", func(g, _ string) string { b := []byte(g); b[20] ^= 1; return string(b) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := miniredis.RunT(t)
+			tier := newTier(t, testConfig(m.Addr()))
+			src := rt.NewArena(slot, 2)
+			src.Fill(0, 1)
+			src.Fill(1, 2)
+			keys := rt.Keys(0, 2)
+			if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
+				t.Fatal(res)
+			}
+			tier.TakeEvents()
+			good, _ := m.Get(tier.redisKey(keys[0]))
+			other, _ := m.Get(tier.redisKey(keys[1]))
+			m.Set(tier.redisKey(keys[0]), tc.corrupt(good, other))
+
+			req, _ := offload.NewReqContext("r", nil)
+			if r := rt.Resolve(t, tier, keys[0], req); r != offload.Hit {
+				t.Fatalf("lookup %v", r)
+			}
+			dst := rt.NewArena(slot, 2)
+			res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, 2), req))
+			if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) || res.SuccessfulKeys != nil {
+				t.Fatalf("load %+v", res)
+			}
+			if d, _ := dst.Slot(0); !bytes.Equal(d, make([]byte, slot)) {
+				t.Fatal("a corrupt value reached the slot")
+			}
+			if r := tier.Lookup(keys[0], req); r != offload.Miss {
+				t.Fatalf("lookup after failed load %v", r)
+			}
+			if m.Exists(tier.redisKey(keys[0])) {
+				t.Fatal("corrupt value not deleted")
+			}
+			if !m.Exists(tier.redisKey(keys[1])) {
+				t.Fatal("good value deleted")
+			}
+			st := tier.Stats()
+			if st.Corrupted != 1 || st.Deleted != 1 || st.LoadJobsFailed != 1 {
+				t.Fatalf("stats %+v", st)
+			}
+			evs := tier.TakeEvents()
+			if len(evs) != 1 || !evs[0].Removed || len(evs[0].Keys) != 1 || evs[0].Keys[0] != keys[0] {
+				t.Fatalf("events %+v", evs)
+			}
+		})
+	}
+}
+
+func TestCorruptDeleteKeepsRewrittenValue(t *testing.T) {
+	m := miniredis.RunT(t)
+	tier := newTier(t, testConfig(m.Addr()))
+	k := rt.Key(1)
+	m.Set(tier.redisKey(k), "good value written after the read")
+	tier.deleteCorrupt(context.Background(), k, "the corrupt value that was read")
+	if !m.Exists(tier.redisKey(k)) {
+		t.Fatal("a value written since the read was deleted")
+	}
+	if st := tier.Stats(); st.Deleted != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	tier.deleteCorrupt(context.Background(), k, "good value written after the read")
+	if m.Exists(tier.redisKey(k)) {
+		t.Fatal("unchanged corrupt value kept")
+	}
+}
+
+func TestLoadPartialPrefixVanishedAndSizeMismatch(t *testing.T) {
+	m := miniredis.RunT(t)
+	tier := newTier(t, testConfig(m.Addr()))
+	src := rt.NewArena(512, 3)
+	keys := rt.Keys(5, 3)
+	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 3))); !res.Success {
+		t.Fatal(res)
+	}
+	req, _ := offload.NewReqContext("r", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
+			t.Fatal(r)
+		}
+	}
+	// The block vanished between the lookup and the load (evicted).
+	m.Del(tier.redisKey(keys[1]))
+	res := rt.Run(t, tier, loadJob(2, rt.NewArena(512, 3), keys, rt.Slots(0, 3), req))
+	if res.Success || !errors.Is(res.Err, ErrNotFound) || len(res.SuccessfulKeys) != 1 || res.SuccessfulKeys[0] != keys[0] || res.Bytes != 512 {
+		t.Fatalf("load %+v", res)
+	}
+	if r := tier.Lookup(keys[1], req); r != offload.Miss {
+		t.Fatalf("vanished key lookup %v", r)
+	}
+	res = rt.Run(t, tier, loadJob(3, rt.NewArena(256, 1), keys[:1], []int64{0}, req))
+	if !errors.Is(res.Err, remote.ErrSizeMismatch) {
+		t.Fatalf("size mismatch %+v", res)
+	}
+	if !m.Exists(tier.redisKey(keys[0])) || tier.Stats().SizeMismatch != 1 {
+		t.Fatal("intact block of another size deleted or not counted")
+	}
+}
+
+func TestServerDownMissFastAndRecovers(t *testing.T) {
+	m := miniredis.RunT(t)
+	cfg := testConfig(m.Addr())
+	cfg.Retries = 1
+	tier := newTier(t, cfg)
+	arena := rt.NewArena(1024, 4)
+	arena.Fill(0, 3)
+	keys := rt.Keys(0, 1)
+	if res := rt.Run(t, tier, storeJob(1, arena, keys, []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	m.Close()
+	id := uint64(2)
+	rt.Eventually(t, 10*time.Second, "tier unhealthy", func() bool {
+		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{1}))
+		id++
+		if res.Success {
+			t.Fatal("store succeeded with the server down")
+		}
+		return !tier.Healthy()
+	})
+	req, _ := offload.NewReqContext("down", nil)
+	start := time.Now()
+	for i := 0; i < 1000; i++ {
+		if r := tier.Lookup(keys[0], req); r != offload.Miss {
+			t.Fatalf("lookup while down %v", r)
+		}
+	}
+	tier.SubmitStore(storeJob(100, arena, keys, []int64{0}))
+	tier.SubmitLoad(loadJob(101, arena, keys, []int64{1}, req))
+	for _, r := range rt.WaitJobs(t, tier, 2, time.Second) {
+		if !errors.Is(r.Err, remote.ErrUnavailable) {
+			t.Fatalf("job while down %+v", r)
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("answers while down took %v", d)
+	}
+	st := tier.Stats()
+	if st.Healthy || st.StoreJobsSkipped != 1 || st.LoadJobsSkipped != 1 || st.LookupsUnhealthy < 1000 || st.Downs != 1 {
+		t.Fatalf("stats while down %+v", st)
+	}
+
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	rt.Eventually(t, 10*time.Second, "healthy after restart", tier.Healthy)
+	// miniredis keeps its data across Restart.
+	req2, _ := offload.NewReqContext("up", nil)
+	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
+		t.Fatalf("lookup after restart %v", r)
+	}
+	if res := rt.Run(t, tier, loadJob(200, rt.NewArena(1024, 1), keys, []int64{0}, req2)); !res.Success {
+		t.Fatalf("load after restart %+v", res)
+	}
+}
+
+func TestCloseAnswersEveryJobOnce(t *testing.T) {
+	m := miniredis.RunT(t)
+	tier, err := New(context.Background(), testConfig(m.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena := rt.NewArena(64<<10, 8)
+	const n = 40
+	for i := 0; i < n; i++ {
+		j := storeJob(uint64(i), arena, rt.Keys(i, 2), []int64{int64(i % 8), int64((i + 1) % 8)})
+		if i%2 == 1 {
+			j.Promotion = true
+			j.Req = offload.Background("r")
+			tier.SubmitLoad(j)
+		} else {
+			tier.SubmitStore(j)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tier.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt.WaitJobs(t, tier, n, time.Second) // fails on duplicates
+	if extra := tier.FinishedJobs(); len(extra) != 0 {
+		t.Fatalf("extra results %+v", extra)
+	}
+	tier.SubmitLoad(loadJob(99, arena, rt.Keys(0, 1), []int64{0}, offload.Background("r")))
+	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrClosed) {
+		t.Fatalf("after close %+v", r)
+	}
+}
+
+func TestKeyspaceEventsUnsupportedIsNotFatal(t *testing.T) {
+	m := miniredis.RunT(t) // no CONFIG command, no notifications
+	cfg := testConfig(m.Addr())
+	cfg.KeyspaceEvents = true
+	tier := newTier(t, cfg)
+	if tier.Stats().KeyspaceEvents {
+		t.Fatal("keyspace events reported on without server support")
+	}
+	if res := rt.Run(t, tier, storeJob(1, rt.NewArena(128, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+}
