@@ -1,0 +1,382 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+// Integration tests run against a real redis-server: the shared one named
+// by KVTIER_TEST_REDIS_ADDR, and for tests that reconfigure or stop the
+// server, a redis-server process of their own (binary on PATH). Without
+// them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
+
+func requireIntegration(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
+		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
+	}
+	t.Skipf("%s not available; set it (see scripts/test.sh) to run this integration test", what)
+}
+
+func uniquePrefix() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "kvtier-it-" + hex.EncodeToString(b[:]) + ":"
+}
+
+// sharedRedisConfig points at $KVTIER_TEST_REDIS_ADDR with a key prefix of
+// its own, whose keys are removed after the test.
+func sharedRedisConfig(t *testing.T) Config {
+	t.Helper()
+	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
+	if addr == "" {
+		requireIntegration(t, "KVTIER_TEST_REDIS_ADDR")
+	}
+	cfg := itConfig(addr)
+	t.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
+	return cfg
+}
+
+func itConfig(addr string) Config {
+	cfg := DefaultConfig()
+	cfg.Name = "redis-it"
+	cfg.Addr = addr
+	cfg.KeyPrefix = uniquePrefix()
+	cfg.Locality = "remote"
+	cfg.Events = true
+	cfg.Timeout = 2 * time.Second
+	cfg.DialTimeout = time.Second
+	cfg.RetryBackoff = 5 * time.Millisecond
+	cfg.ProbeInterval = 50 * time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return cfg
+}
+
+func removePrefix(addr, prefix string) {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for it.Next(ctx) {
+		c.Del(ctx, it.Val())
+	}
+}
+
+// redisProc is a redis-server process the test owns.
+type redisProc struct {
+	t      *testing.T
+	addr   string
+	args   []string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func startRedis(t *testing.T, extra ...string) *redisProc {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		requireIntegration(t, "redis-server on PATH")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(l.Addr().String())
+	l.Close()
+	p := &redisProc{t: t, addr: net.JoinHostPort(host, port)}
+	p.args = append([]string{bin, "--port", port, "--bind", host, "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *redisProc) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(p.args[0], p.args[1:]...)
+	p.cmd.Stdout, p.cmd.Stderr = io.Discard, io.Discard
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatalf("start redis-server: %v", err)
+	}
+	p.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(p.cmd, p.exited)
+	c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		select {
+		case <-p.exited:
+			p.t.Fatal("redis-server exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("redis-server not answering on %s", p.addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *redisProc) stop() {
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Kill()
+	<-p.exited
+	p.cmd = nil
+}
+
+func (p *redisProc) client() *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: p.addr})
+	p.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestIntegrationRoundTrip2MiB(t *testing.T) {
+	cfg := sharedRedisConfig(t)
+	tier := newTier(t, cfg)
+	const slot = 2 << 20
+	const n = 6
+	src := rt.NewArena(slot, n)
+	for i := 0; i < n; i++ {
+		src.Fill(int64(i), uint64(i+50))
+	}
+	keys := rt.Keys(300, n)
+	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, n))); !res.Success {
+		t.Fatalf("store %+v", res)
+	}
+	req, _ := offload.NewReqContext("it", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
+			t.Fatalf("lookup %v", r)
+		}
+	}
+	dst := rt.NewArena(slot, n)
+	if res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
+		t.Fatalf("load %+v", res)
+	}
+	for i := 0; i < n; i++ {
+		a, _ := src.Slot(int64(i))
+		b, _ := dst.Slot(int64(i))
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d differs", i)
+		}
+	}
+	if evs := tier.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != n {
+		t.Fatalf("events %+v", evs)
+	}
+}
+
+func TestIntegrationCorruptValue(t *testing.T) {
+	cfg := sharedRedisConfig(t)
+	tier := newTier(t, cfg)
+	raw := goredis.NewClient(&goredis.Options{Addr: cfg.Addr})
+	defer raw.Close()
+	ctx := context.Background()
+	src := rt.NewArena(64<<10, 1)
+	src.Fill(0, 9)
+	keys := rt.Keys(1, 1)
+	if res := rt.Run(t, tier, storeJob(1, src, keys, []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	rk := tier.redisKey(keys[0])
+	// Flip one payload byte in place, as bit rot would.
+	b, err := raw.GetRange(ctx, rk, remote.HeaderSize+500, remote.HeaderSize+500).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.SetRange(ctx, rk, remote.HeaderSize+500, string([]byte{b[0] ^ 1}))
+	req, _ := offload.NewReqContext("c", nil)
+	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Hit {
+		t.Fatal(r)
+	}
+	res := rt.Run(t, tier, loadJob(2, rt.NewArena(64<<10, 1), keys, []int64{0}, req))
+	if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) {
+		t.Fatalf("load %+v", res)
+	}
+	if r := tier.Lookup(keys[0], req); r != offload.Miss {
+		t.Fatalf("lookup after corrupt load %v", r)
+	}
+	if n, _ := raw.Exists(ctx, rk).Result(); n != 0 {
+		t.Fatal("corrupt value not deleted")
+	}
+	if st := tier.Stats(); st.Corrupted != 1 || st.Deleted != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// removedKeys collects the keys of removed events until want are seen.
+func waitRemoved(t *testing.T, tier *Tier, want map[offload.Key]bool, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for len(want) > 0 {
+		for _, ev := range tier.TakeEvents() {
+			if !ev.Removed {
+				continue
+			}
+			if ev.Medium != offload.MediumCPU || ev.Locality != offload.LocalityRemote || ev.Tier != tier.Name() {
+				t.Fatalf("removed event %+v", ev)
+			}
+			for _, k := range ev.Keys {
+				delete(want, k)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys never reported removed", len(want))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestIntegrationKeyspaceRemovals(t *testing.T) {
+	p := startRedis(t, "--maxmemory", "24mb", "--maxmemory-policy", "allkeys-lru")
+	cfg := itConfig(p.addr)
+	cfg.KeyspaceEvents = true
+	tier := newTier(t, cfg)
+	if !tier.Stats().KeyspaceEvents {
+		t.Fatal("keyspace events not enabled on a server that allows CONFIG SET")
+	}
+	raw := p.client()
+	ctx := context.Background()
+
+	// An explicit DEL by someone else is reported.
+	arena := rt.NewArena(1<<20, 40)
+	keys := rt.Keys(0, 40)
+	if res := rt.Run(t, tier, storeJob(1, arena, keys[:1], []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	raw.Del(ctx, tier.redisKey(keys[0]))
+	waitRemoved(t, tier, map[offload.Key]bool{keys[0]: true}, 5*time.Second)
+
+	// maxmemory evictions are reported: 39 MiB into a 24 MiB server.
+	for i := 1; i < 40; i++ {
+		if res := rt.Run(t, tier, storeJob(uint64(i+1), arena, keys[i:i+1], []int64{int64(i)})); !res.Success {
+			t.Fatalf("store %d: %+v", i, res)
+		}
+	}
+	evicted := map[offload.Key]bool{}
+	for _, k := range keys[1:] {
+		if n, _ := raw.Exists(ctx, tier.redisKey(k)).Result(); n == 0 {
+			evicted[k] = true
+		}
+	}
+	if len(evicted) == 0 {
+		t.Fatal("server evicted nothing; maxmemory not in effect")
+	}
+	waitRemoved(t, tier, evicted, 5*time.Second)
+	if st := tier.Stats(); st.ServerRemoved < int64(len(evicted))+1 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Expiry is reported.
+	cfg2 := itConfig(p.addr)
+	cfg2.KeyPrefix = cfg.KeyPrefix // same namespace, short TTL
+	cfg2.TTL = 100 * time.Millisecond
+	short := newTier(t, cfg2)
+	k := rt.Key(1000)
+	if res := rt.Run(t, short, storeJob(1, rt.NewArena(1024, 1), []offload.Key{k}, []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	time.Sleep(200 * time.Millisecond)
+	raw.Exists(ctx, tier.redisKey(k)) // an access expires the key at once
+	waitRemoved(t, tier, map[offload.Key]bool{k: true}, 5*time.Second)
+
+	// A restarted server forgot CONFIG SET; the tier enables events again.
+	p.stop()
+	rt.Eventually(t, 10*time.Second, "unhealthy", func() bool {
+		tier.SubmitStore(storeJob(500, arena, keys[:1], []int64{0}))
+		rt.WaitJobs(t, tier, 1, 10*time.Second)
+		return !tier.Healthy()
+	})
+	p.start()
+	rt.Eventually(t, 10*time.Second, "healthy", tier.Healthy)
+	flags, err := raw.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil || missingFlags(flags["notify-keyspace-events"]) != "" {
+		t.Fatalf("after restart notify-keyspace-events = %v (%v)", flags, err)
+	}
+	if res := rt.Run(t, tier, storeJob(600, arena, keys[:1], []int64{0})); !res.Success {
+		t.Fatal(res)
+	}
+	tier.TakeEvents()
+	raw.Del(ctx, tier.redisKey(keys[0]))
+	waitRemoved(t, tier, map[offload.Key]bool{keys[0]: true}, 10*time.Second)
+}
+
+func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
+	p := startRedis(t)
+	cfg := itConfig(p.addr)
+	cfg.Retries = 1
+	tier := newTier(t, cfg)
+	const slot = 1 << 20
+	arena := rt.NewArena(slot, 4)
+	for i := 0; i < 4; i++ {
+		arena.Fill(int64(i), uint64(i))
+	}
+	keys := rt.Keys(0, 2)
+	if res := rt.Run(t, tier, storeJob(1, arena, keys, rt.Slots(0, 2))); !res.Success {
+		t.Fatal(res)
+	}
+	p.stop()
+	id := uint64(10)
+	rt.Eventually(t, 10*time.Second, "unhealthy", func() bool {
+		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{2}))
+		id++
+		if res.Success {
+			t.Fatal("store with the server stopped succeeded")
+		}
+		return !tier.Healthy()
+	})
+	req, _ := offload.NewReqContext("down", nil)
+	start := time.Now()
+	if r := tier.Lookup(keys[0], req); r != offload.Miss {
+		t.Fatalf("lookup while down %v", r)
+	}
+	tier.SubmitStore(storeJob(100, arena, keys, rt.Slots(0, 2)))
+	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrUnavailable) {
+		t.Fatalf("cascade while down %+v", r)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Fatalf("answers while down took %v", d)
+	}
+	if st := tier.Stats(); st.Healthy || st.StoreJobsSkipped != 1 || st.Downs != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	p.start() // no persistence: the server comes back empty
+	rt.Eventually(t, 10*time.Second, "healthy after restart", tier.Healthy)
+	req2, _ := offload.NewReqContext("up", nil)
+	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Miss {
+		t.Fatalf("lookup on the empty restarted server %v", r)
+	}
+	if res := rt.Run(t, tier, storeJob(200, arena, keys, rt.Slots(0, 2))); !res.Success {
+		t.Fatalf("store after restart %+v", res)
+	}
+	req3, _ := offload.NewReqContext("again", nil)
+	if r := rt.Resolve(t, tier, keys[1], req3); r != offload.Hit {
+		t.Fatalf("lookup after re-store %v", r)
+	}
+	dst := rt.NewArena(slot, 2)
+	if res := rt.Run(t, tier, loadJob(201, dst, keys, rt.Slots(0, 2), req3)); !res.Success {
+		t.Fatalf("load after restart %+v", res)
+	}
+	a, _ := arena.Slot(1)
+	b, _ := dst.Slot(1)
+	if !bytes.Equal(a, b) {
+		t.Fatal("block differs after restart")
+	}
+}
