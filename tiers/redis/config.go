@@ -15,8 +15,8 @@ import (
 // DefaultConfig() so that absent keys keep their defaults; New also fills
 // zero values of the sizing and timing fields with the defaults.
 type Config struct {
-	// Name is the tier name in its stack (from the tier entry's `name`).
-	Name string `yaml:"name,omitempty"`
+	// Name is the tier name in its stack (the config entry's name).
+	Name string `yaml:"-"`
 
 	// Addr is the server's host:port (required).
 	Addr string `yaml:"addr"`

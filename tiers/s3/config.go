@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // Config configures an S3 tier. The yaml tags are the type-specific keys
@@ -17,8 +18,8 @@ import (
 // so that absent keys keep their defaults; New also fills zero values of
 // the sizing and timing fields with the defaults.
 type Config struct {
-	// Name is the tier name in its stack (from the tier entry's `name`).
-	Name string `yaml:"name,omitempty"`
+	// Name is the tier name in its stack (the config entry's name).
+	Name string `yaml:"-"`
 
 	// Bucket is required. Prefix is prepended to every object key ("a/b"
 	// and "a/b/" are the same); empty stores at the bucket root.
@@ -71,8 +72,12 @@ type Config struct {
 	// and a removed event per corrupted object it deletes.
 	Events bool `yaml:"events"`
 
-	// Layout names objects after the FS tier's files; set by the daemon
-	// from the namespace.
+	// Namespace holds the FS layout's digest fields and rank (the same
+	// `namespace` block as an fs entry; the daemon fills model_name from
+	// its namespace). Object keys use the directory names an FS tier with
+	// this namespace would use.
+	Namespace fs.Namespace `yaml:"namespace"`
+	// Layout overrides the names derived from Namespace when Base is set.
 	Layout Layout `yaml:"-"`
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `yaml:"-"`
@@ -198,6 +203,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.Layout.validate(); err != nil {
 		return bad("layout", "%v", err)
+	}
+	if c.Layout.Base == "" && c.Namespace.ModelName != "" {
+		if _, err := LayoutOf(c.Namespace); err != nil {
+			return bad("namespace", "%v", err)
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // Layout names block objects after the FS tier's files (spec §5.1), so
@@ -25,6 +26,31 @@ type Layout struct {
 }
 
 const defaultLayoutBase = "kvtier"
+
+// LayoutOf returns the layout of an FS tier with namespace ns: base
+// "<model name, / replaced by _>_<digest>" and ns's rank.
+func LayoutOf(ns fs.Namespace) (Layout, error) {
+	if ns.ModelName == "" {
+		return Layout{}, fmt.Errorf("model_name is required")
+	}
+	if ns.Rank < 0 {
+		return Layout{}, fmt.Errorf("rank must be >= 0, got %d", ns.Rank)
+	}
+	d, err := ns.Digest()
+	if err != nil {
+		return Layout{}, err
+	}
+	return Layout{Base: strings.ReplaceAll(ns.ModelName, "/", "_") + "_" + d, Rank: ns.Rank}, nil
+}
+
+// layoutOf resolves the layout c uses: Layout when set, else the one of
+// c.Namespace, else the default base.
+func (c Config) layoutOf() (Layout, error) {
+	if c.Layout.Base != "" || c.Namespace.ModelName == "" {
+		return c.Layout, nil
+	}
+	return LayoutOf(c.Namespace)
+}
 
 func (l Layout) validate() error {
 	if l.Rank < 0 {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
@@ -635,5 +638,45 @@ func TestEventsOff(t *testing.T) {
 	}
 	if evs := tier.TakeEvents(); evs != nil {
 		t.Fatalf("events with events off: %+v", evs)
+	}
+}
+
+// TestLayoutMatchesFSTier checks that object keys are the paths an FS
+// tier with the same namespace writes, relative to its root.
+func TestLayoutMatchesFSTier(t *testing.T) {
+	ns := fs.Namespace{ModelName: "org/model-7b", TokensPerHash: 16, DType: "bfloat16", Rank: 1,
+		KVCacheGroups: []fs.KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"l0", "l1"}}}}
+	root := t.TempDir()
+	ft, err := fs.New(fs.Config{Name: "fs", RootDir: root, Namespace: ns, ODirect: "off", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ft.Close(context.Background())
+	arena := rt.NewArena(4096, 1)
+	k := offload.MakeKey([]byte{0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0}, 2)
+	if res := rt.Run(t, ft, storeJob(1, arena, []offload.Key{k}, []int64{0})); !res.Success {
+		t.Fatalf("fs store %+v", res)
+	}
+	var files []string
+	filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".bin") {
+			rel, _ := filepath.Rel(root, p)
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	l, err := LayoutOf(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 1 || files[0] != l.Path(k) {
+		t.Fatalf("fs wrote %v, s3 layout says %s", files, l.Path(k))
+	}
+	cfg := Config{Bucket: testBucket, Namespace: ns}
+	if got, _ := cfg.layoutOf(); got != l {
+		t.Fatalf("config layout %+v, want %+v", got, l)
+	}
+	if _, err := LayoutOf(fs.Namespace{}); err == nil {
+		t.Fatal("empty namespace accepted")
 	}
 }

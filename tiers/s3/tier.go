@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -58,7 +57,7 @@ type Tier struct {
 	events         *remote.Events // nil when events are off
 	missQ, forgetQ remote.KeyQueue
 	c              remote.Counters
-	jitter         atomic.Uint64
+	retry          *remote.Retrier
 
 	closeOnce sync.Once
 	closeErr  error
@@ -76,6 +75,11 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		return nil, err
 	}
 	loc, _ := parseLocality(cfg.Locality)
+	layout, err := cfg.layoutOf()
+	if err != nil {
+		return nil, fmt.Errorf("s3 tier %q: namespace: %w", cfg.Name, err)
+	}
+	cfg.Layout = layout
 	t := &Tier{
 		cfg:      cfg,
 		name:     cfg.Name,
@@ -109,6 +113,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Timeout:   min(cfg.Timeout, 5*time.Second),
 		Logger:    t.log,
 	})
+	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.jobs = remote.NewJobs(t.label(), cfg.MaxInflight)
 	t.lookups = asynclookup.New(t.label(), t.exists, asynclookup.Options{
 		MaxBatch: cfg.LookupBatch,
@@ -570,46 +575,28 @@ func (t *Tier) deleteCorrupt(ctx context.Context, okey string, k offload.Key) {
 	}
 }
 
-// do runs one request with a per-attempt timeout, retrying transient
-// failures with backoff while the service is considered up, and feeds
-// the health tracker. A 404 comes back as ErrNotFound.
+// do runs one request through the retrier; a 404 comes back wrapped in
+// ErrNotFound.
 func (t *Tier) do(ctx context.Context, retries int, op func(ctx context.Context) error) error {
-	for attempt := 0; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-		err := op(actx)
-		timedOut := ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded)
-		cancel()
-		if err == nil {
-			t.health.Success()
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w (%w)", ctx.Err(), err)
-		}
-		switch status := httpStatus(err); {
-		case status == http.StatusNotFound:
-			t.health.Success()
-			return fmt.Errorf("%w: %w", ErrNotFound, err)
-		case status != 0 && status < 500 && status != http.StatusTooManyRequests && status != http.StatusRequestTimeout:
-			t.health.Success() // the server answered; retrying will not help
-			return err
-		case status == 0 && (errors.Is(err, remote.ErrCorrupt) || errors.Is(err, remote.ErrSizeMismatch)):
-			t.health.Success()
-			return err
-		}
-		if timedOut {
-			t.c.Timeouts.Add(1)
-			err = fmt.Errorf("timed out after %v: %w", t.cfg.Timeout, err)
-		}
-		t.health.Failure(err)
-		if attempt >= retries || !t.health.Healthy() {
-			return err
-		}
-		t.c.Retries.Add(1)
-		if !remote.Sleep(ctx, remote.Backoff(t.cfg.RetryBackoff, attempt+1, t.jitter.Add(1))) {
-			return err
-		}
+	err := t.retry.Do(ctx, retries, op)
+	if err != nil && httpStatus(err) == http.StatusNotFound {
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
+	return err
+}
+
+// classify: any HTTP answer below 500 (except 408 and 429) and kvtier's
+// own verification errors show a working service; everything else is
+// transient.
+func classify(err error) remote.Class {
+	status := httpStatus(err)
+	switch {
+	case status != 0 && status < 500 && status != http.StatusTooManyRequests && status != http.StatusRequestTimeout:
+		return remote.Answered
+	case status == 0 && (errors.Is(err, remote.ErrCorrupt) || errors.Is(err, remote.ErrSizeMismatch)):
+		return remote.Answered
+	}
+	return remote.Transient
 }
 
 // httpStatus returns the HTTP status of a service error, or 0 when the
