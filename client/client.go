@@ -9,8 +9,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/api/wire"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -61,7 +63,9 @@ func Dial(target string, opts Options) (*Client, error) {
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
+			grpc.ForceCodecV2(wire.Codec{})),
+		experimental.WithBufferPool(wire.Pool),
 	}
 	if opts.Token != "" {
 		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))
@@ -114,6 +118,33 @@ func (c *Client) WithNamespace(ns string) *Client {
 	return &cc
 }
 
+// packKeys returns keys back to back when they all have one length (the
+// cheap form for the daemon to decode), else ok is false.
+func packKeys(keys []offload.Key) (packed []byte, size uint32, ok bool) {
+	if len(keys) == 0 {
+		return nil, 0, false
+	}
+	n := len(keys[0])
+	for _, k := range keys {
+		if len(k) != n {
+			return nil, 0, false
+		}
+	}
+	packed = make([]byte, 0, n*len(keys))
+	for _, k := range keys {
+		packed = append(packed, k...)
+	}
+	return packed, uint32(n), true
+}
+
+// keyFields fills the keys of a keyed request in the cheapest form.
+func keyFields(keys []offload.Key) (raw [][]byte, packed []byte, size uint32) {
+	if p, s, ok := packKeys(keys); ok {
+		return nil, p, s
+	}
+	return keyBytes(keys), nil, 0
+}
+
 func keyBytes(keys []offload.Key) [][]byte {
 	out := make([][]byte, len(keys))
 	for i, k := range keys {
@@ -144,7 +175,8 @@ func (c *Client) NewRequest(ctx context.Context, id, params string) (*kvtierv1.N
 // like vLLM's connector (see LookupRequest.prefix_scan). It returns one
 // result per key and the number of leading hits.
 func (c *Client) Lookup(ctx context.Context, id string, keys []offload.Key, prefixScan bool) ([]kvtierv1.LookupResult, int, error) {
-	resp, err := c.api.Lookup(ctx, &kvtierv1.LookupRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), PrefixScan: prefixScan})
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.Lookup(ctx, &kvtierv1.LookupRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size, PrefixScan: prefixScan})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -153,7 +185,8 @@ func (c *Client) Lookup(ctx context.Context, id string, keys []offload.Key, pref
 
 // PrepareLoad pins keys and returns their arena slots (co-indexed).
 func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key) ([]int64, error) {
-	resp, err := c.api.PrepareLoad(ctx, &kvtierv1.PrepareLoadRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.PrepareLoad(ctx, &kvtierv1.PrepareLoadRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size})
 	if err != nil {
 		return nil, err
 	}
@@ -162,13 +195,15 @@ func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key)
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
 func (c *Client) CompleteLoad(ctx context.Context, id string, keys []offload.Key) error {
-	_, err := c.api.CompleteLoad(ctx, &kvtierv1.CompleteLoadRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	raw, packed, size := keyFields(keys)
+	_, err := c.api.CompleteLoad(ctx, &kvtierv1.CompleteLoadRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size})
 	return err
 }
 
 // Touch refreshes the recency of keys.
 func (c *Client) Touch(ctx context.Context, id string, keys []offload.Key) error {
-	_, err := c.api.Touch(ctx, &kvtierv1.TouchRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys)})
+	raw, packed, size := keyFields(keys)
+	_, err := c.api.Touch(ctx, &kvtierv1.TouchRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size})
 	return err
 }
 
@@ -185,7 +220,8 @@ type Reservation struct {
 // PrepareStore reserves slots for keys; metadata is nil or one entry per
 // key (token metadata for self-describing events).
 func (c *Client) PrepareStore(ctx context.Context, id string, keys []offload.Key, metadata []*kvtierv1.BlockMetadata) (Reservation, error) {
-	resp, err := c.api.PrepareStore(ctx, &kvtierv1.PrepareStoreRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), Metadata: metadata})
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.PrepareStore(ctx, &kvtierv1.PrepareStoreRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size, Metadata: metadata})
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -194,7 +230,8 @@ func (c *Client) PrepareStore(ctx context.Context, id string, keys []offload.Key
 
 // CompleteStore commits (success) or abandons reserved slots.
 func (c *Client) CompleteStore(ctx context.Context, id string, keys []offload.Key, success bool) error {
-	_, err := c.api.CompleteStore(ctx, &kvtierv1.CompleteStoreRequest{Namespace: c.ns, RequestId: id, Keys: keyBytes(keys), Success: success})
+	raw, packed, size := keyFields(keys)
+	_, err := c.api.CompleteStore(ctx, &kvtierv1.CompleteStoreRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size, Success: success})
 	return err
 }
 

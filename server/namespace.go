@@ -257,6 +257,28 @@ func (ns *Namespace) Keys(raw [][]byte) ([]offload.Key, error) {
 	return keys, nil
 }
 
+// PackedKeys splits keys stored back to back, size bytes each, checking
+// the same limits as Keys. It makes one allocation for the whole batch.
+func (ns *Namespace) PackedKeys(packed []byte, size int) ([]offload.Key, error) {
+	if size <= offload.GroupSuffixLen || size > ns.limits.MaxKeyBytes {
+		return nil, fmt.Errorf("%w: key_size %d (want %d..%d: block hash + 4-byte group index)",
+			offload.ErrInvalidKey, size, offload.GroupSuffixLen+1, ns.limits.MaxKeyBytes)
+	}
+	if len(packed)%size != 0 {
+		return nil, fmt.Errorf("%w: packed_keys is %d bytes, not a multiple of key_size %d", ErrInvalidArgument, len(packed), size)
+	}
+	n := len(packed) / size
+	if n > ns.limits.MaxKeysPerCall {
+		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, n, ns.limits.MaxKeysPerCall)
+	}
+	all := string(packed)
+	keys := make([]offload.Key, n)
+	for i := range keys {
+		keys[i] = offload.Key(all[i*size : (i+1)*size])
+	}
+	return keys, nil
+}
+
 // Lookup looks keys up for request id into out (len(out) >= len(keys)).
 // Without prefix every key is looked up. With prefix the scan is the
 // connector's prefix scan (tiering.Manager.LookupPrefix): a Retry ends the

@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/api/wire"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -140,6 +142,8 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		// A client that connects and says nothing must not hold a
 		// connection slot forever.
 		grpc.ConnectionTimeout(10 * time.Second),
+		experimental.BufferPool(wire.Pool),
+		grpc.ForceServerCodecV2(wire.Codec{}),
 	}
 	if auth && s.cfg.AuthToken != "" {
 		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))

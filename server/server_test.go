@@ -45,10 +45,10 @@ type envOptions struct {
 	token  string
 	parser offload.Parser
 	limits server.Limits
-	tiers  func(t *testing.T) []offload.SecondaryTier
+	tiers  func(t testing.TB) []offload.SecondaryTier
 }
 
-func memTiers(t *testing.T) []offload.SecondaryTier {
+func memTiers(t testing.TB) []offload.SecondaryTier {
 	t.Helper()
 	a, err := memory.New(memory.Config{Name: "remote-cpu", Medium: offload.MediumCPU, Locality: offload.LocalityRemote})
 	if err != nil {
@@ -63,7 +63,13 @@ func memTiers(t *testing.T) []offload.SecondaryTier {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func startEnv(t *testing.T, o envOptions) *env {
+func startEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	return startEnvSlot(t, o, slotSize)
+}
+
+// startEnvSlot starts a daemon whose blocks are size bytes.
+func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	t.Helper()
 	if o.slots == 0 {
 		o.slots = 64
@@ -77,7 +83,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: int64(slotSize * o.slots), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
+	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +117,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	return e
 }
 
-func (e *env) dial(t *testing.T, target string) *client.Client {
+func (e *env) dial(t testing.TB, target string) *client.Client {
 	t.Helper()
 	c, err := client.Dial(target, client.Options{Token: e.token})
 	if err != nil {
@@ -135,7 +141,7 @@ func block(k offload.Key) []byte {
 	return bytes.Repeat([]byte(k.Hash()[:8]), slotSize/8)
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx

@@ -46,7 +46,7 @@ func (sv *service) NewRequest(_ context.Context, in *kvtierv1.NewRequestRequest)
 }
 
 func (sv *service) Lookup(_ context.Context, in *kvtierv1.LookupRequest) (*kvtierv1.LookupResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -58,12 +58,28 @@ func (sv *service) Lookup(_ context.Context, in *kvtierv1.LookupRequest) (*kvtie
 	return &kvtierv1.LookupResponse{Results: resultsProto(res), Hits: uint32(hits)}, nil
 }
 
-func (sv *service) nsKeys(name string, raw [][]byte) (*Namespace, []offload.Key, error) {
-	ns, err := sv.ns(name)
+// keyed is a request carrying keys in either form.
+type keyed interface {
+	GetNamespace() string
+	GetKeys() [][]byte
+	GetPackedKeys() []byte
+	GetKeySize() uint32
+}
+
+func (sv *service) nsKeys(in keyed) (*Namespace, []offload.Key, error) {
+	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
 		return nil, nil, toStatus(err)
 	}
-	keys, err := ns.Keys(raw)
+	var keys []offload.Key
+	switch {
+	case len(in.GetPackedKeys()) > 0 && len(in.GetKeys()) > 0:
+		err = fmt.Errorf("%w: both keys and packed_keys set", ErrInvalidArgument)
+	case len(in.GetPackedKeys()) > 0:
+		keys, err = ns.PackedKeys(in.GetPackedKeys(), int(in.GetKeySize()))
+	default:
+		keys, err = ns.Keys(in.GetKeys())
+	}
 	if err != nil {
 		return nil, nil, toStatus(err)
 	}
@@ -71,7 +87,7 @@ func (sv *service) nsKeys(name string, raw [][]byte) (*Namespace, []offload.Key,
 }
 
 func (sv *service) PrepareLoad(_ context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +99,7 @@ func (sv *service) PrepareLoad(_ context.Context, in *kvtierv1.PrepareLoadReques
 }
 
 func (sv *service) CompleteLoad(_ context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +110,7 @@ func (sv *service) CompleteLoad(_ context.Context, in *kvtierv1.CompleteLoadRequ
 }
 
 func (sv *service) Touch(_ context.Context, in *kvtierv1.TouchRequest) (*kvtierv1.TouchResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +121,7 @@ func (sv *service) Touch(_ context.Context, in *kvtierv1.TouchRequest) (*kvtierv
 }
 
 func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequest) (*kvtierv1.PrepareStoreResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +145,7 @@ func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequ
 }
 
 func (sv *service) CompleteStore(_ context.Context, in *kvtierv1.CompleteStoreRequest) (*kvtierv1.CompleteStoreResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
@@ -243,9 +259,13 @@ func (sv *service) PutBlocks(_ context.Context, in *kvtierv1.PutBlocksRequest) (
 }
 
 func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest) (*kvtierv1.GetBlocksResponse, error) {
-	ns, keys, err := sv.nsKeys(in.GetNamespace(), in.GetKeys())
+	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
+	}
+	keys, err := ns.Keys(in.GetKeys())
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	wait := time.Duration(in.GetWaitMs()) * time.Millisecond
 	res, data, hits, err := ns.GetBlocks(ctx, in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())

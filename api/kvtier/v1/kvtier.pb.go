@@ -761,7 +761,13 @@ type LookupRequest struct {
 	// the scan, and the keys after it are not looked up (no promotion starts
 	// for them) and answer LOOKUP_RESULT_UNSPECIFIED. Without it every key
 	// is looked up.
-	PrefixScan    bool `protobuf:"varint,4,opt,name=prefix_scan,json=prefixScan,proto3" json:"prefix_scan,omitempty"`
+	PrefixScan bool `protobuf:"varint,4,opt,name=prefix_scan,json=prefixScan,proto3" json:"prefix_scan,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -822,6 +828,20 @@ func (x *LookupRequest) GetPrefixScan() bool {
 		return x.PrefixScan
 	}
 	return false
+}
+
+func (x *LookupRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
 }
 
 // LookupResponse carries one result per key.
@@ -885,7 +905,13 @@ type PrepareLoadRequest struct {
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Keys that answered HIT in this step.
-	Keys          [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -941,6 +967,20 @@ func (x *PrepareLoadRequest) GetKeys() [][]byte {
 	return nil
 }
 
+func (x *PrepareLoadRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *PrepareLoadRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
 // PrepareLoadResponse returns the arena slots to read.
 type PrepareLoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -989,10 +1029,16 @@ func (x *PrepareLoadResponse) GetSlots() []int64 {
 
 // CompleteLoadRequest unpins keys after reading.
 type CompleteLoadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Keys          [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Keys      [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1048,6 +1094,20 @@ func (x *CompleteLoadRequest) GetKeys() [][]byte {
 	return nil
 }
 
+func (x *CompleteLoadRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *CompleteLoadRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
 // CompleteLoadResponse is empty.
 type CompleteLoadResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1087,10 +1147,16 @@ func (*CompleteLoadResponse) Descriptor() ([]byte, []int) {
 
 // TouchRequest refreshes the recency of keys.
 type TouchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Keys          [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Keys      [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1144,6 +1210,20 @@ func (x *TouchRequest) GetKeys() [][]byte {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *TouchRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *TouchRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
 }
 
 // TouchResponse is empty.
@@ -1299,7 +1379,13 @@ type PrepareStoreRequest struct {
 	Keys      [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
 	// Optional, co-indexed with keys (empty, or exactly one entry per key):
 	// token metadata for self-describing events.
-	Metadata      []*BlockMetadata `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty"`
+	Metadata []*BlockMetadata `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1360,6 +1446,20 @@ func (x *PrepareStoreRequest) GetMetadata() []*BlockMetadata {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *PrepareStoreRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *PrepareStoreRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
 }
 
 // PrepareStoreResponse says where to write.
@@ -1444,7 +1544,13 @@ type CompleteStoreRequest struct {
 	// The keys_to_store of PrepareStore (or a subset).
 	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
 	// False when writing failed: the slots are freed, nothing cascades.
-	Success       bool `protobuf:"varint,4,opt,name=success,proto3" json:"success,omitempty"`
+	Success bool `protobuf:"varint,4,opt,name=success,proto3" json:"success,omitempty"`
+	// Alternative to keys when every key has the same length (the usual
+	// case): the keys back to back, key_size bytes each. Decoding takes one
+	// allocation per call instead of one per key. Set keys or packed_keys,
+	// not both.
+	PackedKeys    []byte `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1505,6 +1611,20 @@ func (x *CompleteStoreRequest) GetSuccess() bool {
 		return x.Success
 	}
 	return false
+}
+
+func (x *CompleteStoreRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *CompleteStoreRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
 }
 
 // CompleteStoreResponse is empty.
@@ -3029,35 +3149,47 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\fstore_filter\x18\x03 \x01(\v2\x15.kvtier.v1.TierFilterR\vstoreFilter\x12*\n" +
 	"\x11load_from_request\x18\x04 \x01(\bR\x0floadFromRequest\x12,\n" +
 	"\x12store_from_request\x18\x05 \x01(\bR\x10storeFromRequest\x124\n" +
-	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\x81\x01\n" +
+	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\xbd\x01\n" +
 	"\rLookupRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
 	"\vprefix_scan\x18\x04 \x01(\bR\n" +
-	"prefixScan\"W\n" +
+	"prefixScan\x12\x1f\n" +
+	"\vpacked_keys\x18\x05 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x06 \x01(\rR\akeySize\"W\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\rR\x04hits\"e\n" +
+	"\x04hits\x18\x02 \x01(\rR\x04hits\"\xa1\x01\n" +
 	"\x12PrepareLoadRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"+\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x04 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\"+\n" +
 	"\x13PrepareLoadResponse\x12\x14\n" +
-	"\x05slots\x18\x01 \x03(\x03R\x05slots\"f\n" +
+	"\x05slots\x18\x01 \x03(\x03R\x05slots\"\xa2\x01\n" +
 	"\x13CompleteLoadRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"\x16\n" +
-	"\x14CompleteLoadResponse\"_\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x04 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\"\x16\n" +
+	"\x14CompleteLoadResponse\"\x9b\x01\n" +
 	"\fTouchRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"\x0f\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x04 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\"\x0f\n" +
 	"\rTouchResponse\"\x87\x03\n" +
 	"\rBlockMetadata\x12!\n" +
 	"\fblock_hashes\x18\x01 \x03(\fR\vblockHashes\x12*\n" +
@@ -3073,24 +3205,30 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\b_lora_idB\f\n" +
 	"\n" +
 	"_lora_nameB\x1f\n" +
-	"\x1d_kv_cache_spec_sliding_window\"\x9c\x01\n" +
+	"\x1d_kv_cache_spec_sliding_window\"\xd8\x01\n" +
 	"\x13PrepareStoreRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x124\n" +
-	"\bmetadata\x18\x04 \x03(\v2\x18.kvtier.v1.BlockMetadataR\bmetadata\"z\n" +
+	"\bmetadata\x18\x04 \x03(\v2\x18.kvtier.v1.BlockMetadataR\bmetadata\x12\x1f\n" +
+	"\vpacked_keys\x18\x05 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x06 \x01(\rR\akeySize\"z\n" +
 	"\x14PrepareStoreResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\"\n" +
 	"\rkeys_to_store\x18\x02 \x03(\fR\vkeysToStore\x12\x14\n" +
 	"\x05slots\x18\x03 \x03(\x03R\x05slots\x12\x18\n" +
-	"\aevicted\x18\x04 \x03(\fR\aevicted\"\x81\x01\n" +
+	"\aevicted\x18\x04 \x03(\fR\aevicted\"\xbd\x01\n" +
 	"\x14CompleteStoreRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x18\n" +
-	"\asuccess\x18\x04 \x01(\bR\asuccess\"\x17\n" +
+	"\asuccess\x18\x04 \x01(\bR\asuccess\x12\x1f\n" +
+	"\vpacked_keys\x18\x05 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x06 \x01(\rR\akeySize\"\x17\n" +
 	"\x15CompleteStoreResponse\"S\n" +
 	"\x14FinishRequestRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
