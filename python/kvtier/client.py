@@ -50,6 +50,15 @@ def _params(params):
     return json.dumps(params)
 
 
+def _key_fields(keys):
+    """The cheapest form of a key batch: packed_keys + key_size when every
+    key has the same length, else the repeated keys field."""
+    keys = [bytes(k) for k in keys]
+    if keys and all(len(k) == len(keys[0]) for k in keys):
+        return {"packed_keys": b"".join(keys), "key_size": len(keys[0])}
+    return {"keys": keys}
+
+
 def _unix_path(target):
     if target.startswith("unix://"):
         return target[len("unix://"):]
@@ -165,30 +174,30 @@ class Client:
         """Returns (results, hits): one LookupResult per key and the number
         of leading HIT/HIT_PENDING keys."""
         resp = self._call("Lookup", pb.LookupRequest(
-            namespace=self.namespace, request_id=request_id, keys=list(keys), prefix_scan=prefix_scan))
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys), prefix_scan=prefix_scan))
         return list(resp.results), resp.hits
 
     def prepare_load(self, request_id, keys):
         """Pins keys; returns their arena slots."""
         return list(self._call("PrepareLoad", pb.PrepareLoadRequest(
-            namespace=self.namespace, request_id=request_id, keys=list(keys))).slots)
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys))).slots)
 
     def complete_load(self, request_id, keys):
         self._call("CompleteLoad", pb.CompleteLoadRequest(
-            namespace=self.namespace, request_id=request_id, keys=list(keys)))
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys)))
 
     def touch(self, request_id, keys):
-        self._call("Touch", pb.TouchRequest(namespace=self.namespace, request_id=request_id, keys=list(keys)))
+        self._call("Touch", pb.TouchRequest(namespace=self.namespace, request_id=request_id, **_key_fields(keys)))
 
     def prepare_store(self, request_id, keys, metadata=None):
         """Reserves slots; returns PrepareStoreResponse (ok, keys_to_store,
         slots, evicted). metadata: None or one pb.BlockMetadata per key."""
         return self._call("PrepareStore", pb.PrepareStoreRequest(
-            namespace=self.namespace, request_id=request_id, keys=list(keys), metadata=metadata or []))
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys), metadata=metadata or []))
 
     def complete_store(self, request_id, keys, success=True):
         self._call("CompleteStore", pb.CompleteStoreRequest(
-            namespace=self.namespace, request_id=request_id, keys=list(keys), success=success))
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys), success=success))
 
     def reset(self):
         self._call("Reset", pb.ResetRequest(namespace=self.namespace))
