@@ -770,3 +770,25 @@ func TestJobIDsUnique(t *testing.T) {
 		t.Fatalf("%d jobs", len(seen))
 	}
 }
+
+// The hot path: lookups of keys in the primary do not allocate.
+func TestLookupInPrimaryDoesNotAllocate(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation allocates")
+	}
+	f := newFixture(t)
+	f.m.OnNewRequest(f.ctx)
+	keys := keyRange(0, 5)
+	f.store(f.ctx, keys)
+	f.step()
+	f.step()
+	out := make([]offload.LookupResult, len(keys))
+	req := reqWith("r", offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage}), nil)
+	if n := testing.AllocsPerRun(100, func() {
+		if f.m.LookupPrefix(keys, req, out) != len(keys) || f.m.Lookup(keys[0], req) != offload.Hit {
+			t.Fatal("not all hits")
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per prefix lookup", n)
+	}
+}

@@ -52,7 +52,8 @@ type Tier struct {
 	mu       sync.Mutex
 	blocks   map[offload.Key]*entry
 	lru      entry // sentinel of the recency list; lru.next is the oldest
-	spare    [][]byte
+	spare    []*entry        // evicted entries, recycled with their buffers
+	present  []*entry        // scratch of store: entries of the job's keys
 	reqs     map[string]*reqState
 	nmissed  int // keys marked missed across all requests
 	results  []offload.JobResult
@@ -257,25 +258,32 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 		}
 	}
 	// Refresh the blocks already held, then make room for the new ones in
-	// one eviction so that a job announces one removal event.
+	// one eviction so that a job announces one removal event. One map
+	// lookup per key: the first pass remembers what it found.
+	t.present = t.present[:0]
 	missing := 0
 	for _, k := range job.Keys {
-		if e, ok := t.blocks[k]; ok {
+		e := t.blocks[k]
+		if e != nil {
 			t.moveToFront(e)
 		} else {
 			missing++
 		}
+		t.present = append(t.present, e)
 	}
 	t.evictFor(missing)
 	var stored []offload.Key
 	var n int64
 	for i, k := range job.Keys {
-		if _, ok := t.blocks[k]; ok {
-			continue
+		if e := t.present[i]; e != nil && e.key == k && e.next != nil {
+			continue // held, and not evicted (and recycled) by this job
+		}
+		if _, dup := t.blocks[k]; dup {
+			continue // listed twice in the job
 		}
 		src, _ := job.Arena.Slot(job.Slots[i])
 		t.evictFor(1) // only when the job alone exceeds the capacity
-		e := &entry{key: k, data: t.buffer(len(src))}
+		e := t.newEntry(k, len(src))
 		copy(e.data, src)
 		n += int64(len(src))
 		t.blocks[k] = e
@@ -284,6 +292,7 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 			stored = append(stored, k)
 		}
 	}
+	clear(t.present)
 	if len(stored) > 0 {
 		t.events = append(t.events, offload.Event{Keys: stored, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Tier: t.cfg.Name})
 	}
@@ -358,7 +367,7 @@ func (t *Tier) evictFor(n int) {
 		e := t.lru.next
 		t.unlink(e)
 		delete(t.blocks, e.key)
-		t.spare = append(t.spare, e.data)
+		t.spare = append(t.spare, e)
 		if t.cfg.Events {
 			removed = append(removed, e.key)
 		}
@@ -368,17 +377,19 @@ func (t *Tier) evictFor(n int) {
 	}
 }
 
-// buffer returns a block buffer of size n, reusing an evicted one when it
-// fits: blocks are fixed-size, so churn should not churn the heap.
-func (t *Tier) buffer(n int) []byte {
+// newEntry returns an entry for key with a buffer of size n, reusing an
+// evicted one: blocks are fixed-size, so churn should not churn the heap.
+func (t *Tier) newEntry(key offload.Key, n int) *entry {
 	for len(t.spare) > 0 {
-		b := t.spare[len(t.spare)-1]
+		e := t.spare[len(t.spare)-1]
+		t.spare[len(t.spare)-1] = nil
 		t.spare = t.spare[:len(t.spare)-1]
-		if cap(b) >= n {
-			return b[:n]
+		if cap(e.data) >= n {
+			*e = entry{key: key, data: e.data[:n]}
+			return e
 		}
 	}
-	return make([]byte, n)
+	return &entry{key: key, data: make([]byte, n)}
 }
 
 func (t *Tier) unlink(e *entry) {
@@ -566,7 +577,8 @@ func (t *Tier) Put(key offload.Key, data []byte) {
 		return
 	}
 	t.evictFor(1)
-	e := &entry{key: key, data: append(t.buffer(len(data))[:0], data...)}
+	e := t.newEntry(key, len(data))
+	copy(e.data, data)
 	t.blocks[key] = e
 	t.pushFront(e)
 	if t.cfg.Events {

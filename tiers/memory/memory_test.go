@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -506,5 +507,41 @@ func TestPutGet(t *testing.T) {
 	}
 	if n := len(flatten(tier.TakeEvents())); n != 3 {
 		t.Fatalf("%d events, want 3", n)
+	}
+}
+
+// listLen walks the recency list; it must always match the map.
+func (t *Tier) listLen() int {
+	n := 0
+	for e := t.lru.next; e != &t.lru; e = e.next {
+		if t.blocks[e.key] != e {
+			return -1
+		}
+		n++
+	}
+	return n
+}
+
+func TestStoreDuplicatesAndOversizedJobs(t *testing.T) {
+	tier := mustNew(t, Config{CapacityBlocks: 2, Events: true})
+	a := newArena(4, 4)
+	for i := range 4 {
+		a.fill(int64(i), byte(i*10))
+	}
+	store(tier, a, 1, keys(0, 0, 1), 0, 0, 1)
+	store(tier, a, 2, keys(1, 2, 3), 1, 2, 3) // three keys, room for two
+	store(tier, a, 3, keys(3, 0, 3), 3, 0, 3)
+	collect(t, tier, 3)
+	if n := tier.listLen(); n != tier.Len() || n > 2 {
+		t.Fatalf("list %d, map %d", n, tier.Len())
+	}
+	for _, k := range keys(0, 1, 2, 3) {
+		if b, ok := tier.Get(k); ok {
+			i, _ := strconv.Atoi(k.Hash()) // K(n) hashes are decimal
+			want, _ := a.Slot(int64(i))
+			if !bytes.Equal(b, want) {
+				t.Errorf("%v holds wrong bytes", k)
+			}
+		}
 	}
 }
