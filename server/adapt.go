@@ -1,10 +1,13 @@
 package server
 
 import (
+	"fmt"
+	"math"
 	"os"
 
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/cpu/arena"
+	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
@@ -73,4 +76,49 @@ func statsOf(m *tiering.Manager) Stats {
 		st.Tiers[i] = out
 	}
 	return st
+}
+
+// WithPublisher makes p the event sink of nc: every step's events are
+// published, PrepareStore's token metadata goes to p's tracker
+// (self-describing events when p's tracker is configured for them), and
+// p's counters appear in the metrics. Shutdown closes p after the last
+// events.
+func WithPublisher(nc NamespaceConfig, p *events.Publisher) NamespaceConfig {
+	nc.Events = p
+	nc.Meta = trackerMeta{p.Tracker()}
+	nc.EventStats = func() (uint64, uint64) {
+		st := p.Stats()
+		return st.EventsPublished, st.BatchesDropped + st.SubscriberDrops
+	}
+	return nc
+}
+
+// trackerMeta adapts an events.Tracker to MetaRecorder.
+type trackerMeta struct{ t *events.Tracker }
+
+func (m trackerMeta) Record(key offload.Key, bm BlockMeta) error {
+	tm := events.TokenMeta{
+		BlockHashes: bm.BlockHashes,
+		ParentHash:  bm.ParentHash,
+		TokenIDs:    make([]uint32, len(bm.TokenIDs)),
+		BlockSize:   bm.BlockSize,
+		SpecKind:    bm.SpecKind,
+	}
+	for i, id := range bm.TokenIDs {
+		if id < 0 || id > math.MaxUint32 {
+			return fmt.Errorf("token_ids[%d] = %d: out of range", i, id)
+		}
+		tm.TokenIDs[i] = uint32(id)
+	}
+	if bm.LoraID != nil {
+		tm.LoraID = int(*bm.LoraID)
+	}
+	if bm.LoraName != nil {
+		tm.LoraName = *bm.LoraName
+	}
+	if bm.SlidingWindow != nil {
+		tm.SlidingWindow = int(*bm.SlidingWindow)
+	}
+	_, err := m.t.Record(key, tm)
+	return err
 }

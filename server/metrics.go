@@ -91,9 +91,11 @@ var (
 	descTierEvictions = prometheus.NewDesc("kvtier_tier_evictions_total", "Blocks evicted by the tier.", tierLabels, nil)
 	descTierJobs      = prometheus.NewDesc("kvtier_tier_job_duration_seconds", "Tier job latency by kind (load = promotion, store = cascade).", append(tierLabels, "kind"), nil)
 
-	descRequests  = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
-	descEventsPub = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
-	descEventsDrp = prometheus.NewDesc("kvtier_events_dropped_total", "Events the publisher dropped (queue full).", []string{"namespace"}, nil)
+	descRequests   = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
+	descEventsPub  = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
+	descEventsDrp  = prometheus.NewDesc("kvtier_events_dropped_total", "Offloading events the publisher refused (closed).", []string{"namespace"}, nil)
+	descEventsSent = prometheus.NewDesc("kvtier_events_sent_total", "KV events the publisher sent to its subscribers.", []string{"namespace"}, nil)
+	descBatchesDrp = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
 
 // collector reads every namespace's Stats at scrape time.
@@ -104,7 +106,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
-		descRequests, descEventsPub, descEventsDrp,
+		descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
 	}
@@ -136,6 +138,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRequests, float64(st.ActiveRequests), n)
 		counter(descEventsPub, st.EventsPublished, n)
 		counter(descEventsDrp, st.EventsDropped, n)
+		counter(descEventsSent, st.SinkEventsPublished, n)
+		counter(descBatchesDrp, st.SinkBatchesDropped, n)
 		for _, t := range st.Tiers {
 			l := []string{n, t.Name, t.Type, orDynamic(t.Medium.String()), orDynamic(t.Locality.String())}
 			with := func(extra string) []string { return append(append([]string(nil), l...), extra) }

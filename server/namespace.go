@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -33,9 +34,10 @@ type Manager interface {
 }
 
 // EventSink receives the events of every step, in order (the events
-// package's publisher). Publish must not block on subscribers.
+// package's publisher). Publish must not block on subscribers; an error
+// means the events were not queued (they are counted as dropped).
 type EventSink interface {
-	Publish(evs []offload.Event)
+	Publish(evs []offload.Event) error
 }
 
 // MetaRecorder attaches token metadata to keys for self-describing events
@@ -93,6 +95,9 @@ type NamespaceConfig struct {
 	// Stats, if set, reports counters for the Stats call and metrics. It
 	// runs under the namespace mutex.
 	Stats func() Stats
+	// EventStats, if set, reports the sink's own counters: events it
+	// published and batches it dropped (queue or subscriber overflow).
+	EventStats func() (published, droppedBatches uint64)
 }
 
 // notLookedUp marks keys after the first non-hit of a prefix lookup.
@@ -129,6 +134,8 @@ type Namespace struct {
 	events EventSink
 	meta   MetaRecorder
 	stats  func() Stats
+	evst   func() (uint64, uint64)
+	log    *slog.Logger
 	// onWarning counts and logs lenient-mode warnings of NewRequest.
 	onWarning func(offload.Warning)
 
@@ -139,9 +146,10 @@ type Namespace struct {
 	ephemeral uint64 // counter for PutBlocks/GetBlocks request ids
 	closed    bool
 	published uint64 // events handed to the sink
+	dropped   uint64 // events the sink refused
 }
 
-func newNamespace(cfg NamespaceConfig, limits Limits, onWarning func(offload.Warning)) (*Namespace, error) {
+func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarning func(offload.Warning)) (*Namespace, error) {
 	if cfg.Manager == nil {
 		return nil, fmt.Errorf("namespace %q: no manager", cfg.Name)
 	}
@@ -156,6 +164,8 @@ func newNamespace(cfg NamespaceConfig, limits Limits, onWarning func(offload.War
 		events:    cfg.Events,
 		meta:      cfg.Meta,
 		stats:     cfg.Stats,
+		evst:      cfg.EventStats,
+		log:       log.With("namespace", cfg.Name),
 		onWarning: onWarning,
 		mgr:       cfg.Manager,
 		parser:    cfg.Parser,
@@ -506,7 +516,11 @@ func (ns *Namespace) publishLocked() int {
 	if len(evs) == 0 || ns.events == nil {
 		return 0
 	}
-	ns.events.Publish(evs)
+	if err := ns.events.Publish(evs); err != nil {
+		ns.dropped += uint64(len(evs))
+		ns.log.Warn("events not published", "events", len(evs), "err", err)
+		return 0
+	}
 	ns.published += uint64(len(evs))
 	return len(evs)
 }
@@ -549,7 +563,10 @@ func (ns *Namespace) Stats() (Stats, error) {
 	}
 	st.Namespace = ns.name
 	st.ActiveRequests = len(ns.reqs)
-	st.EventsPublished = ns.published
+	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
+	if ns.evst != nil {
+		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()
+	}
 	return st, nil
 }
 

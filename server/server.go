@@ -104,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 		if _, dup := s.namespaces[nc.Name]; dup {
 			return nil, fmt.Errorf("server: namespace %q configured twice", nc.Name)
 		}
-		ns, err := newNamespace(nc, limits, s.warnings.Record)
+		ns, err := newNamespace(nc, limits, log, s.warnings.Record)
 		if err != nil {
 			return nil, fmt.Errorf("server: %w", err)
 		}

@@ -5,12 +5,16 @@ import "github.com/kvtier/kvtier/offload"
 // Stats are the counters of one namespace, read at Stats calls and at
 // metric scrapes (never on the hot path).
 type Stats struct {
-	Namespace       string
-	Primary         PrimaryStats
-	Tiers           []TierStats // lookup order
-	ActiveRequests  int
-	EventsPublished uint64
-	EventsDropped   uint64
+	Namespace      string
+	Primary        PrimaryStats
+	Tiers          []TierStats // lookup order
+	ActiveRequests int
+	// EventsPublished counts events handed to the sink, EventsDropped
+	// events it refused.
+	EventsPublished, EventsDropped uint64
+	// SinkEventsPublished and SinkBatchesDropped are the sink's own
+	// counters: events it sent, batches it dropped on overflow.
+	SinkEventsPublished, SinkBatchesDropped uint64
 }
 
 // PrimaryStats are the primary tier's counters and gauges.

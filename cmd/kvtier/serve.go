@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiering"
@@ -76,7 +76,7 @@ SIGINT or SIGTERM stops accepting calls, drains in-flight transfers within
 server.shutdown_timeout, flushes events, removes the sockets and exits 0.`,
 		Example: `  kvtier serve
   kvtier serve --primary-bytes 8GiB
-  kvtier serve --config examples/serve.yaml`,
+  kvtier serve --config kvtier.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -173,7 +173,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 	if err != nil {
 		return nil, fmt.Errorf("primary: %w", err)
 	}
-	tiers, err := buildTiers(ctx, cfg, log)
+	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: log})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -214,8 +214,31 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 	if token == "" && cfg.Server.TCPAddr != "" && !loopback(cfg.Server.TCPAddr) {
 		log.Warn("the TCP API listens beyond loopback without server.auth_token", "tcp_addr", cfg.Server.TCPAddr)
 	}
+	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
+	if cfg.Events.Enabled {
+		ev := cfg.Events
+		pub, err := events.New(events.Config{
+			Endpoint:       ev.Endpoint,
+			ReplayEndpoint: ev.ReplayEndpoint,
+			Topic:          ev.Topic,
+			Model:          cfg.Namespace.Model,
+			DPRank:         ev.DPRank,
+			BufferSteps:    ev.BufferSteps,
+			HWM:            ev.HWM,
+			MaxQueueSize:   ev.MaxQueueSize,
+			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
+			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing},
+			Logger:         log.With("component", "events"),
+		})
+		if err != nil {
+			m.Close(ctx)
+			return nil, fmt.Errorf("events: %w", err)
+		}
+		nc = server.WithPublisher(nc, pub)
+		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
+	}
 	srv, err := server.New(server.Config{
-		Namespaces:  []server.NamespaceConfig{server.ManagerNamespace("", m, p, *cfg.Parser())},
+		Namespaces:  []server.NamespaceConfig{nc},
 		UnixSocket:  cfg.Server.UnixSocket,
 		TCPAddr:     cfg.Server.TCPAddr,
 		AuthToken:   token,
@@ -243,69 +266,6 @@ func loopback(addr string) bool {
 		host = strings.TrimPrefix(strings.SplitN(addr, "]", 2)[0], "[")
 	}
 	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
-}
-
-// buildTiers builds the secondary tiers in config order. tierset builds
-// every type it knows; fs entries are built here while tierset does not
-// support them yet.
-func buildTiers(ctx context.Context, cfg *config.Config, log *slog.Logger) ([]offload.SecondaryTier, error) {
-	known := tierset.Types()
-	if !slices.ContainsFunc(cfg.SecondaryTiers, func(s config.TierSpec) bool { return !slices.Contains(known, s.Type) }) {
-		return tierset.Build(ctx, cfg, tierset.Options{Logger: log})
-	}
-	var tiers []offload.SecondaryTier
-	fail := func(err error) ([]offload.SecondaryTier, error) {
-		for _, t := range tiers {
-			t.Close(ctx)
-		}
-		return nil, err
-	}
-	for _, spec := range cfg.SecondaryTiers {
-		var t offload.SecondaryTier
-		var err error
-		switch {
-		case slices.Contains(known, spec.Type):
-			one := *cfg
-			one.SecondaryTiers = []config.TierSpec{spec}
-			var built []offload.SecondaryTier
-			built, err = tierset.Build(ctx, &one, tierset.Options{Logger: log})
-			if err == nil {
-				t = built[0]
-			}
-		case spec.Type == "fs":
-			t, err = buildFS(spec, cfg, log)
-		default:
-			err = spec.Errorf("type", "unknown tier type %q (supported: %s)", spec.Type, strings.Join(append(known, "fs"), ", "))
-		}
-		if err != nil {
-			return fail(err)
-		}
-		tiers = append(tiers, t)
-	}
-	return tiers, nil
-}
-
-// buildFS builds an fs entry: its keys are fs.Config's yaml keys; the
-// namespace's model and block size fill the layout fields left unset.
-func buildFS(spec config.TierSpec, cfg *config.Config, log *slog.Logger) (offload.SecondaryTier, error) {
-	var fc fs.Config
-	if err := spec.Decode(&fc); err != nil {
-		return nil, err
-	}
-	fc.Name = spec.Name
-	if fc.Namespace.ModelName == "" {
-		fc.Namespace.ModelName = cfg.Namespace.Model
-	}
-	if fc.Namespace.BlockBytes == 0 {
-		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
-	}
-	fc.GlobalEventsOff = !cfg.Events.Enabled
-	fc.Logger = log.With("tier", spec.Name)
-	t, err := fs.New(fc)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", spec.Path(), err)
-	}
-	return t, nil
 }
 
 // capacityOf describes a tier's capacity for the start-up log.
