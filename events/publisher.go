@@ -130,9 +130,9 @@ type Publisher struct {
 	raddr   net.Addr
 	now     func() time.Time
 
-	encMu sync.Mutex // serialises translation and encoding
-	batch Batch
-	buf   []byte
+	encMu    sync.Mutex // serialises translation and encoding
+	batch    Batch
+	sizeHint int // payload size of the previous batch
 
 	mu        sync.Mutex
 	closed    bool
@@ -323,11 +323,12 @@ func (p *Publisher) publishLocked(evs []BlockEvent) error {
 	// Seconds plus fraction, not UnixNano/1e9: the quotient of two large
 	// doubles rounds worse than Python's time.time().
 	ts := float64(now.Unix()) + float64(now.Nanosecond())/1e9
-	p.buf = p.cfg.Format.AppendBatch(p.buf[:0], ts, evs, p.cfg.DPRank)
-	// One allocation per batch: sequence and payload share a buffer that
-	// subscribers and replay read without copying.
-	data := make([]byte, 8+len(p.buf))
-	copy(data[8:], p.buf)
+	// Encode straight into the batch's own buffer, sized from the previous
+	// batch, so the common case is one allocation and no copy. Sequence and
+	// payload share it; subscribers and replay read it without copying.
+	data := make([]byte, 8, 8+p.sizeHint+p.sizeHint/8)
+	data = p.cfg.Format.AppendBatch(data, ts, evs, p.cfg.DPRank)
+	p.sizeHint = len(data) - 8
 	m := &batchMsg{events: len(evs)}
 	m.frames[0], m.frames[1], m.frames[2] = p.topic, data[:8:8], data[8:]
 

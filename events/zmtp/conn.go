@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -102,10 +103,24 @@ func Handshake(ctx context.Context, nc net.Conn, self string, identity []byte, m
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	// Cancellation interrupts blocked I/O through a past deadline. The
+	// mutex orders it against the reset below, so a late cancellation can
+	// never leave an established connection with an expired deadline.
+	var mu sync.Mutex
+	finished := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !finished {
+			_ = nc.SetDeadline(time.Unix(1, 0))
+		}
+	})
 	defer func() {
 		stop()
+		mu.Lock()
+		finished = true
 		_ = nc.SetDeadline(time.Time{})
+		mu.Unlock()
 	}()
 	if err := c.handshake(self, identity); err != nil {
 		if ctx.Err() != nil {

@@ -257,7 +257,7 @@ func (p *PubSocket) serve(nc net.Conn) bool {
 	p.goneSent += pe.sent.Load()
 	p.goneDrop += pe.dropped.Load()
 	p.mu.Unlock()
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("zmtp pub: subscriber gone", "remote", pe.remote, "err", err)
 	}
 	return true
@@ -424,7 +424,7 @@ func (pe *peer) subscribe(topic []byte, on bool) {
 	pe.subs[t]++
 }
 
-// readLoop handles what a subscriber sends: subscriptions in the ZMTP 3.0
+// readLoop handles, until the connection fails, what a subscriber sends: subscriptions in the ZMTP 3.0
 // message form (0x01/0x00 + topic) or the 3.1 SUBSCRIBE/CANCEL commands,
 // and PING. Anything else is ignored, as libzmq's PUB does.
 func (pe *peer) readLoop() error {
