@@ -26,7 +26,7 @@ import (
 // server, a redis-server process of their own (binary on PATH). Without
 // them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
 
-func requireIntegration(t *testing.T, what string) {
+func requireIntegration(t testing.TB, what string) {
 	t.Helper()
 	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
 		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
@@ -81,14 +81,14 @@ func removePrefix(addr, prefix string) {
 
 // redisProc is a redis-server process the test owns.
 type redisProc struct {
-	t      *testing.T
+	t      testing.TB
 	addr   string
 	args   []string
 	cmd    *exec.Cmd
 	exited chan struct{}
 }
 
-func startRedis(t *testing.T, extra ...string) *redisProc {
+func startRedis(t testing.TB, extra ...string) *redisProc {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {

@@ -448,3 +448,11 @@ func TestKeyspaceEventsUnsupportedIsNotFatal(t *testing.T) {
 		t.Fatal(res)
 	}
 }
+
+func TestThroughManager(t *testing.T) {
+	m := miniredis.RunT(t)
+	rt.RunManager(t, rt.ManagerCase{
+		Tier:        newTier(t, testConfig(m.Addr())),
+		ExcludeLoad: `{"kv_load_tiers": [{"locality": "local"}]}`,
+	})
+}

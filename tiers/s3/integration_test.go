@@ -29,7 +29,7 @@ import (
 // script) named by KVTIER_TEST_S3_ENDPOINT, _ACCESS_KEY and _SECRET_KEY.
 // Without them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
 
-func requireIntegration(t *testing.T, what string) {
+func requireIntegration(t testing.TB, what string) {
 	t.Helper()
 	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
 		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
@@ -188,7 +188,7 @@ func versitygwBinary() string {
 
 // versity is a versitygw process the test owns, restartable on its port.
 type versity struct {
-	t        *testing.T
+	t        testing.TB
 	bin, dir string
 	addr     string
 	cmd      *exec.Cmd
@@ -196,7 +196,7 @@ type versity struct {
 	ak, sk   string
 }
 
-func startVersity(t *testing.T) *versity {
+func startVersity(t testing.TB) *versity {
 	bin := versitygwBinary()
 	if bin == "" {
 		requireIntegration(t, "the versitygw binary (KVTIER_TEST_VERSITYGW or .tools/bin/versitygw)")

@@ -680,3 +680,11 @@ func TestLayoutMatchesFSTier(t *testing.T) {
 		t.Fatal("empty namespace accepted")
 	}
 }
+
+func TestThroughManager(t *testing.T) {
+	f := startFake(t)
+	rt.RunManager(t, rt.ManagerCase{
+		Tier:        newTier(t, testConfig(f.endpoint())),
+		ExcludeLoad: `{"kv_load_tiers": [{"medium": "cpu"}]}`,
+	})
+}

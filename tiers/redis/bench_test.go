@@ -1,0 +1,103 @@
+package redis
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strconv"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/kvtier/kvtier/offload"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+// Throughput with 2 MiB blocks through the tier against the bare go-redis
+// client doing the same SET/GET loop (one pipeline per job) on the same
+// server in the same run. The server is $KVTIER_TEST_REDIS_ADDR when set,
+// else a redis-server the benchmark starts. Keys cycle through a small
+// ring so that memory stays bounded.
+//
+//	go test -run '^$' -bench Throughput -benchtime=40x ./tiers/redis/
+
+const benchBlock = 2 << 20
+
+func BenchmarkThroughput(b *testing.B) {
+	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = startRedis(b).addr
+	}
+	cfg := DefaultConfig()
+	cfg.Name = "bench"
+	cfg.Addr = addr
+	cfg.KeyPrefix = uniquePrefix()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	b.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
+	tier, err := New(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tier.Close(context.Background())
+	bare := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: cfg.PoolSize})
+	defer bare.Close()
+	ctx := context.Background()
+
+	for _, width := range []int{1, 8} {
+		arena := rt.NewArena(benchBlock, width)
+		for i := 0; i < width; i++ {
+			arena.Fill(int64(i), uint64(i))
+		}
+		keys := rt.Keys(0, width)
+		bareKey := func(j int) string { return cfg.KeyPrefix + "bare:" + strconv.Itoa(j) }
+		suffix := "_x" + strconv.Itoa(width)
+
+		b.Run("tier_set"+suffix, func(b *testing.B) {
+			b.SetBytes(int64(width * benchBlock))
+			for i := 0; i < b.N; i++ {
+				if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
+					b.Fatal(res.Err)
+				}
+			}
+		})
+		b.Run("bare_set"+suffix, func(b *testing.B) {
+			b.SetBytes(int64(width * benchBlock))
+			for i := 0; i < b.N; i++ {
+				pipe := bare.Pipeline()
+				for j := 0; j < width; j++ {
+					slot, _ := arena.Slot(int64(j))
+					pipe.Set(ctx, bareKey(j), slot, 0)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		dst := rt.NewArena(benchBlock, width)
+		b.Run("tier_get"+suffix, func(b *testing.B) {
+			b.SetBytes(int64(width * benchBlock))
+			for i := 0; i < b.N; i++ {
+				if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: dst, Promotion: true, Req: offload.Background("b")}); !res.Success {
+					b.Fatal(res.Err)
+				}
+			}
+		})
+		b.Run("bare_get"+suffix, func(b *testing.B) {
+			b.SetBytes(int64(width * benchBlock))
+			for i := 0; i < b.N; i++ {
+				pipe := bare.Pipeline()
+				cmds := make([]*goredis.StringCmd, width)
+				for j := 0; j < width; j++ {
+					cmds[j] = pipe.Get(ctx, bareKey(j))
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+				for j, c := range cmds {
+					slot, _ := dst.Slot(int64(j))
+					copy(slot, c.Val())
+				}
+			}
+		})
+	}
+}

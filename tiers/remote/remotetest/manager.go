@@ -1,0 +1,196 @@
+package remotetest
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
+)
+
+// ManagerCase describes how to drive one secondary tier through a
+// tiering.Manager.
+type ManagerCase struct {
+	// Tier is the tier under test; the manager closes it.
+	Tier offload.SecondaryTier
+	// ExcludeLoad is a kv_transfer_params document whose kv_load_tiers
+	// excludes Tier.
+	ExcludeLoad string
+	// SlotSize of the primary (default 64 KiB).
+	SlotSize int
+}
+
+// RunManager stores blocks through the manager (cascade to the tier),
+// empties the primary, and loads them back through lookup → promotion →
+// PrepareLoad, comparing bytes; then checks that a load filter excluding
+// the tier keeps the manager from asking it, and that kv_store_tiers: []
+// keeps blocks off it.
+func RunManager(t *testing.T, c ManagerCase) {
+	t.Helper()
+	slot := c.SlotSize
+	if slot == 0 {
+		slot = 64 << 10
+	}
+	p, err := cpu.New(cpu.Config{SlotSize: slot, Capacity: int64(16 * slot)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{c.Tier}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	defer m.Close(ctx)
+
+	keys := Keys(4000, 4)
+	want := make([][]byte, len(keys))
+
+	// Store: GPU → primary, then the manager cascades to the tier.
+	store := func(id string, params string, ks []offload.Key) {
+		t.Helper()
+		req, err := offload.NewReqContext(id, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.OnNewRequest(req)
+		out, ok, err := m.PrepareStore(ks, req)
+		if err != nil || !ok {
+			t.Fatalf("PrepareStore: %v %v", ok, err)
+		}
+		for i, s := range out.Slots {
+			b, _ := p.Arena().Slot(s)
+			for j := range b {
+				b[j] = byte(i*31 + j*7 + len(id))
+			}
+			for n, k := range ks {
+				if k == out.KeysToStore[i] {
+					want[n] = bytes.Clone(b)
+				}
+			}
+		}
+		if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
+			t.Fatal(err)
+		}
+		m.OnRequestFinished(req)
+		settle(t, m)
+	}
+	store("writer", "", keys)
+	st := m.Stats().Tiers[0]
+	if st.CascadesOK != 1 || st.CascadedBlocks != uint64(len(keys)) || st.CascadesFailed != 0 {
+		t.Fatalf("cascade stats %+v", st)
+	}
+	if err := m.Reset(ctx); err != nil { // empties the primary; the tier keeps its blocks
+		t.Fatal(err)
+	}
+
+	// Load: lookups start existence checks and then a promotion.
+	req, _ := offload.NewReqContext("reader", nil)
+	m.OnNewRequest(req)
+	deadline := time.Now().Add(30 * time.Second)
+	out := make([]offload.LookupResult, len(keys))
+	allHit := func() bool {
+		if m.LookupPrefix(keys, req, out) < len(keys) {
+			return false
+		}
+		for _, r := range out {
+			if r != offload.Hit { // HitPending counts but is not readable yet
+				return false
+			}
+		}
+		return true
+	}
+	for !allHit() {
+		for _, r := range out {
+			if r == offload.Miss {
+				t.Fatalf("lookup answered MISS for a stored block: %v", out)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("blocks not promoted: %v", out)
+		}
+		m.ScheduleEnd(offload.ScheduleEnd{})
+		time.Sleep(time.Millisecond)
+	}
+	slots, err := m.PrepareLoad(keys, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		b, _ := p.Arena().Slot(s)
+		if !bytes.Equal(b, want[i]) {
+			t.Fatalf("block %d differs after the round trip through the tier", i)
+		}
+	}
+	if err := m.CompleteLoad(keys, req); err != nil {
+		t.Fatal(err)
+	}
+	m.OnRequestFinished(req)
+	st = m.Stats().Tiers[0]
+	if st.PromotionsOK == 0 || st.PromotedBlocks != uint64(len(keys)) || st.Hits == 0 {
+		t.Fatalf("promotion stats %+v", st)
+	}
+
+	// A load filter excluding the tier: it is not asked, the block misses.
+	if err := m.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := offload.NewReqContext("excluded", c.ExcludeLoad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.OnNewRequest(ex)
+	before := m.Stats().Tiers[0]
+	for i := 0; i < 3; i++ {
+		if r := m.Lookup(keys[0], ex); r != offload.Miss {
+			t.Fatalf("lookup with the tier filtered out: %v", r)
+		}
+		m.ScheduleEnd(offload.ScheduleEnd{})
+	}
+	after := m.Stats().Tiers[0]
+	if after.SkippedByFilter <= before.SkippedByFilter || after.Hits+after.Misses+after.Retries != before.Hits+before.Misses+before.Retries {
+		t.Fatalf("filtered tier was asked: before %+v after %+v", before, after)
+	}
+	m.OnRequestFinished(ex)
+
+	// kv_store_tiers: [] keeps new blocks off the tier.
+	fresh := Keys(5000, 1)
+	store("no-store", `{"kv_store_tiers": []}`, fresh)
+	if st := m.Stats().Tiers[0]; st.CascadesSkippedByFilter == 0 || st.CascadesOK != 1 {
+		t.Fatalf("store filter stats %+v", st)
+	}
+	if err := m.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	chk, _ := offload.NewReqContext("check", nil)
+	m.OnNewRequest(chk)
+	r := offload.Retry
+	for r == offload.Retry && time.Now().Before(deadline) {
+		r = m.Lookup(fresh[0], chk)
+		m.ScheduleEnd(offload.ScheduleEnd{})
+		time.Sleep(time.Millisecond)
+	}
+	if r != offload.Miss {
+		t.Fatalf("block stored with kv_store_tiers [] found in the tier: %v", r)
+	}
+	m.OnRequestFinished(chk)
+}
+
+// settle ends steps until the manager has no work in flight.
+func settle(t *testing.T, m *tiering.Manager) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m.ScheduleEnd(offload.ScheduleEnd{})
+		if !m.HasPendingWork() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("manager still has pending work after 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
