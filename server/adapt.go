@@ -65,7 +65,10 @@ func statsOf(m *tiering.Manager) Stats {
 			OccupancyBlocks: -1,
 		}
 		if i < len(tiers) {
-			switch t := tiers[i].(type) {
+			if tt, ok := tiers[i].(*timedTier); ok {
+				out.LoadLatency, out.StoreLatency = tt.latency()
+			}
+			switch t := UnwrapTier(tiers[i]).(type) {
 			case *fs.Tier:
 				fst := t.Stats()
 				out.OccupancyBlocks, out.Evictions = int64(fst.Files), fst.EvictedBlocks

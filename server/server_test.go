@@ -87,7 +87,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: o.tiers(t), Logger: quietLogger()})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: server.TimeJobs(o.tiers(t)), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,6 +429,21 @@ func TestMetrics(t *testing.T) {
 	if _, _, err := c.Lookup(ctx, "m", keys(0, 3), false); err != nil {
 		t.Fatal(err)
 	}
+	// Two blocks cascade to both memory tiers: store latencies and
+	// occupancy.
+	var blocks []client.Block
+	for _, k := range keys(50, 2) {
+		blocks = append(blocks, client.Block{Key: k, Data: block(k)})
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for pending := true; pending; time.Sleep(time.Millisecond) {
+		var err error
+		if pending, err = c.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 	resp, err := http.Get("http://" + e.srv.MetricsAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -442,6 +457,8 @@ func TestMetrics(t *testing.T) {
 		`kvtier_api_calls_total{code="OK",method="Lookup"} 1`,
 		`kvtier_tier_cascades_total`,
 		`kvtier_events_published_total`,
+		`kvtier_tier_job_duration_seconds_bucket{kind="store",locality="LOCAL",medium="STORAGE",namespace="",tier="local-disk",type="memory",le="0.0001"}`,
+		`kvtier_tier_blocks{locality="LOCAL",medium="STORAGE",namespace="",tier="local-disk",type="memory"} 2`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
