@@ -84,12 +84,14 @@ func BenchmarkLookupPrefixPrimary(b *testing.B) {
 	res := make([]offload.LookupResult, len(keys))
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpuTime := startThreadCPU(b)
 	for b.Loop() {
 		if n := m.LookupPrefix(keys, req, res); n != len(keys) {
 			b.Fatalf("hits %d", n)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(keys)), "ns/key")
+	cpuTime.report(b, b.N*len(keys), "cpu-ns/key")
 }
 
 // thirdTierWorkload looks up keys held only by the third tier; each lookup
@@ -163,15 +165,21 @@ func BenchmarkLookupThirdTier(b *testing.B) {
 			w := newThirdTierWorkload(b)
 			req := reqWith("r", bc.filter, nil)
 			b.ReportAllocs()
+			cpuTime := startThreadCPU(b)
+			var untimed time.Duration
 			for b.Loop() {
 				if w.next == thirdTierKeys {
 					b.StopTimer()
+					t0 := threadTime()
 					w.room(b, 1)
+					untimed += threadTime() - t0
 					b.StartTimer()
 				}
 				w.lookup(b, 0, req, 1)
 				w.next++
 			}
+			cpuTime.start += untimed
+			cpuTime.report(b, b.N, "cpu-ns/key")
 		})
 	}
 }
@@ -338,11 +346,15 @@ func fullCycle(b *testing.B, m *Manager) {
 	genMallocs = 0
 	runtime.ReadMemStats(&before)
 	b.ResetTimer()
+	cpuTime := startThreadCPU(b)
+	var untimed time.Duration
 	i := 0
 	for b.Loop() {
 		if i+batch > len(pre) {
 			b.StopTimer()
+			t0 := threadTime()
 			pre, i = gen(), 0
+			untimed += threadTime() - t0
 			b.StartTimer()
 		}
 		keys := pre[i : i+batch]
@@ -361,4 +373,6 @@ func fullCycle(b *testing.B, m *Manager) {
 	keys := float64(b.N * batch)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/keys, "ns/key")
 	b.ReportMetric(float64(after.Mallocs-before.Mallocs-genMallocs)/keys, "allocs/key")
+	cpuTime.start += untimed
+	cpuTime.report(b, b.N*batch, "cpu-ns/key")
 }

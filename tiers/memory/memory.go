@@ -51,9 +51,8 @@ type Tier struct {
 
 	mu       sync.Mutex
 	blocks   map[offload.Key]*entry
-	lru      entry // sentinel of the recency list; lru.next is the oldest
-	spare    []*entry        // evicted entries, recycled with their buffers
-	present  []*entry        // scratch of store: entries of the job's keys
+	lru      entry    // sentinel of the recency list; lru.next is the oldest
+	spare    []*entry // evicted entries, recycled with their buffers
 	reqs     map[string]*reqState
 	nmissed  int // keys marked missed across all requests
 	results  []offload.JobResult
@@ -257,32 +256,18 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 			return offload.JobResult{Err: fmt.Errorf("memory tier %q: store job %d: %w", t.cfg.Name, job.ID, err)}
 		}
 	}
-	// Refresh the blocks already held, then make room for the new ones in
-	// one eviction so that a job announces one removal event. One map
-	// lookup per key: the first pass remembers what it found.
-	t.present = t.present[:0]
-	missing := 0
-	for _, k := range job.Keys {
-		e := t.blocks[k]
-		if e != nil {
-			t.moveToFront(e)
-		} else {
-			missing++
-		}
-		t.present = append(t.present, e)
-	}
-	t.evictFor(missing)
-	var stored []offload.Key
+	// One pass, one map lookup per held key: held blocks are refreshed,
+	// new ones evict and are copied in. Removals and stores are announced
+	// once per job, removals first.
+	var stored, removed []offload.Key
 	var n int64
 	for i, k := range job.Keys {
-		if e := t.present[i]; e != nil && e.key == k && e.next != nil {
-			continue // held, and not evicted (and recycled) by this job
-		}
-		if _, dup := t.blocks[k]; dup {
-			continue // listed twice in the job
+		if e := t.blocks[k]; e != nil {
+			t.moveToFront(e)
+			continue
 		}
 		src, _ := job.Arena.Slot(job.Slots[i])
-		t.evictFor(1) // only when the job alone exceeds the capacity
+		removed = t.evict(1, removed)
 		e := t.newEntry(k, len(src))
 		copy(e.data, src)
 		n += int64(len(src))
@@ -292,10 +277,8 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 			stored = append(stored, k)
 		}
 	}
-	clear(t.present)
-	if len(stored) > 0 {
-		t.events = append(t.events, offload.Event{Keys: stored, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Tier: t.cfg.Name})
-	}
+	t.announce(removed, true)
+	t.announce(stored, false)
 	return offload.JobResult{Success: true, Bytes: n}
 }
 
@@ -357,12 +340,12 @@ func (t *Tier) load(job *offload.Job, failAt int) offload.JobResult {
 	return res
 }
 
-// evictFor makes room for n new blocks under the capacity limit.
-func (t *Tier) evictFor(n int) {
+// evict makes room for n new blocks under the capacity limit, appending
+// the evicted keys to removed when events are on.
+func (t *Tier) evict(n int, removed []offload.Key) []offload.Key {
 	if t.cfg.CapacityBlocks <= 0 {
-		return
+		return removed
 	}
-	var removed []offload.Key
 	for len(t.blocks)+n > t.cfg.CapacityBlocks && t.lru.next != &t.lru {
 		e := t.lru.next
 		t.unlink(e)
@@ -372,8 +355,13 @@ func (t *Tier) evictFor(n int) {
 			removed = append(removed, e.key)
 		}
 	}
-	if len(removed) > 0 {
-		t.events = append(t.events, offload.Event{Keys: removed, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Removed: true, Tier: t.cfg.Name})
+	return removed
+}
+
+// announce buffers one event for keys, if any.
+func (t *Tier) announce(keys []offload.Key, removed bool) {
+	if len(keys) > 0 {
+		t.events = append(t.events, offload.Event{Keys: keys, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Removed: removed, Tier: t.cfg.Name})
 	}
 }
 
@@ -576,13 +564,13 @@ func (t *Tier) Put(key offload.Key, data []byte) {
 		t.moveToFront(e)
 		return
 	}
-	t.evictFor(1)
+	t.announce(t.evict(1, nil), true)
 	e := t.newEntry(key, len(data))
 	copy(e.data, data)
 	t.blocks[key] = e
 	t.pushFront(e)
 	if t.cfg.Events {
-		t.events = append(t.events, offload.Event{Keys: []offload.Key{key}, Medium: t.cfg.Medium, Locality: t.cfg.Locality, Tier: t.cfg.Name})
+		t.announce([]offload.Key{key}, false)
 	}
 }
 
