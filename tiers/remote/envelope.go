@@ -73,6 +73,9 @@ func ParseHeader(h []byte, key offload.Key) (Header, error) {
 	if h[4] != envelopeVersion {
 		return Header{}, fmt.Errorf("%w: unknown envelope version %d", ErrCorrupt, h[4])
 	}
+	if h[5]|h[6]|h[7] != 0 {
+		return Header{}, fmt.Errorf("%w: reserved header bytes set", ErrCorrupt)
+	}
 	if binary.BigEndian.Uint64(h[24:32]) != xxhash.Sum64String(string(key)) {
 		return Header{}, fmt.Errorf("%w: block belongs to another key", ErrCorrupt)
 	}
