@@ -157,3 +157,38 @@ func seq(n int) []int64 {
 	}
 	return s
 }
+
+// await polls FinishedJobs until the results of ids arrive (without
+// draining, so other jobs may stay blocked); extra results are returned
+// too.
+func await(t *testing.T, tier *Tier, ids ...uint64) map[uint64]offload.JobResult {
+	t.Helper()
+	got := map[uint64]offload.JobResult{}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, r := range tier.FinishedJobs() {
+			if _, dup := got[r.JobID]; dup {
+				t.Fatalf("job %d answered twice", r.JobID)
+			}
+			got[r.JobID] = r
+		}
+		done := true
+		for _, id := range ids {
+			if _, ok := got[id]; !ok {
+				done = false
+			}
+		}
+		if done {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs %v not answered after 10s (have %v)", ids, got)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// storeAsync submits a one-key store without waiting.
+func storeAsync(tier *Tier, id uint64, a offload.Arena, key offload.Key, slot int64) {
+	tier.SubmitStore(&offload.Job{ID: id, Keys: []offload.Key{key}, Slots: []int64{slot}, Arena: a})
+}
