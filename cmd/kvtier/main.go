@@ -57,6 +57,6 @@ peers) and promotes them back, honouring per-request tier filters.`,
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd())
+	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd(), newBenchCmd())
 	return root
 }
