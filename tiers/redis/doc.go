@@ -28,7 +28,7 @@
 // # Keys and values
 //
 // A block is stored under <key_prefix><hex hash>:<group> as a 32-byte
-// kvtier envelope (package tiers/remote: magic, length, xxhash64 of the
+// kvtier envelope (package tiers/remote: magic, length, XXH3-64 of the
 // payload and of the key) followed by the block bytes.
 //
 // # Behaviour

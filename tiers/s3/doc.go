@@ -35,7 +35,7 @@
 // one naming scheme serves both tiers:
 // <prefix>/<model>_<digest>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin.
 // Each object is a 32-byte kvtier envelope (package tiers/remote: magic,
-// length, xxhash64 of the payload and of the key) followed by the block.
+// length, XXH3-64 of the payload and of the key) followed by the block.
 //
 // # Behaviour
 //
