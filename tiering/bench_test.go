@@ -288,29 +288,32 @@ func (t *exampleTier) Close(context.Context) error           { return nil }
 // BenchmarkFullCycle: per key, PrepareStore → CompleteStore → cascade to 3
 // tiers → ScheduleEnd, in batches of 16 new keys with the primary (and
 // the memory tiers) full, so every batch evicts 16 blocks. "memory" uses
-// memory tiers that copy the 256-byte blocks; "example" uses key-only
-// tiers like the Python peer's measurement.
+// memory tiers that copy the 256-byte blocks; "example3" uses key-only
+// tiers like the Python peer's measurement; "example0" has no secondary
+// tier, the primary's share of the cycle.
 func BenchmarkFullCycle(b *testing.B) {
 	b.Run("tiers=memory", func(b *testing.B) {
 		m, _ := benchManager(b, benchSlots)
 		fullCycle(b, m)
 	})
-	b.Run("tiers=example", func(b *testing.B) {
-		p, err := cpu.New(cpu.Config{SlotSize: benchSlotSize, Capacity: benchSlots * benchSlotSize})
-		if err != nil {
-			b.Fatal(err)
-		}
-		var tiers []offload.SecondaryTier
-		for range 3 {
-			tiers = append(tiers, &exampleTier{keys: map[offload.Key]struct{}{}, capacity: benchSlots, medium: offload.MediumCPU})
-		}
-		m, err := New(Config{Primary: p, Tiers: tiers})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = m.Close(context.Background()) })
-		fullCycle(b, m)
-	})
+	for _, n := range []int{3, 0} {
+		b.Run(fmt.Sprintf("tiers=example%d", n), func(b *testing.B) {
+			p, err := cpu.New(cpu.Config{SlotSize: benchSlotSize, Capacity: benchSlots * benchSlotSize})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var tiers []offload.SecondaryTier
+			for range n {
+				tiers = append(tiers, &exampleTier{keys: map[offload.Key]struct{}{}, capacity: benchSlots, medium: offload.MediumCPU})
+			}
+			m, err := New(Config{Primary: p, Tiers: tiers})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = m.Close(context.Background()) })
+			fullCycle(b, m)
+		})
+	}
 }
 
 func fullCycle(b *testing.B, m *Manager) {
