@@ -204,7 +204,6 @@ type fixture struct {
 	t1, t2 *fakeTier
 	log    *callLog
 	ctx    *offload.ReqContext
-	slot   int
 	closed bool
 }
 

@@ -9,6 +9,10 @@
 // tier copies the real bytes between the job's arena slots and its own
 // storage, so end-to-end data integrity can be tested through it.
 //
+// In the config file a memory tier is a secondary_tiers entry of type
+// memory; its type-specific keys decode into Spec, whose Config method
+// validates them (case-insensitive values, errors naming key and value).
+//
 // A memory tier that declares an unspecified medium or locality is dynamic
 // on that axis: the tiering manager then always consults it, and the tier,
 // having no real placement of its own, serves every request.
