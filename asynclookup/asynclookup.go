@@ -40,9 +40,10 @@ type keyState struct {
 	gen    uint64
 	phase  phase
 	exists bool
-	// reqs lists the requests that asked about the key; usually one or
-	// two, so a slice beats a map.
-	reqs []string
+	// reqs lists the requests that asked about the key; usually one, so
+	// a slice over inline storage beats a map.
+	reqs   []string
+	inline [1]string
 }
 
 func (s *keyState) addReq(id string) bool {
@@ -145,6 +146,7 @@ func (m *Manager) Lookup(key offload.Key, reqID string) offload.LookupResult {
 	if st == nil {
 		m.gen++
 		st = &keyState{gen: m.gen, phase: pending}
+		st.reqs = st.inline[:0]
 		m.keys[key] = st
 		m.queued = append(m.queued, probe{key: key, gen: st.gen})
 	}
