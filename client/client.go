@@ -66,6 +66,10 @@ func Dial(target string, opts Options) (*Client, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
 			grpc.ForceCodecV2(wire.Codec{})),
 		experimental.WithBufferPool(wire.Pool),
+		grpc.WithInitialWindowSize(wire.WindowSize),
+		grpc.WithInitialConnWindowSize(wire.WindowSize),
+		grpc.WithReadBufferSize(wire.IOBufferSize),
+		grpc.WithWriteBufferSize(wire.IOBufferSize),
 	}
 	if opts.Token != "" {
 		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))

@@ -42,9 +42,9 @@ func (s *Server) serveFDs(ln *net.UnixListener) error {
 			return err
 		}
 		sem <- struct{}{}
-		s.wg.Add(1)
+		s.fdWG.Add(1)
 		go func() {
-			defer s.wg.Done()
+			defer s.fdWG.Done()
 			defer func() { <-sem }()
 			defer c.Close()
 			if err := s.answerFD(c); err != nil {

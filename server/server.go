@@ -64,6 +64,7 @@ type Server struct {
 	fdPath          string
 
 	wg           sync.WaitGroup
+	fdWG         sync.WaitGroup // side-channel exchanges; they read the arena's descriptor
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -143,6 +144,12 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		// connection slot forever.
 		grpc.ConnectionTimeout(10 * time.Second),
 		experimental.BufferPool(wire.Pool),
+		// Blocks are megabytes: HTTP/2's default 64 KiB windows would
+		// stall every PutBlocks/GetBlocks on flow-control round trips.
+		grpc.InitialWindowSize(wire.WindowSize),
+		grpc.InitialConnWindowSize(wire.WindowSize),
+		grpc.ReadBufferSize(wire.IOBufferSize),
+		grpc.WriteBufferSize(wire.IOBufferSize),
 		grpc.ForceServerCodecV2(wire.Codec{}),
 	}
 	if auth && s.cfg.AuthToken != "" {
@@ -194,7 +201,15 @@ func (s *Server) Start() (err error) {
 	if s.unixLn != nil {
 		s.unixSrv = s.grpcServer(false)
 		s.serve("unix", func() error { return s.unixSrv.Serve(s.unixLn) })
-		s.serve("arena", func() error { return s.serveFDs(s.fdLn) })
+		// The accept loop counts in fdWG too, so that no exchange can be
+		// added once shutdown waits for them.
+		s.fdWG.Add(1)
+		go func() {
+			defer s.fdWG.Done()
+			if err := s.serveFDs(s.fdLn); err != nil && !errors.Is(err, net.ErrClosed) {
+				s.log.Error("listener stopped", "listener", "arena", "err", err)
+			}
+		}()
 	}
 	if s.tcpLn != nil {
 		s.tcpSrv = s.grpcServer(true)
@@ -273,6 +288,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 		s.fdLn.Close()
 		os.Remove(s.fdPath)
 	}
+	// Closing a namespace unmaps and closes its arena: no exchange may
+	// still be reading the descriptor.
+	s.fdWG.Wait()
 	var stopped sync.WaitGroup
 	for _, g := range []*grpc.Server{s.unixSrv, s.tcpSrv} {
 		if g == nil {
