@@ -380,3 +380,14 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		t.Fatal("block differs after restart")
 	}
 }
+
+func TestIntegrationManagerOutage(t *testing.T) {
+	p := startRedis(t)
+	tier := newTier(t, itConfig(p.addr))
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: p.stop, Start: p.start, Healthy: tier.Healthy})
+}
+
+func TestIntegrationThroughManager(t *testing.T) {
+	tier := newTier(t, sharedRedisConfig(t))
+	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"medium": "storage"}]}`})
+}

@@ -456,3 +456,13 @@ func TestThroughManager(t *testing.T) {
 		ExcludeLoad: `{"kv_load_tiers": [{"locality": "local"}]}`,
 	})
 }
+
+func TestThroughManagerOutage(t *testing.T) {
+	m := miniredis.RunT(t)
+	tier := newTier(t, testConfig(m.Addr()))
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{
+		Stop:    m.Close,
+		Start:   func() { m.Restart() },
+		Healthy: tier.Healthy,
+	})
+}

@@ -319,3 +319,19 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		}
 	}
 }
+
+func TestIntegrationManagerOutage(t *testing.T) {
+	v := startVersity(t)
+	cfg := testConfig("http://" + v.addr)
+	cfg.AccessKey, cfg.SecretKey = v.ak, v.sk
+	cfg.Bucket = uniqueBucket()
+	cfg.CreateBucket = true
+	cfg.Retries = 1
+	tier := newTier(t, cfg)
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: v.stop, Start: v.start, Healthy: tier.Healthy})
+}
+
+func TestIntegrationThroughManager(t *testing.T) {
+	tier := newTier(t, realS3Config(t))
+	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"locality": "local"}]}`})
+}

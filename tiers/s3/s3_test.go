@@ -688,3 +688,9 @@ func TestThroughManager(t *testing.T) {
 		ExcludeLoad: `{"kv_load_tiers": [{"medium": "cpu"}]}`,
 	})
 }
+
+func TestThroughManagerOutage(t *testing.T) {
+	f := startFake(t)
+	tier := newTier(t, testConfig(f.endpoint()))
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: f.stop, Start: f.restart, Healthy: tier.Healthy})
+}

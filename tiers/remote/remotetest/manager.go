@@ -194,3 +194,106 @@ func settle(t *testing.T, m *tiering.Manager) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Outage hooks stop and restart the tier's server.
+type Outage struct {
+	Stop, Start func()
+	// Healthy reports the tier's own health state.
+	Healthy func() bool
+}
+
+// RunManagerOutage stops the tier's server in the middle of a run: the
+// manager keeps serving from the primary, cascades to the tier fail fast
+// and are counted, lookups of blocks only the tier had answer Miss
+// quickly; after the restart the tier recovers by itself and cascades
+// succeed again.
+func RunManagerOutage(t *testing.T, c ManagerCase, o Outage) {
+	t.Helper()
+	slot := c.SlotSize
+	if slot == 0 {
+		slot = 64 << 10
+	}
+	p, err := cpu.New(cpu.Config{SlotSize: slot, Capacity: int64(64 * slot)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{c.Tier}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	defer m.Close(ctx)
+
+	next := 7000
+	store := func() []offload.Key {
+		t.Helper()
+		ks := Keys(next, 2)
+		next += 2
+		req, _ := offload.NewReqContext("w"+ks[0].HexHash(), nil)
+		m.OnNewRequest(req)
+		out, ok, err := m.PrepareStore(ks, req)
+		if err != nil || !ok {
+			t.Fatalf("PrepareStore: %v %v", ok, err)
+		}
+		if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
+			t.Fatal(err)
+		}
+		m.OnRequestFinished(req)
+		settle(t, m)
+		return ks
+	}
+	before := store()
+	if st := m.Stats().Tiers[0]; st.CascadesOK != 1 {
+		t.Fatalf("cascade before the outage %+v", st)
+	}
+
+	o.Stop()
+	deadline := time.Now().Add(30 * time.Second)
+	var during []offload.Key
+	for o.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("tier still healthy 30s after its server stopped")
+		}
+		during = store()
+	}
+	failedBefore := m.Stats().Tiers[0].CascadesFailed
+	start := time.Now()
+	during = store() // refused at once by the unhealthy tier
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("a cascade to the down tier took %v", d)
+	}
+	st := m.Stats().Tiers[0]
+	if st.CascadesFailed != failedBefore+1 {
+		t.Fatalf("cascade while down not counted as failed: %+v", st)
+	}
+	// The primary keeps serving what it has.
+	req, _ := offload.NewReqContext("reader", nil)
+	m.OnNewRequest(req)
+	if r := m.Lookup(during[0], req); r != offload.Hit {
+		t.Fatalf("primary block while the tier is down: %v", r)
+	}
+	// A block only the tier had: Miss at once, not Retry forever.
+	if err := m.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.OnNewRequest(req)
+	if r := m.Lookup(before[0], req); r != offload.Miss {
+		t.Fatalf("lookup of a tier-only block while down: %v", r)
+	}
+	m.OnRequestFinished(req)
+
+	o.Start()
+	deadline = time.Now().Add(30 * time.Second)
+	for !o.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("tier not healthy 30s after its server restarted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	okBefore := m.Stats().Tiers[0].CascadesOK
+	store()
+	if st := m.Stats().Tiers[0]; st.CascadesOK != okBefore+1 {
+		t.Fatalf("cascade after recovery %+v", st)
+	}
+}
