@@ -1,0 +1,534 @@
+package workload
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
+	"github.com/kvtier/kvtier/tierset"
+)
+
+// Defaults for Options.
+const (
+	// DefaultPrimaryBlocks is the Mooncake paper's "local DRAM" point:
+	// 5 859 blocks of 512 tokens, about 3 M tokens.
+	DefaultPrimaryBlocks = 5859
+	// DefaultBlockBytes keeps the replay cheap: the bytes are copied on
+	// every cascade and promotion but carry no meaning here, and an
+	// unbounded in-memory secondary tier holds every distinct block of the
+	// trace (182 790 for the conversation trace, 180 MiB at 1 KiB).
+	DefaultBlockBytes = 1 << 10
+	// DefaultMaxSettleSteps bounds the engine steps one request's lookup
+	// may take to settle (promotions, asynchronous existence checks).
+	DefaultMaxSettleSteps = 1000
+	// DefaultSettleTimeout bounds the wall time one request waits for
+	// slow tiers (simulated latency) to settle.
+	DefaultSettleTimeout = 10 * time.Second
+)
+
+// Options configures a replay. The zero value replays through an LRU
+// primary of DefaultPrimaryBlocks blocks with no secondary tier.
+type Options struct {
+	// PrimaryBlocks is the primary tier's capacity in blocks.
+	PrimaryBlocks int
+	// BlockBytes is the size of one block (a primary slot).
+	BlockBytes int
+	// Policy is the primary's eviction policy: "lru" (default) or "arc".
+	Policy string
+	// Config supplies the secondary tiers (in lookup order), the default
+	// load and store filters and the validation mode; nil means none of
+	// them. Its primary section is not used, and its
+	// namespace.bytes_per_block is replaced by BlockBytes so that storage
+	// tiers lay blocks out at the replayed size.
+	Config *config.Config
+	// Params is the kv_transfer_params (a JSON object) every request
+	// sends; empty means none, so the config's default filters apply.
+	Params []byte
+	// HitPendingOnPromotion is tiering.Config's switch of the same name.
+	HitPendingOnPromotion bool
+	// MaxSettleSteps and SettleTimeout bound how long one request's lookup
+	// may take to settle; a request that has not settled by then is
+	// served the hits found so far and counted in Result.Unsettled.
+	MaxSettleSteps int
+	SettleTimeout  time.Duration
+	// Logger receives the tiers' and the manager's logs; nil discards.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.PrimaryBlocks == 0 {
+		o.PrimaryBlocks = DefaultPrimaryBlocks
+	}
+	if o.BlockBytes == 0 {
+		o.BlockBytes = DefaultBlockBytes
+	}
+	if o.Policy == "" {
+		o.Policy = cpu.PolicyLRU
+	}
+	if o.MaxSettleSteps == 0 {
+		o.MaxSettleSteps = DefaultMaxSettleSteps
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = DefaultSettleTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case o.PrimaryBlocks < 0:
+		return o, fmt.Errorf("workload: primary blocks %d: want > 0", o.PrimaryBlocks)
+	case o.BlockBytes < 0:
+		return o, fmt.Errorf("workload: block bytes %d: want > 0", o.BlockBytes)
+	case o.MaxSettleSteps < 0 || o.SettleTimeout < 0:
+		return o, errors.New("workload: settle bounds must not be negative")
+	}
+	return o, nil
+}
+
+// Result is what a replay measured. Block counts are keys: one trace
+// hash id is one key (KV group 0).
+type Result struct {
+	Requests int    `json:"requests"`
+	Blocks   uint64 `json:"blocks"`
+	// HitBlocks are the matched leading blocks of every request once its
+	// lookup settled: PrimaryHitBlocks were in the primary at the first
+	// lookup, PromotedHitBlocks were promoted from a secondary tier (see
+	// TierResult.HitBlocks for which).
+	HitBlocks         uint64 `json:"hit_blocks"`
+	PrimaryHitBlocks  uint64 `json:"primary_hit_blocks"`
+	PromotedHitBlocks uint64 `json:"promoted_hit_blocks"`
+	// HitRate is HitBlocks / Blocks, the prefix hit rate.
+	HitRate float64 `json:"hit_rate"`
+	// Unsettled counts requests whose lookup had not settled within the
+	// bounds; StoresRejected counts requests whose missing blocks the
+	// primary could not make room for (all pinned or pending).
+	Unsettled      int `json:"unsettled"`
+	StoresRejected int `json:"stores_rejected"`
+	// Steps counts engine steps (ScheduleEnd calls).
+	Steps uint64 `json:"steps"`
+
+	Primary PrimaryResult `json:"primary"`
+	Tiers   []TierResult  `json:"tiers"`
+
+	// Elapsed is the wall time of the replay loop (tiers built, trace
+	// source excluded when it is in memory); the rates derive from it.
+	Elapsed        time.Duration `json:"elapsed_ns"`
+	RequestsPerSec float64       `json:"requests_per_sec"`
+	NsPerKey       float64       `json:"ns_per_key"`
+
+	// Warnings are the problems a lenient parse found in Params.
+	Warnings []string `json:"warnings"`
+}
+
+// PrimaryResult describes the primary tier after the replay.
+type PrimaryResult struct {
+	Blocks     int    `json:"blocks"` // capacity in blocks
+	BlockBytes int    `json:"block_bytes"`
+	Policy     string `json:"policy"`
+	Held       int    `json:"held"` // blocks held at the end
+	// StoredBlocks counts completed stores, promotions included.
+	StoredBlocks uint64 `json:"stored_blocks"`
+	Evictions    uint64 `json:"evictions"`
+}
+
+// TierResult describes one secondary tier's part in the replay.
+type TierResult struct {
+	Name     string `json:"name"`
+	Type     string `json:"type"`
+	Medium   string `json:"medium"`
+	Locality string `json:"locality"`
+	// HitBlocks are hit blocks this tier served by promotion.
+	HitBlocks uint64 `json:"hit_blocks"`
+	// Lookups the tier answered Hit, and lookups its load filter kept
+	// from it.
+	LookupHits      uint64 `json:"lookup_hits"`
+	SkippedByFilter uint64 `json:"skipped_by_filter"`
+	// Promotions (loads into the primary), by block.
+	PromotedBlocks        uint64 `json:"promoted_blocks"`
+	PromotionBlocksFailed uint64 `json:"promotion_blocks_failed"`
+	PromotionsRejected    uint64 `json:"promotions_rejected"`
+	// Cascades (stores from the primary): jobs by outcome and blocks.
+	CascadesOK              uint64 `json:"cascades_ok"`
+	CascadesFailed          uint64 `json:"cascades_failed"`
+	CascadesDropped         uint64 `json:"cascades_dropped"`
+	CascadesSkippedByFilter uint64 `json:"cascades_skipped_by_filter"`
+	CascadedBlocks          uint64 `json:"cascaded_blocks"`
+	// Evictions counts blocks the tier reported removed (only tiers that
+	// emit events report them); Held is the blocks it holds at the end,
+	// -1 when the tier cannot say.
+	Evictions uint64 `json:"evictions"`
+	Held      int    `json:"held"`
+}
+
+// KeyOf returns the offload key of a trace hash id: the id as 8 bytes
+// big-endian, in KV group 0 (offload.MakeKey's layout).
+func KeyOf(id uint64) offload.Key {
+	var b [8 + offload.GroupSuffixLen]byte
+	binary.BigEndian.PutUint64(b[:8], id)
+	return offload.Key(b[:])
+}
+
+// Replay builds a primary, the config's secondary tiers and a manager,
+// replays src through them and closes them. An error from src (a
+// malformed trace line) or from the manager ends the replay.
+func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cfg := config.Default()
+	if opts.Config != nil {
+		c := *opts.Config
+		cfg = &c
+	}
+	cfg.Namespace.BytesPerBlock = config.ByteSize(opts.BlockBytes)
+
+	parser := cfg.Parser()
+	tmpl, err := parser.NewReqContext("params", opts.Params)
+	if err != nil {
+		return nil, fmt.Errorf("workload: params: %w", err)
+	}
+
+	primary, err := cpu.New(cpu.Config{
+		SlotSize: opts.BlockBytes,
+		Capacity: int64(opts.PrimaryBlocks) * int64(opts.BlockBytes),
+		Policy:   opts.Policy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workload: primary: %w", err)
+	}
+	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: opts.Logger})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("workload: %w", err), primary.Close())
+	}
+	m, err := tiering.New(tiering.Config{
+		Primary:               primary,
+		Tiers:                 tiers,
+		Logger:                opts.Logger,
+		HitPendingOnPromotion: opts.HitPendingOnPromotion,
+	})
+	if err != nil {
+		for _, t := range tiers {
+			err = errors.Join(err, t.Close(ctx))
+		}
+		return nil, errors.Join(err, primary.Close())
+	}
+
+	d := newDriver(m, opts, tmpl)
+	res, err := d.run(ctx, src)
+	if cerr := m.Close(context.WithoutCancel(ctx)); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("workload: close: %w", cerr))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// driver replays requests through one manager.
+type driver struct {
+	m    *tiering.Manager
+	opts Options
+	tmpl *offload.ReqContext
+	res  Result
+
+	seq       uint64
+	keys      []offload.Key
+	out       []offload.LookupResult
+	first     []offload.LookupResult
+	newIDs    [1]string
+	promoted  []uint64 // per tier: PromotedBlocks before the request
+	tierHits  []uint64
+	evictions map[string]uint64
+}
+
+func newDriver(m *tiering.Manager, opts Options, tmpl *offload.ReqContext) *driver {
+	n := len(m.Tiers())
+	d := &driver{
+		m:         m,
+		opts:      opts,
+		tmpl:      tmpl,
+		promoted:  make([]uint64, n),
+		tierHits:  make([]uint64, n),
+		evictions: make(map[string]uint64),
+	}
+	for _, w := range tmpl.Warnings {
+		d.res.Warnings = append(d.res.Warnings, w.Message)
+	}
+	return d
+}
+
+func (d *driver) run(ctx context.Context, src Source) (*Result, error) {
+	start := time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, err)
+		}
+		req, err := src.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("workload: after %d requests: %w", d.res.Requests, err)
+		}
+		if err := d.request(ctx, req); err != nil {
+			return nil, fmt.Errorf("workload: request at trace line %d: %w", req.Line, err)
+		}
+	}
+	d.drain(ctx)
+	d.res.Elapsed = time.Since(start)
+	d.collect()
+	return &d.res, nil
+}
+
+// request replays one request as a connector would: look the prefix up,
+// step until promotions settle, load the hit prefix, store the missing
+// blocks, touch the request's blocks (vLLM touches them when it offers
+// them for storing) and finish the request.
+func (d *driver) request(ctx context.Context, req Request) error {
+	m := d.m
+	d.seq++
+	rc := new(offload.ReqContext)
+	*rc = *d.tmpl // the parsed params are shared, read-only
+	rc.ID = "r" + strconv.FormatUint(d.seq, 10)
+	policy := m.OnNewRequest(rc)
+
+	n := len(req.HashIDs)
+	d.keys = d.keys[:0]
+	for _, id := range req.HashIDs {
+		d.keys = append(d.keys, KeyOf(id))
+	}
+	keys := d.keys
+	if cap(d.out) < n {
+		d.out = make([]offload.LookupResult, n)
+		d.first = make([]offload.LookupResult, n)
+	}
+	out, first := d.out[:n], d.first[:n]
+
+	d.newIDs[0] = rc.ID
+	se := offload.ScheduleEnd{NewReqIDs: d.newIDs[:]}
+
+	m.LookupPrefix(keys, rc, out)
+	copy(first, out)
+	settled := isSettled(out)
+	if !settled {
+		d.snapshotPromoted()
+		settled = d.settle(ctx, keys, rc, out, &se)
+		if !settled {
+			d.res.Unsettled++
+		}
+	}
+
+	hits := 0
+	for hits < n && out[hits] == offload.Hit {
+		hits++
+	}
+	primaryHits := 0
+	for _, r := range first[:hits] {
+		if r == offload.Hit {
+			primaryHits++
+		}
+	}
+	if promoted := hits - primaryHits; promoted > 0 {
+		d.attribute(uint64(promoted))
+	}
+	d.res.Requests++
+	d.res.Blocks += uint64(n)
+	d.res.HitBlocks += uint64(hits)
+	d.res.PrimaryHitBlocks += uint64(primaryHits)
+	d.res.PromotedHitBlocks += uint64(hits - primaryHits)
+
+	if hits > 0 {
+		if _, err := m.PrepareLoad(keys[:hits], rc); err != nil {
+			return err
+		}
+		if err := m.CompleteLoad(keys[:hits], rc); err != nil {
+			return err
+		}
+	}
+	toStore := keys[hits:]
+	if policy == offload.RequestLevel {
+		toStore = keys // prefix hits are offered again for request-level tiers
+	}
+	if len(toStore) > 0 {
+		ps, ok, err := m.PrepareStore(toStore, rc)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			d.res.StoresRejected++
+		} else if len(ps.KeysToStore) > 0 {
+			if err := m.CompleteStore(ps.KeysToStore, rc, true); err != nil {
+				return err
+			}
+		}
+	}
+	if n > 0 {
+		m.Touch(keys, rc)
+	}
+	m.ScheduleEnd(se)
+	d.res.Steps++
+	m.OnRequestFinished(rc)
+	d.takeEvents()
+	clear(d.keys) // do not keep the request's keys alive in scratch
+	return nil
+}
+
+// isSettled reports a lookup with no Retry and no HitPending answer: the
+// count of leading Hits is final.
+func isSettled(out []offload.LookupResult) bool {
+	for _, r := range out {
+		if r == offload.Retry || r == offload.HitPending {
+			return false
+		}
+	}
+	return true
+}
+
+// settle steps the manager and looks the prefix up again until the
+// answers settle or the bounds are reached. While tiers have work in
+// flight and a step changed nothing, it backs off briefly so that slow
+// tiers (simulated latency) get wall time without a busy loop.
+func (d *driver) settle(ctx context.Context, keys []offload.Key, rc *offload.ReqContext, out []offload.LookupResult, se *offload.ScheduleEnd) bool {
+	m := d.m
+	var deadline time.Time
+	backoff := 10 * time.Microsecond
+	for step := 0; step < d.opts.MaxSettleSteps; step++ {
+		m.ScheduleEnd(*se)
+		d.res.Steps++
+		se.NewReqIDs = nil
+		before := leadingHits(out)
+		m.LookupPrefix(keys, rc, out)
+		if isSettled(out) {
+			return true
+		}
+		if leadingHits(out) > before || !m.HasPendingWork() {
+			continue
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(d.opts.SettleTimeout)
+		} else if now.After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Millisecond)
+	}
+	return false
+}
+
+func leadingHits(out []offload.LookupResult) int {
+	n := 0
+	for n < len(out) && out[n] == offload.Hit {
+		n++
+	}
+	return n
+}
+
+// snapshotPromoted records each tier's promoted blocks before a settle,
+// so that the promoted hits can be attributed to tiers afterwards.
+func (d *driver) snapshotPromoted() {
+	for i, ts := range d.m.Stats().Tiers {
+		d.promoted[i] = ts.PromotedBlocks
+	}
+}
+
+// attribute credits n promoted hit blocks to the tiers whose promotions
+// completed during the request, in lookup order. Promotions of an earlier
+// request that completed late are credited here too, which only matters
+// with slow tiers.
+func (d *driver) attribute(n uint64) {
+	for i, ts := range d.m.Stats().Tiers {
+		if n == 0 {
+			return
+		}
+		delta := min(ts.PromotedBlocks-d.promoted[i], n)
+		d.tierHits[i] += delta
+		n -= delta
+	}
+}
+
+// takeEvents counts the blocks tiers reported removed. The primary is
+// built without events; its evictions come from its stats.
+func (d *driver) takeEvents() {
+	for _, ev := range d.m.TakeEvents() {
+		if ev.Removed && ev.Tier != "" {
+			d.evictions[ev.Tier] += uint64(len(ev.Keys))
+		}
+	}
+}
+
+// drain steps the manager until the last cascades have completed, so that
+// the stats count them.
+func (d *driver) drain(ctx context.Context) {
+	deadline := time.Now().Add(d.opts.SettleTimeout)
+	for d.m.HasPendingWork() && time.Now().Before(deadline) && ctx.Err() == nil {
+		d.m.ScheduleEnd(offload.ScheduleEnd{})
+		d.res.Steps++
+		if d.m.HasPendingWork() {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	d.takeEvents()
+}
+
+// collect fills the result from the manager's stats.
+func (d *driver) collect() {
+	st := d.m.Stats()
+	r := &d.res
+	r.Primary = PrimaryResult{
+		Blocks:       st.Primary.NumSlots,
+		BlockBytes:   st.Primary.SlotSize,
+		Policy:       d.opts.Policy,
+		Held:         st.Primary.Blocks,
+		StoredBlocks: st.Primary.StoredBlocks,
+		Evictions:    st.Primary.Evictions,
+	}
+	tiers := d.m.Tiers()
+	r.Tiers = make([]TierResult, len(st.Tiers))
+	for i, ts := range st.Tiers {
+		decl := tierset.DeclarationOf(tiers[i])
+		held := -1
+		if l, ok := tiers[i].(interface{ Len() int }); ok {
+			held = l.Len()
+		}
+		r.Tiers[i] = TierResult{
+			Name:                    ts.Name,
+			Type:                    ts.Type,
+			Medium:                  decl.MediumString(),
+			Locality:                decl.LocalityString(),
+			HitBlocks:               d.tierHits[i],
+			LookupHits:              ts.Hits,
+			SkippedByFilter:         ts.SkippedByFilter,
+			PromotedBlocks:          ts.PromotedBlocks,
+			PromotionBlocksFailed:   ts.PromotionBlocksFailed,
+			PromotionsRejected:      ts.PromotionsRejected,
+			CascadesOK:              ts.CascadesOK,
+			CascadesFailed:          ts.CascadesFailed,
+			CascadesDropped:         ts.CascadesDropped,
+			CascadesSkippedByFilter: ts.CascadesSkippedByFilter,
+			CascadedBlocks:          ts.CascadedBlocks,
+			Evictions:               d.evictions[ts.Name],
+			Held:                    held,
+		}
+	}
+	if r.Blocks > 0 {
+		r.HitRate = float64(r.HitBlocks) / float64(r.Blocks)
+		r.NsPerKey = float64(r.Elapsed.Nanoseconds()) / float64(r.Blocks)
+	}
+	if r.Elapsed > 0 {
+		r.RequestsPerSec = float64(r.Requests) / r.Elapsed.Seconds()
+	}
+	if r.Warnings == nil {
+		r.Warnings = []string{}
+	}
+}
