@@ -24,6 +24,13 @@ type slotMeta struct {
 	list uint8       // inNoList, inEvictable, inT1 or inT2
 }
 
+// free resets m to the free state. It assigns field by field: a
+// whole-struct store of a type holding a pointer costs a bulk write
+// barrier while the GC runs.
+func (m *slotMeta) free() {
+	m.key, m.ref, m.mark, m.h32, m.list = "", 0, 0, 0, inNoList
+}
+
 // blocks is the state shared by the primary and its policy: the key index
 // and the per-slot metadata, both addressed by slot index.
 type blocks struct {

@@ -8,7 +8,11 @@ import (
 
 // dedupMapMin is the batch size from which PrepareStore finds repeated new
 // keys with a map rather than by scanning the keys collected so far.
-const dedupMapMin = 32
+const dedupMapMin = 64
+
+// maxScratchKeys bounds the new-key scratch kept between PrepareStore
+// calls; it holds references to the caller's keys.
+const maxScratchKeys = 256
 
 // PrepareStore reserves slots for the keys that are not present yet
 // (pending keys count as present: an in-flight store is not duplicated),
@@ -22,22 +26,19 @@ const dedupMapMin = 32
 // of the keys that reuse the capacity.
 func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutput, ok bool) {
 	epoch := p.nextEpoch()
-	useMap := len(keys) >= dedupMapMin
-	if useMap {
-		if p.seen == nil {
-			p.seen = make(map[uint64]int32, len(keys))
-		}
-		clear(p.seen)
+	d := newKeyDedup(p, len(keys))
+	if len(p.newKeys) > maxScratchKeys {
+		// Drop a large batch's scratch rather than keep its keys alive.
+		p.newKeys, p.newHash = nil, nil
 	}
 	p.newKeys, p.newHash = p.newKeys[:0], p.newHash[:0]
-	defer func() { clear(p.newKeys) }() // do not pin the caller's keys in scratch
 	for _, k := range keys {
 		h := p.b.hash(k)
 		if s := p.b.find(k, h); s >= 0 {
 			p.b.meta[s].mark = epoch // protected from this call's eviction
 			continue
 		}
-		if p.repeatedNewKey(k, h, useMap) {
+		if d.repeated(p, k, h) {
 			continue
 		}
 		p.newKeys = append(p.newKeys, k)
@@ -62,15 +63,20 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 		}
 	}
 
-	out.KeysToStore = slices.Clone(p.newKeys)
+	// One allocation backs both key lists; capacities are clipped so that
+	// appending to one cannot overwrite the other.
+	ev := len(p.victims)
+	buf := make([]offload.Key, n+ev)
+	out.KeysToStore = buf[:n:n]
+	copy(out.KeysToStore, p.newKeys)
 	out.Slots = make([]int64, n)
-	if len(p.victims) > 0 {
-		out.Evicted = make([]offload.Key, len(p.victims))
+	if ev > 0 {
+		out.Evicted = buf[n : n+ev : n+ev]
 		for i, s := range p.victims {
 			m := &p.b.meta[s]
 			out.Evicted[i] = m.key
 			p.b.index.remove(uint64(m.h32), s)
-			*m = slotMeta{}
+			m.free()
 			p.free = append(p.free, s)
 		}
 		p.numEvictable -= len(p.victims)
@@ -92,7 +98,10 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 			p.free = p.free[:len(p.free)-1]
 		}
 		h := p.newHash[i]
-		p.b.meta[s] = slotMeta{key: k, ref: -1, mark: epoch, h32: uint32(h)}
+		// Field by field: a whole-struct store of a pointerful type costs
+		// a bulk write barrier while the GC runs.
+		m := &p.b.meta[s]
+		m.key, m.ref, m.mark, m.h32 = k, -1, epoch, uint32(h)
 		p.b.index.insert(h, s)
 		p.pol.inserted(s, h)
 		out.Slots[i] = int64(s)
@@ -102,10 +111,29 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 	return out, true
 }
 
-// repeatedNewKey reports whether k was already collected as new in this
-// call, and if not records it when a map is in use.
-func (p *Primary) repeatedNewKey(k offload.Key, h uint64, useMap bool) bool {
-	if useMap {
+// keyDedup finds keys repeated among the new keys of one PrepareStore.
+// Small batches use a 256-bit filter of hash bits and scan the keys
+// collected so far only when the filter says maybe; large ones use a map.
+type keyDedup struct {
+	useMap bool
+	filter [4]uint64
+}
+
+func newKeyDedup(p *Primary, n int) keyDedup {
+	d := keyDedup{useMap: n >= dedupMapMin}
+	if d.useMap {
+		if p.seen == nil {
+			p.seen = make(map[uint64]int32, n)
+		}
+		clear(p.seen)
+	}
+	return d
+}
+
+// repeated reports whether k (hash h) was already collected as new in
+// this call; if not, it records it.
+func (d *keyDedup) repeated(p *Primary, k offload.Key, h uint64) bool {
+	if d.useMap {
 		j, found := p.seen[h]
 		if !found {
 			p.seen[h] = int32(len(p.newKeys))
@@ -115,6 +143,13 @@ func (p *Primary) repeatedNewKey(k offload.Key, h uint64, useMap bool) bool {
 			return true
 		}
 		// Two keys with one 64-bit hash: settle it by scanning.
+	} else {
+		bit := h >> 56 // the index uses the low bits; use the high ones
+		w, m := bit>>6, uint64(1)<<(bit&63)
+		if d.filter[w]&m == 0 {
+			d.filter[w] |= m
+			return false
+		}
 	}
 	for j, h2 := range p.newHash {
 		if h2 == h && p.newKeys[j] == k {
@@ -153,7 +188,7 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 		}
 		p.pol.removed(s)
 		p.b.index.remove(h, s)
-		p.b.meta[s] = slotMeta{}
+		p.b.meta[s].free()
 		p.free = append(p.free, s)
 		p.numBlocks--
 		p.ctr.failedStores++
