@@ -150,14 +150,6 @@ func step(t *testing.T, tier *Tier) {
 
 func req(id string) *offload.ReqContext { return offload.Background(id) }
 
-func seq(n int) []int64 {
-	s := make([]int64, n)
-	for i := range s {
-		s[i] = int64(i)
-	}
-	return s
-}
-
 // await polls FinishedJobs until the results of ids arrive (without
 // draining, so other jobs may stay blocked); extra results are returned
 // too.
