@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,6 +48,10 @@ type envOptions struct {
 	parser offload.Parser
 	limits server.Limits
 	tiers  func(t testing.TB) []offload.SecondaryTier
+	// arena defaults to a memfd arena.
+	arena cpu.ArenaConfig
+	// events, if set, receives every step's events.
+	events server.EventSink
 }
 
 func memTiers(t testing.TB) []offload.SecondaryTier {
@@ -83,7 +89,10 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
+	if o.arena.Kind == "" {
+		o.arena.Kind = cpu.ArenaMemfd
+	}
+	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: o.arena, Events: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,8 +100,10 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nc := server.ManagerNamespace("", m, p, o.parser)
+	nc.Events = o.events
 	srv, err := server.New(server.Config{
-		Namespaces:  []server.NamespaceConfig{server.ManagerNamespace("", m, p, o.parser)},
+		Namespaces:  []server.NamespaceConfig{nc},
 		UnixSocket:  filepath.Join(dir, "k.sock"),
 		TCPAddr:     "127.0.0.1:0",
 		MetricsAddr: "127.0.0.1:0",
@@ -570,4 +581,127 @@ func TestConcurrentClients(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+}
+
+// TestArenaKinds maps a shared-file arena (by path and by descriptor) and
+// refuses an anonymous one.
+func TestArenaKinds(t *testing.T) {
+	path := filepath.Join(shortTempDir(t), "arena")
+	e := startEnv(t, envOptions{arena: cpu.ArenaConfig{Kind: cpu.ArenaFile, Path: path}})
+	ctx := ctxT(t)
+	c := e.dial(t, e.tcp)
+	info, err := c.API().GetArena(ctx, &kvtierv1.GetArenaRequest{})
+	if err != nil || info.GetKind() != kvtierv1.ArenaKind_ARENA_KIND_FILE || info.GetPath() != path || info.GetSize() != 64*slotSize {
+		t.Fatalf("GetArena: %v %v", info, err)
+	}
+	a, err := c.MapArena(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := c.NewRequest(ctx, "f", ""); err != nil {
+		t.Fatal(err)
+	}
+	storeViaArena(t, ctx, c, a, "f", keys(0, 2))
+	got, err := c.GetBlocks(ctx, keys(0, 2), client.GetOptions{})
+	if err != nil || got.Hits != 2 || !bytes.Equal(got.Data[1], block(key(1))) {
+		t.Fatalf("blocks written through the file mapping: %v %v", got.Results, err)
+	}
+	if _, err := a.Slot(64); err == nil {
+		t.Fatal("slot past the end")
+	}
+
+	anon := startEnv(t, envOptions{arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}})
+	if _, err := anon.dial(t, anon.unix).MapArena(ctx); !errors.Is(err, client.ErrArenaNotShared) {
+		t.Fatalf("anonymous arena: %v", err)
+	}
+	if _, err := client.ReceiveArenaFD(ctx, anon.unix+".arena", ""); err == nil || !strings.Contains(err.Error(), "anonymous arena") {
+		t.Fatalf("side channel, anonymous arena: %v", err)
+	}
+}
+
+// TestShutdownDrains stops the daemon while cascades are in flight: they
+// finish before the tiers close, and the socket goes away.
+func TestShutdownDrains(t *testing.T) {
+	var slow *recorder
+	sink := &eventLog{}
+	e := startEnv(t, envOptions{events: sink, tiers: func(t testing.TB) []offload.SecondaryTier {
+		m, err := memory.New(memory.Config{Name: "slow", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Latency: 100 * time.Millisecond, Events: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow = &recorder{SecondaryTier: m}
+		return []offload.SecondaryTier{slow}
+	}})
+	ctx := ctxT(t)
+	c := e.dial(t, e.unix)
+	ks := keys(0, 3)
+	var blocks []client.Block
+	for _, k := range ks {
+		blocks = append(blocks, client.Block{Key: k, Data: block(k)})
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if slow.ok.Load() == 0 || slow.failed.Load() != 0 {
+		t.Fatalf("cascades at shutdown: %d ok, %d failed", slow.ok.Load(), slow.failed.Load())
+	}
+	// The tier's stored events were published before it closed.
+	stored := 0
+	for _, ev := range sink.all() {
+		if ev.Tier == "slow" && !ev.Removed {
+			stored += len(ev.Keys)
+		}
+	}
+	if stored != len(ks) {
+		t.Fatalf("%d of %d stored events of the slow tier published at shutdown", stored, len(ks))
+	}
+	if _, err := os.Stat(e.unix); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+	if _, err := c.Stats(ctx); status.Code(err) != codes.Unavailable {
+		t.Fatalf("call after shutdown: %v", err)
+	}
+}
+
+// recorder counts the job results a tier reports.
+type recorder struct {
+	offload.SecondaryTier
+	ok, failed atomic.Int64
+}
+
+func (r *recorder) FinishedJobs() []offload.JobResult {
+	rs := r.SecondaryTier.FinishedJobs()
+	for _, res := range rs {
+		if res.Success {
+			r.ok.Add(1)
+		} else {
+			r.failed.Add(1)
+		}
+	}
+	return rs
+}
+
+// eventLog is an EventSink that keeps everything.
+type eventLog struct {
+	mu  sync.Mutex
+	evs []offload.Event
+}
+
+func (l *eventLog) Publish(evs []offload.Event) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.evs = append(l.evs, evs...)
+	return nil
+}
+
+func (l *eventLog) all() []offload.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]offload.Event(nil), l.evs...)
 }
