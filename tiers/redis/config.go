@@ -43,6 +43,10 @@ type Config struct {
 	// attempt of one command or pipeline (default 5s).
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	Timeout     time.Duration `yaml:"timeout"`
+	// LookupTimeout bounds one step's pipeline of existence checks
+	// (default 1s). Short, because a request waits (lookups answer Retry)
+	// until its checks are answered.
+	LookupTimeout time.Duration `yaml:"lookup_timeout"`
 	// Retries after transient failures (0 disables), with exponential
 	// backoff from RetryBackoff (default 20ms).
 	Retries      int           `yaml:"retries"`
@@ -82,6 +86,7 @@ const (
 	DefaultPoolSize      = 16
 	DefaultDialTimeout   = 2 * time.Second
 	DefaultTimeout       = 5 * time.Second
+	DefaultLookupTimeout = time.Second
 	DefaultRetries       = 2
 	DefaultRetryBackoff  = 20 * time.Millisecond
 	DefaultMaxInflight   = 256
@@ -98,6 +103,7 @@ func DefaultConfig() Config {
 		PoolSize:       DefaultPoolSize,
 		DialTimeout:    DefaultDialTimeout,
 		Timeout:        DefaultTimeout,
+		LookupTimeout:  DefaultLookupTimeout,
 		Retries:        DefaultRetries,
 		RetryBackoff:   DefaultRetryBackoff,
 		MaxInflight:    DefaultMaxInflight,
@@ -123,6 +129,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = d.Timeout
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = d.LookupTimeout
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = d.RetryBackoff
@@ -185,7 +194,7 @@ func (c Config) Validate() error {
 	for _, f := range []struct {
 		key string
 		v   time.Duration
-	}{{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
+	}{{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"lookup_timeout", c.LookupTimeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
 		if f.v <= 0 {
 			return bad(f.key, "must be > 0, got %v", f.v)
 		}

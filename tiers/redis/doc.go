@@ -16,6 +16,7 @@
 //	    pool_size: 16                # connections = concurrent pipelines
 //	    dial_timeout: 2s
 //	    timeout: 5s                  # per command or pipeline attempt
+//	    lookup_timeout: 1s           # per existence-check pipeline
 //	    retries: 2
 //	    retry_backoff: 20ms
 //	    keyspace_events: true        # report server evictions/expiries

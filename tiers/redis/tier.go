@@ -50,12 +50,14 @@ type Tier struct {
 	locality offload.Locality
 	log      *slog.Logger
 
-	client  *goredis.Client
-	health  *remote.Health
-	retry   *remote.Retrier
-	jobs    *remote.Jobs
-	lookups *asynclookup.Manager
-	ioSem   chan struct{} // bounds concurrent transfer pipelines
+	client *goredis.Client
+	health *remote.Health
+	retry  *remote.Retrier // transfers
+	// probeRetry runs existence checks with the shorter lookup timeout.
+	probeRetry *remote.Retrier
+	jobs       *remote.Jobs
+	lookups    *asynclookup.Manager
+	ioSem      chan struct{} // bounds concurrent transfer pipelines
 
 	events         *remote.Events // nil when events are off
 	missQ, forgetQ remote.KeyQueue
@@ -147,10 +149,11 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		},
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
+	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.jobs = remote.NewJobs(t.label(), cfg.MaxInflight)
 	t.lookups = asynclookup.New(t.label(), t.exists, asynclookup.Options{
 		MaxBatch: cfg.LookupBatch,
-		Timeout:  cfg.Timeout,
+		Timeout:  cfg.LookupTimeout,
 		Logger:   t.log,
 	})
 	if cfg.KeyspaceEvents {
@@ -411,7 +414,7 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 	}
 	t.c.Probes.Add(int64(len(keys)))
 	var cmds []*goredis.IntCmd
-	err := t.retry.Do(ctx, 0, func(ctx context.Context) error {
+	err := t.probeRetry.Do(ctx, 0, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
 		cmds = make([]*goredis.IntCmd, len(keys))
 		for i, k := range keys {
@@ -446,6 +449,9 @@ func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 		t.c.StoreJobsOK.Add(1)
 		res.Success = true
 		return res
+	}
+	if job.Arena == nil {
+		return fail(fmt.Errorf("%s: store job %d: no arena", t.label(), job.ID))
 	}
 	if len(job.Slots) < len(job.Keys) {
 		return fail(fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys)))
@@ -521,6 +527,8 @@ func (t *Tier) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	valid := 0
 	for i, k := range job.Keys {
 		switch {
+		case job.Arena == nil:
+			errs[i] = fmt.Errorf("%s: load job %d: no arena", t.label(), job.ID)
 		case i >= len(job.Slots):
 			errs[i] = fmt.Errorf("%s: load %s: job has %d slots for %d keys", t.label(), k, len(job.Slots), n)
 		case !k.Valid():
@@ -539,7 +547,10 @@ func (t *Tier) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 		t.loadPipeline(ctx, job, slots, errs)
 	}
 	loaded, err := remote.Prefix(job.Keys, errs)
-	res := offload.JobResult{Duration: time.Since(start), Bytes: int64(len(loaded)) * int64(job.Arena.SlotSize())}
+	res := offload.JobResult{Duration: time.Since(start)}
+	if len(loaded) > 0 {
+		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
+	}
 	if err == nil {
 		t.c.LoadJobsOK.Add(1)
 		res.Success = true

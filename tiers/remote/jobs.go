@@ -72,11 +72,21 @@ func (j *Jobs) Submit(job *offload.Job, run RunFunc) bool {
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
-		res := run(j.ctx, job)
-		res.JobID = job.ID
-		j.finish(res)
+		j.finish(j.run(job, run))
 	}()
 	return true
+}
+
+// run calls fn, turning a panic into a failed result so that a bug in one
+// job cannot take the daemon down or leave the job unanswered.
+func (j *Jobs) run(job *offload.Job, fn RunFunc) (res offload.JobResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = failed(job, fmt.Errorf("%s: job %d: panic: %v", j.name, job.ID, p))
+		}
+		res.JobID = job.ID
+	}()
+	return fn(j.ctx, job)
 }
 
 // Fail answers job as failed with err without running it.

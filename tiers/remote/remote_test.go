@@ -237,3 +237,16 @@ func TestBackoffAndPrefix(t *testing.T) {
 		t.Fatal(p, err)
 	}
 }
+
+func TestJobsPanicIsAFailedResult(t *testing.T) {
+	j := NewJobs("t", 0)
+	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult { panic("boom") })
+	if err := j.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := j.Take()
+	if len(r) != 1 || r[0].JobID != 1 || r[0].Success || r[0].Err == nil {
+		t.Fatalf("%+v", r)
+	}
+	j.Close(context.Background())
+}

@@ -49,9 +49,13 @@ type Config struct {
 	// MaxInflight bounds jobs in flight; beyond it a job fails at once
 	// (default 256).
 	MaxInflight int `yaml:"max_inflight"`
-	// Timeout bounds one attempt of one request, body included
-	// (default 10s); it also bounds one step's batch of existence checks.
+	// Timeout bounds one attempt of one transfer request, body included
+	// (default 10s).
 	Timeout time.Duration `yaml:"timeout"`
+	// LookupTimeout bounds one existence check (HEAD) (default 2s); a
+	// step's batch of checks gets four times as long. Short, because a
+	// request waits (lookups answer Retry) until its checks are answered.
+	LookupTimeout time.Duration `yaml:"lookup_timeout"`
 	// Retries is the number of retries of a request after a transient
 	// failure (connection error, timeout, 5xx, 429); 0 disables them.
 	// RetryBackoff is the base of the exponential backoff between them
@@ -91,6 +95,7 @@ const (
 	DefaultIOThreads     = 16
 	DefaultMaxInflight   = 256
 	DefaultTimeout       = 10 * time.Second
+	DefaultLookupTimeout = 2 * time.Second
 	DefaultRetries       = 2
 	DefaultRetryBackoff  = 50 * time.Millisecond
 	DefaultProbeInterval = time.Second
@@ -104,6 +109,7 @@ func DefaultConfig() Config {
 		IOThreads:      DefaultIOThreads,
 		MaxInflight:    DefaultMaxInflight,
 		Timeout:        DefaultTimeout,
+		LookupTimeout:  DefaultLookupTimeout,
 		Retries:        DefaultRetries,
 		RetryBackoff:   DefaultRetryBackoff,
 		ProbeInterval:  DefaultProbeInterval,
@@ -124,6 +130,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = d.Timeout
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = d.LookupTimeout
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = d.RetryBackoff
@@ -196,7 +205,7 @@ func (c Config) Validate() error {
 	for _, f := range []struct {
 		key string
 		v   time.Duration
-	}{{"timeout", c.Timeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
+	}{{"timeout", c.Timeout}, {"lookup_timeout", c.LookupTimeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
 		if f.v <= 0 {
 			return bad(f.key, "must be > 0, got %v", f.v)
 		}

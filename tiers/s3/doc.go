@@ -17,7 +17,8 @@
 //	    locality: remote
 //	    io_threads: 16              # concurrent PUT/GET (and, separately, HEAD)
 //	    max_inflight: 256           # jobs in flight; more fail at once
-//	    timeout: 10s                # per request attempt, body included
+//	    timeout: 10s                # per transfer attempt, body included
+//	    lookup_timeout: 2s          # per existence check (HEAD)
 //	    retries: 2                  # after transient failures
 //	    retry_backoff: 50ms         # exponential, with jitter
 //	    create_bucket: false        # missing bucket: error unless true

@@ -473,7 +473,7 @@ func TestLoadPartialPrefixAndSizeMismatch(t *testing.T) {
 	if st.SizeMismatch != 1 || st.Corrupted != 0 || st.Deleted != 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	if ok, err := tier.head(context.Background(), keys[0], 0); !ok || err != nil {
+	if ok, err := tier.head(context.Background(), tier.retry, keys[0], 0); !ok || err != nil {
 		t.Fatalf("mismatched block deleted: %v %v", ok, err)
 	}
 }

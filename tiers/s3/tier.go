@@ -57,7 +57,8 @@ type Tier struct {
 	events         *remote.Events // nil when events are off
 	missQ, forgetQ remote.KeyQueue
 	c              remote.Counters
-	retry          *remote.Retrier
+	retry          *remote.Retrier // transfers
+	probeRetry     *remote.Retrier // existence checks: shorter timeout
 
 	closeOnce sync.Once
 	closeErr  error
@@ -114,10 +115,11 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Logger:    t.log,
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
+	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.jobs = remote.NewJobs(t.label(), cfg.MaxInflight)
 	t.lookups = asynclookup.New(t.label(), t.exists, asynclookup.Options{
 		MaxBatch: cfg.LookupBatch,
-		Timeout:  cfg.Timeout,
+		Timeout:  4 * cfg.LookupTimeout,
 		Logger:   t.log,
 	})
 	return t, nil
@@ -356,7 +358,7 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 	found := make([]bool, len(keys))
 	remote.ForEach(ctx, t.headSem, len(keys), func(ctx context.Context, i int) error {
 		t.c.Probes.Add(1)
-		ok, err := t.head(ctx, keys[i], 0)
+		ok, err := t.head(ctx, t.probeRetry, keys[i], 0)
 		if err != nil {
 			t.c.ProbeErrors.Add(1)
 		}
@@ -367,9 +369,9 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 }
 
 // head reports whether the object of k exists.
-func (t *Tier) head(ctx context.Context, k offload.Key, retries int) (bool, error) {
+func (t *Tier) head(ctx context.Context, r *remote.Retrier, k offload.Key, retries int) (bool, error) {
 	okey := objectKey(t.prefix, t.cfg.Layout, k)
-	err := t.do(ctx, retries, func(ctx context.Context) error {
+	err := t.doWith(ctx, r, retries, func(ctx context.Context) error {
 		_, err := t.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(t.cfg.Bucket), Key: aws.String(okey)})
 		return err
 	})
@@ -384,6 +386,10 @@ func (t *Tier) head(ctx context.Context, k offload.Key, retries int) (bool, erro
 
 func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult {
 	start := time.Now()
+	if job.Arena == nil && len(job.Keys) > 0 {
+		t.c.StoreJobsFailed.Add(1)
+		return offload.JobResult{Err: fmt.Errorf("%s: store job %d: no arena", t.label(), job.ID)}
+	}
 	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
 		return t.storeBlock(ctx, job, i)
 	})
@@ -395,6 +401,11 @@ func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 		}
 	}
 	res := offload.JobResult{Duration: time.Since(start)}
+	if len(job.Keys) == 0 {
+		t.c.StoreJobsOK.Add(1)
+		res.Success = true
+		return res
+	}
 	if firstErr != nil {
 		t.c.StoreJobsFailed.Add(1)
 		res.Err = firstErr
@@ -422,7 +433,7 @@ func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
 	if err != nil {
 		return fmt.Errorf("%s: store %s: %w", t.label(), k, err)
 	}
-	exists, err := t.head(ctx, k, t.cfg.Retries)
+	exists, err := t.head(ctx, t.retry, k, t.cfg.Retries)
 	if err != nil {
 		return err
 	}
@@ -454,11 +465,19 @@ func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
 
 func (t *Tier) runLoad(ctx context.Context, job *offload.Job) offload.JobResult {
 	start := time.Now()
+	if job.Arena == nil && len(job.Keys) > 0 {
+		t.c.LoadJobsFailed.Add(1)
+		t.missQ.Add(job.Keys...)
+		return offload.JobResult{Err: fmt.Errorf("%s: load job %d: no arena", t.label(), job.ID)}
+	}
 	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
 		return t.loadBlock(ctx, job, i)
 	})
 	loaded, err := remote.Prefix(job.Keys, errs)
-	res := offload.JobResult{Duration: time.Since(start), Bytes: int64(len(loaded)) * int64(job.Arena.SlotSize())}
+	res := offload.JobResult{Duration: time.Since(start)}
+	if len(loaded) > 0 {
+		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
+	}
 	if err == nil {
 		t.c.LoadJobsOK.Add(1)
 		res.Success = true
@@ -578,7 +597,11 @@ func (t *Tier) deleteCorrupt(ctx context.Context, okey string, k offload.Key) {
 // do runs one request through the retrier; a 404 comes back wrapped in
 // ErrNotFound.
 func (t *Tier) do(ctx context.Context, retries int, op func(ctx context.Context) error) error {
-	err := t.retry.Do(ctx, retries, op)
+	return t.doWith(ctx, t.retry, retries, op)
+}
+
+func (t *Tier) doWith(ctx context.Context, r *remote.Retrier, retries int, op func(ctx context.Context) error) error {
+	err := r.Do(ctx, retries, op)
 	if err != nil && httpStatus(err) == http.StatusNotFound {
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
