@@ -34,6 +34,14 @@ type Config struct {
 	Policy   string // "lru" (default when "") or "arc"
 	Arena    ArenaConfig
 	Events   bool // buffer offload.Event for TakeEvents
+
+	// StoreThreshold ≥ 2 enables the reuse filter of a primary used
+	// without secondary tiers (vLLM's store_threshold): PrepareStore
+	// skips keys looked up fewer than StoreThreshold times. 0 or 1 is off.
+	// ReuseTrackerSize bounds the keys whose lookups are counted (0 means
+	// DefaultReuseTrackerSize).
+	StoreThreshold   int
+	ReuseTrackerSize int
 }
 
 // Policy names.
@@ -56,6 +64,23 @@ func (cfg Config) numSlots() (int, error) {
 		return 0, fmt.Errorf("cpu: capacity %d bytes is %d slots of %d bytes; at most %d slots are supported", cfg.Capacity, n, cfg.SlotSize, arena.MaxSlots)
 	}
 	return int(n), nil
+}
+
+func (cfg Config) reuse() (threshold, size int, err error) {
+	if cfg.StoreThreshold < 0 || cfg.ReuseTrackerSize < 0 {
+		return 0, 0, fmt.Errorf("cpu: store threshold %d, reuse tracker size %d: want >= 0", cfg.StoreThreshold, cfg.ReuseTrackerSize)
+	}
+	if cfg.StoreThreshold < 2 {
+		return 0, 0, nil
+	}
+	size = cfg.ReuseTrackerSize
+	if size == 0 {
+		size = DefaultReuseTrackerSize
+	}
+	if size > arena.MaxSlots {
+		return 0, 0, fmt.Errorf("cpu: reuse tracker size %d: at most %d", size, arena.MaxSlots)
+	}
+	return cfg.StoreThreshold, size, nil
 }
 
 func (cfg Config) policy() (string, error) {

@@ -8,6 +8,10 @@
 // ready, unpinned blocks that are not part of the current store call are
 // ever evicted, and eviction is all-or-nothing.
 //
+// Used without secondary tiers, the primary can also apply vLLM's reuse
+// filter (Config.StoreThreshold): only keys looked up often enough are
+// stored.
+//
 // A Primary is not safe for concurrent use: like vLLM's manager it is
 // owned by one executor at a time (the tiering manager, serialised by the
 // daemon). Its arena, though, is shared with transfer workers and engines,

@@ -27,6 +27,12 @@ type model struct {
 
 	t1, t2, b1, b2 []int // ARC
 	target         float64
+
+	threshold   int         // reuse filter, 0 = off
+	trackerSize int         // keys tracked
+	tracked     []int       // least recently looked up first
+	lookupCount map[int]int // of tracked keys
+	skipped     int
 }
 
 type mblock struct {
@@ -62,6 +68,16 @@ func (m *model) markEvictable(k int) {
 }
 
 func (m *model) lookup(k int) offload.LookupResult {
+	if m.threshold > 0 {
+		if slices.Contains(m.tracked, k) {
+			m.tracked = without(m.tracked, k)
+		} else if len(m.tracked) == m.trackerSize {
+			delete(m.lookupCount, m.tracked[0])
+			m.tracked = m.tracked[1:]
+		}
+		m.tracked = append(m.tracked, k)
+		m.lookupCount[k]++
+	}
 	b, ok := m.blocks[k]
 	switch {
 	case !ok:
@@ -144,6 +160,16 @@ func (m *model) evict(n int, protected map[int]bool) ([]int, bool) {
 }
 
 func (m *model) prepareStore(keys []int) (toStore []int, slots []int64, evicted []int, ok bool) {
+	if m.threshold > 0 {
+		var kept []int
+		for _, k := range keys {
+			if m.lookupCount[k] >= m.threshold {
+				kept = append(kept, k)
+			}
+		}
+		m.skipped += len(keys) - len(kept)
+		keys = kept
+	}
 	for _, k := range keys {
 		if _, present := m.blocks[k]; !present && !slices.Contains(toStore, k) {
 			toStore = append(toStore, k)
@@ -278,7 +304,8 @@ func (m *model) touch(keys []int) {
 }
 
 func (m *model) reset() {
-	*m = model{arc: m.arc, numSlots: m.numSlots, blocks: map[int]*mblock{}, events: m.events}
+	*m = model{arc: m.arc, numSlots: m.numSlots, blocks: map[int]*mblock{}, events: m.events,
+		threshold: m.threshold, trackerSize: m.trackerSize, tracked: m.tracked, lookupCount: m.lookupCount, skipped: m.skipped}
 }
 
 // snapshot is the complete observable and internal state of a Primary in
@@ -290,6 +317,8 @@ type snapshot struct {
 	Evictable      []int
 	T1, T2, B1, B2 []int
 	Target         float64
+	Tracked        []int // reuse filter: keys, least recent first
+	Counts         map[int]int
 }
 
 func snap(p *Primary, universe int) snapshot {
@@ -303,15 +332,23 @@ func snap(p *Primary, universe int) snapshot {
 	for _, f := range p.free {
 		s.Free = append(s.Free, int64(f))
 	}
+	byHash := map[uint64]int{}
+	for k := range universe {
+		byHash[p.b.hash(key(k))] = k
+	}
+	if t := p.reuse; t != nil {
+		s.Counts = map[int]int{}
+		for e := t.order.head; e >= 0; e = t.links[e].next {
+			k := byHash[t.hashes[e]]
+			s.Tracked = append(s.Tracked, k)
+			s.Counts[k] = int(t.counts[e])
+		}
+	}
 	switch pol := p.pol.(type) {
 	case *lruPolicy:
 		s.Evictable = listKeys(p, pol.evictable)
 	case *arcPolicy:
 		s.T1, s.T2, s.Target = listKeys(p, pol.t1), listKeys(p, pol.t2), pol.target
-		byHash := map[uint64]int{}
-		for k := range universe {
-			byHash[p.b.hash(key(k))] = k
-		}
 		for i, l := range pol.ghosts {
 			var out []int
 			for g := l.head; g >= 0; g = pol.glinks[g].next {
@@ -342,6 +379,12 @@ func (m *model) snapshot() snapshot {
 	for k, b := range m.blocks {
 		s.Blocks[k] = *b
 	}
+	if m.threshold > 0 {
+		s.Tracked, s.Counts = slices.Clone(m.tracked), map[int]int{}
+		for _, k := range m.tracked {
+			s.Counts[k] = m.lookupCount[k]
+		}
+	}
 	return s
 }
 
@@ -360,12 +403,18 @@ func TestModel(t *testing.T) {
 func runModel(rt *rapid.T, pol string) {
 	const universe = 12
 	numSlots := rapid.IntRange(1, 6).Draw(rt, "slots")
-	p, err := New(Config{SlotSize: 8, Capacity: int64(8 * numSlots), Policy: pol, Events: true})
+	// A third of the runs use the reuse filter, with a tracker smaller
+	// than the key universe so that keys fall out of it.
+	threshold := rapid.SampledFrom([]int{0, 0, 2}).Draw(rt, "threshold")
+	const trackerSize = 5
+	p, err := New(Config{SlotSize: 8, Capacity: int64(8 * numSlots), Policy: pol, Events: true,
+		StoreThreshold: threshold, ReuseTrackerSize: trackerSize})
 	if err != nil {
 		rt.Fatal(err)
 	}
 	defer p.Close()
 	m := newModel(numSlots, pol == PolicyARC)
+	m.threshold, m.trackerSize, m.lookupCount = threshold, trackerSize, map[int]int{}
 	keyGen := rapid.IntRange(0, universe-1)
 	keysGen := rapid.SliceOfN(keyGen, 0, 6)
 	// announced replays the event stream: a key may be announced removed
@@ -517,7 +566,7 @@ func runModel(rt *rapid.T, pol string) {
 				rt.Fatalf("state (-model +got):\n%s", diff)
 			}
 			st := p.Stats()
-			if st.Evictable != m.numEvictable() || st.Blocks != len(m.blocks) {
+			if st.Evictable != m.numEvictable() || st.Blocks != len(m.blocks) || st.SkippedStores != uint64(m.skipped) {
 				rt.Fatalf("stats %+v vs model evictable %d blocks %d", st, m.numEvictable(), len(m.blocks))
 			}
 		},

@@ -50,6 +50,7 @@ type Primary struct {
 	numEvictable int     // ref == 0
 	epoch        uint32  // marks the slots protected by the current call
 
+	reuse     *reuseTracker // nil unless the reuse filter is on
 	events    bool
 	evs       []offload.Event
 	ctr       counters
@@ -60,6 +61,7 @@ type Primary struct {
 	newKeys []offload.Key
 	newHash []uint64
 	victims []int32
+	reused  []offload.Key
 	order   []int32
 	seen    map[uint64]int32
 }
@@ -78,6 +80,10 @@ func New(cfg Config) (*Primary, error) {
 	if err != nil {
 		return nil, err
 	}
+	threshold, trackerSize, err := cfg.reuse()
+	if err != nil {
+		return nil, err
+	}
 	a, err := arena.New(arena.Config{SlotSize: cfg.SlotSize, NumSlots: n, Kind: kind, Path: cfg.Arena.Path})
 	if err != nil {
 		return nil, fmt.Errorf("cpu: %d slots of %d bytes: %w", n, cfg.SlotSize, err)
@@ -89,6 +95,9 @@ func New(cfg Config) (*Primary, error) {
 		numSlots: int32(n),
 		free:     make([]int32, 0, n),
 		events:   cfg.Events,
+	}
+	if threshold > 0 {
+		p.reuse = newReuseTracker(threshold, trackerSize)
 	}
 	if polName == PolicyARC {
 		p.pol = newARC(&p.b, n)
@@ -115,10 +124,15 @@ func (p *Primary) Arena() offload.Arena { return p.arena }
 func (p *Primary) SlotArena() *arena.Arena { return p.arena }
 
 // Lookup reports whether k is held: Miss, Hit, or HitPending while its
-// store is in flight. It never changes recency and does not allocate.
+// store is in flight. It never changes recency and does not allocate; with
+// the reuse filter on it counts the lookup of k.
 func (p *Primary) Lookup(k offload.Key) offload.LookupResult {
 	p.ctr.lookups++
-	s := p.b.lookup(k)
+	h := p.b.hash(k)
+	if p.reuse != nil {
+		p.reuse.seen(h)
+	}
+	s := p.b.find(k, h)
 	if s < 0 {
 		p.ctr.misses++
 		return offload.Miss

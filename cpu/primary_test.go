@@ -737,3 +737,42 @@ func TestARCFallbackToT1(t *testing.T) {
 	}
 	store(t, p, []int{4}, []int{4}, []int{1}, []int{2})
 }
+
+// Case 50: the reuse filter stores a key only after StoreThreshold lookups
+// counted by an LRU-bounded tracker.
+func TestReuseFilter(t *testing.T) {
+	p, err := New(Config{SlotSize: 8, Capacity: 8 * 4, StoreThreshold: 2, ReuseTrackerSize: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	lookups(t, p, map[int]offload.LookupResult{1: offload.Miss})
+	lookups(t, p, map[int]offload.LookupResult{2: offload.Miss})
+	out, ok := p.PrepareStore(ks(1, 2))
+	if !ok || len(out.KeysToStore) != 0 {
+		t.Fatalf("first store: %+v %v, want empty and ok", out, ok)
+	}
+	lookups(t, p, map[int]offload.LookupResult{1: offload.Miss})
+	out, ok = p.PrepareStore(ks(1, 2))
+	if !ok || !slices.Equal(ids(out.KeysToStore), []int{1}) {
+		t.Fatalf("second store: %v %v, want [1]", ids(out.KeysToStore), ok)
+	}
+	p.Lookup(key(3))
+	p.Lookup(key(4)) // pushes 2 (least recent) out of the tracker
+	p.Lookup(key(2)) // back with count 1
+	out, ok = p.PrepareStore(ks(2))
+	if !ok || len(out.KeysToStore) != 0 {
+		t.Fatalf("store of 2 after it left the tracker: %v %v", ids(out.KeysToStore), ok)
+	}
+	if got := p.Stats().SkippedStores; got != 4 { // 1 and 2, then 2, then 2
+		t.Fatalf("skipped %d, want 4", got)
+	}
+	for _, cfg := range []Config{
+		{SlotSize: 8, Capacity: 8, StoreThreshold: -1},
+		{SlotSize: 8, Capacity: 8, StoreThreshold: 2, ReuseTrackerSize: -1},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) succeeded", cfg)
+		}
+	}
+}

@@ -12,6 +12,7 @@ type counters struct {
 	storedBlocks          uint64
 	failedStores          uint64
 	rejectedStores        uint64
+	skippedStores         uint64
 	loads                 uint64
 }
 
@@ -41,6 +42,9 @@ type Stats struct {
 	StoredBlocks   uint64
 	FailedStores   uint64
 	RejectedStores uint64
+	// SkippedStores counts keys dropped from PrepareStore by the reuse
+	// filter (vLLM resets this on read; here it only grows).
+	SkippedStores uint64
 	// Loads counts blocks pinned by PrepareLoad.
 	Loads uint64
 	// AllocSizes is a histogram of the number of new blocks per
@@ -68,6 +72,7 @@ func (p *Primary) Stats() Stats {
 		StoredBlocks:   p.ctr.storedBlocks,
 		FailedStores:   p.ctr.failedStores,
 		RejectedStores: p.ctr.rejectedStores,
+		SkippedStores:  p.ctr.skippedStores,
 		Loads:          p.ctr.loads,
 		AllocSizes:     p.allocHist,
 	}

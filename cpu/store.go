@@ -25,6 +25,9 @@ const maxScratchKeys = 256
 // ok is true. Eviction appends one removed event before any stored event
 // of the keys that reuse the capacity.
 func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutput, ok bool) {
+	if p.reuse != nil {
+		keys = p.filterReused(keys)
+	}
 	epoch := p.nextEpoch()
 	d := newKeyDedup(p, len(keys))
 	if len(p.newKeys) > maxScratchKeys {
@@ -128,6 +131,22 @@ func newKeyDedup(p *Primary, n int) keyDedup {
 		clear(p.seen)
 	}
 	return d
+}
+
+// filterReused drops the keys looked up fewer than StoreThreshold times;
+// the rest are this call's keys from then on, protection included.
+func (p *Primary) filterReused(keys []offload.Key) []offload.Key {
+	if cap(p.reused) > maxScratchKeys {
+		p.reused = nil // do not keep a large batch's keys alive
+	}
+	p.reused = p.reused[:0]
+	for _, k := range keys {
+		if p.reuse.reused(p.b.hash(k)) {
+			p.reused = append(p.reused, k)
+		}
+	}
+	p.ctr.skippedStores += uint64(len(keys) - len(p.reused))
+	return p.reused
 }
 
 // repeated reports whether k (hash h) was already collected as new in
