@@ -694,3 +694,38 @@ func TestThroughManagerOutage(t *testing.T) {
 	tier := newTier(t, testConfig(f.endpoint()))
 	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: f.stop, Start: f.restart, Healthy: tier.Healthy})
 }
+
+// A server that accepts connections but never answers: lookups stop
+// answering Retry after the lookup timeout, and the tier goes down.
+func TestHungServerLookupsTimeOut(t *testing.T) {
+	f := startFake(t)
+	cfg := testConfig(f.endpoint())
+	cfg.LookupTimeout = 100 * time.Millisecond
+	cfg.UnhealthyAfter = 2
+	tier := newTier(t, cfg)
+	release := f.hold()
+	defer release()
+	req, _ := offload.NewReqContext("r", nil)
+	keys := rt.Keys(0, 4)
+	for _, k := range keys {
+		if r := tier.Lookup(k, req); r != offload.Retry {
+			t.Fatalf("first lookup %v", r)
+		}
+	}
+	tier.OnScheduleEnd(offload.ScheduleEnd{})
+	start := time.Now()
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req); r != offload.Miss {
+			t.Fatalf("lookup against a hung server %v", r)
+		}
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("lookups against a hung server took %v", d)
+	}
+	st := tier.Stats()
+	if st.Timeouts == 0 || st.Healthy {
+		t.Fatalf("stats %+v", st)
+	}
+	release()
+	rt.Eventually(t, 5*time.Second, "recovery", tier.Healthy)
+}
