@@ -162,8 +162,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate checks c (after defaults) and names the offending key.
+// Validate checks c as New would (zero sizing and timing fields take
+// their defaults) without connecting; errors name the offending key.
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	bad := func(key string, format string, args ...any) error {
 		return fmt.Errorf("s3 tier %q: %s: %s", c.Name, key, fmt.Sprintf(format, args...))
 	}
