@@ -776,3 +776,35 @@ func TestReuseFilter(t *testing.T) {
 		}
 	}
 }
+
+// The hit path must not allocate (DESIGN.md §8); this guards it in every
+// test run, where benchmarks do not run.
+func TestHitPathDoesNotAllocate(t *testing.T) {
+	for _, pol := range policies {
+		t.Run(pol, func(t *testing.T) {
+			p := newPrimary(t, 64, pol)
+			keys := ks(1, 2, 3, 4, 5, 6, 7, 8)
+			storeOK(t, p, 1, 2, 3, 4, 5, 6, 7, 8)
+			p.PrepareLoad(keys) // warm the scratch buffers
+			p.CompleteLoad(keys)
+			for name, f := range map[string]func(){
+				"Lookup": func() { p.Lookup(keys[3]); p.Lookup(key(99)) },
+				"Touch":  func() { p.Touch(keys) },
+				"SlotOf": func() { p.SlotOf(keys[0]) },
+			} {
+				if n := testing.AllocsPerRun(100, f); n != 0 {
+					t.Errorf("%s: %v allocs/op", name, n)
+				}
+			}
+			// PrepareLoad allocates only the slots it returns.
+			n := testing.AllocsPerRun(100, func() {
+				p.PrepareLoad(keys)
+				p.CompleteLoad(keys)
+			})
+			if n != 1 {
+				t.Errorf("PrepareLoad+CompleteLoad: %v allocs/op, want 1", n)
+			}
+			checkInvariants(t, p)
+		})
+	}
+}

@@ -218,8 +218,8 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 }
 
 // Reset drops every block whatever its state, frees every slot and clears
-// the policy, emitting no event. Buffered events and the cumulative
-// counters of Stats are kept. Completions of jobs started before a reset
+// the policy, emitting no event. Buffered events, the cumulative counters
+// of Stats and the reuse filter's lookup counts are kept. Completions of jobs started before a reset
 // must not reach the tier (the caller discards them).
 func (p *Primary) Reset() {
 	for i := range p.numAllocated {
