@@ -783,12 +783,12 @@ func TestHitPathDoesNotAllocate(t *testing.T) {
 	for _, pol := range policies {
 		t.Run(pol, func(t *testing.T) {
 			p := newPrimary(t, 64, pol)
-			keys := ks(1, 2, 3, 4, 5, 6, 7, 8)
+			keys, absent := ks(1, 2, 3, 4, 5, 6, 7, 8), key(99)
 			storeOK(t, p, 1, 2, 3, 4, 5, 6, 7, 8)
 			p.PrepareLoad(keys) // warm the scratch buffers
 			p.CompleteLoad(keys)
 			for name, f := range map[string]func(){
-				"Lookup": func() { p.Lookup(keys[3]); p.Lookup(key(99)) },
+				"Lookup": func() { p.Lookup(keys[3]); p.Lookup(absent) },
 				"Touch":  func() { p.Touch(keys) },
 				"SlotOf": func() { p.SlotOf(keys[0]) },
 			} {
