@@ -223,7 +223,7 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		return nil, errors.Join(err, primary.Close())
 	}
 
-	d := newDriver(m, opts, tmpl)
+	d := newDriver(m, primary.Policy(), opts, tmpl)
 	res, err := d.run(ctx, src)
 	if cerr := m.Close(context.WithoutCancel(ctx)); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("workload: close: %w", cerr))
@@ -236,10 +236,11 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 
 // driver replays requests through one manager.
 type driver struct {
-	m    *tiering.Manager
-	opts Options
-	tmpl *offload.ReqContext
-	res  Result
+	m      *tiering.Manager
+	opts   Options
+	policy string // the primary's, normalised
+	tmpl   *offload.ReqContext
+	res    Result
 
 	seq       uint64
 	keys      []offload.Key
@@ -251,11 +252,12 @@ type driver struct {
 	evictions map[string]uint64
 }
 
-func newDriver(m *tiering.Manager, opts Options, tmpl *offload.ReqContext) *driver {
+func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.ReqContext) *driver {
 	n := len(m.Tiers())
 	d := &driver{
 		m:         m,
 		opts:      opts,
+		policy:    policy,
 		tmpl:      tmpl,
 		promoted:  make([]uint64, n),
 		tierHits:  make([]uint64, n),
@@ -290,10 +292,10 @@ func (d *driver) run(ctx context.Context, src Source) (*Result, error) {
 	return &d.res, nil
 }
 
-// request replays one request as a connector would: look the prefix up,
-// step until promotions settle, load the hit prefix, store the missing
-// blocks, touch the request's blocks (vLLM touches them when it offers
-// them for storing) and finish the request.
+// request replays one request as vLLM's offloading connector would: look
+// the prefix up, step until promotions settle, load the hit prefix,
+// prepare the store of the missing blocks, touch the request's blocks,
+// complete the store and finish the request.
 func (d *driver) request(ctx context.Context, req Request) error {
 	m := d.m
 	d.seq++
@@ -367,13 +369,15 @@ func (d *driver) request(ctx context.Context, req Request) error {
 		if !ok {
 			d.res.StoresRejected++
 		} else if len(ps.KeysToStore) > 0 {
+			// vLLM touches the request's blocks once their store is
+			// prepared and before it completes: the prefix is refreshed
+			// and the new blocks, still pending, are not (they are
+			// seen once, which matters to ARC).
+			m.Touch(keys, rc)
 			if err := m.CompleteStore(ps.KeysToStore, rc, true); err != nil {
 				return err
 			}
 		}
-	}
-	if n > 0 {
-		m.Touch(keys, rc)
 	}
 	m.ScheduleEnd(se)
 	d.res.Steps++
@@ -488,7 +492,7 @@ func (d *driver) collect() {
 	r.Primary = PrimaryResult{
 		Blocks:       st.Primary.NumSlots,
 		BlockBytes:   st.Primary.SlotSize,
-		Policy:       d.opts.Policy,
+		Policy:       d.policy,
 		Held:         st.Primary.Blocks,
 		StoredBlocks: st.Primary.StoredBlocks,
 		Evictions:    st.Primary.Evictions,
