@@ -58,12 +58,13 @@ type Primary struct {
 
 	// Scratch reused across calls so that the store path does not allocate
 	// beyond its results.
-	newKeys []offload.Key
-	newHash []uint64
-	victims []int32
-	reused  []offload.Key
-	order   []int32
-	seen    map[uint64]int32
+	newKeys  []offload.Key
+	newHash  []uint64
+	victims  []int32
+	unpinned []int32
+	reused   []offload.Key
+	order    []int32
+	seen     map[uint64]int32
 }
 
 // New allocates the arena and the metadata of a primary tier.
@@ -196,7 +197,7 @@ func (p *Primary) Touch(keys []offload.Key) { p.pol.touch(keys) }
 // not pinned (as many times as it is listed) it returns an error and
 // unpins nothing.
 func (p *Primary) CompleteLoad(keys []offload.Key) error {
-	p.victims = p.victims[:0]
+	p.unpinned = p.unpinned[:0]
 	for _, k := range keys {
 		s := p.b.lookup(k)
 		var err error
@@ -207,13 +208,13 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 			err = ErrNotPinned
 		}
 		if err != nil {
-			for _, u := range p.victims { // undo: nothing was published yet
+			for _, u := range p.unpinned { // undo: nothing was published yet
 				p.b.meta[u].ref++
 			}
 			return fmt.Errorf("cpu: complete load %s: %w", k, err)
 		}
 		p.b.meta[s].ref--
-		p.victims = append(p.victims, s)
+		p.unpinned = append(p.unpinned, s)
 	}
 	// Publish as one-at-a-time unpinning would: a block becomes evictable
 	// at the last occurrence of its key, in the order of those last
@@ -221,8 +222,8 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 	// occurrence; the order is then restored.
 	epoch := p.nextEpoch()
 	p.order = p.order[:0]
-	for i := len(p.victims) - 1; i >= 0; i-- {
-		s := p.victims[i]
+	for i := len(p.unpinned) - 1; i >= 0; i-- {
+		s := p.unpinned[i]
 		if m := &p.b.meta[s]; m.ref == 0 && m.mark != epoch {
 			m.mark = epoch
 			p.order = append(p.order, s)
