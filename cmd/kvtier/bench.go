@@ -1,19 +1,313 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/workload"
 )
 
+type benchFlags struct {
+	trace         string
+	config        string
+	primaryBlocks int
+	blockBytes    string
+	policy        string
+	params        string
+	limit         int
+	json          bool
+}
+
 func newBenchCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "bench --trace FILE",
-		Short:  "Replay a request trace through the tiers and report hit rates",
-		Hidden: true, // until the replay driver lands
-		Args:   cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			return errors.New("bench: not implemented yet")
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench --trace FILE [--config FILE] [--primary-blocks N] [--block-bytes N] [--policy lru|arc] [--params JSON] [--limit N] [--json]",
+		Short: "Replay a request trace through the tiers and report prefix hit rates",
+		Long: `bench replays a request trace (Mooncake format: one JSON object per line with
+timestamp, input_length, output_length and hash_ids, one id per 512-token
+block) through a real CPU primary tier, the secondary tiers of --config and
+the tiering manager, one request after another, as an inference engine's
+connector would: look the request's blocks up as a prefix, step until
+promotions from secondary tiers settle, load the hit prefix, store the
+missing blocks. It reports the prefix hit rate (matched leading blocks over
+all blocks), which tier served the hits, evictions, cascades and throughput,
+next to a plain-LRU reference computed from the trace alone.
+
+The primary comes from the flags (--primary-blocks of --block-bytes each,
+--policy); the config supplies the secondary tiers, the default filters and
+the validation mode, and its primary section is not used. Blocks carry no
+data worth the bytes, so keep --block-bytes small: an unbounded memory tier
+holds every distinct block of the trace.
+
+--params is the kv_transfer_params every request sends: the JSON itself,
+@FILE, or - for stdin. Compare e.g. '{"kv_load_tiers":[]}' with the default.
+--trace - reads the trace from stdin; gzip-compressed traces are detected.
+Timestamps are not honoured and requests do not overlap: the figures describe
+cache behaviour and manager cost, not latency under load.`,
+		Example: `  kvtier bench --trace mooncake_conversation_trace.jsonl --primary-blocks 1000
+  kvtier bench --trace trace.jsonl --config tiers.yaml --params '{"kv_load_tiers":[]}'
+  kvtier bench --trace trace.jsonl.gz --policy arc --limit 2000 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			rep, err := bench(ctx, f, cmd.InOrStdin(), cmd.ErrOrStderr())
+			if f.json {
+				return writeBenchJSON(cmd.OutOrStdout(), rep, err)
+			}
+			if err != nil {
+				return err
+			}
+			return writeBenchText(cmd.OutOrStdout(), rep)
 		},
 	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.trace, "trace", "", "trace file (JSON lines, optionally gzip-compressed; - for stdin)")
+	fl.StringVar(&f.config, "config", "", "config file (YAML) with the secondary tiers; default: none")
+	fl.IntVar(&f.primaryBlocks, "primary-blocks", workload.DefaultPrimaryBlocks, "primary tier capacity in blocks")
+	fl.StringVar(&f.blockBytes, "block-bytes", fmt.Sprint(workload.DefaultBlockBytes), "bytes per block, e.g. 1024 or 4KiB")
+	fl.StringVar(&f.policy, "policy", "lru", "primary eviction policy: lru or arc")
+	fl.StringVar(&f.params, "params", "", "kv_transfer_params of every request: JSON, @FILE, or - for stdin (default: none)")
+	fl.IntVar(&f.limit, "limit", 0, "replay at most this many requests (0 = all)")
+	fl.BoolVar(&f.json, "json", false, "print one JSON object")
+	_ = cmd.MarkFlagRequired("trace") // only fails for an unknown flag name
+	return cmd
+}
+
+// benchReport is what bench measured, with the inputs that explain it.
+type benchReport struct {
+	Trace      string
+	ConfigFile string
+	Params     []byte
+	Opts       workload.Options
+	Result     *workload.Result
+	// Reference hit rates of a plain LRU over blocks at the primary's
+	// capacity and unbounded, from the trace alone.
+	RefLRU, RefMax float64
+}
+
+func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer) (*benchReport, error) {
+	if f.trace == "-" && f.params == "-" {
+		return nil, errors.New("--trace - and --params - cannot both read stdin")
+	}
+	if f.primaryBlocks <= 0 {
+		return nil, fmt.Errorf("--primary-blocks %d: want > 0", f.primaryBlocks)
+	}
+	if f.limit < 0 {
+		return nil, fmt.Errorf("--limit %d: want >= 0", f.limit)
+	}
+	bb, err := config.ParseByteSize(f.blockBytes)
+	if err != nil {
+		return nil, fmt.Errorf("--block-bytes: %w", err)
+	}
+	blockBytes, ok := bb.Int()
+	if !ok || blockBytes <= 0 {
+		return nil, fmt.Errorf("--block-bytes %s: want a positive size", f.blockBytes)
+	}
+	switch strings.ToLower(f.policy) {
+	case "lru", "arc":
+	default:
+		return nil, fmt.Errorf("--policy %q: want lru or arc", f.policy)
+	}
+	params, err := readParams(f.params, stdin)
+	if err != nil {
+		return nil, err
+	}
+	var cfg *config.Config
+	if f.config != "" {
+		if cfg, err = config.Load(f.config); err != nil {
+			return nil, err
+		}
+	}
+	reqs, err := readTrace(f.trace, f.limit, stdin)
+	if err != nil {
+		return nil, err
+	}
+
+	opts := workload.Options{
+		PrimaryBlocks: f.primaryBlocks,
+		BlockBytes:    blockBytes,
+		Policy:        strings.ToLower(f.policy),
+		Config:        cfg,
+		Params:        params,
+		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	res, err := workload.Replay(ctx, workload.Requests(reqs), opts)
+	if err != nil {
+		return nil, err
+	}
+	return &benchReport{
+		Trace:      f.trace,
+		ConfigFile: f.config,
+		Params:     params,
+		Opts:       opts,
+		Result:     res,
+		RefLRU:     workload.ReferenceHitRate(reqs, f.primaryBlocks),
+		RefMax:     workload.ReferenceHitRate(reqs, 0),
+	}, nil
+}
+
+// readTrace reads the whole trace (up to limit requests) before the
+// replay, so that parsing does not count in the replay's throughput.
+func readTrace(name string, limit int, stdin io.Reader) ([]workload.Request, error) {
+	var r io.Reader = stdin
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("--trace %s: %w", name, err)
+		}
+		defer zr.Close()
+		r = zr
+	} else {
+		r = br
+	}
+	reqs, err := workload.ReadAll(r, workload.ReaderOptions{Limit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%s: no requests", name)
+	}
+	return reqs, nil
+}
+
+// benchJSON is the --json output: the replay's result, flattened, with
+// the trace, the params and the reference figures.
+type benchJSON struct {
+	Trace  string          `json:"trace"`
+	Config string          `json:"config"`
+	Params json.RawMessage `json:"params"`
+	*workload.Result
+	Reference referenceJSON `json:"reference"`
+}
+
+type referenceJSON struct {
+	CapacityBlocks int     `json:"capacity_blocks"`
+	LRUHitRate     float64 `json:"lru_hit_rate"`
+	MaxHitRate     float64 `json:"max_hit_rate"`
+}
+
+func writeBenchJSON(w io.Writer, rep *benchReport, err error) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	if err != nil {
+		if werr := enc.Encode(map[string]string{"error": err.Error()}); werr != nil {
+			return werr
+		}
+		return errReported
+	}
+	params := json.RawMessage("null")
+	if len(bytes.TrimSpace(rep.Params)) > 0 {
+		var buf bytes.Buffer
+		if json.Compact(&buf, rep.Params) == nil {
+			params = buf.Bytes()
+		}
+	}
+	return enc.Encode(benchJSON{
+		Trace:  rep.Trace,
+		Config: rep.ConfigFile,
+		Params: params,
+		Result: rep.Result,
+		Reference: referenceJSON{
+			CapacityBlocks: rep.Opts.PrimaryBlocks,
+			LRUHitRate:     rep.RefLRU,
+			MaxHitRate:     rep.RefMax,
+		},
+	})
+}
+
+func writeBenchText(w io.Writer, rep *benchReport) error {
+	r := rep.Result
+	var b strings.Builder
+	fmt.Fprintf(&b, "trace %s: %d requests, %d blocks of %d tokens\n", rep.Trace, r.Requests, r.Blocks, workload.BlockTokens)
+	fmt.Fprintf(&b, "primary: %d blocks of %s, %s\n", r.Primary.Blocks, config.ByteSize(r.Primary.BlockBytes), r.Primary.Policy)
+	if len(r.Tiers) == 0 {
+		b.WriteString("secondary tiers: none\n")
+	} else {
+		names := make([]string, len(r.Tiers))
+		for i, t := range r.Tiers {
+			names[i] = fmt.Sprintf("%s (%s, %s/%s)", t.Name, t.Type, t.Medium, t.Locality)
+		}
+		fmt.Fprintf(&b, "secondary tiers (config %s): %s\n", rep.ConfigFile, strings.Join(names, ", "))
+	}
+	if p := bytes.TrimSpace(rep.Params); len(p) > 0 {
+		fmt.Fprintf(&b, "params: %s\n", p)
+	} else {
+		b.WriteString("params: none (the config's default filters apply)\n")
+	}
+	b.WriteString("\n")
+
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "prefix hit rate\t%.4f\t%d of %d blocks\n", r.HitRate, r.HitBlocks, r.Blocks)
+	fmt.Fprintf(tw, "  from primary\t%.4f\t%d blocks\n", rate(r.PrimaryHitBlocks, r.Blocks), r.PrimaryHitBlocks)
+	for _, t := range r.Tiers {
+		fmt.Fprintf(tw, "  promoted from %s\t%.4f\t%d blocks\n", t.Name, rate(t.HitBlocks, r.Blocks), t.HitBlocks)
+	}
+	fmt.Fprintf(tw, "reference: plain LRU of %d blocks\t%.4f\t\n", rep.Opts.PrimaryBlocks, rep.RefLRU)
+	fmt.Fprintf(tw, "reference: unbounded (maximum)\t%.4f\t\n", rep.RefMax)
+	tw.Flush()
+	b.WriteString("\n")
+
+	fmt.Fprintf(&b, "primary: %d evictions, %d blocks stored, %d held\n", r.Primary.Evictions, r.Primary.StoredBlocks, r.Primary.Held)
+	if len(r.Tiers) > 0 {
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "tier\tlookup hits\tskipped\tpromoted\tcascaded\tcascades ok\tfailed\tdropped\tfiltered\tevicted\theld\t\n")
+		for _, t := range r.Tiers {
+			held := fmt.Sprint(t.Held)
+			if t.Held < 0 {
+				held = "?"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", t.Name, t.LookupHits, t.SkippedByFilter,
+				t.PromotedBlocks, t.CascadedBlocks, t.CascadesOK, t.CascadesFailed, t.CascadesDropped,
+				t.CascadesSkippedByFilter, t.Evictions, held)
+		}
+		tw.Flush()
+		b.WriteString("(blocks except cascade counts, which are jobs; evicted counts only tiers that emit events)\n")
+	}
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "throughput: %.0f requests/s, %.0f ns per key (%d requests in %v, %d steps)\n",
+		r.RequestsPerSec, r.NsPerKey, r.Requests, r.Elapsed.Round(time.Millisecond), r.Steps)
+	if r.Unsettled > 0 || r.StoresRejected > 0 {
+		fmt.Fprintf(&b, "unsettled lookups: %d, rejected stores: %d\n", r.Unsettled, r.StoresRejected)
+	}
+	if len(r.Warnings) > 0 {
+		fmt.Fprintf(&b, "warnings (%d):\n", len(r.Warnings))
+		for _, w := range r.Warnings {
+			fmt.Fprintf(&b, "  %s\n", w)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func rate(n, of uint64) float64 {
+	if of == 0 {
+		return 0
+	}
+	return float64(n) / float64(of)
 }
