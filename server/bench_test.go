@@ -114,6 +114,78 @@ func BenchmarkPutGetBlocks2MiB(b *testing.B) {
 	})
 }
 
+// BenchmarkArenaStoreLoad2MiB is the same traffic through the mapped
+// arena, as an engine on the same host moves it: the bytes are copied
+// once into (or out of) the slots, and only keys and slot numbers cross
+// the socket.
+func BenchmarkArenaStoreLoad2MiB(b *testing.B) {
+	const perCall = 8
+	for _, dir := range []string{"store", "load"} {
+		b.Run(dir, func(b *testing.B) {
+			e, _ := newBigEnv(b)
+			ctx := ctxT(b)
+			c := e.dial(b, e.unix)
+			a, err := c.MapArena(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			ks := make([]offload.Key, perCall)
+			src := make([][]byte, perCall)
+			for i := range ks {
+				ks[i] = key(i)
+				src[i] = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+			}
+			store := func(id string) {
+				res, err := c.PrepareStore(ctx, id, ks, nil)
+				if err != nil || !res.OK {
+					b.Fatalf("prepare store: %v", err)
+				}
+				for i, s := range res.Slots {
+					dst, _ := a.Slot(s)
+					copy(dst, src[i])
+				}
+				if err := c.CompleteStore(ctx, id, res.Keys, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := c.NewRequest(ctx, "bench", ""); err != nil {
+				b.Fatal(err)
+			}
+			if dir == "load" {
+				store("bench")
+			}
+			b.SetBytes(perCall * bigBlock)
+			b.ResetTimer()
+			for b.Loop() {
+				if dir == "store" {
+					b.StopTimer()
+					if err := c.Reset(ctx); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					store("bench")
+					continue
+				}
+				if _, hits, err := c.Lookup(ctx, "bench", ks, true); err != nil || hits != perCall {
+					b.Fatalf("lookup: %d %v", hits, err)
+				}
+				slots, err := c.PrepareLoad(ctx, "bench", ks)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i, s := range slots {
+					from, _ := a.Slot(s)
+					copy(src[i], from)
+				}
+				if err := c.CompleteLoad(ctx, "bench", ks); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // newBigEnv is a daemon with 2 MiB slots and no secondary tiers, so the
 // figures measure the API path only.
 func newBigEnv(b *testing.B) (*env, error) {
