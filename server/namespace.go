@@ -111,6 +111,9 @@ const notLookedUp offload.LookupResult = 255
 type request struct {
 	ctx      *offload.ReqContext
 	finished bool
+	// internal marks the temporary request of a PutBlocks/GetBlocks call:
+	// it reserves its id but answers to no client call.
+	internal bool
 	// pins counts PrepareLoad pins per key not yet released by
 	// CompleteLoad.
 	pins map[offload.Key]int32
@@ -240,7 +243,7 @@ func (ns *Namespace) NewRequest(id string, params []byte) (*offload.ReqContext, 
 // req returns the active request id; the caller holds the mutex.
 func (ns *Namespace) req(id string) (*request, error) {
 	r, ok := ns.reqs[id]
-	if !ok {
+	if !ok || r.internal {
 		return nil, fmt.Errorf("%w %q in namespace %q (call NewRequest first)", ErrUnknownRequest, id, ns.name)
 	}
 	return r, nil
@@ -572,14 +575,25 @@ func (ns *Namespace) Stats() (Stats, error) {
 
 // tempRequest registers a request for one PutBlocks/GetBlocks call; the
 // caller holds the mutex and must call finishTemp.
+//
+// The temporary request is registered like a client's (the manager keys
+// its state by id), so neither can take the other's id, even while
+// GetBlocks waits with the mutex released.
 func (ns *Namespace) tempRequest(params []byte) (*offload.ReqContext, error) {
-	ns.ephemeral++
-	id := "kvtier-internal-" + strconv.FormatUint(ns.ephemeral, 10)
+	var id string
+	for {
+		ns.ephemeral++
+		id = "kvtier-internal-" + strconv.FormatUint(ns.ephemeral, 10)
+		if _, taken := ns.reqs[id]; !taken {
+			break
+		}
+	}
 	rc, err := ns.parser.NewReqContext(id, params)
 	if err != nil {
 		return nil, err
 	}
 	ns.mgr.OnNewRequest(rc)
+	ns.reqs[id] = &request{ctx: rc, internal: true}
 	return rc, nil
 }
 
@@ -656,7 +670,10 @@ func (ns *Namespace) callRequestLocked(id string, params []byte) (*offload.ReqCo
 	if err != nil {
 		return nil, nil, fmt.Errorf("temporary request: %w", err)
 	}
-	return rc, func() { ns.mgr.OnRequestFinished(rc) }, nil
+	return rc, func() {
+		delete(ns.reqs, rc.ID)
+		ns.mgr.OnRequestFinished(rc)
+	}, nil
 }
 
 // GetBlocks loads blocks by value. It looks every key up; while some key

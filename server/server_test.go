@@ -705,3 +705,28 @@ func (l *eventLog) all() []offload.Event {
 	defer l.mu.Unlock()
 	return append([]offload.Event(nil), l.evs...)
 }
+
+// TestTemporaryRequestIDs keeps the ids of by-value calls apart from
+// clients' ids.
+func TestTemporaryRequestIDs(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	ctx := ctxT(t)
+	c := e.dial(t, e.unix)
+	if _, err := c.NewRequest(ctx, "kvtier-internal-1", `{"kv_load_tiers": []}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutBlocks(ctx, []client.Block{{Key: key(1), Data: block(key(1))}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, hits, err := c.Lookup(ctx, "kvtier-internal-1", []offload.Key{key(1)}, false)
+	if err != nil || hits != 1 {
+		t.Fatalf("client request after a by-value call: %v %v", res, err)
+	}
+	if err := c.FinishRequest(ctx, "kvtier-internal-1"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Stats(ctx)
+	if err != nil || st.GetActiveRequests() != 0 {
+		t.Fatalf("requests left behind: %v %v", st.GetActiveRequests(), err)
+	}
+}
