@@ -11,6 +11,8 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
+	"github.com/kvtier/kvtier/tiers/redis"
+	"github.com/kvtier/kvtier/tiers/s3"
 )
 
 // Declaration is what a configured secondary tier declares about itself:
@@ -69,6 +71,8 @@ var tierTypes = []struct {
 }{
 	{fsType, planFS},
 	{memory.Type, planMemory},
+	{redis.Type, planRedis},
+	{s3.Type, planS3},
 }
 
 // Types returns the supported tier types, sorted.
