@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -317,4 +318,25 @@ print("ok")
 		t.Errorf("python error checks: %s", out)
 	}
 	d.stop(t)
+}
+
+// TestDefaultConfigValid checks that the embedded default the binary
+// prints is a valid config with the promised shape.
+func TestDefaultConfigValid(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the kvtier binary")
+	}
+	out, err := exec.Command(kvtierBinary(t), "serve", "--print-default-config").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(out)
+	if err != nil {
+		t.Fatalf("embedded default: %v\n%s", err, out)
+	}
+	if len(cfg.SecondaryTiers) != 1 || cfg.SecondaryTiers[0].Type != "fs" || cfg.Events.Enabled ||
+		cfg.Server.UnixSocket != "./kvtier.sock" || !strings.HasPrefix(cfg.Server.TCPAddr, "127.0.0.1:") ||
+		!strings.HasPrefix(cfg.Server.MetricsAddr, "127.0.0.1:") || cfg.Primary.Bytes != config.GiB {
+		t.Fatalf("embedded default has the wrong shape: %+v", cfg)
+	}
 }

@@ -28,30 +28,57 @@ import (
 // outside this process is needed. The memfd arena lets engines on the same
 // host map the primary's slots (GetArena); the FS tier keeps blocks across
 // restarts.
-const defaultServeConfig = `
+const defaultServeConfig = `# kvtier serve: the embedded default configuration (kvtier serve
+# --print-default-config). Every key below may be omitted; unknown keys and
+# invalid values are start-up errors that name the key.
+
 namespace:
-  model: default
-  bytes_per_block: 2MiB
+  model: default            # names the model; storage tiers keep models apart
+  bytes_per_block: 2MiB     # one offloaded block = one primary slot
+
 primary:
-  bytes: 1GiB
-  policy: lru
+  bytes: 1GiB               # capacity (--primary-bytes overrides it)
+  policy: lru               # lru | arc
   arena:
-    kind: memfd
-secondary_tiers:
+    kind: memfd             # anonymous | file (with path: /dev/shm/...) | memfd
+                            # file and memfd can be mapped by same-host engines
+
+secondary_tiers:            # lookup order; each entry: name, type, type keys
   - name: local-disk
     type: fs
     root_dir: ./kvtier-data
-    locality: local
-validation: lenient
+    locality: local         # local | remote (medium is STORAGE for fs)
+    # max_bytes: 100GiB     # LRU eviction above it (default unbounded)
+
+# default_load_tiers: []    # used when a request omits kv_load_tiers
+# default_store_tiers: [{medium: storage}]
+validation: lenient         # lenient (warn, skip, fail open) | strict (reject)
+
 server:
-  unix_socket: ./kvtier.sock
-  tcp_addr: 127.0.0.1:7070
-  metrics_addr: 127.0.0.1:9464
+  unix_socket: ./kvtier.sock      # created 0600; "" disables it
+  tcp_addr: 127.0.0.1:7070        # "" disables it
+  metrics_addr: 127.0.0.1:9464    # Prometheus /metrics; "" disables it
+  # auth_token: secret            # required from TCP clients when set
+  # auth_token_file: /etc/kvtier/token
+  shutdown_timeout: 10s
+
+# limits:                   # per API call; 0 = default
+#   max_keys_per_call: 65536
+#   max_key_bytes: 1024
+#   max_message_bytes: 64MiB
+#   max_requests: 65536
+#   max_params_bytes: 64KiB
+#   max_wait: 10s
+
 events:
-  enabled: false
+  enabled: false            # vLLM KV events over ZMQ
+  # endpoint: tcp://*:5557
+  # replay_endpoint: tcp://*:5558
+  # self_describing: false
 `
 
 type serveFlags struct {
+	printDefault bool
 	config       string
 	primaryBytes string
 	logLevel     string
@@ -76,15 +103,21 @@ SIGINT or SIGTERM stops accepting calls, drains in-flight transfers within
 server.shutdown_timeout, flushes events, removes the sockets and exits 0.`,
 		Example: `  kvtier serve
   kvtier serve --primary-bytes 8GiB
+  kvtier serve --print-default-config > kvtier.yaml
   kvtier serve --config kvtier.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.printDefault {
+				_, err := fmt.Fprint(cmd.OutOrStdout(), defaultServeConfig)
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return serve(ctx, f, cmd.ErrOrStderr())
 		},
 	}
 	cmd.Flags().StringVar(&f.config, "config", "", "config file (YAML); default: the embedded default")
+	cmd.Flags().BoolVar(&f.printDefault, "print-default-config", false, "print the embedded default config (commented) and exit")
 	cmd.Flags().StringVar(&f.primaryBytes, "primary-bytes", "", "primary tier capacity, e.g. 1GiB (overrides primary.bytes)")
 	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
