@@ -1,7 +1,9 @@
 package workload
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"testing"
 )
 
@@ -45,4 +47,26 @@ func BenchmarkReplay(b *testing.B) {
 			b.ReportMetric(hitRate, "hit-rate")
 		})
 	}
+}
+
+// BenchmarkReader parses the 2 000-request trace prefix from memory.
+func BenchmarkReader(b *testing.B) {
+	reqs := loadPrefix(b)
+	var buf bytes.Buffer
+	for _, r := range reqs {
+		json.NewEncoder(&buf).Encode(map[string]any{
+			"timestamp": r.Timestamp, "input_length": r.InputLength,
+			"output_length": r.OutputLength, "hash_ids": r.HashIDs,
+		})
+	}
+	data := buf.Bytes()
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		got, err := ReadAll(bytes.NewReader(data), ReaderOptions{})
+		if err != nil || len(got) != len(reqs) {
+			b.Fatal(len(got), err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(reqs)), "ns/req")
 }
