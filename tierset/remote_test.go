@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -209,5 +210,41 @@ func TestBuildRemoteUnreachable(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("Build(%s) = %v, want %s...", tc.tiers, err, tc.want)
 		}
+	}
+}
+
+// TestDeclareContactsNothing: Declare (what `kvtier explain` runs) checks
+// s3 and redis entries without connecting to their servers.
+func TestDeclareContactsNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	defer ln.Close()
+	addr := ln.Addr().String()
+	cfg := mustParse(t, fmt.Sprintf(`
+secondary_tiers:
+  - {type: s3, bucket: kv-cache, endpoint: "http://%s", create_bucket: true}
+  - {type: redis, addr: %q, keyspace_events: true}
+`, addr, addr))
+	decls, err := Declare(cfg)
+	if err != nil || len(decls) != 2 {
+		t.Fatalf("Declare = %v, %v", decls, err)
+	}
+	select {
+	case <-accepted:
+		t.Fatal("Declare connected to the server")
+	case <-time.After(50 * time.Millisecond):
 	}
 }
