@@ -2,14 +2,18 @@
 # The whole kvtier test suite: the README's test command, and what CI runs
 # (.ci/run). On a fresh Debian 12 machine (as root, or with sudo) it
 # installs what the tests need, starts real redis-server and versitygw
-# (S3) on free loopback ports, runs gofmt, go vet, staticcheck and
-# `go test -race` over every package, and stops the servers on exit.
+# (S3) on free loopback ports, runs gofmt, go vet, staticcheck, `kvtier
+# explain` over every examples/*.yaml and `go test -race` over every
+# package, and stops the servers on exit. The tests find the servers and
+# Debian's python3 (KVTIER_TEST_PYTHON) through the KVTIER_TEST_*
+# variables, and fail rather than skip (KVTIER_REQUIRE_INTEGRATION=1).
 #
 # Idempotent; run it from any directory. Needs Go 1.26 on PATH.
 #
 #   ./scripts/test.sh                 everything (what CI runs)
 #   ./scripts/test.sh ./tiers/s3/...  vet, staticcheck and test only these
-#                                     packages, with the same servers
+#                                     packages, with the same servers (no
+#                                     examples check)
 # Tool binaries go to .tools/bin (gitignored); servers keep their data in
 # temporary directories that are removed on exit.
 set -euo pipefail
@@ -197,10 +201,31 @@ check_gofmt() {
   echo "ok"
 }
 run_ok() { "$@" && echo "ok"; }
+# check_examples: `kvtier explain` accepts every example config. It only
+# declares tiers, so it must answer at once even though the example hosts
+# do not exist; the timeout catches an explain that tries to connect.
+check_examples() {
+  local bin f
+  new_tmp bin kvtier
+  go build -o "$bin/kvtier" ./cmd/kvtier || return 1
+  for f in examples/*.yaml; do
+    echo "kvtier explain --config $f"
+    timeout 20 "$bin/kvtier" explain --config "$f" \
+      --params '{"kv_load_tiers":[{"medium":"cpu","locality":"remote"},{"medium":"storage","locality":"local"}]}' \
+      >"$bin/out" 2>&1 || {
+      cat "$bin/out"
+      return 1
+    }
+  done
+  echo "ok"
+}
 
 step gofmt check_gofmt
 step "go vet" run_ok go vet "${pkgs[@]}"
 step staticcheck run_ok "$TOOLS/staticcheck" "${pkgs[@]}"
+if (($# == 0)); then
+  step examples check_examples
+fi
 step "go test" go test -race -count=1 -timeout 15m "${pkgs[@]}"
 
 section "summary"
