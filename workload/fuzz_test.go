@@ -1,11 +1,14 @@
 package workload
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/config"
 )
 
 // FuzzReader checks that no input makes the reader panic or break its
@@ -75,6 +78,41 @@ func FuzzReader(f *testing.F) {
 					t.Fatalf("round trip changed %+v into %+v", req, got)
 				}
 			}
+		}
+	})
+}
+
+// FuzzReplay replays whatever traces the reader accepts through a tiny
+// primary and a secondary tier: requests larger than the primary,
+// repeated ids and huge ids must be served or counted, never fail the
+// replay.
+func FuzzReplay(f *testing.F) {
+	f.Add("{\"hash_ids\": [1, 2, 3]}\n{\"hash_ids\": [1, 2, 3, 4]}\n{\"hash_ids\": [1, 2]}")
+	f.Add("{\"hash_ids\": [7, 7, 7, 7]}\n{\"hash_ids\": [7, 8, 7]}")
+	f.Add("{\"hash_ids\": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}\n{\"hash_ids\": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}")
+	f.Add("{\"hash_ids\": [18446744073709551615, 0]}\n{\"hash_ids\": []}\n{\"hash_ids\": [18446744073709551615]}")
+	cfg, err := config.Parse([]byte("secondary_tiers:\n  - {name: m, type: memory, capacity_blocks: 16}\n"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		reqs, err := ReadAll(strings.NewReader(in), ReaderOptions{MaxLineBytes: 512, MaxHashIDs: 32, Limit: 32})
+		if err != nil {
+			return
+		}
+		res, err := Replay(context.Background(), Requests(reqs), Options{
+			PrimaryBlocks: 8, BlockBytes: 16, Config: cfg, MaxSettleSteps: 8,
+		})
+		if err != nil {
+			t.Fatalf("replay of %d requests: %v", len(reqs), err)
+		}
+		var blocks uint64
+		for _, r := range reqs {
+			blocks += uint64(len(r.HashIDs))
+		}
+		if res.Requests != len(reqs) || res.Blocks != blocks || res.HitBlocks > blocks ||
+			res.PrimaryHitBlocks+res.PromotedHitBlocks != res.HitBlocks {
+			t.Fatalf("inconsistent result %+v for %d requests, %d blocks", res, len(reqs), blocks)
 		}
 	})
 }
