@@ -143,7 +143,25 @@ type record struct {
 	HashIDs      *[]json.Number `json:"hash_ids"`
 }
 
+// fastRecord decodes a well-formed line directly; a line it rejects is
+// decoded again as a record to say precisely what is wrong.
+type fastRecord struct {
+	Timestamp    int64     `json:"timestamp"`
+	InputLength  int64     `json:"input_length"`
+	OutputLength int64     `json:"output_length"`
+	HashIDs      *[]uint64 `json:"hash_ids"`
+}
+
 func (r *Reader) parse(line []byte) (Request, error) {
+	var fast fastRecord
+	if json.Unmarshal(line, &fast) == nil && fast.HashIDs != nil && len(*fast.HashIDs) <= r.opts.MaxHashIDs &&
+		fast.InputLength >= 0 && fast.OutputLength >= 0 {
+		return Request{
+			Line: r.line, Timestamp: fast.Timestamp,
+			InputLength: fast.InputLength, OutputLength: fast.OutputLength,
+			HashIDs: *fast.HashIDs,
+		}, nil
+	}
 	var rec record
 	if err := json.Unmarshal(line, &rec); err != nil {
 		return Request{}, fmt.Errorf("%w: %v", ErrSyntax, jsonError(err))
