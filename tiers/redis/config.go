@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
 )
 
 // Config configures a Redis tier. The yaml tags are the type-specific
@@ -151,6 +151,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// shared returns the values of the keys every remote tier has.
+func (c Config) shared() remote.Shared {
+	return remote.Shared{
+		MaxInflight: c.MaxInflight, UnhealthyAfter: c.UnhealthyAfter, LookupBatch: c.LookupBatch, Retries: c.Retries,
+		Timeout: c.Timeout, LookupTimeout: c.LookupTimeout, RetryBackoff: c.RetryBackoff, ProbeInterval: c.ProbeInterval,
+	}
+}
+
 // Validate checks c as New would (zero sizing and timing fields take
 // their defaults) without connecting; errors name the offending key.
 func (c Config) Validate() error {
@@ -179,38 +187,11 @@ func (c Config) Validate() error {
 	if c.MaxValueBytes <= 0 {
 		return bad("max_value_bytes", "must be > 0, got %d", c.MaxValueBytes)
 	}
-	if _, err := parseLocality(c.Locality); err != nil {
+	if _, err := remote.ParseLocality(c.Locality); err != nil {
 		return bad("locality", "%v", err)
 	}
-	for _, f := range []struct {
-		key string
-		v   int
-	}{{"pool_size", c.PoolSize}, {"max_inflight", c.MaxInflight}, {"unhealthy_after", c.UnhealthyAfter}, {"lookup_batch", c.LookupBatch}} {
-		if f.v <= 0 {
-			return bad(f.key, "must be > 0, got %d", f.v)
-		}
-	}
-	if c.Retries < 0 {
-		return bad("retries", "must be >= 0, got %d", c.Retries)
-	}
-	for _, f := range []struct {
-		key string
-		v   time.Duration
-	}{{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"lookup_timeout", c.LookupTimeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
-		if f.v <= 0 {
-			return bad(f.key, "must be > 0, got %v", f.v)
-		}
+	if err := c.shared().Check([]remote.Count{{Key: "pool_size", Value: c.PoolSize}}, []remote.Span{{Key: "dial_timeout", Value: c.DialTimeout}}); err != nil {
+		return fmt.Errorf("redis tier %q: %w", c.Name, err)
 	}
 	return nil
-}
-
-func parseLocality(s string) (offload.Locality, error) {
-	if s == "" {
-		return offload.LocalityUnspecified, nil
-	}
-	l, ok := offload.ParseLocality(s)
-	if !ok {
-		return offload.LocalityUnspecified, fmt.Errorf("%q: want local or remote", s)
-	}
-	return l, nil
 }

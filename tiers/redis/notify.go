@@ -125,8 +125,6 @@ func (t *Tier) removed(keys []offload.Key) {
 		return
 	}
 	t.serverRemoved.Add(int64(len(keys)))
-	t.forgetQ.Add(keys...)
-	if t.events != nil {
-		t.events.Add(offload.Event{Keys: keys, Medium: offload.MediumCPU, Locality: t.locality, Removed: true, Tier: t.name})
-	}
+	t.Invalidate(keys...)
+	t.events.Removed(keys)
 }

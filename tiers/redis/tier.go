@@ -10,12 +10,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
-	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
 )
@@ -43,26 +41,23 @@ end
 return 0`)
 
 // Tier is a Redis or Valkey server as a (usually remote) CPU secondary
-// tier. It implements offload.SecondaryTier.
+// tier. It implements offload.SecondaryTier; the embedded remote.Base
+// does the bookkeeping common to remote tiers.
 type Tier struct {
-	cfg      Config
-	name     string
-	locality offload.Locality
-	log      *slog.Logger
+	*remote.Base
+	cfg Config
+	log *slog.Logger
 
 	client *goredis.Client
 	health *remote.Health
 	retry  *remote.Retrier // transfers
 	// probeRetry runs existence checks with the shorter lookup timeout.
 	probeRetry *remote.Retrier
-	jobs       *remote.Jobs
-	lookups    *asynclookup.Manager
 	ioSem      chan struct{} // bounds concurrent transfer pipelines
 
-	events         *remote.Events // nil when events are off
-	missQ, forgetQ remote.KeyQueue
-	c              remote.Counters
-	serverRemoved  atomic.Int64
+	events        *remote.Events // nil when events are off
+	c             remote.Counters
+	serverRemoved atomic.Int64
 	// notify is set while the server is known to publish the key events
 	// the tier subscribed to; the tier then leaves removed events for its
 	// own deletions to the subscription.
@@ -88,21 +83,19 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	loc, _ := parseLocality(cfg.Locality)
+	loc, _ := remote.ParseLocality(cfg.Locality)
 	t := &Tier{
-		cfg:      cfg,
-		name:     cfg.Name,
-		locality: loc,
-		log:      cfg.Logger,
-		ioSem:    make(chan struct{}, cfg.PoolSize),
-		touches:  make(chan []offload.Key, 64),
+		cfg:     cfg,
+		log:     cfg.Logger,
+		ioSem:   make(chan struct{}, cfg.PoolSize),
+		touches: make(chan []offload.Key, 64),
 	}
 	if t.log == nil {
 		t.log = slog.Default()
 	}
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
 	if cfg.Events {
-		t.events = remote.NewEvents(0)
+		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
 	}
 	t.client = goredis.NewClient(&goredis.Options{
 		Addr:                  cfg.Addr,
@@ -150,11 +143,21 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
-	t.jobs = remote.NewJobs(t.label(), cfg.MaxInflight)
-	t.lookups = asynclookup.New(t.label(), t.exists, asynclookup.Options{
-		MaxBatch: cfg.LookupBatch,
-		Timeout:  cfg.LookupTimeout,
-		Logger:   t.log,
+	t.Base = remote.NewBase(remote.BaseConfig{
+		Name:          cfg.Name,
+		Label:         t.label(),
+		Medium:        offload.MediumCPU,
+		Locality:      loc,
+		Health:        t.health,
+		Counters:      &t.c,
+		Events:        t.events,
+		MaxInflight:   cfg.MaxInflight,
+		Exists:        t.exists,
+		LookupBatch:   cfg.LookupBatch,
+		LookupTimeout: cfg.LookupTimeout,
+		Logger:        t.log,
+		Store:         t.store,
+		Load:          t.load,
 	})
 	if cfg.KeyspaceEvents {
 		t.enableNotifications(ctx)
@@ -165,7 +168,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	return t, nil
 }
 
-func (t *Tier) label() string { return fmt.Sprintf("redis tier %q", t.name) }
+func (t *Tier) label() string { return fmt.Sprintf("redis tier %q", t.cfg.Name) }
 
 func (t *Tier) probe(ctx context.Context) error { return t.client.Ping(ctx).Err() }
 
@@ -188,31 +191,12 @@ func classify(err error) remote.Class {
 	return remote.Transient
 }
 
-// Name returns the configured tier name.
-func (t *Tier) Name() string { return t.name }
-
 // Type returns "redis".
 func (t *Tier) Type() string { return Type }
 
-// Medium returns CPU: Redis keeps blocks in (remote) DRAM.
-func (t *Tier) Medium() offload.Medium { return offload.MediumCPU }
-
-// Locality returns the configured locality.
-func (t *Tier) Locality() offload.Locality { return t.locality }
-
-// Healthy reports whether the server is considered up.
-func (t *Tier) Healthy() bool { return t.health.Healthy() }
-
 // Stats returns the tier's counters and gauges.
 func (t *Tier) Stats() Stats {
-	s := t.c.Snapshot()
-	s.Healthy = t.health.Healthy()
-	s.Downs = t.health.Downs()
-	s.InFlightJobs = t.jobs.Active()
-	if t.events != nil {
-		s.EventsDropped = t.events.Dropped()
-	}
-	return Stats{Stats: s, ServerRemoved: t.serverRemoved.Load(), KeyspaceEvents: t.notify.Load()}
+	return Stats{Stats: t.Base.Stats(), ServerRemoved: t.serverRemoved.Load(), KeyspaceEvents: t.notify.Load()}
 }
 
 // Stats adds the Redis-specific figures to the common remote tier stats.
@@ -260,78 +244,6 @@ func (t *Tier) parseKey(s string) (offload.Key, bool) {
 	return k, k.Valid()
 }
 
-// Lookup answers from the pipelined existence checks: Retry until the
-// check of key has run, then Hit or Miss. While the server is down it
-// answers Miss without queueing anything.
-func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
-	t.c.Lookups.Add(1)
-	if !t.health.Healthy() {
-		t.c.LookupsUnhealthy.Add(1)
-		return offload.Miss
-	}
-	return t.lookups.Lookup(key, reqID(req))
-}
-
-func reqID(req *offload.ReqContext) string {
-	if req == nil {
-		return ""
-	}
-	return req.ID
-}
-
-// SubmitStore writes the job's blocks in one pipeline. While the server
-// is down the job fails at once (a skipped cascade).
-func (t *Tier) SubmitStore(job *offload.Job) {
-	if !t.health.Healthy() {
-		t.c.StoreJobsSkipped.Add(1)
-		t.jobs.Fail(job, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, remote.ErrUnavailable))
-		return
-	}
-	if !t.jobs.Submit(job, t.runStore) {
-		t.c.StoreJobsSkipped.Add(1)
-	}
-}
-
-// SubmitLoad reads the job's blocks in one pipeline and verifies each
-// before it reaches its slot. While the server is down the job fails at
-// once and its keys answer Miss for the request.
-func (t *Tier) SubmitLoad(job *offload.Job) {
-	if !t.health.Healthy() {
-		t.c.LoadJobsSkipped.Add(1)
-		t.lookups.MarkMiss(job.Keys)
-		t.jobs.Fail(job, fmt.Errorf("%s: load job %d: %w", t.label(), job.ID, remote.ErrUnavailable))
-		return
-	}
-	if !t.jobs.Submit(job, t.runLoad) {
-		t.c.LoadJobsSkipped.Add(1)
-		t.lookups.MarkMiss(job.Keys)
-	}
-}
-
-// FinishedJobs returns the results available since the previous call.
-func (t *Tier) FinishedJobs() []offload.JobResult {
-	res := t.jobs.Take()
-	// Taken after the results: every result above queued its keys first.
-	t.applyQueues()
-	return res
-}
-
-func (t *Tier) applyQueues() {
-	if keys := t.missQ.Take(); len(keys) > 0 {
-		t.lookups.MarkMiss(keys)
-	}
-	if keys := t.forgetQ.Take(); len(keys) > 0 {
-		t.lookups.Forget(keys)
-	}
-}
-
-// DrainJobs waits until every submitted job has a result.
-func (t *Tier) DrainJobs(ctx context.Context) error { return t.jobs.Drain(ctx) }
-
-// HasPendingWork reports jobs in flight, results not yet taken, or
-// existence checks queued or in flight.
-func (t *Tier) HasPendingWork() bool { return t.jobs.Pending() || t.lookups.Pending() }
-
 // Touch refreshes the blocks on the server in the background: their TTL
 // when one is configured, else their LRU clock (TOUCH), so blocks the
 // engine keeps using are the last the server evicts. It never blocks; a
@@ -368,35 +280,12 @@ func (t *Tier) touchLoop() {
 	}
 }
 
-// OnNewRequest answers BlockLevel.
-func (t *Tier) OnNewRequest(*offload.ReqContext) offload.OffloadPolicy { return offload.BlockLevel }
-
-// OnRequestFinished drops the request's lookup state.
-func (t *Tier) OnRequestFinished(req *offload.ReqContext) { t.lookups.Cleanup(reqID(req)) }
-
-// OnScheduleEnd sends this step's existence checks as one pipeline.
-func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
-	t.applyQueues()
-	t.lookups.Flush()
-}
-
-// TakeEvents returns the events since the previous call, in the order
-// they happened (none when events are off).
-func (t *Tier) TakeEvents() []offload.Event {
-	if t.events == nil {
-		return nil
-	}
-	return t.events.Take()
-}
-
 // Close cancels running transfers, waits for them until ctx ends, answers
 // every outstanding job, stops the subscription and closes the
 // connections. It is idempotent.
 func (t *Tier) Close(ctx context.Context) error {
 	t.closeOnce.Do(func() {
-		t.closeErr = t.jobs.Close(ctx)
-		t.lookups.Close()
-		t.health.Close()
+		t.closeErr = t.Base.Close(ctx)
 		t.cancel()
 		t.wg.Wait()
 		if err := t.client.Close(); err != nil && t.closeErr == nil {
@@ -436,28 +325,13 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 
 var sealPool = sync.Pool{New: func() any { return new([]byte) }}
 
-func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult {
-	start := time.Now()
-	res := offload.JobResult{}
-	fail := func(err error) offload.JobResult {
-		t.c.StoreJobsFailed.Add(1)
-		res.Err = err
-		res.Duration = time.Since(start)
-		return res
-	}
-	if len(job.Keys) == 0 {
-		t.c.StoreJobsOK.Add(1)
-		res.Success = true
-		return res
-	}
-	if job.Arena == nil {
-		return fail(fmt.Errorf("%s: store job %d: no arena", t.label(), job.ID))
-	}
+// store writes the job's blocks in one pipeline of SET.
+func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 	if len(job.Slots) < len(job.Keys) {
-		return fail(fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys)))
+		return fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
 	}
 	if need := int64(remote.HeaderSize + job.Arena.SlotSize()); need > t.cfg.MaxValueBytes {
-		return fail(fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes))
+		return fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes)
 	}
 	bufs := make([]*[]byte, len(job.Keys))
 	defer func() {
@@ -469,11 +343,11 @@ func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	}()
 	for i, k := range job.Keys {
 		if !k.Valid() {
-			return fail(fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey))
+			return fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey)
 		}
 		slot, err := job.Arena.Slot(job.Slots[i])
 		if err != nil {
-			return fail(fmt.Errorf("%s: store %s: %w", t.label(), k, err))
+			return fmt.Errorf("%s: store %s: %w", t.label(), k, err)
 		}
 		b := sealPool.Get().(*[]byte)
 		*b = remote.Seal(*b, k, slot)
@@ -482,7 +356,7 @@ func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	select {
 	case t.ioSem <- struct{}{}:
 	case <-ctx.Done():
-		return fail(fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, ctx.Err()))
+		return fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, ctx.Err())
 	}
 	defer func() { <-t.ioSem }()
 
@@ -503,77 +377,19 @@ func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 		return err
 	})
 	if err != nil {
-		return fail(fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err))
+		return fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err)
 	}
 	n := int64(len(job.Keys))
-	t.c.StoreJobsOK.Add(1)
 	t.c.BlocksStored.Add(n)
 	t.c.BytesWritten.Add(n * int64(job.Arena.SlotSize()))
-	t.forgetQ.Add(job.Keys...)
-	if t.events != nil {
-		t.events.Add(offload.Event{Keys: job.Keys, Medium: offload.MediumCPU, Locality: t.locality, Tier: t.name})
-	}
-	res.Success = true
-	res.Bytes = n * int64(job.Arena.SlotSize())
-	res.Duration = time.Since(start)
-	return res
+	return nil
 }
 
-func (t *Tier) runLoad(ctx context.Context, job *offload.Job) offload.JobResult {
-	start := time.Now()
-	n := len(job.Keys)
-	errs := make([]error, n)
-	slots := make([][]byte, n)
-	valid := 0
-	for i, k := range job.Keys {
-		switch {
-		case job.Arena == nil:
-			errs[i] = fmt.Errorf("%s: load job %d: no arena", t.label(), job.ID)
-		case i >= len(job.Slots):
-			errs[i] = fmt.Errorf("%s: load %s: job has %d slots for %d keys", t.label(), k, len(job.Slots), n)
-		case !k.Valid():
-			errs[i] = fmt.Errorf("%s: load: %w", t.label(), offload.ErrInvalidKey)
-		default:
-			s, err := job.Arena.Slot(job.Slots[i])
-			if err != nil {
-				errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, err)
-			} else {
-				slots[i] = s
-				valid++
-			}
-		}
-	}
-	if valid > 0 {
-		t.loadPipeline(ctx, job, slots, errs)
-	}
-	loaded, err := remote.Prefix(job.Keys, errs)
-	res := offload.JobResult{Duration: time.Since(start)}
-	if len(loaded) > 0 {
-		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
-	}
-	if err == nil {
-		t.c.LoadJobsOK.Add(1)
-		res.Success = true
-		return res
-	}
-	t.c.LoadJobsFailed.Add(1)
-	res.Err = err
-	res.SuccessfulKeys = loaded
-	var failed []offload.Key
-	for i, e := range errs {
-		if e != nil {
-			failed = append(failed, job.Keys[i])
-		}
-	}
-	t.missQ.Add(failed...)
-	return res
-}
-
-// loadPipeline GETs every key with a slot in one pipeline, verifies each
-// value and only then copies it into its slot. GET returns one consistent
+// load GETs every key with a slot in one pipeline, verifies each value
+// and only then copies it into its slot. GET returns one consistent
 // value; a value that changed or vanished before the read is caught by
 // the checksum or reads as missing, so it is never served.
-func (t *Tier) loadPipeline(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
+func (t *Tier) load(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
 	select {
 	case t.ioSem <- struct{}{}:
 	case <-ctx.Done():
@@ -657,7 +473,7 @@ func (t *Tier) deleteCorrupt(ctx context.Context, k offload.Key, val string) {
 		return // replaced or gone since the read: nothing of ours to remove
 	}
 	t.c.Deleted.Add(1)
-	if t.events != nil && !t.notify.Load() {
-		t.events.Add(offload.Event{Keys: []offload.Key{k}, Medium: offload.MediumCPU, Locality: t.locality, Removed: true, Tier: t.name})
+	if !t.notify.Load() {
+		t.events.Removed([]offload.Key{k})
 	}
 }

@@ -1,8 +1,10 @@
 // Package remote is the machinery shared by kvtier's remote secondary
 // tiers (tiers/s3 and tiers/redis): the integrity envelope every block is
 // stored in, a health tracker that turns a dead server into fast misses
-// and recovers by itself, and the job bookkeeping that answers every
-// submitted job exactly once.
+// and recovers by itself, the job bookkeeping that answers every
+// submitted job exactly once, and Base, which puts these together with
+// the asynchronous existence checks into everything a remote tier does
+// that does not depend on its backend.
 //
 // # Envelope
 //
@@ -36,4 +38,15 @@
 // number in flight; beyond it the job fails at once), collects the
 // results for FinishedJobs, lets DrainJobs wait for quiescence, and on
 // Close answers the jobs that did not finish in time as failed.
+//
+// # Base
+//
+// A tier embeds a *Base and supplies only its backend: the batched
+// existence check, a StoreFunc and a LoadFunc. Base answers the manager:
+// lookups through package asynclookup, gated by Health; submissions,
+// refused at once while the server is down; job results, with the
+// counters, the stored events, and the verdicts that finished jobs
+// change (a stored key is probed again, a key that failed to load is a
+// Miss for the requests that asked for it). Shared and ParseLocality
+// check the config keys every remote tier has.
 package remote

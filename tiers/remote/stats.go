@@ -77,36 +77,53 @@ const DefaultMaxEvents = 1 << 16
 
 // Events buffers a tier's events between TakeEvents calls. Events beyond
 // the bound are dropped and counted rather than growing without limit.
-// Safe for concurrent use.
+// A nil *Events is a tier whose events are off: it records nothing. Safe
+// for concurrent use.
 type Events struct {
+	tier     string
+	medium   offload.Medium
+	locality offload.Locality
+
 	mu      sync.Mutex
 	buf     []offload.Event
 	max     int
 	dropped atomic.Int64
 }
 
-// NewEvents returns a buffer holding at most max events (<= 0 means
-// DefaultMaxEvents).
-func NewEvents(max int) *Events {
+// NewEvents returns a buffer for the events of the tier named tier, which
+// declares medium m and locality l, holding at most max events (<= 0
+// means DefaultMaxEvents).
+func NewEvents(tier string, m offload.Medium, l offload.Locality, max int) *Events {
 	if max <= 0 {
 		max = DefaultMaxEvents
 	}
-	return &Events{max: max}
+	return &Events{tier: tier, medium: m, locality: l, max: max}
 }
 
-// Add appends ev, or drops it when the buffer is full.
-func (e *Events) Add(ev offload.Event) {
+// Stored records that the tier now holds keys.
+func (e *Events) Stored(keys []offload.Key) { e.add(keys, false) }
+
+// Removed records that the tier no longer holds keys.
+func (e *Events) Removed(keys []offload.Key) { e.add(keys, true) }
+
+func (e *Events) add(keys []offload.Key, removed bool) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.buf) >= e.max {
 		e.dropped.Add(1)
 		return
 	}
-	e.buf = append(e.buf, ev)
+	e.buf = append(e.buf, offload.Event{Keys: keys, Medium: e.medium, Locality: e.locality, Removed: removed, Tier: e.tier})
 }
 
 // Take returns the buffered events in order and empties the buffer.
 func (e *Events) Take() []offload.Event {
+	if e == nil {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := e.buf
@@ -115,7 +132,12 @@ func (e *Events) Take() []offload.Event {
 }
 
 // Dropped returns the number of events dropped so far.
-func (e *Events) Dropped() int64 { return e.dropped.Load() }
+func (e *Events) Dropped() int64 {
+	if e == nil {
+		return 0
+	}
+	return e.dropped.Load()
+}
 
 // KeyQueue collects keys produced on worker goroutines for the tier to
 // apply on the manager's goroutine (MarkMiss, Forget). Safe for

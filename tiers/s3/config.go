@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/remote"
 )
 
 // Config configures an S3 tier. The yaml tags are the type-specific keys
@@ -162,6 +162,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// shared returns the values of the keys every remote tier has.
+func (c Config) shared() remote.Shared {
+	return remote.Shared{
+		MaxInflight: c.MaxInflight, UnhealthyAfter: c.UnhealthyAfter, LookupBatch: c.LookupBatch, Retries: c.Retries,
+		Timeout: c.Timeout, LookupTimeout: c.LookupTimeout, RetryBackoff: c.RetryBackoff, ProbeInterval: c.ProbeInterval,
+	}
+}
+
 // Validate checks c as New would (zero sizing and timing fields take
 // their defaults) without connecting; errors name the offending key.
 func (c Config) Validate() error {
@@ -181,7 +189,7 @@ func (c Config) Validate() error {
 			return bad("endpoint", "%q is not an http:// or https:// URL", c.Endpoint)
 		}
 	}
-	if _, err := parseLocality(c.Locality); err != nil {
+	if _, err := remote.ParseLocality(c.Locality); err != nil {
 		return bad("locality", "%v", err)
 	}
 	if (c.AccessKey == "") != (c.SecretKey == "") {
@@ -193,24 +201,8 @@ func (c Config) Validate() error {
 	if strings.Contains(c.Prefix, "..") || strings.HasPrefix(c.Prefix, "/") {
 		return bad("prefix", "%q must be relative and must not contain ..", c.Prefix)
 	}
-	for _, f := range []struct {
-		key string
-		v   int
-	}{{"io_threads", c.IOThreads}, {"max_inflight", c.MaxInflight}, {"unhealthy_after", c.UnhealthyAfter}, {"lookup_batch", c.LookupBatch}} {
-		if f.v <= 0 {
-			return bad(f.key, "must be > 0, got %d", f.v)
-		}
-	}
-	if c.Retries < 0 {
-		return bad("retries", "must be >= 0, got %d", c.Retries)
-	}
-	for _, f := range []struct {
-		key string
-		v   time.Duration
-	}{{"timeout", c.Timeout}, {"lookup_timeout", c.LookupTimeout}, {"retry_backoff", c.RetryBackoff}, {"probe_interval", c.ProbeInterval}} {
-		if f.v <= 0 {
-			return bad(f.key, "must be > 0, got %v", f.v)
-		}
+	if err := c.shared().Check([]remote.Count{{Key: "io_threads", Value: c.IOThreads}}, nil); err != nil {
+		return fmt.Errorf("s3 tier %q: %w", c.Name, err)
 	}
 	if err := c.Layout.validate(); err != nil {
 		return bad("layout", "%v", err)
@@ -236,16 +228,4 @@ func checkBucketName(b string) error {
 		}
 	}
 	return nil
-}
-
-// parseLocality maps the config value to a Locality; "" is unspecified.
-func parseLocality(s string) (offload.Locality, error) {
-	if s == "" {
-		return offload.LocalityUnspecified, nil
-	}
-	l, ok := offload.ParseLocality(s)
-	if !ok {
-		return offload.LocalityUnspecified, fmt.Errorf("%q: want local or remote", s)
-	}
-	return l, nil
 }

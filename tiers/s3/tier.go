@@ -18,7 +18,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
-	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
 )
@@ -37,28 +36,25 @@ var ErrUnreachable = errors.New("endpoint unreachable")
 var ErrNotFound = errors.New("block not found")
 
 // Tier is an S3-compatible object store as a STORAGE secondary tier. It
-// implements offload.SecondaryTier.
+// implements offload.SecondaryTier; the embedded remote.Base does the
+// bookkeeping common to remote tiers.
 type Tier struct {
-	cfg      Config
-	name     string
-	locality offload.Locality
-	prefix   string
-	log      *slog.Logger
+	*remote.Base
+	cfg    Config
+	prefix string
+	log    *slog.Logger
 
-	client  *s3.Client
-	httpc   *http.Client
-	health  *remote.Health
-	jobs    *remote.Jobs
-	lookups *asynclookup.Manager
+	client *s3.Client
+	httpc  *http.Client
+	health *remote.Health
 	// ioSem bounds PUT/GET/DELETE requests; headSem the existence checks,
 	// so that probes are not stuck behind bulk transfers.
 	ioSem, headSem chan struct{}
 
-	events         *remote.Events // nil when events are off
-	missQ, forgetQ remote.KeyQueue
-	c              remote.Counters
-	retry          *remote.Retrier // transfers
-	probeRetry     *remote.Retrier // existence checks: shorter timeout
+	events     *remote.Events // nil when events are off
+	c          remote.Counters
+	retry      *remote.Retrier // transfers
+	probeRetry *remote.Retrier // existence checks: shorter timeout
 
 	closeOnce sync.Once
 	closeErr  error
@@ -75,27 +71,25 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	loc, _ := parseLocality(cfg.Locality)
+	loc, _ := remote.ParseLocality(cfg.Locality)
 	layout, err := cfg.layoutOf()
 	if err != nil {
 		return nil, fmt.Errorf("s3 tier %q: namespace: %w", cfg.Name, err)
 	}
 	cfg.Layout = layout
 	t := &Tier{
-		cfg:      cfg,
-		name:     cfg.Name,
-		locality: loc,
-		prefix:   strings.TrimSuffix(cfg.Prefix, "/"),
-		log:      cfg.Logger,
-		ioSem:    make(chan struct{}, cfg.IOThreads),
-		headSem:  make(chan struct{}, cfg.IOThreads),
+		cfg:     cfg,
+		prefix:  strings.TrimSuffix(cfg.Prefix, "/"),
+		log:     cfg.Logger,
+		ioSem:   make(chan struct{}, cfg.IOThreads),
+		headSem: make(chan struct{}, cfg.IOThreads),
 	}
 	if t.log == nil {
 		t.log = slog.Default()
 	}
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
 	if cfg.Events {
-		t.events = remote.NewEvents(0)
+		t.events = remote.NewEvents(cfg.Name, offload.MediumStorage, loc, 0)
 	}
 	t.httpc = cfg.HTTPClient
 	if t.httpc == nil {
@@ -116,16 +110,26 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
-	t.jobs = remote.NewJobs(t.label(), cfg.MaxInflight)
-	t.lookups = asynclookup.New(t.label(), t.exists, asynclookup.Options{
-		MaxBatch: cfg.LookupBatch,
-		Timeout:  4 * cfg.LookupTimeout,
-		Logger:   t.log,
+	t.Base = remote.NewBase(remote.BaseConfig{
+		Name:          cfg.Name,
+		Label:         t.label(),
+		Medium:        offload.MediumStorage,
+		Locality:      loc,
+		Health:        t.health,
+		Counters:      &t.c,
+		Events:        t.events,
+		MaxInflight:   cfg.MaxInflight,
+		Exists:        t.exists,
+		LookupBatch:   cfg.LookupBatch,
+		LookupTimeout: 4 * cfg.LookupTimeout,
+		Logger:        t.log,
+		Store:         t.store,
+		Load:          t.load,
 	})
 	return t, nil
 }
 
-func (t *Tier) label() string { return fmt.Sprintf("s3 tier %q", t.name) }
+func (t *Tier) label() string { return fmt.Sprintf("s3 tier %q", t.cfg.Name) }
 
 func newHTTPClient(ioThreads int) *http.Client {
 	// Keep enough idle connections for every I/O and HEAD thread plus the
@@ -212,137 +216,18 @@ func (t *Tier) probe(ctx context.Context) error {
 	return err
 }
 
-// Name returns the configured tier name.
-func (t *Tier) Name() string { return t.name }
-
 // Type returns "s3".
 func (t *Tier) Type() string { return Type }
-
-// Medium returns STORAGE.
-func (t *Tier) Medium() offload.Medium { return offload.MediumStorage }
-
-// Locality returns the configured locality.
-func (t *Tier) Locality() offload.Locality { return t.locality }
-
-// Healthy reports whether the service is considered up.
-func (t *Tier) Healthy() bool { return t.health.Healthy() }
-
-// Stats returns the tier's counters and gauges.
-func (t *Tier) Stats() remote.Stats {
-	s := t.c.Snapshot()
-	s.Healthy = t.health.Healthy()
-	s.Downs = t.health.Downs()
-	s.InFlightJobs = t.jobs.Active()
-	if t.events != nil {
-		s.EventsDropped = t.events.Dropped()
-	}
-	return s
-}
-
-// Lookup answers from the batched existence checks: Retry until the
-// check of key has run, then Hit or Miss. While the service is down it
-// answers Miss without queueing anything.
-func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
-	t.c.Lookups.Add(1)
-	if !t.health.Healthy() {
-		t.c.LookupsUnhealthy.Add(1)
-		return offload.Miss
-	}
-	return t.lookups.Lookup(key, reqID(req))
-}
-
-func reqID(req *offload.ReqContext) string {
-	if req == nil {
-		return ""
-	}
-	return req.ID
-}
-
-// SubmitStore uploads the job's slots, skipping objects that exist. While
-// the service is down the job fails at once (a skipped cascade).
-func (t *Tier) SubmitStore(job *offload.Job) {
-	if !t.health.Healthy() {
-		t.c.StoreJobsSkipped.Add(1)
-		t.jobs.Fail(job, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, remote.ErrUnavailable))
-		return
-	}
-	if !t.jobs.Submit(job, t.runStore) {
-		t.c.StoreJobsSkipped.Add(1)
-	}
-}
-
-// SubmitLoad downloads the job's blocks into its slots, verifying each.
-// While the service is down the job fails at once and its keys answer
-// Miss for the request.
-func (t *Tier) SubmitLoad(job *offload.Job) {
-	if !t.health.Healthy() {
-		t.c.LoadJobsSkipped.Add(1)
-		t.lookups.MarkMiss(job.Keys)
-		t.jobs.Fail(job, fmt.Errorf("%s: load job %d: %w", t.label(), job.ID, remote.ErrUnavailable))
-		return
-	}
-	if !t.jobs.Submit(job, t.runLoad) {
-		t.c.LoadJobsSkipped.Add(1)
-		t.lookups.MarkMiss(job.Keys)
-	}
-}
-
-// FinishedJobs returns the results available since the previous call.
-func (t *Tier) FinishedJobs() []offload.JobResult {
-	res := t.jobs.Take()
-	// Taken after the results: every result above queued its keys first.
-	t.applyQueues()
-	return res
-}
-
-func (t *Tier) applyQueues() {
-	if keys := t.missQ.Take(); len(keys) > 0 {
-		t.lookups.MarkMiss(keys)
-	}
-	if keys := t.forgetQ.Take(); len(keys) > 0 {
-		t.lookups.Forget(keys)
-	}
-}
-
-// DrainJobs waits until every submitted job has a result.
-func (t *Tier) DrainJobs(ctx context.Context) error { return t.jobs.Drain(ctx) }
-
-// HasPendingWork reports jobs in flight, results not yet taken, or
-// existence checks queued or in flight.
-func (t *Tier) HasPendingWork() bool { return t.jobs.Pending() || t.lookups.Pending() }
 
 // Touch is a no-op: object stores keep no recency; capacity is the
 // bucket's lifecycle policy (see the package documentation).
 func (t *Tier) Touch([]offload.Key, *offload.ReqContext) {}
 
-// OnNewRequest answers BlockLevel.
-func (t *Tier) OnNewRequest(*offload.ReqContext) offload.OffloadPolicy { return offload.BlockLevel }
-
-// OnRequestFinished drops the request's lookup state.
-func (t *Tier) OnRequestFinished(req *offload.ReqContext) { t.lookups.Cleanup(reqID(req)) }
-
-// OnScheduleEnd sends this step's existence checks as one batch.
-func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
-	t.applyQueues()
-	t.lookups.Flush()
-}
-
-// TakeEvents returns the events since the previous call (none when
-// events are off).
-func (t *Tier) TakeEvents() []offload.Event {
-	if t.events == nil {
-		return nil
-	}
-	return t.events.Take()
-}
-
 // Close cancels running transfers, waits for them until ctx ends, answers
 // every outstanding job, and releases connections. It is idempotent.
 func (t *Tier) Close(ctx context.Context) error {
 	t.closeOnce.Do(func() {
-		t.closeErr = t.jobs.Close(ctx)
-		t.lookups.Close()
-		t.health.Close()
+		t.closeErr = t.Base.Close(ctx)
 		t.httpc.CloseIdleConnections()
 	})
 	return t.closeErr
@@ -384,41 +269,18 @@ func (t *Tier) head(ctx context.Context, r *remote.Retrier, k offload.Key, retri
 	return false, fmt.Errorf("%s: head %s: %w", t.label(), k, err)
 }
 
-func (t *Tier) runStore(ctx context.Context, job *offload.Job) offload.JobResult {
-	start := time.Now()
-	if job.Arena == nil && len(job.Keys) > 0 {
-		t.c.StoreJobsFailed.Add(1)
-		return offload.JobResult{Err: fmt.Errorf("%s: store job %d: no arena", t.label(), job.ID)}
-	}
+// store uploads the job's blocks concurrently, skipping objects that
+// exist, and returns the first error.
+func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
 		return t.storeBlock(ctx, job, i)
 	})
-	var firstErr error
 	for _, err := range errs {
 		if err != nil {
-			firstErr = err
-			break
+			return err
 		}
 	}
-	res := offload.JobResult{Duration: time.Since(start)}
-	if len(job.Keys) == 0 {
-		t.c.StoreJobsOK.Add(1)
-		res.Success = true
-		return res
-	}
-	if firstErr != nil {
-		t.c.StoreJobsFailed.Add(1)
-		res.Err = firstErr
-		return res
-	}
-	res.Success = true
-	res.Bytes = int64(len(job.Keys)) * int64(job.Arena.SlotSize())
-	t.c.StoreJobsOK.Add(1)
-	t.forgetQ.Add(job.Keys...)
-	if t.events != nil {
-		t.events.Add(offload.Event{Keys: job.Keys, Medium: offload.MediumStorage, Locality: t.locality, Tier: t.name})
-	}
-	return res
+	return nil
 }
 
 func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
@@ -463,53 +325,26 @@ func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
 	return nil
 }
 
-func (t *Tier) runLoad(ctx context.Context, job *offload.Job) offload.JobResult {
-	start := time.Now()
-	if job.Arena == nil && len(job.Keys) > 0 {
-		t.c.LoadJobsFailed.Add(1)
-		t.missQ.Add(job.Keys...)
-		return offload.JobResult{Err: fmt.Errorf("%s: load job %d: no arena", t.label(), job.ID)}
-	}
-	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
-		return t.loadBlock(ctx, job, i)
-	})
-	loaded, err := remote.Prefix(job.Keys, errs)
-	res := offload.JobResult{Duration: time.Since(start)}
-	if len(loaded) > 0 {
-		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
-	}
-	if err == nil {
-		t.c.LoadJobsOK.Add(1)
-		res.Success = true
-		return res
-	}
-	t.c.LoadJobsFailed.Add(1)
-	res.Err = err
-	res.SuccessfulKeys = loaded
-	var failed []offload.Key
-	for i, e := range errs {
-		if e != nil {
-			failed = append(failed, job.Keys[i])
+// load downloads the blocks that have a slot concurrently, each straight
+// into its slot.
+func (t *Tier) load(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
+	idx := make([]int, 0, len(slots))
+	for i, s := range slots {
+		if s != nil {
+			idx = append(idx, i)
 		}
 	}
-	t.missQ.Add(failed...)
-	return res
+	done := remote.ForEach(ctx, t.ioSem, len(idx), func(ctx context.Context, j int) error {
+		return t.loadBlock(ctx, job.Keys[idx[j]], slots[idx[j]])
+	})
+	for j, i := range idx {
+		errs[i] = done[j]
+	}
 }
 
-func (t *Tier) loadBlock(ctx context.Context, job *offload.Job, i int) error {
-	k := job.Keys[i]
-	if i >= len(job.Slots) {
-		return fmt.Errorf("%s: load %s: job has %d slots for %d keys", t.label(), k, len(job.Slots), len(job.Keys))
-	}
-	if !k.Valid() {
-		return fmt.Errorf("%s: load: %w", t.label(), offload.ErrInvalidKey)
-	}
-	slot, err := job.Arena.Slot(job.Slots[i])
-	if err != nil {
-		return fmt.Errorf("%s: load %s: %w", t.label(), k, err)
-	}
+func (t *Tier) loadBlock(ctx context.Context, k offload.Key, slot []byte) error {
 	okey := objectKey(t.prefix, t.cfg.Layout, k)
-	err = t.do(ctx, t.cfg.Retries, func(ctx context.Context) error {
+	err := t.do(ctx, t.cfg.Retries, func(ctx context.Context) error {
 		return t.get(ctx, okey, k, slot)
 	})
 	switch {
@@ -589,9 +424,7 @@ func (t *Tier) deleteCorrupt(ctx context.Context, okey string, k offload.Key) {
 		return
 	}
 	t.c.Deleted.Add(1)
-	if t.events != nil {
-		t.events.Add(offload.Event{Keys: []offload.Key{k}, Medium: offload.MediumStorage, Locality: t.locality, Removed: true, Tier: t.name})
-	}
+	t.events.Removed([]offload.Key{k})
 }
 
 // do runs one request through the retrier; a 404 comes back wrapped in
