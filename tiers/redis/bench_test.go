@@ -31,7 +31,7 @@ func BenchmarkThroughput(b *testing.B) {
 	cfg := DefaultConfig()
 	cfg.Name = "bench"
 	cfg.Addr = addr
-	cfg.KeyPrefix = uniquePrefix()
+	cfg.KeyPrefix = rt.UniqueName() + ":"
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	b.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
 	tier, err := New(context.Background(), cfg)

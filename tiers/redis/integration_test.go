@@ -3,10 +3,7 @@ package redis
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -26,27 +23,13 @@ import (
 // server, a redis-server process of their own (binary on PATH). Without
 // them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
 
-func requireIntegration(t testing.TB, what string) {
-	t.Helper()
-	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
-		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
-	}
-	t.Skipf("%s not available; set it (see scripts/test.sh) to run this integration test", what)
-}
-
-func uniquePrefix() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "kvtier-it-" + hex.EncodeToString(b[:]) + ":"
-}
-
 // sharedRedisConfig points at $KVTIER_TEST_REDIS_ADDR with a key prefix of
 // its own, whose keys are removed after the test.
 func sharedRedisConfig(t *testing.T) Config {
 	t.Helper()
 	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
 	if addr == "" {
-		requireIntegration(t, "KVTIER_TEST_REDIS_ADDR")
+		rt.RequireIntegration(t, "KVTIER_TEST_REDIS_ADDR")
 	}
 	cfg := itConfig(addr)
 	t.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
@@ -57,7 +40,7 @@ func itConfig(addr string) Config {
 	cfg := DefaultConfig()
 	cfg.Name = "redis-it"
 	cfg.Addr = addr
-	cfg.KeyPrefix = uniquePrefix()
+	cfg.KeyPrefix = rt.UniqueName() + ":"
 	cfg.Locality = "remote"
 	cfg.Events = true
 	cfg.Timeout = 2 * time.Second
@@ -79,69 +62,31 @@ func removePrefix(addr, prefix string) {
 	}
 }
 
-// redisProc is a redis-server process the test owns.
-type redisProc struct {
-	t      testing.TB
-	addr   string
-	args   []string
-	cmd    *exec.Cmd
-	exited chan struct{}
+// redisServer is a redis-server process the test owns.
+type redisServer struct {
+	*rt.Process
+	t    testing.TB
+	addr string
 }
 
-func startRedis(t testing.TB, extra ...string) *redisProc {
+func startRedis(t testing.TB, extra ...string) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		requireIntegration(t, "redis-server on PATH")
+		rt.RequireIntegration(t, "redis-server on PATH")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(l.Addr().String())
-	l.Close()
-	p := &redisProc{t: t, addr: net.JoinHostPort(host, port)}
-	p.args = append([]string{bin, "--port", port, "--bind", host, "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)
-	p.start()
-	t.Cleanup(p.stop)
+	p := &redisServer{t: t, addr: rt.FreeAddr(t)}
+	host, port, _ := net.SplitHostPort(p.addr)
+	args := append([]string{bin, "--port", port, "--bind", host, "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)
+	p.Process = rt.StartProcess(t, "redis-server", args, func() error {
+		c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1})
+		defer c.Close()
+		return c.Ping(context.Background()).Err()
+	}, 10*time.Second)
 	return p
 }
 
-func (p *redisProc) start() {
-	p.t.Helper()
-	p.cmd = exec.Command(p.args[0], p.args[1:]...)
-	p.cmd.Stdout, p.cmd.Stderr = io.Discard, io.Discard
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatalf("start redis-server: %v", err)
-	}
-	p.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(p.cmd, p.exited)
-	c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		select {
-		case <-p.exited:
-			p.t.Fatal("redis-server exited at start")
-		default:
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("redis-server not answering on %s", p.addr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (p *redisProc) stop() {
-	if p.cmd == nil {
-		return
-	}
-	p.cmd.Process.Kill()
-	<-p.exited
-	p.cmd = nil
-}
-
-func (p *redisProc) client() *goredis.Client {
+func (p *redisServer) client() *goredis.Client {
 	c := goredis.NewClient(&goredis.Options{Addr: p.addr})
 	p.t.Cleanup(func() { c.Close() })
 	return c
@@ -157,7 +102,7 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 		src.Fill(int64(i), uint64(i+50))
 	}
 	keys := rt.Keys(300, n)
-	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, n))); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, n))); !res.Success {
 		t.Fatalf("store %+v", res)
 	}
 	req, _ := offload.NewReqContext("it", nil)
@@ -167,7 +112,7 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 		}
 	}
 	dst := rt.NewArena(slot, n)
-	if res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
+	if res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
 		t.Fatalf("load %+v", res)
 	}
 	for i := 0; i < n; i++ {
@@ -191,7 +136,7 @@ func TestIntegrationCorruptValue(t *testing.T) {
 	src := rt.NewArena(64<<10, 1)
 	src.Fill(0, 9)
 	keys := rt.Keys(1, 1)
-	if res := rt.Run(t, tier, storeJob(1, src, keys, []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	rk := tier.redisKey(keys[0])
@@ -205,7 +150,7 @@ func TestIntegrationCorruptValue(t *testing.T) {
 	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Hit {
 		t.Fatal(r)
 	}
-	res := rt.Run(t, tier, loadJob(2, rt.NewArena(64<<10, 1), keys, []int64{0}, req))
+	res := rt.Run(t, tier, rt.LoadJob(2, rt.NewArena(64<<10, 1), keys, []int64{0}, req))
 	if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) {
 		t.Fatalf("load %+v", res)
 	}
@@ -257,7 +202,7 @@ func TestIntegrationKeyspaceRemovals(t *testing.T) {
 	// An explicit DEL by someone else is reported.
 	arena := rt.NewArena(1<<20, 40)
 	keys := rt.Keys(0, 40)
-	if res := rt.Run(t, tier, storeJob(1, arena, keys[:1], []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys[:1], []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	raw.Del(ctx, tier.redisKey(keys[0]))
@@ -265,7 +210,7 @@ func TestIntegrationKeyspaceRemovals(t *testing.T) {
 
 	// maxmemory evictions are reported: 39 MiB into a 24 MiB server.
 	for i := 1; i < 40; i++ {
-		if res := rt.Run(t, tier, storeJob(uint64(i+1), arena, keys[i:i+1], []int64{int64(i)})); !res.Success {
+		if res := rt.Run(t, tier, rt.StoreJob(uint64(i+1), arena, keys[i:i+1], []int64{int64(i)})); !res.Success {
 			t.Fatalf("store %d: %+v", i, res)
 		}
 	}
@@ -289,7 +234,7 @@ func TestIntegrationKeyspaceRemovals(t *testing.T) {
 	cfg2.TTL = 100 * time.Millisecond
 	short := newTier(t, cfg2)
 	k := rt.Key(1000)
-	if res := rt.Run(t, short, storeJob(1, rt.NewArena(1024, 1), []offload.Key{k}, []int64{0})); !res.Success {
+	if res := rt.Run(t, short, rt.StoreJob(1, rt.NewArena(1024, 1), []offload.Key{k}, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	time.Sleep(200 * time.Millisecond)
@@ -297,19 +242,19 @@ func TestIntegrationKeyspaceRemovals(t *testing.T) {
 	waitRemoved(t, tier, map[offload.Key]bool{k: true}, 5*time.Second)
 
 	// A restarted server forgot CONFIG SET; the tier enables events again.
-	p.stop()
+	p.Stop()
 	rt.Eventually(t, 10*time.Second, "unhealthy", func() bool {
-		tier.SubmitStore(storeJob(500, arena, keys[:1], []int64{0}))
+		tier.SubmitStore(rt.StoreJob(500, arena, keys[:1], []int64{0}))
 		rt.WaitJobs(t, tier, 1, 10*time.Second)
 		return !tier.Healthy()
 	})
-	p.start()
+	p.Start()
 	rt.Eventually(t, 10*time.Second, "healthy", tier.Healthy)
 	flags, err := raw.ConfigGet(ctx, "notify-keyspace-events").Result()
 	if err != nil || missingFlags(flags["notify-keyspace-events"]) != "" {
 		t.Fatalf("after restart notify-keyspace-events = %v (%v)", flags, err)
 	}
-	if res := rt.Run(t, tier, storeJob(600, arena, keys[:1], []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(600, arena, keys[:1], []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	tier.TakeEvents()
@@ -328,25 +273,17 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		arena.Fill(int64(i), uint64(i))
 	}
 	keys := rt.Keys(0, 2)
-	if res := rt.Run(t, tier, storeJob(1, arena, keys, rt.Slots(0, 2))); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, rt.Slots(0, 2))); !res.Success {
 		t.Fatal(res)
 	}
-	p.stop()
-	id := uint64(10)
-	rt.Eventually(t, 10*time.Second, "unhealthy", func() bool {
-		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{2}))
-		id++
-		if res.Success {
-			t.Fatal("store with the server stopped succeeded")
-		}
-		return !tier.Healthy()
-	})
+	p.Stop()
+	rt.StoreUntilDown(t, tier, arena, 2, 10, 10*time.Second)
 	req, _ := offload.NewReqContext("down", nil)
 	start := time.Now()
 	if r := tier.Lookup(keys[0], req); r != offload.Miss {
 		t.Fatalf("lookup while down %v", r)
 	}
-	tier.SubmitStore(storeJob(100, arena, keys, rt.Slots(0, 2)))
+	tier.SubmitStore(rt.StoreJob(100, arena, keys, rt.Slots(0, 2)))
 	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrUnavailable) {
 		t.Fatalf("cascade while down %+v", r)
 	}
@@ -357,13 +294,13 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 
-	p.start() // no persistence: the server comes back empty
+	p.Start() // no persistence: the server comes back empty
 	rt.Eventually(t, 10*time.Second, "healthy after restart", tier.Healthy)
 	req2, _ := offload.NewReqContext("up", nil)
 	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Miss {
 		t.Fatalf("lookup on the empty restarted server %v", r)
 	}
-	if res := rt.Run(t, tier, storeJob(200, arena, keys, rt.Slots(0, 2))); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(200, arena, keys, rt.Slots(0, 2))); !res.Success {
 		t.Fatalf("store after restart %+v", res)
 	}
 	req3, _ := offload.NewReqContext("again", nil)
@@ -371,7 +308,7 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		t.Fatalf("lookup after re-store %v", r)
 	}
 	dst := rt.NewArena(slot, 2)
-	if res := rt.Run(t, tier, loadJob(201, dst, keys, rt.Slots(0, 2), req3)); !res.Success {
+	if res := rt.Run(t, tier, rt.LoadJob(201, dst, keys, rt.Slots(0, 2), req3)); !res.Success {
 		t.Fatalf("load after restart %+v", res)
 	}
 	a, _ := arena.Slot(1)
@@ -384,7 +321,7 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 func TestIntegrationManagerOutage(t *testing.T) {
 	p := startRedis(t)
 	tier := newTier(t, itConfig(p.addr))
-	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: p.stop, Start: p.start, Healthy: tier.Healthy})
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: p.Stop, Start: p.Start, Healthy: tier.Healthy})
 }
 
 func TestIntegrationThroughManager(t *testing.T) {

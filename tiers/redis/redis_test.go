@@ -35,24 +35,7 @@ func testConfig(addr string) Config {
 
 func newTier(t *testing.T, cfg Config) *Tier {
 	t.Helper()
-	tier, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		tier.Close(ctx)
-	})
-	return tier
-}
-
-func storeJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64) *offload.Job {
-	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Req: offload.Background("r")}
-}
-
-func loadJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64, req *offload.ReqContext) *offload.Job {
-	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Promotion: true, Req: req}
+	return rt.NewTier(t, New, cfg)
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -162,7 +145,7 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Miss {
 		t.Fatalf("before store %v", r)
 	}
-	res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 3)))
+	res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 3)))
 	if !res.Success || res.Bytes != 3*slot {
 		t.Fatalf("store %+v", res)
 	}
@@ -186,7 +169,7 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 		}
 	}
 	dst := rt.NewArena(slot, 3)
-	res = rt.Run(t, tier, loadJob(2, dst, keys, []int64{2, 1, 0}, req2))
+	res = rt.Run(t, tier, rt.LoadJob(2, dst, keys, []int64{2, 1, 0}, req2))
 	if !res.Success || res.Bytes != 3*slot {
 		t.Fatalf("load %+v", res)
 	}
@@ -220,11 +203,11 @@ func TestMaxValueBytes(t *testing.T) {
 	cfg := testConfig(m.Addr())
 	cfg.MaxValueBytes = 1024
 	tier := newTier(t, cfg)
-	res := rt.Run(t, tier, storeJob(1, rt.NewArena(1024, 1), rt.Keys(0, 1), []int64{0}))
+	res := rt.Run(t, tier, rt.StoreJob(1, rt.NewArena(1024, 1), rt.Keys(0, 1), []int64{0}))
 	if res.Success || !errors.Is(res.Err, ErrValueTooLarge) || !strings.Contains(res.Err.Error(), "max_value_bytes") {
 		t.Fatalf("oversized store %+v", res)
 	}
-	if res := rt.Run(t, tier, storeJob(2, rt.NewArena(1024-remote.HeaderSize, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(2, rt.NewArena(1024-remote.HeaderSize, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
 		t.Fatalf("store at the limit %+v", res)
 	}
 	if len(m.Keys()) != 1 {
@@ -255,7 +238,7 @@ func TestCorruptValueIsMissDeletedCounted(t *testing.T) {
 			src.Fill(0, 1)
 			src.Fill(1, 2)
 			keys := rt.Keys(0, 2)
-			if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
+			if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
 				t.Fatal(res)
 			}
 			tier.TakeEvents()
@@ -268,7 +251,7 @@ func TestCorruptValueIsMissDeletedCounted(t *testing.T) {
 				t.Fatalf("lookup %v", r)
 			}
 			dst := rt.NewArena(slot, 2)
-			res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, 2), req))
+			res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, 2), req))
 			if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) || res.SuccessfulKeys != nil {
 				t.Fatalf("load %+v", res)
 			}
@@ -319,7 +302,7 @@ func TestLoadPartialPrefixVanishedAndSizeMismatch(t *testing.T) {
 	tier := newTier(t, testConfig(m.Addr()))
 	src := rt.NewArena(512, 3)
 	keys := rt.Keys(5, 3)
-	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 3))); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 3))); !res.Success {
 		t.Fatal(res)
 	}
 	req, _ := offload.NewReqContext("r", nil)
@@ -330,14 +313,14 @@ func TestLoadPartialPrefixVanishedAndSizeMismatch(t *testing.T) {
 	}
 	// The block vanished between the lookup and the load (evicted).
 	m.Del(tier.redisKey(keys[1]))
-	res := rt.Run(t, tier, loadJob(2, rt.NewArena(512, 3), keys, rt.Slots(0, 3), req))
+	res := rt.Run(t, tier, rt.LoadJob(2, rt.NewArena(512, 3), keys, rt.Slots(0, 3), req))
 	if res.Success || !errors.Is(res.Err, ErrNotFound) || len(res.SuccessfulKeys) != 1 || res.SuccessfulKeys[0] != keys[0] || res.Bytes != 512 {
 		t.Fatalf("load %+v", res)
 	}
 	if r := tier.Lookup(keys[1], req); r != offload.Miss {
 		t.Fatalf("vanished key lookup %v", r)
 	}
-	res = rt.Run(t, tier, loadJob(3, rt.NewArena(256, 1), keys[:1], []int64{0}, req))
+	res = rt.Run(t, tier, rt.LoadJob(3, rt.NewArena(256, 1), keys[:1], []int64{0}, req))
 	if !errors.Is(res.Err, remote.ErrSizeMismatch) {
 		t.Fatalf("size mismatch %+v", res)
 	}
@@ -354,19 +337,11 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	arena := rt.NewArena(1024, 4)
 	arena.Fill(0, 3)
 	keys := rt.Keys(0, 1)
-	if res := rt.Run(t, tier, storeJob(1, arena, keys, []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	m.Close()
-	id := uint64(2)
-	rt.Eventually(t, 10*time.Second, "tier unhealthy", func() bool {
-		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{1}))
-		id++
-		if res.Success {
-			t.Fatal("store succeeded with the server down")
-		}
-		return !tier.Healthy()
-	})
+	rt.StoreUntilDown(t, tier, arena, 1, 2, 10*time.Second)
 	req, _ := offload.NewReqContext("down", nil)
 	start := time.Now()
 	for i := 0; i < 1000; i++ {
@@ -374,8 +349,8 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 			t.Fatalf("lookup while down %v", r)
 		}
 	}
-	tier.SubmitStore(storeJob(100, arena, keys, []int64{0}))
-	tier.SubmitLoad(loadJob(101, arena, keys, []int64{1}, req))
+	tier.SubmitStore(rt.StoreJob(100, arena, keys, []int64{0}))
+	tier.SubmitLoad(rt.LoadJob(101, arena, keys, []int64{1}, req))
 	for _, r := range rt.WaitJobs(t, tier, 2, time.Second) {
 		if !errors.Is(r.Err, remote.ErrUnavailable) {
 			t.Fatalf("job while down %+v", r)
@@ -398,7 +373,7 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
 		t.Fatalf("lookup after restart %v", r)
 	}
-	if res := rt.Run(t, tier, loadJob(200, rt.NewArena(1024, 1), keys, []int64{0}, req2)); !res.Success {
+	if res := rt.Run(t, tier, rt.LoadJob(200, rt.NewArena(1024, 1), keys, []int64{0}, req2)); !res.Success {
 		t.Fatalf("load after restart %+v", res)
 	}
 }
@@ -412,7 +387,7 @@ func TestCloseAnswersEveryJobOnce(t *testing.T) {
 	arena := rt.NewArena(64<<10, 8)
 	const n = 40
 	for i := 0; i < n; i++ {
-		j := storeJob(uint64(i), arena, rt.Keys(i, 2), []int64{int64(i % 8), int64((i + 1) % 8)})
+		j := rt.StoreJob(uint64(i), arena, rt.Keys(i, 2), []int64{int64(i % 8), int64((i + 1) % 8)})
 		if i%2 == 1 {
 			j.Promotion = true
 			j.Req = offload.Background("r")
@@ -430,7 +405,7 @@ func TestCloseAnswersEveryJobOnce(t *testing.T) {
 	if extra := tier.FinishedJobs(); len(extra) != 0 {
 		t.Fatalf("extra results %+v", extra)
 	}
-	tier.SubmitLoad(loadJob(99, arena, rt.Keys(0, 1), []int64{0}, offload.Background("r")))
+	tier.SubmitLoad(rt.LoadJob(99, arena, rt.Keys(0, 1), []int64{0}, offload.Background("r")))
 	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrClosed) {
 		t.Fatalf("after close %+v", r)
 	}
@@ -444,7 +419,7 @@ func TestKeyspaceEventsUnsupportedIsNotFatal(t *testing.T) {
 	if tier.Stats().KeyspaceEvents {
 		t.Fatal("keyspace events reported on without server support")
 	}
-	if res := rt.Run(t, tier, storeJob(1, rt.NewArena(128, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, rt.NewArena(128, 1), rt.Keys(0, 1), []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/config"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
 // TestDecodeFromConfigFile decodes a tier entry the way the daemon does:
@@ -26,12 +26,8 @@ secondary_tiers:
     locality: remote
     events: true
 `
-	cfg, err := config.Parse([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := DefaultConfig()
-	if err := cfg.SecondaryTiers[0].Decode(&c); err != nil {
+	if err := rt.DecodeTier(doc, &c); err != nil {
 		t.Fatal(err)
 	}
 	if c.Addr != "10.0.0.7:6379" || c.Password != "pw" || c.DB != 3 || c.KeyPrefix != "llama:" || c.TTL != 30*time.Minute ||
@@ -41,11 +37,8 @@ secondary_tiers:
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	bad, err := config.Parse([]byte(strings.Replace(doc, "ttl: 30m", "ttl: soon", 1)))
-	if err == nil {
-		c := DefaultConfig()
-		err = bad.SecondaryTiers[0].Decode(&c)
-	}
+	c = DefaultConfig()
+	err := rt.DecodeTier(strings.Replace(doc, "ttl: 30m", "ttl: soon", 1), &c)
 	if err == nil || !strings.Contains(err.Error(), "ttl") {
 		t.Fatalf("bad ttl: %v", err)
 	}

@@ -42,7 +42,7 @@ func benchConfig(b *testing.B) Config {
 		cfg.AccessKey, cfg.SecretKey = v.ak, v.sk
 	}
 	cfg.Name = "bench"
-	cfg.Bucket = uniqueBucket()
+	cfg.Bucket = rt.UniqueName()
 	cfg.CreateBucket = true
 	cfg.IOThreads = 8
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -74,7 +74,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.SetBytes(int64(width * benchBlock))
 			for i := 0; i < b.N; i++ {
 				keys := fresh()
-				if res := rt.Run(b, tier, storeJob(uint64(next), arena, keys, rt.Slots(0, width))); !res.Success {
+				if res := rt.Run(b, tier, rt.StoreJob(uint64(next), arena, keys, rt.Slots(0, width))); !res.Success {
 					b.Fatal(res.Err)
 				}
 				loadKeys = keys

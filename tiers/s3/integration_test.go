@@ -3,8 +3,6 @@ package s3
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -29,26 +27,18 @@ import (
 // script) named by KVTIER_TEST_S3_ENDPOINT, _ACCESS_KEY and _SECRET_KEY.
 // Without them they skip, unless KVTIER_REQUIRE_INTEGRATION=1.
 
-func requireIntegration(t testing.TB, what string) {
-	t.Helper()
-	if os.Getenv("KVTIER_REQUIRE_INTEGRATION") == "1" {
-		t.Fatalf("KVTIER_REQUIRE_INTEGRATION=1 but %s is not available", what)
-	}
-	t.Skipf("%s not available; set it (see scripts/test.sh) to run this integration test", what)
-}
-
 func realS3Config(t *testing.T) Config {
 	t.Helper()
 	ep := os.Getenv("KVTIER_TEST_S3_ENDPOINT")
 	ak, sk := os.Getenv("KVTIER_TEST_S3_ACCESS_KEY"), os.Getenv("KVTIER_TEST_S3_SECRET_KEY")
 	if ep == "" || ak == "" || sk == "" {
-		requireIntegration(t, "KVTIER_TEST_S3_ENDPOINT/ACCESS_KEY/SECRET_KEY")
+		rt.RequireIntegration(t, "KVTIER_TEST_S3_ENDPOINT/ACCESS_KEY/SECRET_KEY")
 	}
 	cfg := DefaultConfig()
 	cfg.Name = "s3-it"
 	cfg.Endpoint = ep
 	cfg.AccessKey, cfg.SecretKey = ak, sk
-	cfg.Bucket = uniqueBucket()
+	cfg.Bucket = rt.UniqueName()
 	cfg.CreateBucket = true
 	cfg.Locality = "remote"
 	cfg.Events = true
@@ -80,12 +70,6 @@ func removeBucket(cfg Config) {
 	raw.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(cfg.Bucket)})
 }
 
-func uniqueBucket() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "kvtier-it-" + hex.EncodeToString(b[:])
-}
-
 func TestIntegrationRoundTrip2MiB(t *testing.T) {
 	cfg := realS3Config(t)
 	tier := newTier(t, cfg)
@@ -96,7 +80,7 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 		src.Fill(int64(i), uint64(1000+i))
 	}
 	keys := rt.Keys(500, n)
-	if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, n))); !res.Success || res.Bytes != n*slot {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, n))); !res.Success || res.Bytes != n*slot {
 		t.Fatalf("store %+v", res)
 	}
 	if evs := tier.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != n {
@@ -109,7 +93,7 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 		}
 	}
 	dst := rt.NewArena(slot, n)
-	if res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
+	if res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
 		t.Fatalf("load %+v", res)
 	}
 	for i := 0; i < n; i++ {
@@ -135,7 +119,7 @@ func TestIntegrationCorruptObject(t *testing.T) {
 	src := rt.NewArena(slot, 1)
 	src.Fill(0, 42)
 	keys := rt.Keys(7, 1)
-	if res := rt.Run(t, tier, storeJob(1, src, keys, []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	ctx := context.Background()
@@ -154,7 +138,7 @@ func TestIntegrationCorruptObject(t *testing.T) {
 	if r := rt.Resolve(t, tier, keys[0], req); r != offload.Hit {
 		t.Fatalf("lookup %v", r)
 	}
-	res := rt.Run(t, tier, loadJob(2, rt.NewArena(slot, 1), keys, []int64{0}, req))
+	res := rt.Run(t, tier, rt.LoadJob(2, rt.NewArena(slot, 1), keys, []int64{0}, req))
 	if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) {
 		t.Fatalf("load %+v", res)
 	}
@@ -188,65 +172,27 @@ func versitygwBinary() string {
 
 // versity is a versitygw process the test owns, restartable on its port.
 type versity struct {
-	t        testing.TB
-	bin, dir string
-	addr     string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	ak, sk   string
+	*rt.Process
+	addr   string
+	ak, sk string
 }
 
 func startVersity(t testing.TB) *versity {
+	t.Helper()
 	bin := versitygwBinary()
 	if bin == "" {
-		requireIntegration(t, "the versitygw binary (KVTIER_TEST_VERSITYGW or .tools/bin/versitygw)")
+		rt.RequireIntegration(t, "the versitygw binary (KVTIER_TEST_VERSITYGW or .tools/bin/versitygw)")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := &versity{t: t, bin: bin, dir: t.TempDir(), addr: l.Addr().String(), ak: "itAK", sk: "itSKitSKitSK"}
-	l.Close()
-	v.start()
-	t.Cleanup(v.stop)
-	return v
-}
-
-func (v *versity) start() {
-	v.t.Helper()
-	v.cmd = exec.Command(v.bin, "--port", v.addr, "--access", v.ak, "--secret", v.sk, "--quiet", "posix", v.dir)
-	v.cmd.Stdout, v.cmd.Stderr = io.Discard, io.Discard
-	if err := v.cmd.Start(); err != nil {
-		v.t.Fatalf("start versitygw: %v", err)
-	}
-	v.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(v.cmd, v.exited)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	v := &versity{addr: rt.FreeAddr(t), ak: "itAK", sk: "itSKitSKitSK"}
+	args := []string{bin, "--port", v.addr, "--access", v.ak, "--secret", v.sk, "--quiet", "posix", t.TempDir()}
+	v.Process = rt.StartProcess(t, "versitygw", args, func() error {
 		c, err := net.DialTimeout("tcp", v.addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return
 		}
-		select {
-		case <-v.exited:
-			v.t.Fatalf("versitygw exited at start")
-		default:
-		}
-		if time.Now().After(deadline) {
-			v.t.Fatalf("versitygw not listening on %s: %v", v.addr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (v *versity) stop() {
-	if v.cmd == nil {
-		return
-	}
-	v.cmd.Process.Kill()
-	<-v.exited
-	v.cmd = nil
+		return err
+	}, 20*time.Second)
+	return v
 }
 
 func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
@@ -255,7 +201,7 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 	cfg.Name = "s3-restart"
 	cfg.Endpoint = "http://" + v.addr
 	cfg.AccessKey, cfg.SecretKey = v.ak, v.sk
-	cfg.Bucket = uniqueBucket()
+	cfg.Bucket = rt.UniqueName()
 	cfg.CreateBucket = true
 	cfg.Locality = "remote"
 	cfg.Timeout = 2 * time.Second
@@ -271,26 +217,18 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		arena.Fill(int64(i), uint64(i))
 	}
 	keys := rt.Keys(0, 4)
-	if res := rt.Run(t, tier, storeJob(1, arena, keys, rt.Slots(0, 4))); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, rt.Slots(0, 4))); !res.Success {
 		t.Fatalf("store before stop %+v", res)
 	}
 
-	v.stop()
-	id := uint64(10)
-	rt.Eventually(t, 20*time.Second, "tier marked unhealthy", func() bool {
-		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{4}))
-		id++
-		if res.Success {
-			t.Fatal("store succeeded with the server stopped")
-		}
-		return !tier.Healthy()
-	})
+	v.Stop()
+	rt.StoreUntilDown(t, tier, arena, 4, 10, 20*time.Second)
 	req, _ := offload.NewReqContext("down", nil)
 	start := time.Now()
 	if r := tier.Lookup(keys[0], req); r != offload.Miss {
 		t.Fatalf("lookup while down %v", r)
 	}
-	tier.SubmitStore(storeJob(100, arena, rt.Keys(100, 1), []int64{5}))
+	tier.SubmitStore(rt.StoreJob(100, arena, rt.Keys(100, 1), []int64{5}))
 	if r := rt.WaitJobs(t, tier, 1, time.Second)[0]; !errors.Is(r.Err, remote.ErrUnavailable) {
 		t.Fatalf("cascade while down %+v", r)
 	}
@@ -301,14 +239,14 @@ func TestIntegrationServerStoppedAndRestarted(t *testing.T) {
 		t.Fatalf("stats while down %+v", st)
 	}
 
-	v.start()
+	v.Start()
 	rt.Eventually(t, 20*time.Second, "tier healthy after restart", tier.Healthy)
 	req2, _ := offload.NewReqContext("up", nil)
 	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
 		t.Fatalf("lookup after restart %v", r)
 	}
 	dst := rt.NewArena(slot, 4)
-	if res := rt.Run(t, tier, loadJob(200, dst, keys, rt.Slots(0, 4), req2)); !res.Success {
+	if res := rt.Run(t, tier, rt.LoadJob(200, dst, keys, rt.Slots(0, 4), req2)); !res.Success {
 		t.Fatalf("load after restart %+v", res)
 	}
 	for i := 0; i < 4; i++ {
@@ -324,11 +262,11 @@ func TestIntegrationManagerOutage(t *testing.T) {
 	v := startVersity(t)
 	cfg := testConfig("http://" + v.addr)
 	cfg.AccessKey, cfg.SecretKey = v.ak, v.sk
-	cfg.Bucket = uniqueBucket()
+	cfg.Bucket = rt.UniqueName()
 	cfg.CreateBucket = true
 	cfg.Retries = 1
 	tier := newTier(t, cfg)
-	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: v.stop, Start: v.start, Healthy: tier.Healthy})
+	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: v.Stop, Start: v.Start, Healthy: tier.Healthy})
 }
 
 func TestIntegrationThroughManager(t *testing.T) {

@@ -133,30 +133,13 @@ func testConfig(endpoint string) Config {
 
 func newTier(t *testing.T, cfg Config) *Tier {
 	t.Helper()
-	tier, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		tier.Close(ctx)
-	})
-	return tier
+	return rt.NewTier(t, New, cfg)
 }
 
 // rawClient talks to the same bucket without the tier, to inspect and
 // corrupt objects.
 func rawClient(cfg Config) *s3.Client {
 	return newClient(cfg.withDefaults(), http.DefaultClient)
-}
-
-func storeJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64) *offload.Job {
-	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Req: offload.Background("r")}
-}
-
-func loadJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64, req *offload.ReqContext) *offload.Job {
-	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Promotion: true, Req: req}
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -303,7 +286,7 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 		t.Fatalf("lookup before store %v, want MISS", r)
 	}
 
-	res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 3)))
+	res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 3)))
 	if !res.Success || res.Err != nil || res.Bytes != 3*slot {
 		t.Fatalf("store: %+v", res)
 	}
@@ -329,7 +312,7 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 	}
 
 	dst := rt.NewArena(slot, 4)
-	res = rt.Run(t, tier, loadJob(2, dst, keys, []int64{3, 2, 1}, req2))
+	res = rt.Run(t, tier, rt.LoadJob(2, dst, keys, []int64{3, 2, 1}, req2))
 	if !res.Success || res.Bytes != 3*slot {
 		t.Fatalf("load: %+v", res)
 	}
@@ -345,7 +328,7 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 	}
 
 	// A second store of the same keys skips the uploads.
-	res = rt.Run(t, tier, storeJob(3, src, keys, rt.Slots(0, 3)))
+	res = rt.Run(t, tier, rt.StoreJob(3, src, keys, rt.Slots(0, 3)))
 	if !res.Success {
 		t.Fatalf("re-store %+v", res)
 	}
@@ -386,7 +369,7 @@ func TestCorruptObjectIsMissDeletedCounted(t *testing.T) {
 			src.Fill(0, 1)
 			src.Fill(1, 2)
 			keys := rt.Keys(0, 2)
-			if res := rt.Run(t, tier, storeJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
+			if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
 				t.Fatalf("store %+v", res)
 			}
 			tier.TakeEvents()
@@ -411,7 +394,7 @@ func TestCorruptObjectIsMissDeletedCounted(t *testing.T) {
 				t.Fatalf("lookup of the corrupted key: %v (existence only)", r)
 			}
 			dst := rt.NewArena(slot, 2)
-			res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, 2), req))
+			res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, 2), req))
 			if res.Success || !errors.Is(res.Err, remote.ErrCorrupt) || res.SuccessfulKeys != nil {
 				t.Fatalf("load of corrupted block: %+v", res)
 			}
@@ -449,13 +432,13 @@ func TestLoadPartialPrefixAndSizeMismatch(t *testing.T) {
 	}
 	keys := rt.Keys(10, 3)
 	// Store keys 0 and 2 only: key 1 is missing.
-	if res := rt.Run(t, tier, storeJob(1, src, []offload.Key{keys[0], keys[2]}, []int64{0, 2})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, []offload.Key{keys[0], keys[2]}, []int64{0, 2})); !res.Success {
 		t.Fatal(res)
 	}
 	req, _ := offload.NewReqContext("r", nil)
 	tier.Lookup(keys[1], req) // the request references the key, as before a promotion
 	dst := rt.NewArena(1024, 3)
-	res := rt.Run(t, tier, loadJob(2, dst, keys, rt.Slots(0, 3), req))
+	res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, 3), req))
 	if res.Success || len(res.SuccessfulKeys) != 1 || res.SuccessfulKeys[0] != keys[0] || !errors.Is(res.Err, ErrNotFound) || res.Bytes != 1024 {
 		t.Fatalf("partial load %+v", res)
 	}
@@ -465,7 +448,7 @@ func TestLoadPartialPrefixAndSizeMismatch(t *testing.T) {
 
 	// An intact block of another slot size is a miss but is kept.
 	small := rt.NewArena(512, 1)
-	res = rt.Run(t, tier, loadJob(3, small, keys[:1], []int64{0}, req))
+	res = rt.Run(t, tier, rt.LoadJob(3, small, keys[:1], []int64{0}, req))
 	if res.Success || !errors.Is(res.Err, remote.ErrSizeMismatch) {
 		t.Fatalf("size mismatch load %+v", res)
 	}
@@ -483,13 +466,13 @@ func TestBadJobsAnswered(t *testing.T) {
 	tier := newTier(t, testConfig(f.endpoint()))
 	arena := rt.NewArena(256, 2)
 	jobs := []*offload.Job{
-		storeJob(1, arena, rt.Keys(0, 1), []int64{5}),                              // slot out of range
-		storeJob(2, arena, rt.Keys(0, 2), []int64{0}),                              // fewer slots than keys
-		storeJob(3, arena, []offload.Key{"ab"}, []int64{0}),                        // invalid key
-		loadJob(4, arena, rt.Keys(0, 1), []int64{-1}, offload.Background("r")),     // bad slot
-		loadJob(5, arena, []offload.Key{"x"}, []int64{0}, offload.Background("r")), // invalid key
-		{ID: 6, Arena: arena, Req: offload.Background("r")},                        // empty store job
-		{ID: 7, Arena: arena, Promotion: true, Req: offload.Background("r")},       // empty load job
+		rt.StoreJob(1, arena, rt.Keys(0, 1), []int64{5}),                              // slot out of range
+		rt.StoreJob(2, arena, rt.Keys(0, 2), []int64{0}),                              // fewer slots than keys
+		rt.StoreJob(3, arena, []offload.Key{"ab"}, []int64{0}),                        // invalid key
+		rt.LoadJob(4, arena, rt.Keys(0, 1), []int64{-1}, offload.Background("r")),     // bad slot
+		rt.LoadJob(5, arena, []offload.Key{"x"}, []int64{0}, offload.Background("r")), // invalid key
+		{ID: 6, Arena: arena, Req: offload.Background("r")},                           // empty store job
+		{ID: 7, Arena: arena, Promotion: true, Req: offload.Background("r")},          // empty load job
 	}
 	for _, j := range jobs {
 		if j.Promotion {
@@ -520,22 +503,14 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	arena := rt.NewArena(1024, 4)
 	arena.Fill(0, 1)
 	keys := rt.Keys(0, 1)
-	if res := rt.Run(t, tier, storeJob(1, arena, keys, []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 
 	f.stop()
 	// Transfers against a dead server fail (each counts as failures);
 	// the tier is marked unhealthy after UnhealthyAfter of them.
-	id := uint64(2)
-	rt.Eventually(t, 10*time.Second, "tier unhealthy", func() bool {
-		res := rt.Run(t, tier, storeJob(id, arena, rt.Keys(int(id), 1), []int64{1}))
-		id++
-		if res.Success {
-			t.Fatalf("store succeeded with the server down")
-		}
-		return !tier.Healthy()
-	})
+	rt.StoreUntilDown(t, tier, arena, 1, 2, 10*time.Second)
 
 	req, _ := offload.NewReqContext("down", nil)
 	start := time.Now()
@@ -548,8 +523,8 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 		t.Fatalf("1000 lookups while down took %v", d)
 	}
 	skippedBefore := tier.Stats().StoreJobsSkipped
-	tier.SubmitStore(storeJob(100, arena, keys, []int64{0}))
-	tier.SubmitLoad(loadJob(101, arena, keys, []int64{1}, req))
+	tier.SubmitStore(rt.StoreJob(100, arena, keys, []int64{0}))
+	tier.SubmitLoad(rt.LoadJob(101, arena, keys, []int64{1}, req))
 	for _, r := range rt.WaitJobs(t, tier, 2, time.Second) {
 		if r.Success || !errors.Is(r.Err, remote.ErrUnavailable) {
 			t.Fatalf("job while down: %+v", r)
@@ -569,7 +544,7 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
 		t.Fatalf("lookup after recovery %v", r)
 	}
-	if res := rt.Run(t, tier, storeJob(200, arena, rt.Keys(200, 1), []int64{2})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(200, arena, rt.Keys(200, 1), []int64{2})); !res.Success {
 		t.Fatalf("store after recovery %+v", res)
 	}
 }
@@ -587,10 +562,10 @@ func TestCloseAnswersEveryJob(t *testing.T) {
 	arena := rt.NewArena(512, 8)
 	req := offload.Background("r")
 	for i := 0; i < 3; i++ {
-		tier.SubmitStore(storeJob(uint64(i), arena, rt.Keys(i, 1), []int64{int64(i)}))
+		tier.SubmitStore(rt.StoreJob(uint64(i), arena, rt.Keys(i, 1), []int64{int64(i)}))
 	}
 	// The table is full: the fourth job fails at once.
-	tier.SubmitLoad(loadJob(3, arena, rt.Keys(3, 1), []int64{3}, req))
+	tier.SubmitLoad(rt.LoadJob(3, arena, rt.Keys(3, 1), []int64{3}, req))
 	over := rt.WaitJobs(t, tier, 1, time.Second)
 	if over[0].JobID != 3 || !errors.Is(over[0].Err, remote.ErrOverloaded) {
 		t.Fatalf("overloaded job %+v", over[0])
@@ -615,7 +590,7 @@ func TestCloseAnswersEveryJob(t *testing.T) {
 			t.Fatalf("held job succeeded after Close: %+v", r)
 		}
 	}
-	tier.SubmitStore(storeJob(9, arena, rt.Keys(9, 1), []int64{0}))
+	tier.SubmitStore(rt.StoreJob(9, arena, rt.Keys(9, 1), []int64{0}))
 	if r := rt.WaitJobs(t, tier, 1, time.Second); !errors.Is(r[0].Err, remote.ErrClosed) {
 		t.Fatalf("job after close %+v", r[0])
 	}
@@ -633,7 +608,7 @@ func TestEventsOff(t *testing.T) {
 	cfg.Events = false
 	tier := newTier(t, cfg)
 	arena := rt.NewArena(128, 1)
-	if res := rt.Run(t, tier, storeJob(1, arena, rt.Keys(0, 1), []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, rt.Keys(0, 1), []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
 	if evs := tier.TakeEvents(); evs != nil {
@@ -654,7 +629,7 @@ func TestLayoutMatchesFSTier(t *testing.T) {
 	defer ft.Close(context.Background())
 	arena := rt.NewArena(4096, 1)
 	k := offload.MakeKey([]byte{0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0}, 2)
-	if res := rt.Run(t, ft, storeJob(1, arena, []offload.Key{k}, []int64{0})); !res.Success {
+	if res := rt.Run(t, ft, rt.StoreJob(1, arena, []offload.Key{k}, []int64{0})); !res.Success {
 		t.Fatalf("fs store %+v", res)
 	}
 	var files []string

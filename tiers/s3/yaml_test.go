@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/config"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
 // TestDecodeFromConfigFile decodes a tier entry the way the daemon does:
@@ -29,12 +29,8 @@ secondary_tiers:
       model_name: org/model
       rank: 2
 `
-	cfg, err := config.Parse([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := DefaultConfig()
-	if err := cfg.SecondaryTiers[0].Decode(&c); err != nil {
+	if err := rt.DecodeTier(doc, &c); err != nil {
 		t.Fatal(err)
 	}
 	if c.Bucket != "kv-cache" || c.Prefix != "cluster-a" || c.IOThreads != 4 || c.Timeout != 3*time.Second ||
@@ -50,11 +46,8 @@ secondary_tiers:
 		t.Fatalf("layout %+v %v", l, err)
 	}
 
-	bad, err := config.Parse([]byte(strings.Replace(doc, "io_threads: 4", "io_thread: 4", 1)))
-	if err == nil {
-		c := DefaultConfig()
-		err = bad.SecondaryTiers[0].Decode(&c)
-	}
+	c = DefaultConfig()
+	err = rt.DecodeTier(strings.Replace(doc, "io_threads: 4", "io_thread: 4", 1), &c)
 	if err == nil || !strings.Contains(err.Error(), "io_thread") {
 		t.Fatalf("unknown key: %v", err)
 	}

@@ -30,21 +30,7 @@ type ManagerCase struct {
 // keeps blocks off it.
 func RunManager(t *testing.T, c ManagerCase) {
 	t.Helper()
-	slot := c.SlotSize
-	if slot == 0 {
-		slot = 64 << 10
-	}
-	p, err := cpu.New(cpu.Config{SlotSize: slot, Capacity: int64(16 * slot)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{c.Tier}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	defer m.Close(ctx)
+	ctx, p, m := c.manager(t, 16)
 
 	keys := Keys(4000, 4)
 	want := make([][]byte, len(keys))
@@ -179,6 +165,31 @@ func RunManager(t *testing.T, c ManagerCase) {
 	m.OnRequestFinished(chk)
 }
 
+// manager builds a manager over a primary of slots slots with the tier
+// as its only secondary tier; it closes the manager (and so the tier)
+// when the test ends. ctx bounds the test's manager calls.
+func (c ManagerCase) manager(t testing.TB, slots int) (ctx context.Context, p *cpu.Primary, m *tiering.Manager) {
+	t.Helper()
+	slot := c.SlotSize
+	if slot == 0 {
+		slot = 64 << 10
+	}
+	p, err := cpu.New(cpu.Config{SlotSize: slot, Capacity: int64(slots * slot)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{c.Tier}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(func() {
+		m.Close(ctx)
+		cancel()
+	})
+	return ctx, p, m
+}
+
 // settle ends steps until the manager has no work in flight.
 func settle(t *testing.T, m *tiering.Manager) {
 	t.Helper()
@@ -209,21 +220,7 @@ type Outage struct {
 // succeed again.
 func RunManagerOutage(t *testing.T, c ManagerCase, o Outage) {
 	t.Helper()
-	slot := c.SlotSize
-	if slot == 0 {
-		slot = 64 << 10
-	}
-	p, err := cpu.New(cpu.Config{SlotSize: slot, Capacity: int64(64 * slot)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{c.Tier}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	defer m.Close(ctx)
+	ctx, _, m := c.manager(t, 64)
 
 	next := 7000
 	store := func() []offload.Key {

@@ -1,6 +1,6 @@
 // Package remotetest holds helpers for testing secondary tiers: an
-// in-memory arena and loops that drive a tier's asynchronous calls to an
-// answer.
+// in-memory arena, jobs, loops that drive a tier's asynchronous calls to
+// an answer, and the plumbing of integration tests against real servers.
 package remotetest
 
 import (
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -78,6 +79,68 @@ func Slots(from, n int) []int64 {
 		out[i] = int64(from + i)
 	}
 	return out
+}
+
+// StoreJob returns store job id of keys from slots of arena.
+func StoreJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64) *offload.Job {
+	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Req: offload.Background("r")}
+}
+
+// LoadJob returns load job id of keys into slots of arena for req.
+func LoadJob(id uint64, arena offload.Arena, keys []offload.Key, slots []int64, req *offload.ReqContext) *offload.Job {
+	return &offload.Job{ID: id, Keys: keys, Slots: slots, Arena: arena, Promotion: true, Req: req}
+}
+
+// NewTier builds a tier with newTier(ctx, cfg), failing the test on
+// error, and closes it when the test ends.
+func NewTier[C any, T offload.SecondaryTier](t testing.TB, newTier func(context.Context, C) (T, error), cfg C) T {
+	t.Helper()
+	tier, err := newTier(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tier.Close(ctx)
+	})
+	return tier
+}
+
+// DecodeTier decodes the first secondary_tiers entry of the config
+// document doc into dst the way the daemon does: config.Parse, then
+// TierSpec.Decode.
+func DecodeTier(doc string, dst any) error {
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		return err
+	}
+	if len(cfg.SecondaryTiers) == 0 {
+		return fmt.Errorf("no secondary_tiers entry in the document")
+	}
+	return cfg.SecondaryTiers[0].Decode(dst)
+}
+
+// HealthyTier is a tier that reports its server's health.
+type HealthyTier interface {
+	offload.SecondaryTier
+	Healthy() bool
+}
+
+// StoreUntilDown stores one fresh block after another from slot of arena
+// (job ids and keys from id on), as cascades would while the tier's
+// server is gone, until the tier marks itself unhealthy. A store that
+// succeeds, or a tier still healthy after timeout, fails the test.
+func StoreUntilDown(t testing.TB, tier HealthyTier, arena offload.Arena, slot int64, id uint64, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, "tier unhealthy", func() bool {
+		res := Run(t, tier, StoreJob(id, arena, Keys(int(id), 1), []int64{slot}))
+		id++
+		if res.Success {
+			t.Fatalf("store succeeded with the server down")
+		}
+		return !tier.Healthy()
+	})
 }
 
 // WaitJobs polls tier.FinishedJobs until n results arrived or timeout
