@@ -9,38 +9,23 @@ import (
 // arcPolicy is the ARC policy of spec §3.4. T1 (seen once) and T2 (seen
 // again) list every block, pending and pinned ones included; eviction
 // skips those. B1 and B2 are ghost lists of keys recently evicted from T1
-// and T2; a touch of a ghost key moves the target size of T1 towards the
-// list that would have kept it.
+// and T2, each of at most capacity ghosts; a touch of a ghost key moves
+// the target size of T1 towards the list that would have kept it.
 //
-// Ghost entries hold only the key's 64-bit hash, not the key, so that a
-// ghost costs 16 bytes plus its index bucket and does not retain the
-// caller's key memory. A hash collision can at worst nudge the target.
+// Ghosts hold only an identity taken from the key's hash, not the key
+// (see ghostTable), so that a ghost costs 12 bytes plus its share of free
+// table entries — 32 bytes per slot for both lists — and does not retain
+// the caller's key memory.
 type arcPolicy struct {
 	b        *blocks
 	t1, t2   list
 	capacity int
 	target   float64 // target size of T1, in [0, capacity]
-
-	// Ghosts live in two fixed pools of capacity entries each: ids
-	// [0, capacity) belong to B1 and [capacity, 2·capacity) to B2. A ghost
-	// never moves between B1 and B2, so the pool tells the list.
-	ghostHash []uint64
-	glinks    []link
-	gindex    hashIndex
-	ghosts    [2]list  // B1, B2
-	gfree     [2]int32 // free chain (through glinks.next) per pool, -1 empty
-	gfresh    [2]int32 // ids of a pool never used yet start here
+	ghosts   ghostTable
 }
 
 func newARC(b *blocks, capacity int) *arcPolicy {
-	p := &arcPolicy{
-		b:         b,
-		capacity:  capacity,
-		ghostHash: make([]uint64, 2*capacity),
-		glinks:    make([]link, 2*capacity),
-		// Ghost lookups are rarer than block lookups: allow load 3/4.
-		gindex: newHashIndex(2*capacity, 3, 4),
-	}
+	p := &arcPolicy{b: b, capacity: capacity, ghosts: newGhostTable(2 * capacity)}
 	p.clear()
 	return p
 }
@@ -50,19 +35,16 @@ func (p *arcPolicy) name() string { return "arc" }
 func (p *arcPolicy) clear() {
 	p.t1, p.t2 = emptyList, emptyList
 	p.target = 0
-	p.ghosts = [2]list{emptyList, emptyList}
-	p.gfree = [2]int32{-1, -1}
-	p.gfresh = [2]int32{0, int32(p.capacity)}
-	p.gindex.clear()
+	p.ghosts.clear()
 }
 
 // inserted adds a new (pending) block at the MRU end of T1 and forgets
 // any ghost of its key.
-func (p *arcPolicy) inserted(s int32, h uint64) {
+func (p *arcPolicy) inserted(s int32) {
 	p.t1.pushBack(p.b.links, s)
 	p.b.meta[s].list = inT1
-	if g := p.findGhost(h); g >= 0 {
-		p.dropGhost(g)
+	if g := p.ghosts.find(ghostID(p.b.meta[s].h32)); g != noGhost {
+		p.ghosts.remove(g)
 	}
 }
 
@@ -101,18 +83,17 @@ func (p *arcPolicy) touch(keys []offload.Key) {
 			}
 			continue
 		}
-		g := p.findGhost(h)
-		if g < 0 {
+		g := p.ghosts.find(ghostID(uint32(h)))
+		if g == noGhost {
 			continue
 		}
-		b1, b2 := float64(p.ghosts[0].n), float64(p.ghosts[1].n)
-		if g < int32(p.capacity) { // B1: recency would have kept it
+		b1, b2 := float64(p.ghosts.lists[0].n), float64(p.ghosts.lists[1].n)
+		if p.ghosts.list(g) == 0 { // B1: recency would have kept it
 			p.target = math.Min(p.target+math.Max(1, b2/b1), float64(p.capacity))
-			p.ghosts[0].moveToBack(p.glinks, g)
 		} else { // B2: frequency would have kept it
 			p.target = math.Max(p.target-math.Max(1, b1/b2), 0)
-			p.ghosts[1].moveToBack(p.glinks, g)
 		}
+		p.ghosts.moveToBack(g)
 	}
 }
 
@@ -168,54 +149,21 @@ func (p *arcPolicy) evict(n int, epoch uint32, out []int32) ([]int32, bool) {
 			pool = 1
 		}
 		m.list = inNoList
-		p.addGhost(pool, p.b.hash(m.key))
+		p.addGhost(pool, ghostID(m.h32))
 	}
 	return out, true
 }
 
-func (p *arcPolicy) findGhost(h uint64) int32 {
-	t := &p.gindex
-	h32 := uint32(h)
-	for i := h32 & t.mask; ; i = (i + 1) & t.mask {
-		e := t.b[i]
-		if e.id < 0 {
-			return -1
-		}
-		if e.h == h32 && p.ghostHash[e.id] == h {
-			return e.id
-		}
+// addGhost appends a ghost at the newest end of B1 (list 0) or B2 (list
+// 1), first dropping the list's oldest ghost when it is full: the same
+// final lists as appending everything and trimming to capacity afterwards.
+func (p *arcPolicy) addGhost(l int, id uint32) {
+	g := &p.ghosts
+	if old := g.find(id); old != noGhost {
+		g.remove(old) // only possible when two keys share an identity
 	}
-}
-
-// addGhost appends a ghost at the MRU end of B1 (pool 0) or B2 (pool 1),
-// first dropping the pool's LRU ghost when it is full: the same final
-// lists as appending everything and trimming to capacity afterwards.
-func (p *arcPolicy) addGhost(pool int, h uint64) {
-	if old := p.findGhost(h); old >= 0 {
-		p.dropGhost(old) // only possible on a hash collision
+	if g.lists[l].n >= p.capacity {
+		g.remove(g.lists[l].head)
 	}
-	if p.ghosts[pool].n >= p.capacity {
-		p.dropGhost(p.ghosts[pool].head)
-	}
-	g := p.gfree[pool]
-	if g >= 0 {
-		p.gfree[pool] = p.glinks[g].next
-	} else {
-		g = p.gfresh[pool]
-		p.gfresh[pool]++
-	}
-	p.ghostHash[g] = h
-	p.ghosts[pool].pushBack(p.glinks, g)
-	p.gindex.insert(h, g)
-}
-
-func (p *arcPolicy) dropGhost(g int32) {
-	pool := 0
-	if g >= int32(p.capacity) {
-		pool = 1
-	}
-	p.ghosts[pool].unlink(p.glinks, g)
-	p.gindex.remove(p.ghostHash[g], g)
-	p.glinks[g].next = p.gfree[pool]
-	p.gfree[pool] = g
+	g.add(l, id)
 }

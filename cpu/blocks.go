@@ -2,6 +2,8 @@ package cpu
 
 import (
 	"hash/maphash"
+	"math/bits"
+	"math/rand/v2"
 
 	"github.com/kvtier/kvtier/offload"
 )
@@ -20,7 +22,7 @@ type slotMeta struct {
 	key  offload.Key // "" when the slot is free
 	ref  int32       // -1 pending, 0 ready and evictable, > 0 pinned by readers
 	mark uint32      // epoch of the last call that protected or visited it
-	h32  uint32      // low bits of the key's hash, to remove it from the index
+	h32  uint32      // low bits of the key's hash: its index tag and ghost identity
 	list uint8       // inNoList, inEvictable, inT1 or inT2
 }
 
@@ -34,7 +36,8 @@ func (m *slotMeta) free() {
 // blocks is the state shared by the primary and its policy: the key index
 // and the per-slot metadata, both addressed by slot index.
 type blocks struct {
-	seed  maphash.Seed
+	seed  [4]uint64 // of hash, random per Primary
+	short maphash.Seed
 	meta  []slotMeta
 	links []link
 	index hashIndex
@@ -42,11 +45,13 @@ type blocks struct {
 
 func newBlocks(numSlots int) blocks {
 	b := blocks{
-		seed:  maphash.MakeSeed(),
+		seed:  [4]uint64{rand.Uint64(), rand.Uint64(), rand.Uint64(), rand.Uint64()},
+		short: maphash.MakeSeed(),
 		meta:  make([]slotMeta, numSlots),
 		links: make([]link, numSlots),
-		// Load ≤ 1/2 keeps probe runs short; buckets are 8 bytes.
-		index: newHashIndex(numSlots, 1, 2),
+		// Load ≤ 2/5 keeps probe runs short; buckets are 8 bytes, so the
+		// index costs 20 bytes per slot.
+		index: newHashIndex(numSlots, 2, 5),
 	}
 	for i := range b.links {
 		b.links[i] = link{-1, -1}
@@ -54,13 +59,61 @@ func newBlocks(numSlots int) blocks {
 	return b
 }
 
-func (b *blocks) hash(k offload.Key) uint64 { return maphash.String(b.seed, string(k)) }
+// le64 reads the little-endian uint64 at s[i:i+8]; the compiler turns it
+// into one load.
+func le64(s offload.Key, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// hash returns k's 64-bit hash, seeded per Primary.
+//
+// It is a multiply-mix over the whole key in the style of wyhash (the
+// runtime's own map hash where AES is not available), specialised for
+// keys of up to 48 bytes — a 32-byte block hash and a 4-byte group, or a
+// 16-byte one — which it hashes with three 64×64→128-bit multiplications,
+// two of them independent, inlined: several times cheaper than a
+// hash/maphash call. The random seed keeps colliding keys from being
+// prepared in advance. Keys shorter than 8 bytes (not engine keys) go to
+// maphash.
+func (b *blocks) hash(k offload.Key) uint64 {
+	n := len(k)
+	switch {
+	case n < 8:
+		return maphash.String(b.short, string(k))
+	case n <= 16:
+		return mix(le64(k, 0)^b.seed[0], le64(k, n-8)^b.seed[1]^uint64(n))
+	case n <= 48:
+		// Two lanes over the first 32 bytes (overlapping for shorter
+		// keys), folded into a mix of the last 16.
+		x := mix(le64(k, 0)^b.seed[0], le64(k, 8)^b.seed[2])
+		y := mix(le64(k, min(16, n-16))^b.seed[1], le64(k, min(24, n-8))^b.seed[3])
+		return mix(le64(k, n-16)^x^uint64(n), le64(k, n-8)^y)
+	}
+	return b.hashLong(k)
+}
+
+// hashLong hashes keys over 48 bytes, 16 bytes per step.
+func (b *blocks) hashLong(k offload.Key) uint64 {
+	n := len(k)
+	h := b.seed[2] ^ uint64(n)
+	for i := 0; n-i > 16; i += 16 {
+		h = mix(le64(k, i)^b.seed[0], le64(k, i+8)^h)
+	}
+	return mix(le64(k, n-16)^b.seed[1], le64(k, n-8)^h^b.seed[3])
+}
+
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
 
 // find returns the slot holding k (whose hash is h), or -1.
 func (b *blocks) find(k offload.Key, h uint64) int32 {
 	h32 := uint32(h)
 	t := &b.index
-	for i := h32 & t.mask; ; i = (i + 1) & t.mask {
+	for i := t.home(h32); ; i = t.next(i) {
 		e := t.b[i]
 		if e.id < 0 {
 			return -1
@@ -72,3 +125,9 @@ func (b *blocks) find(k offload.Key, h uint64) int32 {
 }
 
 func (b *blocks) lookup(k offload.Key) int32 { return b.find(k, b.hash(k)) }
+
+// add indexes slot s, whose key hashes to h, and records its tag.
+func (b *blocks) add(s int32, h uint64) {
+	b.meta[s].h32 = uint32(h)
+	b.index.insert(uint32(h), s)
+}

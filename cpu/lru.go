@@ -15,7 +15,7 @@ func newLRU(b *blocks) *lruPolicy { return &lruPolicy{b: b, evictable: emptyList
 func (p *lruPolicy) name() string { return "lru" }
 
 // inserted: a new block starts pending, so it is not listed.
-func (p *lruPolicy) inserted(int32, uint64) {}
+func (p *lruPolicy) inserted(int32) {}
 
 func (p *lruPolicy) removed(s int32) {
 	if p.b.meta[s].list == inEvictable {

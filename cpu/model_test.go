@@ -272,6 +272,24 @@ func (m *model) completeLoad(keys []int) bool {
 	return true
 }
 
+// keysOfSlots maps slots back to the keys holding them; ok is false if a
+// slot holds no block.
+func (m *model) keysOfSlots(slots []int64) (keys []int, ok bool) {
+	for _, s := range slots {
+		found := false
+		for k, b := range m.blocks {
+			if b.slot == s {
+				keys, found = append(keys, k), true
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	return keys, true
+}
+
 func (m *model) touch(keys []int) {
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
@@ -329,7 +347,7 @@ func snap(p *Primary, universe int) snapshot {
 			s.Blocks[k] = mblock{ref: ref, slot: slot}
 		}
 	}
-	for _, f := range p.free {
+	for _, f := range freeSlots(p) {
 		s.Free = append(s.Free, int64(f))
 	}
 	byHash := map[uint64]int{}
@@ -349,10 +367,15 @@ func snap(p *Primary, universe int) snapshot {
 		s.Evictable = listKeys(p, pol.evictable)
 	case *arcPolicy:
 		s.T1, s.T2, s.Target = listKeys(p, pol.t1), listKeys(p, pol.t2), pol.target
-		for i, l := range pol.ghosts {
+		byID := map[uint32]int{}
+		for k := range universe {
+			byID[ghostID(uint32(p.b.hash(key(k))))] = k
+		}
+		g := &pol.ghosts
+		for i, l := range g.lists {
 			var out []int
-			for g := l.head; g >= 0; g = pol.glinks[g].next {
-				out = append(out, byHash[pol.ghostHash[g]])
+			for e := l.head; e != noGhost; e = g.e[e].next {
+				out = append(out, byID[g.e[e].id&^1])
 			}
 			if i == 0 {
 				s.B1 = out
@@ -467,6 +490,27 @@ func runModel(rt *rapid.T, pol string) {
 		m.events = nil
 	}
 
+	// into is reused by every PrepareStoreInto call, as a caller keeping
+	// one output would; last is the last successful PrepareStore's keys to
+	// store, which CompleteLastStore passes back (the path that resolves
+	// slots from the remembered batch).
+	var into offload.PrepareStoreOutput
+	var last []int
+	// slotsOf draws slots: mostly those of blocks whose ref satisfies
+	// want, sometimes arbitrary ones (free, pending, out of range).
+	slotsOf := func(rt *rapid.T, want func(int32) bool) []int64 {
+		if rapid.IntRange(0, 9).Draw(rt, "arbitrarySlots") == 0 {
+			return rapid.SliceOfN(rapid.Int64Range(-1, int64(numSlots)), 0, 4).Draw(rt, "slots")
+		}
+		var slots []int64
+		for _, k := range keysWithRef(rt, want) {
+			if b, ok := m.blocks[k]; ok {
+				slots = append(slots, b.slot)
+			}
+		}
+		return slots
+	}
+
 	rt.Repeat(map[string]func(*rapid.T){
 		"Lookup": func(rt *rapid.T) {
 			k := keyGen.Draw(rt, "key")
@@ -481,7 +525,14 @@ func runModel(rt *rapid.T, pol string) {
 			for k, b := range m.blocks {
 				pinned[k] = b.ref
 			}
-			out, ok := p.PrepareStore(ks(keys...))
+			var out offload.PrepareStoreOutput
+			var ok bool
+			if rapid.Bool().Draw(rt, "into") {
+				ok = p.PrepareStoreInto(ks(keys...), &into)
+				out = into
+			} else {
+				out, ok = p.PrepareStore(ks(keys...))
+			}
 			wk, ws, we, wok := m.prepareStore(keys)
 			if ok != wok {
 				rt.Fatalf("PrepareStore(%v) ok=%v, model %v", keys, ok, wok)
@@ -492,6 +543,7 @@ func runModel(rt *rapid.T, pol string) {
 				}
 				return
 			}
+			last = wk
 			got := []any{ids(out.KeysToStore), out.Slots, ids(out.Evicted)}
 			want := []any{wk, ws, we}
 			if diff := cmp.Diff(want, got, snapOpts); diff != "" {
@@ -508,6 +560,45 @@ func runModel(rt *rapid.T, pol string) {
 			success := rapid.IntRange(0, 3).Draw(rt, "fail") != 0
 			p.CompleteStore(ks(keys...), success)
 			m.completeStore(keys, success)
+		},
+		"CompleteLastStore": func(rt *rapid.T) {
+			success := rapid.IntRange(0, 3).Draw(rt, "fail") != 0
+			p.CompleteStore(ks(last...), success)
+			m.completeStore(last, success)
+		},
+		"PinSlots": func(rt *rapid.T) {
+			slots := slotsOf(rt, func(r int32) bool { return r >= 0 })
+			before := snap(p, universe)
+			err := p.PinSlots(slots)
+			keys, ok := m.keysOfSlots(slots)
+			if ok {
+				_, ok = m.prepareLoad(keys)
+			}
+			if (err == nil) != ok {
+				rt.Fatalf("PinSlots(%v) err=%v, model ok=%v", slots, err, ok)
+			}
+			if err != nil {
+				if diff := cmp.Diff(before, snap(p, universe), snapOpts); diff != "" {
+					rt.Fatalf("failed PinSlots changed state:\n%s", diff)
+				}
+			}
+		},
+		"UnpinSlots": func(rt *rapid.T) {
+			slots := slotsOf(rt, func(r int32) bool { return r > 0 })
+			before := snap(p, universe)
+			err := p.UnpinSlots(slots)
+			keys, ok := m.keysOfSlots(slots)
+			if ok {
+				ok = m.completeLoad(keys)
+			}
+			if (err == nil) != ok {
+				rt.Fatalf("UnpinSlots(%v) err=%v, model ok=%v", slots, err, ok)
+			}
+			if err != nil {
+				if diff := cmp.Diff(before, snap(p, universe), snapOpts); diff != "" {
+					rt.Fatalf("failed UnpinSlots changed state:\n%s", diff)
+				}
+			}
 		},
 		"PrepareLoad": func(rt *rapid.T) {
 			keys := keysWithRef(rt, func(r int32) bool { return r >= 0 })

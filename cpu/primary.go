@@ -16,6 +16,9 @@ var (
 	ErrUnknownKey = errors.New("key not in primary tier")
 	ErrNotReady   = errors.New("block not ready (store in flight)")
 	ErrNotPinned  = errors.New("block not pinned")
+	// ErrSlotOutOfRange is offload.ErrSlotOutOfRange: PinSlots or
+	// UnpinSlots was given a slot outside the arena.
+	ErrSlotOutOfRange = offload.ErrSlotOutOfRange
 )
 
 // policy orders blocks for eviction. It shares the blocks table with the
@@ -23,10 +26,10 @@ var (
 // counts and free slots are the Primary's business.
 type policy interface {
 	name() string
-	inserted(s int32, h uint64) // a new block, pending
-	removed(s int32)            // a pending block whose store failed
-	becameEvictable(s int32)    // ref reached 0
-	pinned(s int32)             // ref left 0 for a reader
+	inserted(s int32)        // a new block, pending, indexed
+	removed(s int32)         // a pending block whose store failed
+	becameEvictable(s int32) // ref reached 0
+	pinned(s int32)          // ref left 0 for a reader
 	touch(keys []offload.Key)
 	// evict appends n victims to out and unlists them, choosing only
 	// blocks with ref 0 whose mark is not epoch; with fewer candidates it
@@ -43,12 +46,15 @@ type Primary struct {
 	slotSize int
 	numSlots int32
 
-	numAllocated int32   // slots [0, numAllocated) have been handed out at least once
-	free         []int32 // freed slots, reused last-in first-out
-	numBlocks    int     // keys present (pending or ready)
-	numPending   int     // ref == -1
-	numEvictable int     // ref == 0
-	epoch        uint32  // marks the slots protected by the current call
+	numAllocated int32 // slots [0, numAllocated) have been handed out at least once
+	// Freed slots are reused last-in first-out, chained through their
+	// links.next (a free slot is on no list).
+	freeHead     int32
+	numFree      int
+	numBlocks    int    // keys present (pending or ready)
+	numPending   int    // ref == -1
+	numEvictable int    // ref == 0
+	epoch        uint32 // marks the slots protected by the current call
 
 	reuse     *reuseTracker // nil unless the reuse filter is on
 	events    bool
@@ -57,10 +63,14 @@ type Primary struct {
 	allocHist [allocBuckets]uint64
 
 	// Scratch reused across calls so that the store path does not allocate
-	// beyond its results.
+	// beyond its results. After a successful PrepareStore, newKeys and
+	// newSlots are the keys it reserved and their slots: CompleteStore and
+	// PrepareLoad try them before hashing (see hint).
 	newKeys  []offload.Key
 	newHash  []uint64
+	newSlots []int32
 	victims  []int32
+	evicted  []offload.Key
 	unpinned []int32
 	reused   []offload.Key
 	order    []int32
@@ -94,7 +104,7 @@ func New(cfg Config) (*Primary, error) {
 		arena:    a,
 		slotSize: cfg.SlotSize,
 		numSlots: int32(n),
-		free:     make([]int32, 0, n),
+		freeHead: -1,
 		events:   cfg.Events,
 	}
 	if threshold > 0 {
@@ -166,16 +176,47 @@ func (p *Primary) RefCount(k offload.Key) (ref int32, ok bool) {
 // absent or pending it returns an error and pins nothing.
 func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
 	slots := make([]int64, len(keys))
+	j := 0
 	for i, k := range keys {
-		s := p.b.lookup(k)
+		s := p.hint(k, &j)
 		if s < 0 {
-			return nil, fmt.Errorf("cpu: prepare load %s: %w", k, ErrUnknownKey)
+			if s = p.b.lookup(k); s < 0 {
+				return nil, fmt.Errorf("cpu: prepare load %s: %w", k, ErrUnknownKey)
+			}
 		}
 		if p.b.meta[s].ref < 0 {
 			return nil, fmt.Errorf("cpu: prepare load %s: %w", k, ErrNotReady)
 		}
 		slots[i] = int64(s)
 	}
+	p.pin(slots)
+	return slots, nil
+}
+
+// PinSlots pins the blocks in slots for reading like PrepareLoad, without
+// looking keys up: a caller that holds pins on blocks (their slots came
+// from PrepareLoad and are not unpinned yet) takes more pins on them, e.g.
+// one per cascade job. A slot names a block only while something keeps it
+// from being evicted, so slots of unpinned blocks must not be passed. If a
+// slot is out of range, free or pending it returns an error and pins
+// nothing.
+func (p *Primary) PinSlots(slots []int64) error {
+	for _, s := range slots {
+		if s < 0 || s >= int64(p.numSlots) {
+			return fmt.Errorf("cpu: pin slot %d: %w", s, ErrSlotOutOfRange)
+		}
+		switch m := &p.b.meta[s]; {
+		case m.ref < 0:
+			return fmt.Errorf("cpu: pin slot %d: %w", s, ErrNotReady)
+		case m.ref == 0 && m.list == inNoList: // ready blocks are listed
+			return fmt.Errorf("cpu: pin slot %d (free): %w", s, ErrUnknownKey)
+		}
+	}
+	p.pin(slots)
+	return nil
+}
+
+func (p *Primary) pin(slots []int64) {
 	for _, s := range slots {
 		m := &p.b.meta[s]
 		if m.ref == 0 {
@@ -184,8 +225,7 @@ func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
 		}
 		m.ref++
 	}
-	p.ctr.loads += uint64(len(keys))
-	return slots, nil
+	p.ctr.loads += uint64(len(slots))
 }
 
 // Touch records a use of keys (GPU prefix-cache hits included) with the
@@ -208,18 +248,55 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 			err = ErrNotPinned
 		}
 		if err != nil {
-			for _, u := range p.unpinned { // undo: nothing was published yet
-				p.b.meta[u].ref++
-			}
+			p.undoUnpins()
 			return fmt.Errorf("cpu: complete load %s: %w", k, err)
 		}
 		p.b.meta[s].ref--
 		p.unpinned = append(p.unpinned, s)
 	}
-	// Publish as one-at-a-time unpinning would: a block becomes evictable
-	// at the last occurrence of its key, in the order of those last
-	// occurrences. Walking backwards, the epoch mark keeps only the last
-	// occurrence; the order is then restored.
+	p.publishUnpins()
+	return nil
+}
+
+// UnpinSlots unpins the blocks in slots like CompleteLoad, without looking
+// keys up: slots must be those of pins the caller holds (from PrepareLoad
+// or PinSlots). If a slot is out of range or not pinned (as many times as
+// it is listed) it returns an error and unpins nothing.
+func (p *Primary) UnpinSlots(slots []int64) error {
+	p.unpinned = p.unpinned[:0]
+	for _, s := range slots {
+		var err error
+		switch {
+		case s < 0 || s >= int64(p.numSlots):
+			err = ErrSlotOutOfRange
+		case p.b.meta[s].ref <= 0:
+			err = ErrNotPinned
+		}
+		if err != nil {
+			p.undoUnpins()
+			return fmt.Errorf("cpu: unpin slot %d: %w", s, err)
+		}
+		p.b.meta[s].ref--
+		p.unpinned = append(p.unpinned, int32(s))
+	}
+	p.publishUnpins()
+	return nil
+}
+
+// undoUnpins restores the references dropped so far by a failing call:
+// nothing was published yet.
+func (p *Primary) undoUnpins() {
+	for _, u := range p.unpinned {
+		p.b.meta[u].ref++
+	}
+}
+
+// publishUnpins makes evictable the blocks in p.unpinned whose last
+// reader finished, as one-at-a-time unpinning would: a block becomes
+// evictable at the last occurrence of its slot, in the order of those
+// last occurrences. Walking backwards, the epoch mark keeps only the last
+// occurrence; the order is then restored.
+func (p *Primary) publishUnpins() {
 	epoch := p.nextEpoch()
 	p.order = p.order[:0]
 	for i := len(p.unpinned) - 1; i >= 0; i-- {
@@ -233,7 +310,6 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 		p.numEvictable++
 		p.pol.becameEvictable(p.order[i])
 	}
-	return nil
 }
 
 // nextEpoch starts a new marking round. On wrap-around every mark is

@@ -233,14 +233,11 @@ func (a *arcPolicy) listIDs(l list) []int {
 
 // ghostOf reports which ghost list holds k: 1 (B1), 2 (B2) or 0.
 func (a *arcPolicy) ghostOf(k offload.Key) int {
-	g := a.findGhost(a.b.hash(k))
-	switch {
-	case g < 0:
+	g := a.ghosts.find(ghostID(uint32(a.b.hash(k))))
+	if g == noGhost {
 		return 0
-	case g < int32(a.capacity):
-		return 1
 	}
-	return 2
+	return a.ghosts.list(g) + 1
 }
 
 func (a *arcPolicy) where(k offload.Key) uint8 {
@@ -343,12 +340,12 @@ func TestARCGhostBounds(t *testing.T) {
 		if i%3 == 0 {
 			p.Touch(ks(i)) // feed T2 so that B2 fills too
 		}
-		if a.ghosts[0].n > 2 || a.ghosts[1].n > 2 {
-			t.Fatalf("after %d: |B1|=%d |B2|=%d", i, a.ghosts[0].n, a.ghosts[1].n)
+		if a.ghosts.lists[0].n > 2 || a.ghosts.lists[1].n > 2 {
+			t.Fatalf("after %d: |B1|=%d |B2|=%d", i, a.ghosts.lists[0].n, a.ghosts.lists[1].n)
 		}
 	}
-	if a.ghosts[0].n != 2 {
-		t.Errorf("|B1|=%d, want full (2)", a.ghosts[0].n)
+	if a.ghosts.lists[0].n != 2 {
+		t.Errorf("|B1|=%d, want full (2)", a.ghosts.lists[0].n)
 	}
 }
 
@@ -676,13 +673,14 @@ func checkInvariants(t fatalf, p *Primary) {
 			evictable++
 		}
 	}
-	for _, s := range p.free {
+	free := freeSlots(p)
+	for _, s := range free {
 		if _, ok := owner[s]; ok {
 			t.Fatalf("slot %d both free and owned by %s", s, owner[s])
 		}
 	}
-	if blocks+len(p.free) != int(p.numAllocated) {
-		t.Fatalf("%d owned + %d free != %d allocated", blocks, len(p.free), p.numAllocated)
+	if blocks+len(free) != int(p.numAllocated) || len(free) != p.numFree {
+		t.Fatalf("%d owned + %d free (count %d) != %d allocated", blocks, len(free), p.numFree, p.numAllocated)
 	}
 	if pending != p.numPending || evictable != p.numEvictable || blocks != p.numBlocks {
 		t.Fatalf("counts pending %d/%d evictable %d/%d blocks %d/%d", pending, p.numPending, evictable, p.numEvictable, blocks, p.numBlocks)
@@ -709,9 +707,7 @@ func checkInvariants(t fatalf, p *Primary) {
 		if n != blocks || pol.t1.n+pol.t2.n != blocks {
 			t.Fatalf("ARC lists hold %d, blocks %d", n, blocks)
 		}
-		if pol.ghosts[0].n > pol.capacity || pol.ghosts[1].n > pol.capacity {
-			t.Fatalf("ghosts %d %d over capacity %d", pol.ghosts[0].n, pol.ghosts[1].n, pol.capacity)
-		}
+		checkGhosts(t, &pol.ghosts, pol.capacity)
 		if pol.target < 0 || pol.target > float64(pol.capacity) {
 			t.Fatalf("target %v", pol.target)
 		}
@@ -806,5 +802,54 @@ func TestHitPathDoesNotAllocate(t *testing.T) {
 			}
 			checkInvariants(t, p)
 		})
+	}
+}
+
+// freeSlots returns the free slots as a stack, bottom first (the next
+// slot reused is last).
+func freeSlots(p *Primary) []int32 {
+	var out []int32
+	for s := p.freeHead; s >= 0; s = p.b.links[s].next {
+		out = append(out, s)
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// checkGhosts checks the ghost table: each list is within capacity and
+// doubly linked consistently, every ghost on a list is found by its
+// identity, and no entry is off the lists.
+func checkGhosts(t fatalf, g *ghostTable, capacity int) {
+	t.Helper()
+	total := 0
+	for l, gl := range g.lists {
+		if gl.n > capacity {
+			t.Fatalf("ghost list %d holds %d, capacity %d", l, gl.n, capacity)
+		}
+		n, prev := 0, noGhost
+		for i := gl.head; i != noGhost; i = g.e[i].next {
+			e := g.e[i]
+			if e.id == 0 || g.list(i) != l || e.prev != prev {
+				t.Fatalf("ghost list %d: entry %d = %+v, previous %d", l, i, e, prev)
+			}
+			if f := g.find(e.id &^ 1); f != i {
+				t.Fatalf("ghost %d (id %#x) found at %d", i, e.id, f)
+			}
+			prev = i
+			n++
+		}
+		if n != gl.n || prev != gl.tail {
+			t.Fatalf("ghost list %d: walked %d to %d, has n %d tail %d", l, n, prev, gl.n, gl.tail)
+		}
+		total += n
+	}
+	used := 0
+	for _, e := range g.e {
+		if e.id != 0 {
+			used++
+		}
+	}
+	if used != total {
+		t.Fatalf("ghost table holds %d entries, lists %d", used, total)
 	}
 }

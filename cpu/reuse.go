@@ -38,7 +38,7 @@ func newReuseTracker(threshold, capacity int) *reuseTracker {
 
 func (t *reuseTracker) find(h uint64) int32 {
 	h32 := uint32(h)
-	for i := h32 & t.index.mask; ; i = (i + 1) & t.index.mask {
+	for i := t.index.home(h32); ; i = t.index.next(i) {
 		e := t.index.b[i]
 		if e.id < 0 {
 			return -1
@@ -61,7 +61,7 @@ func (t *reuseTracker) seen(h uint64) {
 	if t.order.n >= t.capacity {
 		old := t.order.head
 		t.order.unlink(t.links, old)
-		t.index.remove(t.hashes[old], old)
+		t.index.remove(uint32(t.hashes[old]), old)
 		t.links[old].next = t.free
 		t.free = old
 	}
@@ -74,7 +74,7 @@ func (t *reuseTracker) seen(h uint64) {
 	}
 	t.hashes[e], t.counts[e] = h, 1
 	t.order.pushBack(t.links, e)
-	t.index.insert(h, e)
+	t.index.insert(uint32(h), e)
 }
 
 // reused reports whether the key hashed to h was looked up at least

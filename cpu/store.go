@@ -23,18 +23,75 @@ const maxScratchKeys = 256
 // ok is false, with no state change at all, when there is not enough
 // evictable capacity. When every key is present the output is empty and
 // ok is true. Eviction appends one removed event before any stored event
-// of the keys that reuse the capacity.
+// of the keys that reuse the capacity. The output's slices are new and
+// belong to the caller; PrepareStoreInto reuses the caller's instead.
 func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutput, ok bool) {
+	if !p.prepareStore(keys) {
+		return offload.PrepareStoreOutput{}, false
+	}
+	n, ev := len(p.newKeys), len(p.victims)
+	if n == 0 {
+		return offload.PrepareStoreOutput{}, true
+	}
+	// One allocation backs both key lists; capacities are clipped so that
+	// appending to one cannot overwrite the other.
+	buf := make([]offload.Key, n+ev)
+	out.KeysToStore = buf[:n:n]
+	out.Slots = make([]int64, n)
+	if ev > 0 {
+		out.Evicted = buf[n : n+ev : n+ev]
+	}
+	p.fillOutput(&out)
+	return out, true
+}
+
+// PrepareStoreInto is PrepareStore writing its output into out, whose
+// slices are truncated and reused when their capacity suffices (grown
+// otherwise), so that a caller that keeps one PrepareStoreOutput across
+// calls stores without allocating. On ok false, or when every key is
+// present, out's slices are left empty.
+func (p *Primary) PrepareStoreInto(keys []offload.Key, out *offload.PrepareStoreOutput) (ok bool) {
+	out.KeysToStore, out.Slots, out.Evicted = out.KeysToStore[:0], out.Slots[:0], out.Evicted[:0]
+	if !p.prepareStore(keys) {
+		return false
+	}
+	n, ev := len(p.newKeys), len(p.victims)
+	out.KeysToStore = slices.Grow(out.KeysToStore, n)[:n]
+	out.Slots = slices.Grow(out.Slots, n)[:n]
+	out.Evicted = slices.Grow(out.Evicted, ev)[:ev]
+	p.fillOutput(out)
+	return true
+}
+
+// fillOutput copies the last successful prepareStore's results into out,
+// whose slices have the right lengths.
+func (p *Primary) fillOutput(out *offload.PrepareStoreOutput) {
+	copy(out.KeysToStore, p.newKeys)
+	for i, s := range p.newSlots {
+		out.Slots[i] = int64(s)
+	}
+	copy(out.Evicted, p.evicted)
+	clear(p.evicted) // do not keep evicted keys alive
+	if p.events && len(p.evicted) > 0 {
+		p.evs = append(p.evs, offload.Event{Keys: slices.Clone(out.Evicted), Medium: offload.MediumCPU, Removed: true})
+	}
+}
+
+// prepareStore does PrepareStore's work. On success newKeys and newSlots
+// hold the reserved keys and their slots, victims the evicted slots and
+// evicted their keys; on failure nothing changed and newKeys is empty.
+func (p *Primary) prepareStore(keys []offload.Key) bool {
 	if p.reuse != nil {
 		keys = p.filterReused(keys)
 	}
 	epoch := p.nextEpoch()
 	d := newKeyDedup(p, len(keys))
-	if len(p.newKeys) > maxScratchKeys {
+	if cap(p.newKeys) > maxScratchKeys {
 		// Drop a large batch's scratch rather than keep its keys alive.
-		p.newKeys, p.newHash = nil, nil
+		p.newKeys, p.newHash, p.newSlots = nil, nil, nil
 	}
-	p.newKeys, p.newHash = p.newKeys[:0], p.newHash[:0]
+	p.newKeys, p.newHash, p.newSlots = p.newKeys[:0], p.newHash[:0], p.newSlots[:0]
+	p.victims, p.evicted = p.victims[:0], p.evicted[:0]
 	for _, k := range keys {
 		h := p.b.hash(k)
 		if s := p.b.find(k, h); s >= 0 {
@@ -49,46 +106,32 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 	}
 	n := len(p.newKeys)
 	if n == 0 {
-		return offload.PrepareStoreOutput{}, true
+		return true
 	}
 	p.recordAllocation(n)
 
-	p.victims = p.victims[:0]
-	if need := n - len(p.free) - int(p.numSlots-p.numAllocated); need > 0 {
-		if need > p.numEvictable {
-			p.ctr.rejectedStores++
-			return offload.PrepareStoreOutput{}, false
-		}
+	if need := n - p.numFree - int(p.numSlots-p.numAllocated); need > 0 {
 		var ok bool
-		if p.victims, ok = p.pol.evict(need, epoch, p.victims); !ok {
+		if need <= p.numEvictable {
+			p.victims, ok = p.pol.evict(need, epoch, p.victims)
+		}
+		if !ok {
 			p.ctr.rejectedStores++
-			return offload.PrepareStoreOutput{}, false
+			p.newKeys = p.newKeys[:0]
+			return false
 		}
 	}
+	for _, s := range p.victims {
+		m := &p.b.meta[s]
+		p.evicted = append(p.evicted, m.key)
+		p.b.index.remove(m.h32, s)
+		m.free()
+		p.pushFree(s)
+	}
+	p.numEvictable -= len(p.victims)
+	p.numBlocks -= len(p.victims)
+	p.ctr.evictions += uint64(len(p.victims))
 
-	// One allocation backs both key lists; capacities are clipped so that
-	// appending to one cannot overwrite the other.
-	ev := len(p.victims)
-	buf := make([]offload.Key, n+ev)
-	out.KeysToStore = buf[:n:n]
-	copy(out.KeysToStore, p.newKeys)
-	out.Slots = make([]int64, n)
-	if ev > 0 {
-		out.Evicted = buf[n : n+ev : n+ev]
-		for i, s := range p.victims {
-			m := &p.b.meta[s]
-			out.Evicted[i] = m.key
-			p.b.index.remove(uint64(m.h32), s)
-			m.free()
-			p.free = append(p.free, s)
-		}
-		p.numEvictable -= len(p.victims)
-		p.numBlocks -= len(p.victims)
-		p.ctr.evictions += uint64(len(p.victims))
-		if p.events {
-			p.evs = append(p.evs, offload.Event{Keys: slices.Clone(out.Evicted), Medium: offload.MediumCPU, Removed: true})
-		}
-	}
 	// Fresh slots in ascending order first, then freed ones, last freed
 	// first.
 	for i, k := range p.newKeys {
@@ -97,21 +140,54 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 			s = p.numAllocated
 			p.numAllocated++
 		} else {
-			s = p.free[len(p.free)-1]
-			p.free = p.free[:len(p.free)-1]
+			s = p.popFree()
 		}
 		h := p.newHash[i]
 		// Field by field: a whole-struct store of a pointerful type costs
 		// a bulk write barrier while the GC runs.
 		m := &p.b.meta[s]
-		m.key, m.ref, m.mark, m.h32 = k, -1, epoch, uint32(h)
-		p.b.index.insert(h, s)
-		p.pol.inserted(s, h)
-		out.Slots[i] = int64(s)
+		m.key, m.ref, m.mark = k, -1, epoch
+		p.b.add(s, h)
+		p.pol.inserted(s)
+		p.newSlots = append(p.newSlots, s)
 	}
 	p.numBlocks += n
 	p.numPending += n
-	return out, true
+	return true
+}
+
+// pushFree and popFree keep the free slots as a stack chained through
+// links.next.
+func (p *Primary) pushFree(s int32) {
+	p.b.links[s].next = p.freeHead
+	p.freeHead = s
+	p.numFree++
+}
+
+func (p *Primary) popFree() int32 {
+	s := p.freeHead
+	p.freeHead = p.b.links[s].next
+	p.b.links[s].next = -1
+	p.numFree--
+	return s
+}
+
+// hint resolves the key at position *j of the last prepared batch when it
+// is k, advancing *j, and confirms that the slot still holds k: callers
+// that pass the batch back (CompleteStore, then the manager's cascade
+// PrepareLoad) skip hashing. It returns -1 when k is not next in the batch
+// or no longer in its slot; the caller then looks k up.
+func (p *Primary) hint(k offload.Key, j *int) int32 {
+	i := *j
+	if i >= len(p.newSlots) || p.newKeys[i] != k {
+		return -1
+	}
+	*j = i + 1
+	s := p.newSlots[i]
+	if p.b.meta[s].key != k {
+		return -1
+	}
+	return s
 }
 
 // keyDedup finds keys repeated among the new keys of one PrepareStore.
@@ -185,9 +261,12 @@ func (d *keyDedup) repeated(p *Primary, k offload.Key, h uint64) bool {
 // way, so a failed job never destroys a block stored before it.
 func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 	var stored []offload.Key
+	j := 0
 	for _, k := range keys {
-		h := p.b.hash(k)
-		s := p.b.find(k, h)
+		s := p.hint(k, &j)
+		if s < 0 {
+			s = p.b.lookup(k)
+		}
 		if s < 0 || p.b.meta[s].ref != -1 {
 			continue
 		}
@@ -206,9 +285,9 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 			continue
 		}
 		p.pol.removed(s)
-		p.b.index.remove(h, s)
+		p.b.index.remove(p.b.meta[s].h32, s)
 		p.b.meta[s].free()
-		p.free = append(p.free, s)
+		p.pushFree(s)
 		p.numBlocks--
 		p.ctr.failedStores++
 	}
@@ -227,7 +306,9 @@ func (p *Primary) Reset() {
 		p.b.links[i] = link{-1, -1}
 	}
 	p.b.index.clear()
-	p.free = p.free[:0]
+	p.freeHead, p.numFree = -1, 0
+	clear(p.newKeys) // forget the last batch (and its keys)
+	p.newKeys, p.newSlots = p.newKeys[:0], p.newSlots[:0]
 	p.numAllocated = 0
 	p.numBlocks, p.numPending, p.numEvictable = 0, 0, 0
 	p.pol.clear()
