@@ -40,45 +40,26 @@ func newTier(t *testing.T, cfg Config) *Tier {
 
 func TestConfigValidation(t *testing.T) {
 	base := testConfig("127.0.0.1:6379")
-	cases := []struct {
-		name string
-		mod  func(*Config)
-		key  string
-	}{
-		{"ok", func(*Config) {}, ""},
-		{"no addr", func(c *Config) { c.Addr = "" }, "addr"},
-		{"addr without port", func(c *Config) { c.Addr = "localhost" }, "addr"},
-		{"negative db", func(c *Config) { c.DB = -1 }, "db"},
-		{"prefix with space", func(c *Config) { c.KeyPrefix = "a b" }, "key_prefix"},
-		{"negative ttl", func(c *Config) { c.TTL = -time.Second }, "ttl"},
-		{"sub-millisecond ttl", func(c *Config) { c.TTL = time.Microsecond }, "ttl"},
-		{"negative max value", func(c *Config) { c.MaxValueBytes = -1 }, "max_value_bytes"},
-		{"bad locality", func(c *Config) { c.Locality = "far" }, "locality"},
-		{"local ok", func(c *Config) { c.Locality = "Local" }, ""},
-		{"negative pool", func(c *Config) { c.PoolSize = -1 }, "pool_size"},
-		{"negative inflight", func(c *Config) { c.MaxInflight = -1 }, "max_inflight"},
-		{"negative retries", func(c *Config) { c.Retries = -1 }, "retries"},
-		{"negative timeout", func(c *Config) { c.Timeout = -1 }, "timeout"},
-		{"negative dial timeout", func(c *Config) { c.DialTimeout = -1 }, "dial_timeout"},
-		{"negative probe interval", func(c *Config) { c.ProbeInterval = -1 }, "probe_interval"},
-		{"negative lookup batch", func(c *Config) { c.LookupBatch = -5 }, "lookup_batch"},
+	cases := []rt.ConfigCase[Config]{
+		{Name: "ok", Mod: func(*Config) {}},
+		{Name: "no addr", Mod: func(c *Config) { c.Addr = "" }, Key: "addr"},
+		{Name: "addr without port", Mod: func(c *Config) { c.Addr = "localhost" }, Key: "addr"},
+		{Name: "negative db", Mod: func(c *Config) { c.DB = -1 }, Key: "db"},
+		{Name: "prefix with space", Mod: func(c *Config) { c.KeyPrefix = "a b" }, Key: "key_prefix"},
+		{Name: "negative ttl", Mod: func(c *Config) { c.TTL = -time.Second }, Key: "ttl"},
+		{Name: "sub-millisecond ttl", Mod: func(c *Config) { c.TTL = time.Microsecond }, Key: "ttl"},
+		{Name: "negative max value", Mod: func(c *Config) { c.MaxValueBytes = -1 }, Key: "max_value_bytes"},
+		{Name: "bad locality", Mod: func(c *Config) { c.Locality = "far" }, Key: "locality"},
+		{Name: "local ok", Mod: func(c *Config) { c.Locality = "Local" }},
+		{Name: "negative pool", Mod: func(c *Config) { c.PoolSize = -1 }, Key: "pool_size"},
+		{Name: "negative inflight", Mod: func(c *Config) { c.MaxInflight = -1 }, Key: "max_inflight"},
+		{Name: "negative retries", Mod: func(c *Config) { c.Retries = -1 }, Key: "retries"},
+		{Name: "negative timeout", Mod: func(c *Config) { c.Timeout = -1 }, Key: "timeout"},
+		{Name: "negative dial timeout", Mod: func(c *Config) { c.DialTimeout = -1 }, Key: "dial_timeout"},
+		{Name: "negative probe interval", Mod: func(c *Config) { c.ProbeInterval = -1 }, Key: "probe_interval"},
+		{Name: "negative lookup batch", Mod: func(c *Config) { c.LookupBatch = -5 }, Key: "lookup_batch"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := base
-			tc.mod(&c)
-			err := c.withDefaults().Validate()
-			if tc.key == "" {
-				if err != nil {
-					t.Fatalf("unexpected error: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.key+":") {
-				t.Fatalf("error %v does not name key %q", err, tc.key)
-			}
-		})
-	}
+	rt.CheckConfig(t, base, func(c Config) error { return c.withDefaults().Validate() }, cases)
 }
 
 func TestStartupErrors(t *testing.T) {

@@ -144,45 +144,26 @@ func rawClient(cfg Config) *s3.Client {
 
 func TestConfigValidation(t *testing.T) {
 	base := testConfig("http://127.0.0.1:1")
-	cases := []struct {
-		name string
-		mod  func(*Config)
-		key  string // expected in the error
-	}{
-		{"ok", func(*Config) {}, ""},
-		{"no bucket", func(c *Config) { c.Bucket = "" }, "bucket"},
-		{"bad bucket", func(c *Config) { c.Bucket = "Bad_Bucket" }, "bucket"},
-		{"bad endpoint", func(c *Config) { c.Endpoint = "ftp://x" }, "endpoint"},
-		{"endpoint without host", func(c *Config) { c.Endpoint = "http://" }, "endpoint"},
-		{"bad locality", func(c *Config) { c.Locality = "nearby" }, "locality"},
-		{"global is remote", func(c *Config) { c.Locality = "GLOBAL" }, ""},
-		{"access without secret", func(c *Config) { c.SecretKey = "" }, "secret_key"},
-		{"secret without access", func(c *Config) { c.AccessKey = "" }, "access_key"},
-		{"negative io_threads", func(c *Config) { c.IOThreads = -1 }, "io_threads"},
-		{"negative max_inflight", func(c *Config) { c.MaxInflight = -2 }, "max_inflight"},
-		{"negative retries", func(c *Config) { c.Retries = -1 }, "retries"},
-		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "timeout"},
-		{"negative backoff", func(c *Config) { c.RetryBackoff = -1 }, "retry_backoff"},
-		{"prefix traversal", func(c *Config) { c.Prefix = "../x" }, "prefix"},
-		{"absolute prefix", func(c *Config) { c.Prefix = "/x" }, "prefix"},
-		{"layout base with slash", func(c *Config) { c.Layout.Base = "a/b" }, "layout"},
+	cases := []rt.ConfigCase[Config]{
+		{Name: "ok", Mod: func(*Config) {}},
+		{Name: "no bucket", Mod: func(c *Config) { c.Bucket = "" }, Key: "bucket"},
+		{Name: "bad bucket", Mod: func(c *Config) { c.Bucket = "Bad_Bucket" }, Key: "bucket"},
+		{Name: "bad endpoint", Mod: func(c *Config) { c.Endpoint = "ftp://x" }, Key: "endpoint"},
+		{Name: "endpoint without host", Mod: func(c *Config) { c.Endpoint = "http://" }, Key: "endpoint"},
+		{Name: "bad locality", Mod: func(c *Config) { c.Locality = "nearby" }, Key: "locality"},
+		{Name: "global is remote", Mod: func(c *Config) { c.Locality = "GLOBAL" }},
+		{Name: "access without secret", Mod: func(c *Config) { c.SecretKey = "" }, Key: "secret_key"},
+		{Name: "secret without access", Mod: func(c *Config) { c.AccessKey = "" }, Key: "access_key"},
+		{Name: "negative io_threads", Mod: func(c *Config) { c.IOThreads = -1 }, Key: "io_threads"},
+		{Name: "negative max_inflight", Mod: func(c *Config) { c.MaxInflight = -2 }, Key: "max_inflight"},
+		{Name: "negative retries", Mod: func(c *Config) { c.Retries = -1 }, Key: "retries"},
+		{Name: "negative timeout", Mod: func(c *Config) { c.Timeout = -time.Second }, Key: "timeout"},
+		{Name: "negative backoff", Mod: func(c *Config) { c.RetryBackoff = -1 }, Key: "retry_backoff"},
+		{Name: "prefix traversal", Mod: func(c *Config) { c.Prefix = "../x" }, Key: "prefix"},
+		{Name: "absolute prefix", Mod: func(c *Config) { c.Prefix = "/x" }, Key: "prefix"},
+		{Name: "layout base with slash", Mod: func(c *Config) { c.Layout.Base = "a/b" }, Key: "layout"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := base
-			tc.mod(&c)
-			err := c.withDefaults().Validate()
-			if tc.key == "" {
-				if err != nil {
-					t.Fatalf("unexpected error: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.key+":") {
-				t.Fatalf("error %v does not name key %q", err, tc.key)
-			}
-		})
-	}
+	rt.CheckConfig(t, base, func(c Config) error { return c.withDefaults().Validate() }, cases)
 }
 
 func TestConfigCredentialsFromEnv(t *testing.T) {

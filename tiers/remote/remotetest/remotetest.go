@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +120,36 @@ func DecodeTier(doc string, dst any) error {
 		return fmt.Errorf("no secondary_tiers entry in the document")
 	}
 	return cfg.SecondaryTiers[0].Decode(dst)
+}
+
+// ConfigCase changes a valid tier config; Key is the config key the
+// error of the changed config must name, or "" when it must be valid.
+type ConfigCase[C any] struct {
+	Name string
+	Mod  func(*C)
+	Key  string
+}
+
+// CheckConfig runs validate over base changed by each case and checks
+// that it accepts the valid ones and names the key of the others.
+func CheckConfig[C any](t *testing.T, base C, validate func(C) error, cases []ConfigCase[C]) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			c := base
+			tc.Mod(&c)
+			err := validate(c)
+			if tc.Key == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.Key+":") {
+				t.Fatalf("error %v does not name key %q", err, tc.Key)
+			}
+		})
+	}
 }
 
 // HealthyTier is a tier that reports its server's health.
