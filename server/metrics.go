@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvtier/kvtier/tierset"
 )
 
 // metrics owns the daemon's Prometheus registry. Manager and tier counters
@@ -141,7 +143,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEventsSent, st.SinkEventsPublished, n)
 		counter(descBatchesDrp, st.SinkBatchesDropped, n)
 		for _, t := range st.Tiers {
-			l := []string{n, t.Name, t.Type, orDynamic(t.Medium.String()), orDynamic(t.Locality.String())}
+			d := tierset.Declaration{Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality}
+			l := []string{n, t.Name, t.Type, d.MediumString(), d.LocalityString()}
 			with := func(extra string) []string { return append(append([]string(nil), l...), extra) }
 			counter(descTierLookups, t.Hits, with("hit")...)
 			counter(descTierLookups, t.Misses, with("miss")...)

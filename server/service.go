@@ -7,6 +7,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tierset"
 )
 
 // service implements kvtierv1.KVTierServer on top of the namespaces.
@@ -211,22 +212,29 @@ func (sv *service) Explain(_ context.Context, in *kvtierv1.ExplainRequest) (*kvt
 		return nil, toStatus(err)
 	}
 	resp := &kvtierv1.ExplainResponse{
-		LoadFilter:       filterProto(ex.Load),
-		StoreFilter:      filterProto(ex.Store),
-		LoadFromRequest:  ex.LoadFromRequest,
-		StoreFromRequest: ex.StoreFromRequest,
+		LoadFilter:       filterProto(ex.Load.Filter),
+		StoreFilter:      filterProto(ex.Store.Filter),
+		LoadFromRequest:  ex.Load.FromRequest,
+		StoreFromRequest: ex.Store.FromRequest,
 		Warnings:         warningsProto(ex.Warnings),
 		StrictError:      ex.StrictError,
 		ValidationMode:   ex.Mode.String(),
 	}
-	for _, d := range ex.Tiers {
+	for _, v := range ex.Tiers {
 		resp.Tiers = append(resp.Tiers, &kvtierv1.TierDecision{
-			Name: d.Name, Type: d.Type,
-			Medium: kvtierv1.Medium(d.Medium), Locality: kvtierv1.Locality(d.Locality),
-			Load: d.Load, LoadReason: d.LoadReason, Store: d.Store, StoreReason: d.StoreReason,
+			Name: v.Name, Type: v.Type,
+			Medium: kvtierv1.Medium(v.Medium), Locality: kvtierv1.Locality(v.Locality),
+			Load: v.Load.Allowed, LoadReason: reason(v.Load, ex.Load),
+			Store: v.Store.Allowed, StoreReason: reason(v.Store, ex.Store),
 		})
 	}
 	return resp, nil
+}
+
+// reason is a tier's verdict for one direction with where the filter
+// came from (the response has no field of its own for that).
+func reason(v tierset.Verdict, s tierset.Side) string {
+	return v.Reason + " (" + s.Source() + ")"
 }
 
 func (sv *service) PutBlocks(_ context.Context, in *kvtierv1.PutBlocksRequest) (*kvtierv1.PutBlocksResponse, error) {
