@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"unicode"
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
@@ -70,6 +71,9 @@ func planRedis(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		return plan{}, err
 	}
 	c.Name = spec.Name
+	if !spec.Has("key_prefix") {
+		c.KeyPrefix = redisKeyPrefix(cfg)
+	}
 	if err := c.Validate(); err != nil {
 		return plan{}, keyPathError(spec, c, err)
 	}
@@ -89,6 +93,22 @@ func planRedis(spec config.TierSpec, cfg *config.Config) (plan, error) {
 			return t, nil
 		},
 	}, nil
+}
+
+// redisKeyPrefix is the default key prefix of a redis tier: it names the
+// namespace's model and block size, so that daemons serving different
+// models (or block sizes) from one Redis never read each other's blocks
+// under the same engine hash. The fs and s3 tiers get the same separation
+// from their digest directory.
+func redisKeyPrefix(cfg *config.Config) string {
+	model := strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || r == ':' {
+			return '_'
+		}
+		return r
+	}, cfg.Namespace.Model)
+	bytes, _ := cfg.Namespace.BytesPerBlock.Int()
+	return fmt.Sprintf("%s%s:%d:", redis.DefaultKeyPrefix, model, bytes)
 }
 
 // parseLocality reads a tier's locality key: local, remote (or global),

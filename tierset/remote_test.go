@@ -248,3 +248,60 @@ secondary_tiers:
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// TestRedisDefaultPrefixSeparatesNamespaces: two daemons serving different
+// models (or block sizes) from one Redis, both with the default key
+// prefix, never find each other's blocks; an explicit key_prefix is kept.
+func TestRedisDefaultPrefixSeparatesNamespaces(t *testing.T) {
+	mr := miniredis.RunT(t)
+	ctx := context.Background()
+	build := func(ns, extra string) offload.SecondaryTier {
+		t.Helper()
+		cfg := mustParse(t, fmt.Sprintf(`
+namespace: %s
+primary: {bytes: 1MiB}
+secondary_tiers:
+  - {name: dram, type: redis, addr: %q%s}
+`, ns, mr.Addr(), extra))
+		tiers, err := Build(ctx, cfg, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeAll(ctx, tiers) })
+		return tiers[0]
+	}
+	writer := build("{model: org/a, bytes_per_block: 4KiB}", "")
+	arena := rt.NewArena(4096, 1)
+	arena.Fill(0, 3)
+	key := rt.Key(42)
+	if res := rt.Run(t, writer, &offload.Job{ID: 1, Keys: []offload.Key{key}, Slots: []int64{0}, Arena: arena}); !res.Success {
+		t.Fatalf("store: %v", res.Err)
+	}
+	if got := mr.Keys(); len(got) != 1 || !strings.HasPrefix(got[0], "kvtier:org/a:4096:") {
+		t.Fatalf("redis keys %v, want one under kvtier:org/a:4096:", got)
+	}
+	for _, c := range []struct{ name, ns, extra string }{
+		{"other model", "{model: org/b, bytes_per_block: 4KiB}", ""},
+		{"other block size", "{model: org/a, bytes_per_block: 8KiB}", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := rt.Resolve(t, build(c.ns, c.extra), key, offload.Background("r")); got != offload.Miss {
+				t.Errorf("lookup from another namespace = %v, want MISS", got)
+			}
+		})
+	}
+	t.Run("same namespace", func(t *testing.T) {
+		if got := rt.Resolve(t, build("{model: org/a, bytes_per_block: 4KiB}", ""), key, offload.Background("r")); got != offload.Hit {
+			t.Errorf("lookup from the same namespace = %v, want HIT", got)
+		}
+	})
+	t.Run("explicit prefix kept", func(t *testing.T) {
+		tier := build("{model: org/a, bytes_per_block: 4KiB}", `, key_prefix: "mine:"`)
+		if res := rt.Run(t, tier, &offload.Job{ID: 2, Keys: []offload.Key{key}, Slots: []int64{0}, Arena: arena}); !res.Success {
+			t.Fatalf("store: %v", res.Err)
+		}
+		if !mr.Exists(fmt.Sprintf("mine:%s:0", key.HexHash())) {
+			t.Errorf("explicit key_prefix not used; keys %v", mr.Keys())
+		}
+	})
+}
