@@ -270,7 +270,7 @@ func (t *exampleTier) SubmitLoad(j *offload.Job) {
 
 func (t *exampleTier) FinishedJobs() []offload.JobResult {
 	r := t.results
-	t.results = t.results[len(t.results):] // reuse the array: the manager is done with r before the next submit
+	t.results = t.results[:0] // reuse the array: the manager is done with r before the next submit
 	return r
 }
 

@@ -544,10 +544,15 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 
 // cascade submits a store of keys (owned by the jobs from now on) to every
 // tier in mask that req's store filter allows and admission accepts,
-// pinning the keys once per job.
+// pinning the keys once per job. Only the first job looks the keys up
+// (PrepareLoad, which finds a batch just stored without hashing); the
+// others pin the same slots by index. The jobs share keys and slots,
+// which tiers only read.
 func (m *Manager) cascade(keys []offload.Key, req *offload.ReqContext, mask uint64) {
 	filter := req.StoreFilter
 	var now time.Time
+	var slots []int64
+	var block []job // the cascade's jobs, one allocation
 	for _, ts := range m.tiers {
 		if mask&(1<<ts.idx) == 0 {
 			continue
@@ -561,24 +566,37 @@ func (m *Manager) cascade(keys []offload.Key, req *offload.ReqContext, mask uint
 			ts.stats.CascadeBlocksDropped += uint64(len(keys))
 			continue
 		}
-		slots, err := m.primary.PrepareLoad(keys)
-		if err != nil {
-			// Some key is no longer ready (evicted or re-reserved since
-			// the caller saw it); cascade the ones that are.
-			keys = m.readyKeys(keys)
-			if len(keys) == 0 {
-				return
-			}
-			if slots, err = m.primary.PrepareLoad(keys); err != nil {
+		if slots != nil {
+			// The blocks are pinned by the first job, so the slots still
+			// name them.
+			if err := m.primary.PinSlots(slots); err != nil {
 				m.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
 				ts.stats.CascadesFailed++
 				continue
 			}
+		} else {
+			var err error
+			if slots, err = m.primary.PrepareLoad(keys); err != nil {
+				// Some key is no longer ready (evicted or re-reserved
+				// since the caller saw it); cascade the ones that are.
+				keys = m.readyKeys(keys)
+				if len(keys) == 0 {
+					return
+				}
+				if slots, err = m.primary.PrepareLoad(keys); err != nil {
+					m.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
+					ts.stats.CascadesFailed++
+					slots = nil
+					continue
+				}
+			}
 		}
 		if now.IsZero() {
 			now = time.Now()
+			block = make([]job, 0, len(m.tiers)-ts.idx)
 		}
-		jb := m.newJob(ts, keys, slots, false, req, now)
+		block = block[:len(block)+1] // within capacity: one job per tier left
+		jb := m.initJob(&block[len(block)-1], ts, keys, slots, false, req, now)
 		ts.cascadesInFlight++
 		if !m.tierSubmit(ts, &jb.j) {
 			m.failSubmitted(jb, "submit store panicked")
@@ -597,9 +615,14 @@ func (m *Manager) readyKeys(keys []offload.Key) []offload.Key {
 }
 
 func (m *Manager) newJob(ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
+	return m.initJob(new(job), ts, keys, slots, promotion, req, now)
+}
+
+// initJob fills jb as a new job and registers it.
+func (m *Manager) initJob(jb *job, ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
 	id := m.nextID
 	m.nextID++
-	jb := &job{tier: ts, start: now, j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: m.arena}}
+	*jb = job{tier: ts, start: now, j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: m.arena}}
 	m.jobs[id] = jb
 	return jb
 }
@@ -722,7 +745,7 @@ func (m *Manager) finishJob(jb *job, r offload.JobResult) {
 		return
 	}
 	ts.cascadesInFlight--
-	if err := m.primary.CompleteLoad(keys); err != nil {
+	if err := m.primary.UnpinSlots(jb.j.Slots); err != nil {
 		m.log.Error("tiering: cannot unpin cascade source blocks", "tier", ts.name, "job", r.JobID, "err", err)
 	}
 	if !r.Success {
