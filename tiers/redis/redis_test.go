@@ -365,16 +365,16 @@ func TestCloseAnswersEveryJobOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arena := rt.NewArena(64<<10, 8)
+	// Loads get their own arena: the manager never loads into a slot a
+	// store reads, and the test must not either (a data race).
+	arena, dst := rt.NewArena(64<<10, 8), rt.NewArena(64<<10, 8)
 	const n = 40
 	for i := 0; i < n; i++ {
-		j := rt.StoreJob(uint64(i), arena, rt.Keys(i, 2), []int64{int64(i % 8), int64((i + 1) % 8)})
+		slots := []int64{int64(i % 8), int64((i + 1) % 8)}
 		if i%2 == 1 {
-			j.Promotion = true
-			j.Req = offload.Background("r")
-			tier.SubmitLoad(j)
+			tier.SubmitLoad(rt.LoadJob(uint64(i), dst, rt.Keys(i, 2), slots, offload.Background("r")))
 		} else {
-			tier.SubmitStore(j)
+			tier.SubmitStore(rt.StoreJob(uint64(i), arena, rt.Keys(i, 2), slots))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
