@@ -249,6 +249,22 @@ func (ns *Namespace) req(id string) (*request, error) {
 	return r, nil
 }
 
+// liveReq returns active request id for a call that starts work for it
+// (lookups, loads, stores); the caller holds the mutex. A finished
+// request may only complete what it started: the manager has told the
+// tiers it finished, so state they built for it now would never be
+// dropped.
+func (ns *Namespace) liveReq(id, what string) (*request, error) {
+	r, err := ns.req(id)
+	if err != nil {
+		return nil, err
+	}
+	if r.finished {
+		return nil, fmt.Errorf("%w: %s for finished request %q", ErrProtocol, what, id)
+	}
+	return r, nil
+}
+
 // Keys converts raw keys, checking the per-call count and each key's
 // length against the limits.
 func (ns *Namespace) Keys(raw [][]byte) ([]offload.Key, error) {
@@ -303,7 +319,7 @@ func (ns *Namespace) Lookup(id string, keys []offload.Key, prefix bool, out []of
 		return 0, err
 	}
 	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.liveReq(id, "lookup")
 	if err != nil {
 		return 0, err
 	}
@@ -343,12 +359,9 @@ func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error)
 		return nil, err
 	}
 	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.liveReq(id, "prepare load")
 	if err != nil {
 		return nil, err
-	}
-	if r.finished {
-		return nil, fmt.Errorf("%w: prepare load for finished request %q", ErrProtocol, id)
 	}
 	slots, err := ns.mgr.PrepareLoad(keys, r.ctx)
 	if err != nil {
@@ -418,12 +431,9 @@ func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMe
 		return out, false, err
 	}
 	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.liveReq(id, "prepare store")
 	if err != nil {
 		return out, false, err
-	}
-	if r.finished {
-		return out, false, fmt.Errorf("%w: prepare store for finished request %q", ErrProtocol, id)
 	}
 	if ns.meta != nil {
 		for i := range metas {
@@ -623,7 +633,7 @@ func (ns *Namespace) PutBlocks(id string, params []byte, keys []offload.Key, dat
 		return nil, nil, err
 	}
 	defer ns.mu.Unlock()
-	rc, finish, err := ns.callRequestLocked(id, params)
+	rc, _, finish, err := ns.callRequestLocked(id, "put blocks", params)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -656,21 +666,22 @@ func (ns *Namespace) PutBlocks(id string, params []byte, keys []offload.Key, dat
 	return written, out.Evicted, nil
 }
 
-// callRequestLocked returns the context for a by-value call: the active
-// request id, or a temporary request finished by the returned func.
-func (ns *Namespace) callRequestLocked(id string, params []byte) (*offload.ReqContext, func(), error) {
+// callRequestLocked returns the context for a by-value call what: the
+// active request id (r is its registry entry), or a temporary request
+// (r is nil) finished by the returned func.
+func (ns *Namespace) callRequestLocked(id, what string, params []byte) (rc *offload.ReqContext, r *request, finish func(), err error) {
 	if id != "" {
-		r, err := ns.req(id)
+		r, err := ns.liveReq(id, what)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return r.ctx, func() {}, nil
+		return r.ctx, r, func() {}, nil
 	}
-	rc, err := ns.tempRequest(params)
+	rc, err = ns.tempRequest(params)
 	if err != nil {
-		return nil, nil, fmt.Errorf("temporary request: %w", err)
+		return nil, nil, nil, fmt.Errorf("temporary request: %w", err)
 	}
-	return rc, func() {
+	return rc, nil, func() {
 		delete(ns.reqs, rc.ID)
 		ns.mgr.OnRequestFinished(rc)
 	}, nil
@@ -701,7 +712,7 @@ func (ns *Namespace) GetBlocks(ctx context.Context, id string, params []byte, ke
 	if err := ns.lock(); err != nil {
 		return nil, nil, 0, err
 	}
-	rc, finish, err := ns.callRequestLocked(id, params)
+	rc, r, finish, err := ns.callRequestLocked(id, "get blocks", params)
 	if err != nil {
 		ns.mu.Unlock()
 		return nil, nil, 0, err
@@ -734,6 +745,10 @@ func (ns *Namespace) GetBlocks(ctx context.Context, id string, params []byte, ke
 		if err := ns.lock(); err != nil {
 			// Closed while waiting: Close finished every request.
 			return nil, nil, 0, err
+		}
+		if r != nil && (ns.reqs[id] != r || r.finished) {
+			ns.mu.Unlock()
+			return nil, nil, 0, fmt.Errorf("%w: request %q finished while get blocks waited", ErrProtocol, id)
 		}
 	}
 	defer ns.mu.Unlock()
