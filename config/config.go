@@ -107,8 +107,14 @@ func parse(data []byte, file string) (*Config, error) {
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, &Error{File: file, Msg: err.Error()}
 	}
+	// A syntax error after the first document is reported as such, not as
+	// a second document, so that the message says what and where.
 	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, &Error{File: file, Msg: err.Error()}
+	default:
 		return nil, &Error{File: file, Line: extra.Line, Msg: "want one YAML document, found more"}
 	}
 	d := &decoder{file: file}

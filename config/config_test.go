@@ -173,6 +173,8 @@ func TestParseErrors(t *testing.T) {
 			[]string{`want one YAML document, found more`}},
 		{"syntax error", "primary: {bytes: 1\n",
 			[]string{`yaml: line`}},
+		{"syntax error in a second document", "validation: strict\n--- [\n",
+			[]string{`yaml: line 2`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
