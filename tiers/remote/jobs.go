@@ -226,9 +226,21 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 // ForEach calls fn(ctx, i) for i in [0, n) concurrently, at most
 // cap(sem) calls at a time across every ForEach sharing sem, and returns
 // the errors co-indexed with i. It returns when every started call has
-// returned; calls not started because ctx ended get ctx's error.
+// returned; calls not started because ctx ended get ctx's error. A call
+// that panics returns the panic as its error: it runs on a goroutine of
+// its own, where Jobs could not recover it, and must give its sem slot
+// back.
 func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.Context, i int) error) []error {
 	errs := make([]error, n)
+	call := func(i int) {
+		defer func() {
+			<-sem
+			if p := recover(); p != nil {
+				errs[i] = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		errs[i] = fn(ctx, i)
+	}
 	if n == 1 {
 		select {
 		case sem <- struct{}{}:
@@ -236,8 +248,7 @@ func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.
 			errs[0] = ctx.Err()
 			return errs
 		}
-		errs[0] = fn(ctx, 0)
-		<-sem
+		call(0)
 		return errs
 	}
 	var wg sync.WaitGroup
@@ -254,8 +265,7 @@ func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			defer func() { <-sem }()
-			errs[i] = fn(ctx, i)
+			call(i)
 		}(i)
 	}
 	wg.Wait()

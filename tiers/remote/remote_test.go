@@ -238,6 +238,30 @@ func TestBackoffAndPrefix(t *testing.T) {
 	}
 }
 
+// TestForEachPanic: a call that panics fails alone, on the job's
+// goroutine (n == 1) or on its own, and gives its semaphore slot back.
+func TestForEachPanic(t *testing.T) {
+	sem := make(chan struct{}, 2)
+	for _, n := range []int{1, 3} {
+		for round := 0; round < 3; round++ { // more panics than sem slots
+			errs := ForEach(context.Background(), sem, n, func(_ context.Context, i int) error {
+				if i == n-1 {
+					panic("boom")
+				}
+				return nil
+			})
+			for i, err := range errs {
+				if (i == n-1) != (err != nil) {
+					t.Fatalf("n=%d: errs %v", n, errs)
+				}
+			}
+			if len(sem) != 0 {
+				t.Fatalf("n=%d: %d sem slots still taken", n, len(sem))
+			}
+		}
+	}
+}
+
 func TestJobsPanicIsAFailedResult(t *testing.T) {
 	j := NewJobs("t", 0)
 	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult { panic("boom") })
