@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,22 +57,10 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	resp, err := h(ctx, req)
-	method := info.FullMethod
-	if i := lastSlash(method); i >= 0 {
-		method = method[i+1:]
-	}
+	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
 	m.callSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	m.calls.WithLabelValues(method, status.Code(err).String()).Inc()
 	return resp, err
-}
-
-func lastSlash(s string) int {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '/' {
-			return i
-		}
-	}
-	return -1
 }
 
 var (

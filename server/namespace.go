@@ -265,6 +265,34 @@ func (ns *Namespace) liveReq(id, what string) (*request, error) {
 	return r, nil
 }
 
+// lockReq locks the namespace and returns request id; on error the mutex
+// is not held.
+func (ns *Namespace) lockReq(id string) (*request, error) {
+	if err := ns.lock(); err != nil {
+		return nil, err
+	}
+	r, err := ns.req(id)
+	if err != nil {
+		ns.mu.Unlock()
+		return nil, err
+	}
+	return r, nil
+}
+
+// lockLive is lockReq for a call that starts work for the request (see
+// liveReq).
+func (ns *Namespace) lockLive(id, what string) (*request, error) {
+	if err := ns.lock(); err != nil {
+		return nil, err
+	}
+	r, err := ns.liveReq(id, what)
+	if err != nil {
+		ns.mu.Unlock()
+		return nil, err
+	}
+	return r, nil
+}
+
 // Keys converts raw keys, checking the per-call count and each key's
 // length against the limits.
 func (ns *Namespace) Keys(raw [][]byte) ([]offload.Key, error) {
@@ -315,14 +343,11 @@ func (ns *Namespace) PackedKeys(packed []byte, size int) ([]offload.Key, error) 
 // promotions, and the first Miss ends the scan; keys after it answer
 // notLookedUp. It returns the number of leading hits (Hit or HitPending).
 func (ns *Namespace) Lookup(id string, keys []offload.Key, prefix bool, out []offload.LookupResult) (int, error) {
-	if err := ns.lock(); err != nil {
-		return 0, err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.liveReq(id, "lookup")
+	r, err := ns.lockLive(id, "lookup")
 	if err != nil {
 		return 0, err
 	}
+	defer ns.mu.Unlock()
 	if !prefix {
 		return ns.lookupLocked(r.ctx, keys, out), nil
 	}
@@ -355,14 +380,11 @@ func (ns *Namespace) lookupLocked(rc *offload.ReqContext, keys []offload.Key, ou
 
 // PrepareLoad pins keys for reading and returns their slots.
 func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error) {
-	if err := ns.lock(); err != nil {
-		return nil, err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.liveReq(id, "prepare load")
+	r, err := ns.lockLive(id, "prepare load")
 	if err != nil {
 		return nil, err
 	}
+	defer ns.mu.Unlock()
 	slots, err := ns.mgr.PrepareLoad(keys, r.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
@@ -378,14 +400,11 @@ func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error)
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
 func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
-	if err := ns.lock(); err != nil {
-		return err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.lockReq(id)
 	if err != nil {
 		return err
 	}
+	defer ns.mu.Unlock()
 	// Check the whole batch first (a key may repeat) so that a bad call
 	// changes nothing.
 	seen := make(map[offload.Key]int32, len(keys))
@@ -409,14 +428,11 @@ func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
 
 // Touch refreshes the recency of keys.
 func (ns *Namespace) Touch(id string, keys []offload.Key) error {
-	if err := ns.lock(); err != nil {
-		return err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.lockReq(id)
 	if err != nil {
 		return err
 	}
+	defer ns.mu.Unlock()
 	ns.mgr.Touch(keys, r.ctx)
 	return nil
 }
@@ -427,14 +443,11 @@ func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMe
 	if len(metas) != 0 && len(metas) != len(keys) {
 		return out, false, fmt.Errorf("%w: %d metadata entries for %d keys (want none or one per key)", ErrInvalidArgument, len(metas), len(keys))
 	}
-	if err := ns.lock(); err != nil {
-		return out, false, err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.liveReq(id, "prepare store")
+	r, err := ns.lockLive(id, "prepare store")
 	if err != nil {
 		return out, false, err
 	}
+	defer ns.mu.Unlock()
 	if ns.meta != nil {
 		for i := range metas {
 			if err := ns.meta.Record(keys[i], metas[i]); err != nil {
@@ -459,14 +472,11 @@ func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMe
 
 // CompleteStore commits or abandons the slots reserved by PrepareStore.
 func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) error {
-	if err := ns.lock(); err != nil {
-		return err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.lockReq(id)
 	if err != nil {
 		return err
 	}
+	defer ns.mu.Unlock()
 	for i, k := range keys {
 		if _, ok := r.reserved[k]; !ok {
 			return fmt.Errorf("%w: complete store: keys[%d] %s was not reserved for request %q (only PrepareStore's keys_to_store may be completed)", ErrProtocol, i, k, id)
@@ -484,14 +494,11 @@ func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) 
 
 // FinishRequest marks request id finished.
 func (ns *Namespace) FinishRequest(id string) error {
-	if err := ns.lock(); err != nil {
-		return err
-	}
-	defer ns.mu.Unlock()
-	r, err := ns.req(id)
+	r, err := ns.lockReq(id)
 	if err != nil {
 		return err
 	}
+	defer ns.mu.Unlock()
 	if r.finished {
 		return fmt.Errorf("%w: request %q already finished", ErrProtocol, id)
 	}
