@@ -184,7 +184,7 @@ func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	case job.Arena == nil:
 		err = fmt.Errorf("%s: store job %d: no arena", b.label, job.ID)
 	default:
-		err = b.store(ctx, job)
+		err = b.callStore(ctx, job)
 	}
 	res := offload.JobResult{Duration: time.Since(start)}
 	if err != nil {
@@ -210,7 +210,7 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	start := time.Now()
 	slots, errs, usable := b.slots(job)
 	if usable {
-		b.load(ctx, job, slots, errs)
+		b.callLoad(ctx, job, slots, errs)
 	}
 	loaded, err := Prefix(job.Keys, errs)
 	res := offload.JobResult{Duration: time.Since(start)}
@@ -233,6 +233,33 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	}
 	b.missQ.Add(failed...)
 	return res
+}
+
+// callStore and callLoad run the tier's I/O, turning a panic into the
+// job's failure so that it is counted, and a load's keys marked Miss,
+// like any other failure (Jobs alone would only answer the job, and the
+// manager would promote the keys again and again).
+func (b *Base) callStore(ctx context.Context, job *offload.Job) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%s: store job %d: panic: %v", b.label, job.ID, p)
+		}
+	}()
+	return b.store(ctx, job)
+}
+
+func (b *Base) callLoad(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("%s: load job %d: panic: %v", b.label, job.ID, p)
+			for i := range errs {
+				if slots[i] != nil { // whatever it wrote is not to be trusted
+					errs[i] = err
+				}
+			}
+		}
+	}()
+	b.load(ctx, job, slots, errs)
 }
 
 // slots returns the destination slot of every key of a load job, or in

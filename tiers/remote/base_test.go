@@ -267,3 +267,32 @@ func TestSharedCheck(t *testing.T) {
 		t.Fatalf("moon: %v", err)
 	}
 }
+
+// TestBasePanicIsAFailedJob: a StoreFunc or LoadFunc that panics fails
+// its job like any error: counted, and the load's keys answer Miss for
+// the request instead of being promoted again.
+func TestBasePanicIsAFailedJob(t *testing.T) {
+	b, f, _ := newTestBase(t, false)
+	b.store = func(context.Context, *offload.Job) error { panic("store bug") }
+	b.load = func(context.Context, *offload.Job, [][]byte, []error) { panic("load bug") }
+	arena := &memArena{slots: [][]byte{{0}, {0}}}
+	k := offload.Key("key-hash")
+	f.blocks[k] = 1
+	req := offload.Background("r")
+	if r := resolve(t, b, k, req); r != offload.Hit {
+		t.Fatalf("lookup %v", r)
+	}
+	b.SubmitStore(&offload.Job{ID: 1, Keys: []offload.Key{k}, Slots: []int64{0}, Arena: arena})
+	b.SubmitLoad(&offload.Job{ID: 2, Keys: []offload.Key{k}, Slots: []int64{1}, Arena: arena, Promotion: true, Req: req})
+	for id, r := range results(t, b, 2) {
+		if r.Success || r.Err == nil || !strings.Contains(r.Err.Error(), "panic") {
+			t.Fatalf("job %d: %+v", id, r)
+		}
+	}
+	if st := b.Stats(); st.StoreJobsFailed != 1 || st.LoadJobsFailed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if r := b.Lookup(k, req); r != offload.Miss {
+		t.Fatalf("lookup after a load that panicked: %v", r)
+	}
+}
