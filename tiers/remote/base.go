@@ -38,7 +38,7 @@ type BaseConfig struct {
 	// the tier's events are off.
 	Events *Events
 
-	// MaxInflight bounds jobs in flight (NewJobs).
+	// MaxInflight bounds jobs in flight; beyond it a job fails at once.
 	MaxInflight int
 	// Exists checks existence for lookups, batched per step: at most
 	// LookupBatch keys and LookupTimeout per call (asynclookup.Options).
@@ -70,14 +70,14 @@ type Base struct {
 	health  *Health
 	c       *Counters
 	events  *Events
-	jobs    *Jobs
+	jobs    *jobTable
 	lookups *asynclookup.Manager
 	store   StoreFunc
 	load    LoadFunc
 
 	// missQ and forgetQ carry keys from job goroutines to the lookup
 	// state, applied on the manager's goroutine.
-	missQ, forgetQ KeyQueue
+	missQ, forgetQ keyQueue
 }
 
 // NewBase starts the job table and the existence-check worker of cfg.
@@ -90,7 +90,7 @@ func NewBase(cfg BaseConfig) *Base {
 		health:   cfg.Health,
 		c:        cfg.Counters,
 		events:   cfg.Events,
-		jobs:     NewJobs(cfg.Label, cfg.MaxInflight),
+		jobs:     newJobTable(cfg.Label, cfg.MaxInflight),
 		lookups: asynclookup.New(cfg.Label, cfg.Exists, asynclookup.Options{
 			MaxBatch: cfg.LookupBatch,
 			Timeout:  cfg.LookupTimeout,
@@ -212,7 +212,7 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	if usable {
 		b.callLoad(ctx, job, slots, errs)
 	}
-	loaded, err := Prefix(job.Keys, errs)
+	loaded, err := loadedPrefix(job.Keys, errs)
 	res := offload.JobResult{Duration: time.Since(start)}
 	if len(loaded) > 0 {
 		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
@@ -237,8 +237,8 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 
 // callStore and callLoad run the tier's I/O, turning a panic into the
 // job's failure so that it is counted, and a load's keys marked Miss,
-// like any other failure (Jobs alone would only answer the job, and the
-// manager would promote the keys again and again).
+// like any other failure (the job table alone would only answer the job,
+// and the manager would promote the keys again and again).
 func (b *Base) callStore(ctx context.Context, job *offload.Job) (err error) {
 	defer func() {
 		if p := recover(); p != nil {

@@ -34,10 +34,10 @@
 //
 // # Jobs
 //
-// Jobs runs each submitted job on its own goroutine (bounded by a maximum
-// number in flight; beyond it the job fails at once), collects the
-// results for FinishedJobs, lets DrainJobs wait for quiescence, and on
-// Close answers the jobs that did not finish in time as failed.
+// Each submitted job runs on its own goroutine (bounded by a maximum
+// number in flight; beyond it the job fails at once); the results are
+// collected for FinishedJobs, DrainJobs waits for quiescence, and Close
+// answers the jobs that did not finish in time as failed.
 //
 // # Base
 //

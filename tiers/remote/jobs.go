@@ -18,15 +18,15 @@ var ErrClosed = errors.New("tier closed")
 // already has its maximum number of jobs in flight.
 var ErrOverloaded = errors.New("too many jobs in flight")
 
-// RunFunc performs one job. It runs on its own goroutine and must honour
+// runFunc performs one job. It runs on its own goroutine and must honour
 // ctx, which Close cancels. The returned result's JobID is filled in by
-// Jobs.
-type RunFunc func(ctx context.Context, job *offload.Job) offload.JobResult
+// the job table.
+type runFunc func(ctx context.Context, job *offload.Job) offload.JobResult
 
-// Jobs answers every submitted job exactly once: from its RunFunc, at
+// jobTable answers every submitted job exactly once: from its runFunc, at
 // once when refused, or as failed when Close gives up waiting for it.
 // Methods are safe for concurrent use; Submit never blocks.
-type Jobs struct {
+type jobTable struct {
 	name        string
 	maxInflight int
 
@@ -41,20 +41,20 @@ type Jobs struct {
 	closed  bool
 }
 
-// NewJobs returns a job table admitting at most maxInflight concurrent
+// newJobTable returns a job table admitting at most maxInflight concurrent
 // jobs (<= 0 means 64). name prefixes error messages.
-func NewJobs(name string, maxInflight int) *Jobs {
+func newJobTable(name string, maxInflight int) *jobTable {
 	if maxInflight <= 0 {
 		maxInflight = 64
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Jobs{name: name, maxInflight: maxInflight, ctx: ctx, cancel: cancel, active: make(map[uint64]*offload.Job)}
+	return &jobTable{name: name, maxInflight: maxInflight, ctx: ctx, cancel: cancel, active: make(map[uint64]*offload.Job)}
 }
 
 // Submit starts run for job on a new goroutine and reports true, or
 // answers the job as failed at once and reports false when the table is
 // closed or full.
-func (j *Jobs) Submit(job *offload.Job, run RunFunc) bool {
+func (j *jobTable) Submit(job *offload.Job, run runFunc) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	switch {
@@ -79,7 +79,7 @@ func (j *Jobs) Submit(job *offload.Job, run RunFunc) bool {
 
 // run calls fn, turning a panic into a failed result so that a bug in one
 // job cannot take the daemon down or leave the job unanswered.
-func (j *Jobs) run(job *offload.Job, fn RunFunc) (res offload.JobResult) {
+func (j *jobTable) run(job *offload.Job, fn runFunc) (res offload.JobResult) {
 	defer func() {
 		if p := recover(); p != nil {
 			res = failed(job, fmt.Errorf("%s: job %d: panic: %v", j.name, job.ID, p))
@@ -90,7 +90,7 @@ func (j *Jobs) run(job *offload.Job, fn RunFunc) (res offload.JobResult) {
 }
 
 // Fail answers job as failed with err without running it.
-func (j *Jobs) Fail(job *offload.Job, err error) {
+func (j *jobTable) Fail(job *offload.Job, err error) {
 	j.mu.Lock()
 	j.results = append(j.results, failed(job, err))
 	j.mu.Unlock()
@@ -101,7 +101,7 @@ func failed(job *offload.Job, err error) offload.JobResult {
 }
 
 // finish records res unless Close already answered the job.
-func (j *Jobs) finish(res offload.JobResult) {
+func (j *jobTable) finish(res offload.JobResult) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if _, ok := j.active[res.JobID]; !ok {
@@ -112,7 +112,7 @@ func (j *Jobs) finish(res offload.JobResult) {
 	j.markIdle()
 }
 
-func (j *Jobs) markIdle() {
+func (j *jobTable) markIdle() {
 	if len(j.active) == 0 && j.idle != nil {
 		close(j.idle)
 		j.idle = nil
@@ -120,7 +120,7 @@ func (j *Jobs) markIdle() {
 }
 
 // Take returns the results collected since the previous call.
-func (j *Jobs) Take() []offload.JobResult {
+func (j *jobTable) Take() []offload.JobResult {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.results) == 0 {
@@ -132,14 +132,14 @@ func (j *Jobs) Take() []offload.JobResult {
 }
 
 // Active returns the number of jobs in flight.
-func (j *Jobs) Active() int {
+func (j *jobTable) Active() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return len(j.active)
 }
 
 // Pending reports jobs in flight or results not yet taken.
-func (j *Jobs) Pending() bool {
+func (j *jobTable) Pending() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return len(j.active) > 0 || len(j.results) > 0
@@ -147,7 +147,7 @@ func (j *Jobs) Pending() bool {
 
 // Drain waits until no job is in flight (every result is available to
 // Take) or ctx ends.
-func (j *Jobs) Drain(ctx context.Context) error {
+func (j *jobTable) Drain(ctx context.Context) error {
 	j.mu.Lock()
 	idle := j.idle
 	j.mu.Unlock()
@@ -165,7 +165,7 @@ func (j *Jobs) Drain(ctx context.Context) error {
 // Close refuses new jobs, cancels the running ones and waits for them
 // until ctx ends; jobs still running then are answered as failed (their
 // late results are dropped). It is idempotent.
-func (j *Jobs) Close(ctx context.Context) error {
+func (j *jobTable) Close(ctx context.Context) error {
 	j.mu.Lock()
 	j.closed = true
 	j.mu.Unlock()
@@ -228,8 +228,8 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 // the errors co-indexed with i. It returns when every started call has
 // returned; calls not started because ctx ended get ctx's error. A call
 // that panics returns the panic as its error: it runs on a goroutine of
-// its own, where Jobs could not recover it, and must give its sem slot
-// back.
+// its own, where the job table could not recover it, and must give its
+// sem slot back.
 func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.Context, i int) error) []error {
 	errs := make([]error, n)
 	call := func(i int) {
@@ -272,9 +272,9 @@ func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.
 	return errs
 }
 
-// Prefix returns keys[:k] where k is the index of the first non-nil error
+// loadedPrefix returns keys[:k] where k is the index of the first non-nil error
 // (nil when k is 0): the loaded prefix of a partially failed load.
-func Prefix(keys []offload.Key, errs []error) ([]offload.Key, error) {
+func loadedPrefix(keys []offload.Key, errs []error) ([]offload.Key, error) {
 	for i, err := range errs {
 		if err != nil {
 			if i == 0 {

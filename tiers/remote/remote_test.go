@@ -104,7 +104,7 @@ func TestBodyReadSeek(t *testing.T) {
 func job(id uint64) *offload.Job { return &offload.Job{ID: id} }
 
 func TestJobsExactlyOnce(t *testing.T) {
-	j := NewJobs("t", 2)
+	j := newJobTable("t", 2)
 	release := make(chan struct{})
 	run := func(ctx context.Context, _ *offload.Job) offload.JobResult {
 		select {
@@ -141,7 +141,7 @@ func TestJobsExactlyOnce(t *testing.T) {
 }
 
 func TestJobsCloseAnswersStuckJobs(t *testing.T) {
-	j := NewJobs("t", 0)
+	j := newJobTable("t", 0)
 	stuck := make(chan struct{})
 	defer close(stuck)
 	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult {
@@ -227,13 +227,13 @@ func TestBackoffAndPrefix(t *testing.T) {
 	}
 	keys := []offload.Key{"a0000", "b0000", "c0000"}
 	e := errors.New("x")
-	if p, err := Prefix(keys, []error{nil, e, nil}); len(p) != 1 || err != e {
+	if p, err := loadedPrefix(keys, []error{nil, e, nil}); len(p) != 1 || err != e {
 		t.Fatal(p, err)
 	}
-	if p, err := Prefix(keys, []error{e, nil, nil}); p != nil || err != e {
+	if p, err := loadedPrefix(keys, []error{e, nil, nil}); p != nil || err != e {
 		t.Fatal(p, err)
 	}
-	if p, err := Prefix(keys, make([]error, 3)); len(p) != 3 || err != nil {
+	if p, err := loadedPrefix(keys, make([]error, 3)); len(p) != 3 || err != nil {
 		t.Fatal(p, err)
 	}
 }
@@ -263,7 +263,7 @@ func TestForEachPanic(t *testing.T) {
 }
 
 func TestJobsPanicIsAFailedResult(t *testing.T) {
-	j := NewJobs("t", 0)
+	j := newJobTable("t", 0)
 	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult { panic("boom") })
 	if err := j.Drain(context.Background()); err != nil {
 		t.Fatal(err)

@@ -139,11 +139,11 @@ func (e *Events) Dropped() int64 {
 	return e.dropped.Load()
 }
 
-// KeyQueue collects keys produced on worker goroutines for the tier to
+// keyQueue collects keys produced on worker goroutines for the tier to
 // apply on the manager's goroutine (MarkMiss, Forget). Safe for
 // concurrent use; bounded so that a tier nobody polls cannot grow it
 // forever (beyond the bound keys are dropped: the queue is advisory).
-type KeyQueue struct {
+type keyQueue struct {
 	mu   sync.Mutex
 	keys []offload.Key
 }
@@ -151,7 +151,7 @@ type KeyQueue struct {
 const maxQueuedKeys = 1 << 16
 
 // Add appends keys.
-func (q *KeyQueue) Add(keys ...offload.Key) {
+func (q *keyQueue) Add(keys ...offload.Key) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if room := maxQueuedKeys - len(q.keys); room < len(keys) {
@@ -161,7 +161,7 @@ func (q *KeyQueue) Add(keys ...offload.Key) {
 }
 
 // Take returns the queued keys and empties the queue.
-func (q *KeyQueue) Take() []offload.Key {
+func (q *keyQueue) Take() []offload.Key {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.keys
