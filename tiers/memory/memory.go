@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -277,6 +278,10 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 			stored = append(stored, k)
 		}
 	}
+	// A job with more new blocks than the capacity evicts blocks it stored
+	// itself: announce only the blocks still held, after the removals, so
+	// that a router replaying the events ends up with the tier's contents.
+	stored = slices.DeleteFunc(stored, func(k offload.Key) bool { return t.blocks[k] == nil })
 	t.announce(removed, true)
 	t.announce(stored, false)
 	return offload.JobResult{Success: true, Bytes: n}

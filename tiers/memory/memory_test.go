@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	"pgregory.net/rapid"
 
 	"github.com/kvtier/kvtier/offload"
 )
@@ -544,4 +545,45 @@ func TestStoreDuplicatesAndOversizedJobs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEventsTrackContents replays the tier's events in order, as a router
+// does, and checks after every job that they describe exactly the blocks
+// the tier holds — also when a job stores more new blocks than the
+// capacity, so that it evicts blocks it stored itself.
+func TestEventsTrackContents(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		capacity := rapid.IntRange(1, 4).Draw(rt, "capacity")
+		tier, err := New(Config{CapacityBlocks: capacity, Events: true})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer tier.Close(context.Background())
+		a := newArena(8, 4)
+		seen := map[offload.Key]bool{}
+		jobs := rapid.IntRange(1, 8).Draw(rt, "jobs")
+		for id := range jobs {
+			ks := rapid.SliceOfN(rapid.IntRange(0, 6), 1, 8).Draw(rt, "keys")
+			slots := make([]int64, len(ks))
+			for i := range slots {
+				slots[i] = int64(i)
+			}
+			if put := rapid.Bool().Draw(rt, "put"); put {
+				tier.Put(K(ks[0]), []byte("abcd"))
+			} else {
+				store(tier, a, uint64(id), keys(ks...), slots...)
+			}
+			for _, ev := range tier.TakeEvents() {
+				for _, k := range ev.Keys {
+					seen[k] = !ev.Removed
+				}
+			}
+			for n := range 7 {
+				if held := tier.Contains(K(n)); held != seen[K(n)] {
+					rt.Fatalf("after job %d (keys %v): tier holds %v = %v, events say %v", id, ks, K(n), held, seen[K(n)])
+				}
+			}
+		}
+		tier.FinishedJobs()
+	})
 }
