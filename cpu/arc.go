@@ -65,9 +65,9 @@ func (p *arcPolicy) pinned(int32)          {}
 
 func (p *arcPolicy) touch(keys []offload.Key) {
 	b := p.b
+	slots := b.resolve(keys) // touching changes no slot
 	for i := len(keys) - 1; i >= 0; i-- {
-		h := b.hash(keys[i])
-		if s := b.find(keys[i], h); s >= 0 {
+		if s := slots[i]; s >= 0 {
 			switch b.meta[s].list {
 			case inT1:
 				if b.meta[s].ref < 0 {
@@ -83,7 +83,7 @@ func (p *arcPolicy) touch(keys []offload.Key) {
 			}
 			continue
 		}
-		g := p.ghosts.find(ghostID(uint32(h)))
+		g := p.ghosts.find(ghostID(uint32(b.hashes[i])))
 		if g == noGhost {
 			continue
 		}

@@ -149,6 +149,50 @@ func BenchmarkStoreEvict(b *testing.B) {
 	}
 }
 
+// BenchmarkStoreEvictGoMap is the yardstick of BenchmarkStoreEvict: the
+// least a map-based LRU does for the same workload — per stored key, a
+// map lookup that misses, the LRU victim's map delete and the new key's
+// map insert (the key's slot is the victim's), an intrusive list append,
+// and per victim a list unlink, with no states, pins, events or output
+// beyond the evicted keys. No allocation per batch.
+func BenchmarkStoreEvictGoMap(b *testing.B) {
+	const batch = 16
+	keys := benchKeys(3 * benchSlots)
+	slotOf := make(map[offload.Key]int32, benchSlots)
+	slotKey := make([]offload.Key, benchSlots)
+	links := make([]link, benchSlots)
+	lru := emptyList
+	for i, k := range keys[:benchSlots] {
+		slotOf[k] = int32(i)
+		slotKey[i] = k
+		lru.pushBack(links, int32(i))
+	}
+	evicted := make([]offload.Key, 0, batch)
+	b.ReportAllocs()
+	cpu0 := cpuTime(b)
+	next := benchSlots
+	for b.Loop() {
+		if next+batch > len(keys) {
+			next = 0
+		}
+		ks := keys[next : next+batch]
+		next += batch
+		evicted = evicted[:0]
+		for _, k := range ks {
+			if _, ok := slotOf[k]; ok {
+				b.Fatal("present")
+			}
+			s := lru.head
+			lru.unlink(links, s)
+			evicted = append(evicted, slotKey[s])
+			delete(slotOf, slotKey[s])
+			slotOf[k], slotKey[s] = s, k
+			lru.pushBack(links, s)
+		}
+	}
+	reportPerKey(b, batch, cpu0)
+}
+
 // BenchmarkTouch touches batches of 16 present, evictable keys. "wire"
 // touches copies of the stored keys, as a daemon decoding keys from a
 // request has: comparing them costs a byte comparison, where the stored

@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
+	"unsafe"
 
 	"github.com/kvtier/kvtier/offload"
 )
@@ -41,6 +42,9 @@ type blocks struct {
 	meta  []slotMeta
 	links []link
 	index hashIndex
+
+	hashes []uint64 // scratch of resolve
+	slots  []int32
 }
 
 func newBlocks(numSlots int) blocks {
@@ -125,6 +129,28 @@ func (b *blocks) find(k offload.Key, h uint64) int32 {
 }
 
 func (b *blocks) lookup(k offload.Key) int32 { return b.find(k, b.hash(k)) }
+
+// resolve returns the slots of keys (-1 for an absent key) and records
+// their hashes in b.hashes, both in scratch reused by the next call. The
+// keys are hashed in one pass and looked up in another: the lookups do
+// not depend on each other, so their cache misses overlap.
+func (b *blocks) resolve(keys []offload.Key) []int32 {
+	b.hashes, b.slots = b.hashes[:0], b.slots[:0]
+	for _, k := range keys {
+		b.hashes = append(b.hashes, b.hash(k))
+	}
+	for i, k := range keys {
+		b.slots = append(b.slots, b.find(k, b.hashes[i]))
+	}
+	return b.slots
+}
+
+// sameKey is a == b, answering without a call into the runtime when both
+// are the same string: the manager passes back the very strings it
+// stored, so this is the common case of the last-batch hint.
+func sameKey(a, b offload.Key) bool {
+	return len(a) == len(b) && (unsafe.StringData(string(a)) == unsafe.StringData(string(b)) || a == b)
+}
 
 // add indexes slot s, whose key hashes to h, and records its tag.
 func (b *blocks) add(s int32, h uint64) {

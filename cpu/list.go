@@ -43,9 +43,19 @@ func (l *list) unlink(ls []link, i int32) {
 }
 
 func (l *list) moveToBack(ls []link, i int32) {
-	if l.tail == i {
+	t := l.tail
+	if t == i {
 		return
 	}
-	l.unlink(ls, i)
-	l.pushBack(ls, i)
+	// i is listed and not the tail, so it has a next and the list a tail.
+	p, n := ls[i].prev, ls[i].next
+	if p >= 0 {
+		ls[p].next = n
+	} else {
+		l.head = n
+	}
+	ls[n].prev = p
+	ls[i] = link{prev: t, next: -1}
+	ls[t].next = i
+	l.tail = i
 }

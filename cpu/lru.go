@@ -37,9 +37,9 @@ func (p *lruPolicy) pinned(s int32) { p.removed(s) }
 // first key ends most recent. Absent, pending and pinned keys are skipped.
 func (p *lruPolicy) touch(keys []offload.Key) {
 	b := p.b
-	for i := len(keys) - 1; i >= 0; i-- {
-		s := b.lookup(keys[i])
-		if s >= 0 && b.meta[s].list == inEvictable {
+	slots := b.resolve(keys)
+	for i := len(slots) - 1; i >= 0; i-- {
+		if s := slots[i]; s >= 0 && b.meta[s].list == inEvictable {
 			p.evictable.moveToBack(b.links, s)
 		}
 	}

@@ -42,6 +42,7 @@ type policy interface {
 type Primary struct {
 	b        blocks
 	pol      policy
+	lru      *lruPolicy // pol when it is LRU: direct calls on hot paths
 	arena    *arena.Arena
 	slotSize int
 	numSlots int32
@@ -70,7 +71,6 @@ type Primary struct {
 	newHash  []uint64
 	newSlots []int32
 	victims  []int32
-	evicted  []offload.Key
 	unpinned []int32
 	reused   []offload.Key
 	order    []int32
@@ -113,7 +113,8 @@ func New(cfg Config) (*Primary, error) {
 	if polName == PolicyARC {
 		p.pol = newARC(&p.b, n)
 	} else {
-		p.pol = newLRU(&p.b)
+		p.lru = newLRU(&p.b)
+		p.pol = p.lru
 	}
 	return p, nil
 }
@@ -221,7 +222,11 @@ func (p *Primary) pin(slots []int64) {
 		m := &p.b.meta[s]
 		if m.ref == 0 {
 			p.numEvictable--
-			p.pol.pinned(int32(s))
+			if p.lru != nil {
+				p.lru.pinned(int32(s))
+			} else {
+				p.pol.pinned(int32(s))
+			}
 		}
 		m.ref++
 	}
@@ -308,8 +313,17 @@ func (p *Primary) publishUnpins() {
 	}
 	for i := len(p.order) - 1; i >= 0; i-- {
 		p.numEvictable++
-		p.pol.becameEvictable(p.order[i])
+		p.becameEvictable(p.order[i])
 	}
+}
+
+// becameEvictable tells the policy that s's ref reached 0.
+func (p *Primary) becameEvictable(s int32) {
+	if p.lru != nil {
+		p.lru.becameEvictable(s)
+		return
+	}
+	p.pol.becameEvictable(s)
 }
 
 // nextEpoch starts a new marking round. On wrap-around every mark is

@@ -26,22 +26,9 @@ const maxScratchKeys = 256
 // of the keys that reuse the capacity. The output's slices are new and
 // belong to the caller; PrepareStoreInto reuses the caller's instead.
 func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutput, ok bool) {
-	if !p.prepareStore(keys) {
+	if !p.prepareStore(keys, &out, false) {
 		return offload.PrepareStoreOutput{}, false
 	}
-	n, ev := len(p.newKeys), len(p.victims)
-	if n == 0 {
-		return offload.PrepareStoreOutput{}, true
-	}
-	// One allocation backs both key lists; capacities are clipped so that
-	// appending to one cannot overwrite the other.
-	buf := make([]offload.Key, n+ev)
-	out.KeysToStore = buf[:n:n]
-	out.Slots = make([]int64, n)
-	if ev > 0 {
-		out.Evicted = buf[n : n+ev : n+ev]
-	}
-	p.fillOutput(&out)
 	return out, true
 }
 
@@ -52,35 +39,33 @@ func (p *Primary) PrepareStore(keys []offload.Key) (out offload.PrepareStoreOutp
 // present, out's slices are left empty.
 func (p *Primary) PrepareStoreInto(keys []offload.Key, out *offload.PrepareStoreOutput) (ok bool) {
 	out.KeysToStore, out.Slots, out.Evicted = out.KeysToStore[:0], out.Slots[:0], out.Evicted[:0]
-	if !p.prepareStore(keys) {
-		return false
-	}
-	n, ev := len(p.newKeys), len(p.victims)
-	out.KeysToStore = slices.Grow(out.KeysToStore, n)[:n]
-	out.Slots = slices.Grow(out.Slots, n)[:n]
-	out.Evicted = slices.Grow(out.Evicted, ev)[:ev]
-	p.fillOutput(out)
-	return true
+	return p.prepareStore(keys, out, true)
 }
 
-// fillOutput copies the last successful prepareStore's results into out,
-// whose slices have the right lengths.
-func (p *Primary) fillOutput(out *offload.PrepareStoreOutput) {
-	copy(out.KeysToStore, p.newKeys)
-	for i, s := range p.newSlots {
-		out.Slots[i] = int64(s)
+// sizeOutput gives out room for n new keys and ev evicted ones: new
+// slices (one allocation backs both key lists, capacities clipped so that
+// appending to one cannot overwrite the other), or out's own grown when
+// reuse is set.
+func sizeOutput(out *offload.PrepareStoreOutput, n, ev int, reuse bool) {
+	if reuse {
+		out.KeysToStore = slices.Grow(out.KeysToStore, n)[:n]
+		out.Slots = slices.Grow(out.Slots, n)[:n]
+		out.Evicted = slices.Grow(out.Evicted, ev)[:ev]
+		return
 	}
-	copy(out.Evicted, p.evicted)
-	clear(p.evicted) // do not keep evicted keys alive
-	if p.events && len(p.evicted) > 0 {
-		p.evs = append(p.evs, offload.Event{Keys: slices.Clone(out.Evicted), Medium: offload.MediumCPU, Removed: true})
+	buf := make([]offload.Key, n+ev)
+	out.KeysToStore = buf[:n:n]
+	out.Slots = make([]int64, n)
+	if ev > 0 {
+		out.Evicted = buf[n : n+ev : n+ev]
 	}
 }
 
-// prepareStore does PrepareStore's work. On success newKeys and newSlots
-// hold the reserved keys and their slots, victims the evicted slots and
-// evicted their keys; on failure nothing changed and newKeys is empty.
-func (p *Primary) prepareStore(keys []offload.Key) bool {
+// prepareStore does PrepareStore's work, writing the results into out
+// (sized by sizeOutput). On success newKeys and newSlots hold the reserved
+// keys and their slots for hint; on failure nothing changed, out is left
+// as it was and newKeys is empty.
+func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutput, reuse bool) bool {
 	if p.reuse != nil {
 		keys = p.filterReused(keys)
 	}
@@ -91,7 +76,7 @@ func (p *Primary) prepareStore(keys []offload.Key) bool {
 		p.newKeys, p.newHash, p.newSlots = nil, nil, nil
 	}
 	p.newKeys, p.newHash, p.newSlots = p.newKeys[:0], p.newHash[:0], p.newSlots[:0]
-	p.victims, p.evicted = p.victims[:0], p.evicted[:0]
+	p.victims = p.victims[:0]
 	for _, k := range keys {
 		h := p.b.hash(k)
 		if s := p.b.find(k, h); s >= 0 {
@@ -121,16 +106,22 @@ func (p *Primary) prepareStore(keys []offload.Key) bool {
 			return false
 		}
 	}
-	for _, s := range p.victims {
+	sizeOutput(out, n, len(p.victims), reuse)
+	for i, s := range p.victims {
 		m := &p.b.meta[s]
-		p.evicted = append(p.evicted, m.key)
+		out.Evicted[i] = m.key
 		p.b.index.remove(m.h32, s)
 		m.free()
 		p.pushFree(s)
 	}
-	p.numEvictable -= len(p.victims)
-	p.numBlocks -= len(p.victims)
-	p.ctr.evictions += uint64(len(p.victims))
+	if ev := len(p.victims); ev > 0 {
+		p.numEvictable -= ev
+		p.numBlocks -= ev
+		p.ctr.evictions += uint64(ev)
+		if p.events {
+			p.evs = append(p.evs, offload.Event{Keys: slices.Clone(out.Evicted), Medium: offload.MediumCPU, Removed: true})
+		}
+	}
 
 	// Fresh slots in ascending order first, then freed ones, last freed
 	// first.
@@ -142,14 +133,16 @@ func (p *Primary) prepareStore(keys []offload.Key) bool {
 		} else {
 			s = p.popFree()
 		}
-		h := p.newHash[i]
 		// Field by field: a whole-struct store of a pointerful type costs
 		// a bulk write barrier while the GC runs.
 		m := &p.b.meta[s]
 		m.key, m.ref, m.mark = k, -1, epoch
-		p.b.add(s, h)
-		p.pol.inserted(s)
+		p.b.add(s, p.newHash[i])
+		if p.lru == nil {
+			p.pol.inserted(s) // LRU does not list pending blocks
+		}
 		p.newSlots = append(p.newSlots, s)
+		out.KeysToStore[i], out.Slots[i] = k, int64(s)
 	}
 	p.numBlocks += n
 	p.numPending += n
@@ -179,13 +172,13 @@ func (p *Primary) popFree() int32 {
 // or no longer in its slot; the caller then looks k up.
 func (p *Primary) hint(k offload.Key, j *int) int32 {
 	i := *j
-	if i >= len(p.newSlots) || p.newKeys[i] != k {
+	if i >= len(p.newSlots) || !sameKey(p.newKeys[i], k) {
 		return -1
 	}
 	*j = i + 1
 	s := p.newSlots[i]
 	if p.b.meta[s].key != k {
-		return -1
+		s = -1
 	}
 	return s
 }
@@ -274,7 +267,7 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 		if success {
 			p.b.meta[s].ref = 0
 			p.numEvictable++
-			p.pol.becameEvictable(s)
+			p.becameEvictable(s)
 			p.ctr.storedBlocks++
 			if p.events {
 				if stored == nil {
