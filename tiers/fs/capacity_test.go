@@ -425,3 +425,31 @@ func TestIndexEntrySize(t *testing.T) {
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(&x)
 }
+
+// TestEventsTrackContentsWhenAJobEvictsItself replays the tier's events as
+// a router does: a store job larger than max_bytes evicts blocks it wrote
+// itself, and its stored event must not announce them after their removal.
+func TestEventsTrackContentsWhenAJobEvictsItself(t *testing.T) {
+	tier := newTier(t, t.TempDir(), func(c *Config) {
+		c.MaxBytes = 2 * fileBytes
+		c.HighWatermark, c.LowWatermark = 1, 1
+		c.Events = true
+	})
+	a := newArena(bs, 4, true)
+	storeEach(t, tier, a, k(0))
+	keys := []offload.Key{k(0), k(1), k(2), k(3)}
+	if res := run(t, tier, false, a, req("w"), keys, []int64{0, 1, 2, 3}); !res.Success {
+		t.Fatalf("store: %+v", res)
+	}
+	seen := map[offload.Key]bool{}
+	for _, ev := range tier.TakeEvents() {
+		for _, key := range ev.Keys {
+			seen[key] = !ev.Removed
+		}
+	}
+	for _, key := range keys {
+		if seen[key] != onDisk(tier, key) {
+			t.Errorf("%v: on disk %v, events say %v", key, onDisk(tier, key), seen[key])
+		}
+	}
+}

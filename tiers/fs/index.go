@@ -1,6 +1,10 @@
 package fs
 
-import "github.com/kvtier/kvtier/offload"
+import (
+	"slices"
+
+	"github.com/kvtier/kvtier/offload"
+)
 
 const nilIdx int32 = -1
 
@@ -49,6 +53,24 @@ func newIndex() index {
 func (x *index) find(k offload.Key) (int32, bool) {
 	i, ok := x.byKey[k]
 	return i, ok
+}
+
+// mapped returns the keys that are mapped, in order; keys itself when all
+// of them are.
+func (x *index) mapped(keys []offload.Key) []offload.Key {
+	for i, k := range keys {
+		if _, ok := x.byKey[k]; ok {
+			continue
+		}
+		out := slices.Clone(keys[:i])
+		for _, k := range keys[i+1:] {
+			if _, ok := x.byKey[k]; ok {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	return keys
 }
 
 func (x *index) alloc() int32 {

@@ -69,7 +69,7 @@ func (t *Tier) slots(job *offload.Job) ([][]byte, error) {
 // store runs a store (cascade) job: each block not already on disk is
 // written to a temp file and renamed into place. The first failure fails
 // the job (blocks written before it stay); success emits one stored
-// event with the job's keys in order.
+// event with the job's keys in order, less any the job itself evicted.
 func (w *worker) store(job *offload.Job) {
 	t, start := w.t, time.Now()
 	slots, err := t.slots(job)
@@ -96,7 +96,13 @@ func (w *worker) store(job *offload.Job) {
 		return
 	}
 	t.mu.Lock()
-	t.emitLocked(job.Keys, false)
+	if t.s.events {
+		// A block of this job may be gone again (evicted to make room for a
+		// later block of the job, or discarded by a load) and its removal
+		// already buffered: announcing it now would leave routers believing
+		// in it. Blocks still evicting are announced; their removal follows.
+		t.emitLocked(t.idx.mapped(job.Keys), false)
+	}
 	t.mu.Unlock()
 	t.st.storeOK.Add(1)
 	t.finish(offload.JobResult{JobID: job.ID, Success: true, Bytes: bytes, Duration: time.Since(start)})
