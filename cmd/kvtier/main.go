@@ -1,11 +1,15 @@
 // Command kvtier is kvtier's command-line tool.
 //
+//	kvtier serve [--config FILE]
 //	kvtier explain --config FILE --params JSON [--json]
+//	kvtier bench --trace FILE [--config FILE] [--json]
 //	kvtier version
 //
-// explain prints, for a config file and a request's kv_transfer_params,
-// which secondary tiers the request would load from and store to, and
-// why. The daemon (kvtier serve) and operator commands come later.
+// serve runs the daemon (the embedded default configuration needs nothing
+// outside the process). explain prints, for a config file and a request's
+// kv_transfer_params, which secondary tiers the request would load from
+// and store to, and why. bench replays a request trace through the tiers
+// of a config and reports hit rates.
 package main
 
 import (
