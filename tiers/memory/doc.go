@@ -10,8 +10,7 @@
 // storage, so end-to-end data integrity can be tested through it.
 //
 // In the config file a memory tier is a secondary_tiers entry of type
-// memory; its type-specific keys decode into Spec, whose Config method
-// validates them (case-insensitive values, errors naming key and value).
+// memory; package tierset decodes and validates its keys into a Config.
 //
 // A memory tier that declares an unspecified medium or locality is dynamic
 // on that axis: the tiering manager then always consults it, and the tier,

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -462,36 +461,6 @@ func TestNewValidates(t *testing.T) {
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)
-		}
-	}
-}
-
-func TestSpec(t *testing.T) {
-	cfg, err := Spec{Medium: "Storage", Locality: "GLOBAL", CapacityBlocks: 10, Latency: "5MS", FailRate: 0.25, AsyncLookup: true, Events: true, Seed: 3}.Config("m1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Config{Name: "m1", Medium: offload.MediumStorage, Locality: offload.LocalityRemote, CapacityBlocks: 10, Latency: 5 * time.Millisecond, FailRate: 0.25, AsyncLookup: true, Events: true, Seed: 3}
-	if cfg != want {
-		t.Fatalf("got %+v want %+v", cfg, want)
-	}
-	if cfg, err := (Spec{}).Config("d"); err != nil || cfg.Medium != offload.MediumUnspecified || cfg.Locality != offload.LocalityUnspecified {
-		t.Fatalf("empty spec: %+v %v", cfg, err)
-	}
-	for _, tc := range []struct {
-		spec Spec
-		want string
-	}{
-		{Spec{Medium: "disk"}, `medium "disk"`},
-		{Spec{Locality: "moon"}, `locality "moon"`},
-		{Spec{Latency: "soon"}, `latency "soon"`},
-		{Spec{Latency: "-1s"}, `latency "-1s"`},
-		{Spec{CapacityBlocks: -2}, `capacity_blocks -2`},
-		{Spec{FailRate: 2}, `fail_rate 2`},
-	} {
-		_, err := tc.spec.Config("m")
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: err %v, want mention of %s", tc.spec, err, tc.want)
 		}
 	}
 }
