@@ -25,9 +25,11 @@ type Config struct {
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
 	DB       int    `yaml:"db"`
-	// KeyPrefix starts every key the tier writes (default "kvtier:");
-	// give each namespace (model) its own so that they never share
-	// blocks and removals are attributed correctly.
+	// KeyPrefix starts every key the tier writes. Each namespace (model)
+	// needs its own so that they never share blocks and removals are
+	// attributed correctly: a tier built from a config file (package
+	// tierset) defaults to kvtier:<model>:<bytes_per_block>:, a tier built
+	// in Go to DefaultKeyPrefix.
 	KeyPrefix string `yaml:"key_prefix"`
 	// TTL expires blocks after this long without a store or a touch
 	// (0: no expiry; eviction is then the server's maxmemory policy).

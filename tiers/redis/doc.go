@@ -10,7 +10,7 @@
 //	    addr: 10.0.0.7:6379          # required
 //	    password: …                  # optional; username for ACLs
 //	    db: 0
-//	    key_prefix: "llama3-8b:"      # one per namespace; default "kvtier:"
+//	    key_prefix: "llama3-8b:"      # default (from a config file) kvtier:<model>:<bytes_per_block>:
 //	    ttl: 30m                     # optional expiry, refreshed by Touch
 //	    max_value_bytes: 536870912   # envelope included
 //	    pool_size: 16                # connections = concurrent pipelines
