@@ -3,11 +3,9 @@ package fs
 import (
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
 )
@@ -29,12 +27,13 @@ type Config struct {
 	// QueueDepth bounds the jobs waiting for each pool (default 256). A
 	// job submitted to a full queue fails at once and is counted.
 	QueueDepth int `yaml:"queue_depth"`
-	// MaxBytes bounds the bytes of block files (0 = unbounded). Usage above
+	// MaxBytes bounds the bytes of block files (0 = unbounded), written as
+	// everywhere in the config file ("500GiB"). Usage above
 	// HighWatermark × MaxBytes (default 0.95) evicts least-recently-used
 	// files down to LowWatermark × MaxBytes (default 0.85).
-	MaxBytes      ByteSize `yaml:"max_bytes"`
-	HighWatermark float64  `yaml:"high_watermark"`
-	LowWatermark  float64  `yaml:"low_watermark"`
+	MaxBytes      config.ByteSize `yaml:"max_bytes"`
+	HighWatermark float64         `yaml:"high_watermark"`
+	LowWatermark  float64         `yaml:"low_watermark"`
 	// Format is "kvtier" (default: trailer with checksum) or "vllm" (raw
 	// vLLM layout, length check only).
 	Format string `yaml:"format"`
@@ -195,52 +194,4 @@ func (c Config) settings() (settings, error) {
 		s.events, s.eventsIgnored = false, true
 	}
 	return s, nil
-}
-
-// ByteSize is a size in bytes that YAML may spell as an integer or with a
-// unit: "512MiB", "10GiB", "1.5TB", "4096B".
-type ByteSize int64
-
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: size must be a number or a string like 10GiB", n.Line)
-	}
-	v, err := ParseByteSize(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
-	}
-	*b = v
-	return nil
-}
-
-// ParseByteSize parses "1234", "64KiB", "10GiB", "1.5TB" (units B, KB,
-// MB, GB, TB decimal; KiB, MiB, GiB, TiB binary; case-insensitive).
-func ParseByteSize(s string) (ByteSize, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, unit := strings.TrimSpace(t[:i]), strings.ToLower(strings.TrimSpace(t[i:]))
-	mult := map[string]float64{
-		"": 1, "b": 1,
-		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-		"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-	}[unit]
-	if mult == 0 || num == "" {
-		return 0, fmt.Errorf("size %q: want a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
-	}
-	if n, err := strconv.ParseInt(num, 10, 64); err == nil && mult == 1 {
-		if n < 0 {
-			return 0, fmt.Errorf("size %q is negative", s)
-		}
-		return ByteSize(n), nil
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 || f*mult > 1<<62 {
-		return 0, fmt.Errorf("size %q: not a valid size", s)
-	}
-	return ByteSize(f * mult), nil
 }

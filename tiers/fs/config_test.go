@@ -55,6 +55,11 @@ namespace:
 	if err := decodeStrict("root_dir: /x\nmax_bytes: 10 parsecs\n", &Config{}); err == nil || !strings.Contains(err.Error(), "parsecs") {
 		t.Fatalf("bad size: %v", err)
 	}
+	// Sizes follow the rest of the config file: single-letter units are
+	// ambiguous there, so they are here too.
+	if err := decodeStrict("root_dir: /x\nmax_bytes: 5g\n", &Config{}); err == nil || !strings.Contains(err.Error(), `"5g"`) {
+		t.Fatalf("ambiguous unit: %v", err)
+	}
 	if err := decodeStrict("root_dir: /x\nn_read_threads: 3\n", &Config{}); err == nil {
 		t.Fatal("unknown key accepted")
 	}

@@ -101,17 +101,3 @@ func TestParsePathInvertsPath(t *testing.T) {
 		}
 	}
 }
-
-func TestParseByteSize(t *testing.T) {
-	for in, want := range map[string]ByteSize{"0": 0, "4096": 4096, "64KiB": 64 << 10, "10GiB": 10 << 30, "1.5TB": 1.5e12, "2 MiB": 2 << 20, "5g": 5 << 30, "7B": 7} {
-		got, err := ParseByteSize(in)
-		if err != nil || got != want {
-			t.Errorf("%q → %d (%v), want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "GiB", "-5", "1.2.3MB", "10XB"} {
-		if _, err := ParseByteSize(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
