@@ -101,3 +101,29 @@ func TestParsePathInvertsPath(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParsePath feeds arbitrary relative paths (the names a restart finds
+// in the block directory, which other processes may have written) to
+// parsePath: it never panics, and whatever it accepts is a valid key
+// whose path is exactly the name it came from.
+func FuzzParsePath(f *testing.F) {
+	l := layout{rankDir: "/r"}
+	for _, key := range []offload.Key{k(1), offload.MakeKey([]byte{0xab}, 7)} {
+		f.Add(strings.TrimPrefix(l.path(key), "/r/"))
+	}
+	for _, s := range []string{"abc/de_g0/abcdef.bin", "../../etc/passwd", "a/_g/.bin", "abc/de_g-1/abcdef.bin", "abc/de_g0/abcdef.bin/x.bin"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rel string) {
+		key, ok := parsePath(rel)
+		if !ok {
+			return
+		}
+		if !key.Valid() {
+			t.Fatalf("parsePath(%q) accepted invalid key %q", rel, key)
+		}
+		if got := strings.TrimPrefix(l.path(key), "/r/"); got != filepath.ToSlash(rel) {
+			t.Fatalf("parsePath(%q) = %v, whose path is %q", rel, key, got)
+		}
+	})
+}
