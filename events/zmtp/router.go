@@ -22,7 +22,11 @@ type Handler func(id []byte, msg [][]byte, reply func(frames ...[]byte) error)
 type RouterOptions struct {
 	HandshakeTimeout time.Duration // default 10 s
 	MaxFrame         int64         // inbound frame limit, default 64 KiB
-	Logger           *slog.Logger
+	// WriteTimeout bounds the writing of one request's replies (default
+	// 10 s): a client that stops reading is disconnected rather than
+	// holding its handler, and what the handler replies with, forever.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger
 }
 
 // RouterSocket is a ZMQ ROUTER socket that hands each inbound message to a
@@ -48,6 +52,9 @@ func NewRouter(h Handler, opts RouterOptions) *RouterSocket {
 	}
 	if opts.MaxFrame <= 0 {
 		opts.MaxFrame = 64 << 10
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -137,6 +144,7 @@ func (r *RouterSocket) serve(nc net.Conn, seq uint32) {
 		if err != nil {
 			return
 		}
+		_ = nc.SetWriteDeadline(time.Now().Add(r.opts.WriteTimeout))
 		if cmd.Name == "PING" {
 			werr = c.WriteCommand("PONG", pong(cmd.Data))
 		} else if cmd.Name == "" {
@@ -146,8 +154,10 @@ func (r *RouterSocket) serve(nc net.Conn, seq uint32) {
 			werr = c.Flush()
 		}
 		if werr != nil {
+			r.opts.Logger.Debug("zmtp router: write", "remote", nc.RemoteAddr(), "err", werr)
 			return
 		}
+		_ = nc.SetWriteDeadline(time.Time{})
 	}
 }
 

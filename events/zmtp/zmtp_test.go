@@ -399,3 +399,41 @@ func TestParsePropertiesMalformed(t *testing.T) {
 		t.Errorf("round trip: %v %v", p, err)
 	}
 }
+
+// TestRouterGivesUpOnAClientThatDoesNotRead: a replay client that asks for
+// more than the socket buffers hold and never reads must not hold the
+// handler (and what it replies with) forever.
+func TestRouterGivesUpOnAClientThatDoesNotRead(t *testing.T) {
+	big := make([]byte, 1<<20)
+	returned := make(chan error, 1)
+	r := NewRouter(func(_ []byte, _ [][]byte, reply func(...[]byte) error) {
+		var err error
+		for range 256 { // far more than a socket buffers
+			if err = reply([]byte{}, big); err != nil {
+				break
+			}
+		}
+		returned <- err
+	}, RouterOptions{WriteTimeout: 100 * time.Millisecond})
+	defer r.Close()
+	ep := "ipc://" + filepath.Join(t.TempDir(), "replay.sock")
+	if _, err := r.Bind(ep); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Dial(ctx10(t), ep, Dealer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Send([]byte{}, []byte("replay")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-returned:
+		if err == nil {
+			t.Fatal("every reply to a client that never reads succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler still blocked on a client that does not read")
+	}
+}
