@@ -255,6 +255,10 @@ func (t *exampleTier) Lookup(k offload.Key, _ *offload.ReqContext) offload.Looku
 }
 
 func (t *exampleTier) SubmitStore(j *offload.Job) {
+	if t.keys == nil { // null tier: answers only
+		t.results = append(t.results, offload.JobResult{JobID: j.ID, Success: true})
+		return
+	}
 	if len(t.keys)+len(j.Keys) > t.capacity {
 		clear(t.keys)
 	}
@@ -289,34 +293,51 @@ func (t *exampleTier) Close(context.Context) error           { return nil }
 // tiers → ScheduleEnd, in batches of 16 new keys with the primary (and
 // the memory tiers) full, so every batch evicts 16 blocks. "memory" uses
 // memory tiers that copy the 256-byte blocks; "example3" uses key-only
-// tiers like the Python peer's measurement; "example0" has no secondary
-// tier, the primary's share of the cycle.
+// tiers like the Python peer's measurement; "null3" uses tiers that only
+// answer (no key set), the manager's and the primary's share of the
+// example3 cycle; "example0" has no secondary tier, the primary's share.
+// "/into" stores with PrepareStoreInto and one reused output, as a daemon
+// that encodes the output before the next call can.
 func BenchmarkFullCycle(b *testing.B) {
 	b.Run("tiers=memory", func(b *testing.B) {
 		m, _ := benchManager(b, benchSlots)
-		fullCycle(b, m)
+		fullCycle(b, m, false)
 	})
-	for _, n := range []int{3, 0} {
-		b.Run(fmt.Sprintf("tiers=example%d", n), func(b *testing.B) {
-			p, err := cpu.New(cpu.Config{SlotSize: benchSlotSize, Capacity: benchSlots * benchSlotSize})
-			if err != nil {
-				b.Fatal(err)
+	for _, bc := range []struct {
+		name string
+		n    int
+		null bool
+	}{{"example3", 3, false}, {"null3", 3, true}, {"example0", 0, false}} {
+		for _, into := range []bool{false, true} {
+			name := "tiers=" + bc.name
+			if into {
+				name += "/into"
 			}
-			var tiers []offload.SecondaryTier
-			for range n {
-				tiers = append(tiers, &exampleTier{keys: map[offload.Key]struct{}{}, capacity: benchSlots, medium: offload.MediumCPU})
-			}
-			m, err := New(Config{Primary: p, Tiers: tiers})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = m.Close(context.Background()) })
-			fullCycle(b, m)
-		})
+			b.Run(name, func(b *testing.B) {
+				p, err := cpu.New(cpu.Config{SlotSize: benchSlotSize, Capacity: benchSlots * benchSlotSize})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var tiers []offload.SecondaryTier
+				for range bc.n {
+					t := &exampleTier{keys: map[offload.Key]struct{}{}, capacity: benchSlots, medium: offload.MediumCPU}
+					if bc.null {
+						t.keys = nil
+					}
+					tiers = append(tiers, t)
+				}
+				m, err := New(Config{Primary: p, Tiers: tiers})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = m.Close(context.Background()) })
+				fullCycle(b, m, into)
+			})
+		}
 	}
 }
 
-func fullCycle(b *testing.B, m *Manager) {
+func fullCycle(b *testing.B, m *Manager, into bool) {
 	const batch = 16
 	req := reqWith("r", nil, nil)
 	m.OnNewRequest(req)
@@ -351,6 +372,7 @@ func fullCycle(b *testing.B, m *Manager) {
 	b.ResetTimer()
 	cpuTime := startThreadCPU(b)
 	var untimed time.Duration
+	var out offload.PrepareStoreOutput
 	i := 0
 	for b.Loop() {
 		if i+batch > len(pre) {
@@ -362,7 +384,13 @@ func fullCycle(b *testing.B, m *Manager) {
 		}
 		keys := pre[i : i+batch]
 		i += batch
-		out, ok, err := m.PrepareStore(keys, req)
+		var ok bool
+		var err error
+		if into {
+			ok, err = m.PrepareStoreInto(keys, req, &out)
+		} else {
+			out, ok, err = m.PrepareStore(keys, req)
+		}
 		if err != nil || !ok || len(out.Evicted) != batch {
 			b.Fatalf("prepare store: ok=%v err=%v evicted %d", ok, err, len(out.Evicted))
 		}

@@ -71,6 +71,9 @@ type Manager struct {
 	reqs         map[string]*reqState
 	staleResults uint64
 	closed       bool
+	// finishedAt is the time processFinished collected the results it is
+	// applying (zero until first needed, and outside processFinished).
+	finishedAt time.Time
 
 	one [1]offload.Key // scratch for single-key primary calls
 }
@@ -457,25 +460,49 @@ func (m *Manager) CompleteLoad(keys []offload.Key, req *offload.ReqContext) erro
 // PrepareStore reserves primary slots for the keys not yet stored (§4.6).
 // ok is false when the primary cannot make room (nothing changed). For a
 // request with request-level tiers, keys already ready in the primary are
-// cascaded to those tiers at once.
+// cascaded to those tiers at once. The output's slices are new and belong
+// to the caller.
 func (m *Manager) PrepareStore(keys []offload.Key, req *offload.ReqContext) (offload.PrepareStoreOutput, bool, error) {
+	var out offload.PrepareStoreOutput
+	ok, err := m.prepareStore(keys, req, &out, false)
+	if !ok {
+		out = offload.PrepareStoreOutput{}
+	}
+	return out, ok, err
+}
+
+// PrepareStoreInto is PrepareStore writing its output into out like
+// cpu.Primary.PrepareStoreInto: out's slices are reused when large enough,
+// so a caller that encodes the output and keeps one PrepareStoreOutput for
+// the next call stores without allocating. On !ok or an error out's
+// slices are empty.
+func (m *Manager) PrepareStoreInto(keys []offload.Key, req *offload.ReqContext, out *offload.PrepareStoreOutput) (bool, error) {
+	out.KeysToStore, out.Slots, out.Evicted = out.KeysToStore[:0], out.Slots[:0], out.Evicted[:0]
+	return m.prepareStore(keys, req, out, true)
+}
+
+func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out *offload.PrepareStoreOutput, reuse bool) (bool, error) {
 	if m.closed {
-		return offload.PrepareStoreOutput{}, false, ErrClosed
+		return false, ErrClosed
 	}
 	req = m.ctx(req)
 	rs, ok := m.reqs[req.ID]
 	if !ok {
-		return offload.PrepareStoreOutput{}, false, fmt.Errorf("%w %q: prepare store", ErrUnknownRequest, req.ID)
+		return false, fmt.Errorf("%w %q: prepare store", ErrUnknownRequest, req.ID)
 	}
 	if rs.finished {
-		return offload.PrepareStoreOutput{}, false, fmt.Errorf("%w: %q: prepare store", ErrRequestFinished, req.ID)
+		return false, fmt.Errorf("%w: %q: prepare store", ErrRequestFinished, req.ID)
 	}
 	if !m.polled {
 		m.poll() // completions free pinned blocks before eviction decisions
 	}
-	out, ok := m.primary.PrepareStore(keys)
+	if reuse {
+		ok = m.primary.PrepareStoreInto(keys, out)
+	} else {
+		*out, ok = m.primary.PrepareStore(keys)
+	}
 	if !ok {
-		return out, false, nil
+		return false, nil
 	}
 	if len(out.KeysToStore) > 0 {
 		rs.pendingStores++
@@ -485,7 +512,7 @@ func (m *Manager) PrepareStore(keys []offload.Key, req *offload.ReqContext) (off
 			m.cascade(existing, req, rs.requestLevel)
 		}
 	}
-	return out, true, nil
+	return true, nil
 }
 
 // readyNotStored returns the keys that PrepareStore did not take (they
@@ -698,6 +725,9 @@ func (m *Manager) poll() {
 
 // processFinished collects every tier's results, in tier order.
 func (m *Manager) processFinished() {
+	// The results were all collected now: one clock read dates them.
+	m.finishedAt = time.Time{}
+	defer func() { m.finishedAt = time.Time{} }()
 	for _, ts := range m.tiers {
 		for _, r := range m.tierFinished(ts) {
 			jb, ok := m.jobs[r.JobID]
@@ -761,7 +791,10 @@ func (m *Manager) finishJob(jb *job, r offload.JobResult) {
 	}
 	d := r.Duration
 	if d <= 0 {
-		d = time.Since(jb.start)
+		if m.finishedAt.IsZero() {
+			m.finishedAt = time.Now()
+		}
+		d = m.finishedAt.Sub(jb.start)
 	}
 	if ts.pressure.sample(d, &m.adm) {
 		state := "cleared"

@@ -347,6 +347,9 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 		}
 		defer m.Close(context.Background())
 		var e engine
+		// into is the output every PrepareStoreInto reuses, as a daemon
+		// encoding it before the next call would.
+		var into offload.PrepareStoreOutput
 
 		pickReq := func(rt *rapid.T, active bool) *engReq {
 			var cands []*engReq
@@ -474,7 +477,16 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			"prepareStore": func(rt *rapid.T) {
 				r := pickReq(rt, true)
 				keys := keySlice(rt)
-				out, ok, err := m.PrepareStore(keys, r.ctx)
+				var out offload.PrepareStoreOutput
+				var ok bool
+				var err error
+				if rapid.Bool().Draw(rt, "into") {
+					ok, err = m.PrepareStoreInto(keys, r.ctx, &into)
+					// into is overwritten by the next call.
+					out = offload.PrepareStoreOutput{KeysToStore: slices.Clone(into.KeysToStore), Slots: slices.Clone(into.Slots)}
+				} else {
+					out, ok, err = m.PrepareStore(keys, r.ctx)
+				}
 				if err != nil {
 					rt.Fatalf("prepare store: %v", err)
 				}
