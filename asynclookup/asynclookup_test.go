@@ -242,15 +242,22 @@ func TestGenerationDiscardsStaleVerdict(t *testing.T) {
 		t.Fatalf("lookup of recreated key = %v, want RETRY", r)
 	}
 	f.gate <- struct{}{} // the stale batch answers "exists"
-	// The stale verdict must not resolve the new generation.
+	// The stale verdict must not resolve the new generation. Wait until it
+	// has been applied (nothing in flight), not for some time, so that the
+	// check below cannot pass merely because the verdict is late.
 	deadline := time.Now().Add(5 * time.Second)
-	for f.numCalls() < 1 {
+	for {
+		m.mu.Lock()
+		applied := m.inflight == 0
+		m.mu.Unlock()
+		if applied {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("stale batch never ran")
+			t.Fatal("stale batch never applied")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(5 * time.Millisecond)
 	if r := m.Lookup(k, "r"); r != offload.Retry {
 		t.Fatalf("after stale verdict = %v, want RETRY", r)
 	}

@@ -333,7 +333,9 @@ func TestCloseAnswersEveryJob(t *testing.T) {
 	}
 	closed := make(chan error)
 	go func() { closed <- tier.Close(context.Background()) }()
-	time.Sleep(20 * time.Millisecond)
+	for !tier.closing.Load() { // job 1 must see the close after its first block
+		time.Sleep(time.Millisecond)
+	}
 	close(release)
 	if err := <-closed; err != nil {
 		t.Fatal(err)
