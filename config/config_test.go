@@ -362,3 +362,27 @@ func TestParseByteSize(t *testing.T) {
 		}
 	}
 }
+
+// TestAliasExpansionIsBounded: YAML aliases let a small file name a huge
+// value (each alias of a list of n items, used n times, is n² items). A
+// tier entry's keys are decoded into typed values, which yaml.v3's own
+// alias limit does not cover, so the decoder bounds the values it builds.
+func TestAliasExpansionIsBounded(t *testing.T) {
+	const n = 2000 // 4 M strings from a 14 KB document
+	doc := "secondary_tiers:\n  - type: fs\n    groups: [&g {names: [" +
+		strings.Repeat("a, ", n-1) + "a]}" + strings.Repeat(", *g", n-1) + "]\n"
+	cfg, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Groups []struct {
+			Names []string `yaml:"names"`
+		} `yaml:"groups"`
+	}
+	err = cfg.SecondaryTiers[0].Decode(&v)
+	var ce *Error
+	if !errors.As(err, &ce) || !strings.HasPrefix(ce.Path, "secondary_tiers[0].groups[") || !strings.Contains(ce.Msg, "aliases") {
+		t.Fatalf("Decode of %d×%d aliased values: error %v, want one naming the path and the aliases", n, n, err)
+	}
+}

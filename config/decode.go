@@ -44,11 +44,18 @@ func (e *Error) Error() string {
 // file in one go, not a wall of text for a file that is not a config.
 const maxErrors = 20
 
+// maxValues bounds the values one decode builds. YAML aliases let a small
+// document name a huge value (an alias of an n-item list used n times is
+// n² items); yaml.v3 bounds that when it decodes, but this package walks
+// the node tree itself. A real config has a few hundred values.
+const maxValues = 1 << 18
+
 // decoder decodes a yaml.Node tree into Go values strictly, collecting
 // every problem as an *Error that names its key path.
 type decoder struct {
-	file string
-	errs []error
+	file   string
+	errs   []error
+	values int // values decoded so far, aliases counted at every use
 }
 
 // errorf records a problem at node n (nil when no node is to blame).
@@ -112,6 +119,12 @@ func joinPath(path, key string) string {
 // decode stores n into v (which must be settable), reporting problems
 // under path. Null leaves v unchanged, so defaults set beforehand stay.
 func (d *decoder) decode(n *yaml.Node, path string, v reflect.Value) {
+	if d.values++; d.values > maxValues {
+		if d.values == maxValues+1 {
+			d.errorf(n, path, "the document expands to more than %d values (through YAML aliases?)", maxValues)
+		}
+		return
+	}
 	n = resolve(n)
 	if v.CanAddr() {
 		if nd, ok := v.Addr().Interface().(nodeDecoder); ok {
