@@ -17,6 +17,9 @@ var ErrInvalidMeta = errors.New("invalid token metadata")
 const (
 	// DefaultMaxEntries is the default bound on keys with metadata.
 	DefaultMaxEntries = 1 << 20
+	// DefaultMaxBytes is the default bound on the metadata's memory: about
+	// the size of DefaultMaxEntries entries for 16-token chunks.
+	DefaultMaxBytes = 256 << 20
 	// MaxMetaHashes bounds the hash blocks of one chunk.
 	MaxMetaHashes = 4096
 	// MaxMetaTokens bounds the tokens of one chunk.
@@ -80,6 +83,10 @@ type TrackerConfig struct {
 	// oldest entries are the likeliest to be such leftovers. An entry costs
 	// about 150 bytes plus 4 per token and the hash bytes.
 	MaxEntries int
+	// MaxBytes bounds the memory of the metadata, estimated from its
+	// tokens and hashes (default DefaultMaxBytes); beyond it Record evicts
+	// the oldest recorded keys like MaxEntries does.
+	MaxBytes int64
 }
 
 // Tracker translates offloading events into wire events and keeps the
@@ -89,6 +96,7 @@ type Tracker struct {
 	selfDescribing bool
 	ownership      bool
 	maxEntries     int
+	maxBytes       int64
 	medium         [3]string // by offload.Medium
 
 	mu      sync.Mutex
@@ -96,7 +104,21 @@ type Tracker struct {
 	fifo    []fifoEntry // Record order; entries whose seq no longer matches are stale
 	seq     uint64
 	evicted uint64
+	bytes   int64
 	groups  []uint32 // scratch for grouping removals
+}
+
+// metaOverhead approximates the fixed cost of one entry: the meta struct,
+// its map slot and its eviction-queue entry.
+const metaOverhead = 160
+
+// size estimates the memory an entry holds, for TrackerConfig.MaxBytes.
+func (m *meta) size() int64 {
+	n := int64(metaOverhead + 4*len(m.tokens) + len(m.parent) + len(m.loraName))
+	for _, h := range m.hashes {
+		n += int64(16 + len(h))
+	}
+	return n
 }
 
 type fifoEntry struct {
@@ -110,10 +132,14 @@ func NewTracker(cfg TrackerConfig) (*Tracker, error) {
 		selfDescribing: cfg.SelfDescribing,
 		ownership:      cfg.Ownership,
 		maxEntries:     cfg.MaxEntries,
+		maxBytes:       cfg.MaxBytes,
 		metas:          make(map[offload.Key]*meta),
 	}
 	if t.maxEntries <= 0 {
 		t.maxEntries = DefaultMaxEntries
+	}
+	if t.maxBytes <= 0 {
+		t.maxBytes = DefaultMaxBytes
 	}
 	t.medium[offload.MediumCPU] = MediumCPU
 	t.medium[offload.MediumStorage] = MediumStorage
@@ -153,13 +179,15 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	defer t.mu.Unlock()
 	t.seq++
 	m.seq = t.seq
+	t.drop(key)
 	t.metas[key] = m
+	t.bytes += m.size()
 	t.fifo = append(t.fifo, fifoEntry{key, m.seq})
-	for len(t.metas) > t.maxEntries {
+	for len(t.metas) > t.maxEntries || t.bytes > t.maxBytes {
 		e := t.fifo[0]
 		t.fifo = t.fifo[1:]
 		if old := t.metas[e.key]; old != nil && old.seq == e.seq {
-			delete(t.metas, e.key)
+			t.drop(e.key)
 			t.evicted++
 		}
 	}
@@ -175,6 +203,14 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 		t.fifo = live
 	}
 	return true, nil
+}
+
+// drop deletes key's metadata, if any; t.mu is held.
+func (t *Tracker) drop(key offload.Key) {
+	if m := t.metas[key]; m != nil {
+		t.bytes -= m.size()
+		delete(t.metas, key)
+	}
 }
 
 func newMeta(key offload.Key, tm TokenMeta) (*meta, error) {
@@ -247,6 +283,7 @@ func (t *Tracker) Reset() {
 	clear(t.metas)
 	clear(t.fifo)
 	t.fifo = t.fifo[:0]
+	t.bytes = 0
 }
 
 // MediumName returns the wire name of m ("" for an unspecified medium,
@@ -342,7 +379,7 @@ func (t *Tracker) translateRemoved(dst *Batch, keys []offload.Key, medium, local
 			}
 			if m := t.metas[k]; m != nil {
 				dst.hashes = append(dst.hashes, m.hashes...)
-				delete(t.metas, k)
+				t.drop(k)
 			} else {
 				dst.hashes = append(dst.hashes, k.Hash())
 			}

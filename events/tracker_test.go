@@ -364,3 +364,32 @@ func TestTranslateSkipsEmptyEvents(t *testing.T) {
 		t.Errorf("events without keys produced %d wire events", len(got))
 	}
 }
+
+// The side table is bounded in bytes as well as entries: an API client
+// that attaches the largest metadata allowed to every key cannot grow it
+// to MaxEntries × MaxMetaTokens.
+func TestRecordBoundedInBytes(t *testing.T) {
+	tr := mustTracker(t, TrackerConfig{SelfDescribing: true, MaxBytes: 64 << 10})
+	for i := range 20 {
+		k, m := chunkMeta(i, 16, 256) // 4 096 tokens: 16 KiB each
+		mustRecord(t, tr, k, m)
+	}
+	if tr.Len() > 4 || tr.Evicted() < 16 {
+		t.Fatalf("%d entries of 16 KiB kept under a 64 KiB bound (evicted %d)", tr.Len(), tr.Evicted())
+	}
+	// The count stays exact through replacements, removals and Reset.
+	k, m := chunkMeta(19, 16, 256)
+	mustRecord(t, tr, k, m)
+	translate(tr, removed(offload.MediumCPU, k))
+	var want int64
+	for _, m := range tr.metas {
+		want += m.size()
+	}
+	if tr.bytes != want || tr.bytes > 64<<10 {
+		t.Fatalf("tracked %d bytes, entries hold %d", tr.bytes, want)
+	}
+	tr.Reset()
+	if tr.bytes != 0 {
+		t.Fatalf("%d bytes after Reset", tr.bytes)
+	}
+}
