@@ -75,7 +75,8 @@ type Manager struct {
 	// applying (zero until first needed, and outside processFinished).
 	finishedAt time.Time
 
-	one [1]offload.Key // scratch for single-key primary calls
+	one      [1]offload.Key             // scratch for single-key primary calls
+	promoOut offload.PrepareStoreOutput // scratch output of a promotion's reservation
 }
 
 // tier is the manager's view of one secondary tier.
@@ -381,7 +382,8 @@ func (m *Manager) lookupSecondary(key offload.Key, req *offload.ReqContext) offl
 // this step's batch for (ts, req) (§4.4).
 func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) offload.LookupResult {
 	m.one[0] = key
-	out, ok := m.primary.PrepareStore(m.one[:])
+	out := &m.promoOut
+	ok := m.primary.PrepareStoreInto(m.one[:], out)
 	m.one[0] = ""
 	if !ok {
 		ts.stats.PromotionsRejected++
@@ -395,6 +397,8 @@ func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) of
 	b.keys = append(b.keys, out.KeysToStore...)
 	b.slots = append(b.slots, out.Slots...)
 	m.pendingPromos += len(out.KeysToStore)
+	clear(out.KeysToStore) // the scratch must not keep keys alive
+	clear(out.Evicted)
 	m.promotions++
 	ts.stats.PromotionsStarted++
 	if m.hitPending {
