@@ -12,7 +12,10 @@
 // the manager is built.
 //
 // Every transfer between the primary and a tier is a job with a unique id.
-// A cascade pins its source blocks in the primary until the tier answers;
+// A cascade pins its source blocks in the primary until the tier answers,
+// once per tier job (ref == number of tiers); only the first job looks the
+// keys up, the others pin the same slots by index, and the jobs of one
+// cascade share their Keys and Slots slices, which tiers only read;
 // a promotion reserves its target slots (pending) until the tier answers.
 // The manager matches every pin with one unpin and resolves every reserved
 // slot, on success, failure, reset and shutdown alike, and it survives
