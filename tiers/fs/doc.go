@@ -29,7 +29,8 @@
 // under another block's name. Format "vllm" reads and writes vLLM's raw
 // layout (the block's bytes only) and can check only the length. A file
 // that does not verify is deleted and counted; a file in the other format
-// (raw where a trailer is expected) is refused but left alone.
+// (raw where a trailer is expected) is refused but left alone, and with
+// the block size known (namespace block_bytes) lookups answer Miss for it.
 //
 // Writes go to "<dest>_<unique>.tmp" and are renamed over the destination,
 // so a crash leaves at most a temp file, which the next start removes.

@@ -129,7 +129,7 @@ func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
 		t.evictCond.Wait()
 	}
 	t.mu.Unlock()
-	if t.adopt(k) { // written by another process (or vLLM) already
+	if _, ok := t.adopt(k); ok { // written by another process (or vLLM) already
 		t.st.blocksSkipped.Add(1)
 		return 0, nil
 	}
@@ -280,7 +280,7 @@ func (w *worker) loadBlock(k offload.Key, slot []byte) error {
 	i, ok := t.idx.acquire(k)
 	t.mu.Unlock()
 	if !ok {
-		if !t.adopt(k) {
+		if _, ok := t.adopt(k); !ok {
 			t.st.notFound.Add(1)
 			return fmt.Errorf("block not stored: %w", iofs.ErrNotExist)
 		}

@@ -243,7 +243,8 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 	t.mu.Lock()
 	for i, k := range keys {
 		if j, ok := t.idx.find(k); ok {
-			out[i] = t.idx.ents[j].state == stateLive
+			e := &t.idx.ents[j]
+			out[i] = e.state == stateLive && !t.foreign(int64(e.size))
 		} else {
 			unknown = append(unknown, i)
 		}
@@ -253,24 +254,37 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		out[i] = t.adopt(keys[i])
+		size, ok := t.adopt(keys[i])
+		out[i] = ok && !t.foreign(size)
 	}
 	return out, nil
 }
 
-// adopt indexes k's file if it exists on disk but not in the index.
-func (t *Tier) adopt(k offload.Key) bool {
+// foreign reports a file of size bytes that a load would refuse, without
+// deleting it, as a block in the other format: a raw vLLM block where a
+// trailer is expected. Lookups answer Miss for it rather than promise a
+// block that every load fails on. Other wrong sizes stay hits: their
+// load deletes them as corrupt, after which a store can write the block.
+func (t *Tier) foreign(size int64) bool {
+	bb := t.s.ns.BlockBytes
+	return t.s.format == FormatKVTier && bb > 0 && size == int64(bb)
+}
+
+// adopt indexes k's file if it exists on disk but not in the index; it
+// returns the file's size and whether it is live.
+func (t *Tier) adopt(k offload.Key) (int64, bool) {
 	fi, err := t.s.fs.Stat(t.lay.path(k))
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() > int64(^uint32(0)) {
-		return false
+		return 0, false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if i, ok := t.idx.find(k); ok {
-		return t.idx.ents[i].state == stateLive
+		e := &t.idx.ents[i]
+		return int64(e.size), e.state == stateLive
 	}
 	t.idx.insert(k, fi.Size())
-	return true
+	return fi.Size(), true
 }
 
 // SubmitStore implements offload.SecondaryTier.

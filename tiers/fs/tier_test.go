@@ -503,6 +503,32 @@ func TestForeignFormatRefusedNotDeleted(t *testing.T) {
 	}
 }
 
+// A raw vLLM file that a kvtier-format tier can never serve is a miss for
+// lookups when the block size is known, so that a directory shared with a
+// vLLM that writes raw files does not cost every request a failed load.
+func TestForeignFormatIsAMiss(t *testing.T) {
+	dir := t.TempDir()
+	raw := newTier(t, dir, func(c *Config) { c.Format = "vllm" })
+	a := newArena(bs, 2, true)
+	run(t, raw, false, a, req("w"), []offload.Key{k(1)}, []int64{0})
+	raw.Close(context.Background())
+	for _, restart := range []bool{false, true} {
+		tier := newTier(t, dir, func(c *Config) { c.Namespace.BlockBytes = bs })
+		if !restart { // found by the existence check, not the start-up scan
+			tier.mu.Lock()
+			tier.idx = newIndex()
+			tier.mu.Unlock()
+		}
+		if got := lookupAll(t, tier, req("r"), k(1)); !slices.Equal(got, results(offload.Miss)) {
+			t.Fatalf("lookup of a raw file (indexed at start %v) = %v, want MISS", restart, got)
+		}
+		tier.Close(context.Background())
+	}
+	if _, err := os.Stat(raw.Path(k(1))); err != nil {
+		t.Fatal("a raw vLLM file was deleted")
+	}
+}
+
 func TestChecksumBindsKey(t *testing.T) {
 	tier := newTier(t, t.TempDir(), nil)
 	a := newArena(bs, 2, true)
