@@ -22,9 +22,10 @@ type Handler func(id []byte, msg [][]byte, reply func(frames ...[]byte) error)
 type RouterOptions struct {
 	HandshakeTimeout time.Duration // default 10 s
 	MaxFrame         int64         // inbound frame limit, default 64 KiB
-	// WriteTimeout bounds the writing of one request's replies (default
-	// 10 s): a client that stops reading is disconnected rather than
-	// holding its handler, and what the handler replies with, forever.
+	// WriteTimeout bounds each write of a reply (default 10 s): a client
+	// that stops reading is disconnected rather than holding its handler,
+	// and what the handler replies with, forever. A long replay to a slow
+	// client that keeps reading is not cut short.
 	WriteTimeout time.Duration
 	Logger       *slog.Logger
 }
@@ -132,9 +133,13 @@ func (r *RouterSocket) serve(nc net.Conn, seq uint32) {
 		// libzmq reserves ids starting with 0 for generated ones.
 		id = binary.BigEndian.AppendUint32([]byte{0}, seq)
 	}
+	// Every write gets a fresh deadline: a client must keep reading, not
+	// read a whole replay within one timeout.
+	progress := func() { _ = nc.SetWriteDeadline(time.Now().Add(r.opts.WriteTimeout)) }
 	var werr error
 	reply := func(frames ...[]byte) error {
 		if werr == nil {
+			progress()
 			werr = c.WriteMessage(frames)
 		}
 		return werr
@@ -144,20 +149,20 @@ func (r *RouterSocket) serve(nc net.Conn, seq uint32) {
 		if err != nil {
 			return
 		}
-		_ = nc.SetWriteDeadline(time.Now().Add(r.opts.WriteTimeout))
 		if cmd.Name == "PING" {
+			progress()
 			werr = c.WriteCommand("PONG", pong(cmd.Data))
 		} else if cmd.Name == "" {
 			r.h(id, msg, reply)
 		}
 		if werr == nil {
+			progress()
 			werr = c.Flush()
 		}
 		if werr != nil {
 			r.opts.Logger.Debug("zmtp router: write", "remote", nc.RemoteAddr(), "err", werr)
 			return
 		}
-		_ = nc.SetWriteDeadline(time.Time{})
 	}
 }
 

@@ -437,3 +437,39 @@ func TestRouterGivesUpOnAClientThatDoesNotRead(t *testing.T) {
 		t.Fatal("handler still blocked on a client that does not read")
 	}
 }
+
+// TestRouterServesASlowClientThatKeepsReading: the write timeout is about
+// progress, so a replay that takes longer than it in total still reaches
+// a client that reads steadily.
+func TestRouterServesASlowClientThatKeepsReading(t *testing.T) {
+	const n = 40
+	frame := make([]byte, 64<<10)
+	r := NewRouter(func(_ []byte, _ [][]byte, reply func(...[]byte) error) {
+		for range n {
+			if reply([]byte{}, frame) != nil {
+				return
+			}
+		}
+	}, RouterOptions{WriteTimeout: 200 * time.Millisecond})
+	defer r.Close()
+	ep := "ipc://" + filepath.Join(t.TempDir(), "replay.sock")
+	if _, err := r.Bind(ep); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Dial(ctx10(t), ep, Dealer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Send([]byte{}, []byte("replay")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := range n {
+		time.Sleep(20 * time.Millisecond) // 40 × 20 ms: four times the timeout in all
+		_ = d.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := d.Recv(); err != nil {
+			t.Fatalf("reply %d of %d after %v: %v", i+1, n, time.Since(start), err)
+		}
+	}
+}
