@@ -99,8 +99,12 @@ func New(cfg Config) (*Primary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cpu: %d slots of %d bytes: %w", n, cfg.SlotSize, err)
 	}
+	num, den := lruLoadNum, lruLoadDen
+	if polName == PolicyARC {
+		num, den = arcLoadNum, arcLoadDen
+	}
 	p := &Primary{
-		b:        newBlocks(n),
+		b:        newBlocks(n, num, den),
 		arena:    a,
 		slotSize: cfg.SlotSize,
 		numSlots: int32(n),
