@@ -74,6 +74,8 @@ type Manager struct {
 	// finishedAt is the time processFinished collected the results it is
 	// applying (zero until first needed, and outside processFinished).
 	finishedAt time.Time
+	// epoch is the manager's creation time, the origin of job start times.
+	epoch time.Time
 
 	one      [1]offload.Key             // scratch for single-key primary calls
 	promoOut offload.PrepareStoreOutput // scratch output of a promotion's reservation
@@ -107,7 +109,7 @@ type promoBatch struct {
 // job is one submitted transfer.
 type job struct {
 	tier  *tier
-	start time.Time
+	start time.Duration // submission time, since the manager's epoch (8 bytes, not 24)
 	j     offload.Job
 }
 
@@ -145,6 +147,7 @@ func New(cfg Config) (*Manager, error) {
 		hitPending: cfg.HitPendingOnPromotion,
 		adm:        adm,
 		bg:         offload.Background(""),
+		epoch:      time.Now(),
 		jobs:       make(map[uint64]*job),
 		reqs:       make(map[string]*reqState),
 	}
@@ -653,7 +656,7 @@ func (m *Manager) newJob(ts *tier, keys []offload.Key, slots []int64, promotion 
 func (m *Manager) initJob(jb *job, ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
 	id := m.nextID
 	m.nextID++
-	*jb = job{tier: ts, start: now, j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: m.arena}}
+	*jb = job{tier: ts, start: now.Sub(m.epoch), j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: m.arena}}
 	m.jobs[id] = jb
 	return jb
 }
@@ -798,7 +801,7 @@ func (m *Manager) finishJob(jb *job, r offload.JobResult) {
 		if m.finishedAt.IsZero() {
 			m.finishedAt = time.Now()
 		}
-		d = m.finishedAt.Sub(jb.start)
+		d = m.finishedAt.Sub(m.epoch) - jb.start
 	}
 	if ts.pressure.sample(d, &m.adm) {
 		state := "cleared"
