@@ -14,7 +14,8 @@ import (
 type Op uint8
 
 // Operations. OpenFile counts as OpCreate when its flags include
-// O_CREATE and as OpOpen otherwise; WalkDir counts as OpReadDir.
+// O_CREATE and as OpOpen otherwise; WalkDir counts as OpReadDir; Mkdir
+// and MkdirAll count as OpMkdir.
 const (
 	OpCreate Op = iota
 	OpOpen
@@ -28,9 +29,10 @@ const (
 	OpStat
 	OpMkdir
 	OpReadDir
+	OpSetDirect
 )
 
-var opNames = [...]string{"create", "open", "read", "write", "sync", "truncate", "close", "rename", "remove", "stat", "mkdir", "readdir"}
+var opNames = [...]string{"create", "open", "read", "write", "sync", "truncate", "close", "rename", "remove", "stat", "mkdir", "readdir", "setdirect"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -238,6 +240,14 @@ func (in *Injector) Stat(name string) (os.FileInfo, error) {
 	return in.fs.Stat(name)
 }
 
+// Mkdir implements FS.
+func (in *Injector) Mkdir(dir string, perm os.FileMode) error {
+	if _, err := in.check(OpMkdir, dir); err != nil {
+		return err
+	}
+	return in.fs.Mkdir(dir, perm)
+}
+
 // MkdirAll implements FS.
 func (in *Injector) MkdirAll(dir string, perm os.FileMode) error {
 	if _, err := in.check(OpMkdir, dir); err != nil {
@@ -340,6 +350,13 @@ func (f *injectFile) Truncate(size int64) error {
 		return err
 	}
 	return f.f.Truncate(size)
+}
+
+func (f *injectFile) SetDirect(on bool) error {
+	if _, err := f.in.check(OpSetDirect, f.name); err != nil {
+		return err
+	}
+	return f.f.SetDirect(on)
 }
 
 // Close always releases the descriptor, even when a fault is injected or

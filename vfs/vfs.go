@@ -17,9 +17,14 @@ type File interface {
 	io.Closer
 	Sync() error
 	Stat() (os.FileInfo, error)
-	// Truncate sets the file size; O_DIRECT writers pad the last block to
-	// the alignment and cut the file back to its real length.
+	// Truncate sets the file size.
 	Truncate(size int64) error
+	// SetDirect turns O_DIRECT on or off on the open file (fcntl F_SETFL
+	// on Linux); elsewhere it fails with errors.ErrUnsupported. An
+	// O_DIRECT writer uses it to write a file's unaligned tail through
+	// the page cache instead of padding the tail to the alignment and
+	// truncating the file back, which costs a journaled size change.
+	SetDirect(on bool) error
 }
 
 // FS is the set of filesystem operations the storage tiers use. Paths are
@@ -36,6 +41,8 @@ type FS interface {
 	Rename(oldname, newname string) error
 	Remove(name string) error
 	Stat(name string) (os.FileInfo, error)
+	// Mkdir creates one directory; its parent must exist.
+	Mkdir(dir string, perm os.FileMode) error
 	MkdirAll(dir string, perm os.FileMode) error
 	ReadDir(name string) ([]os.DirEntry, error)
 	// WalkDir walks the tree at root like filepath.WalkDir.
@@ -57,14 +64,26 @@ func (osFS) Open(name string) (File, error)                 { return wrapOS(os.O
 func (osFS) Rename(oldname, newname string) error           { return os.Rename(oldname, newname) }
 func (osFS) Remove(name string) error                       { return os.Remove(name) }
 func (osFS) Stat(name string) (os.FileInfo, error)          { return os.Stat(name) }
+func (osFS) Mkdir(dir string, perm os.FileMode) error       { return os.Mkdir(dir, perm) }
 func (osFS) MkdirAll(dir string, perm os.FileMode) error    { return os.MkdirAll(dir, perm) }
 func (osFS) ReadDir(name string) ([]os.DirEntry, error)     { return os.ReadDir(name) }
 func (osFS) WalkDir(root string, fn iofs.WalkDirFunc) error { return filepath.WalkDir(root, fn) }
+
+// osFile is an *os.File with SetDirect.
+type osFile struct{ *os.File }
+
+// SetDirect implements File.
+func (f osFile) SetDirect(on bool) error {
+	if err := setDirect(f.File, on); err != nil {
+		return &iofs.PathError{Op: "setdirect", Path: f.Name(), Err: err}
+	}
+	return nil
+}
 
 // wrapOS avoids returning a non-nil File interface holding a nil *os.File.
 func wrapOS(f *os.File, err error) (File, error) {
 	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	return osFile{f}, nil
 }

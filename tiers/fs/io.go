@@ -188,16 +188,21 @@ func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (err erro
 	return fs.Rename(tmp, dest)
 }
 
-// writeBlock writes the file contents. With O_DIRECT every write is
-// aligned in address, offset and length, and the file is truncated back
-// to its real size afterwards.
+// writeBlock writes the file contents. With O_DIRECT the aligned bulk
+// of the file (the whole block when the slot is aligned and its size a
+// multiple of the alignment) is written directly, from the slot in place
+// or from the worker's aligned bounce buffer, and the unaligned rest (the
+// 24-byte trailer) through the page cache after turning O_DIRECT off on
+// the descriptor. Padding the rest to a page and truncating the file back
+// instead costs a journaled size change per block, about a third of a
+// 2 MiB write's time with 8 writers; it remains the fallback where
+// O_DIRECT cannot be turned off.
 func (w *worker) writeBlock(f vfs.File, k offload.Key, payload []byte) error {
 	t := w.t
 	n := int64(len(payload))
 	size := t.s.format.fileSize(len(payload))
 	withTrailer := t.s.format == FormatKVTier
-	switch {
-	case !t.direct:
+	if !t.direct {
 		if _, err := f.WriteAt(payload, 0); err != nil {
 			return err
 		}
@@ -209,34 +214,45 @@ func (w *worker) writeBlock(f vfs.File, k offload.Key, payload []byte) error {
 			}
 		}
 		return nil
-	case isAligned(payload):
-		// In place from the slot; the trailer goes in its own padded page.
-		if _, err := f.WriteAt(payload, 0); err != nil {
-			return err
-		}
+	}
+	// head is written with O_DIRECT at offset 0, tail right after it;
+	// padded is tail followed by zeros up to the alignment.
+	var head, tail, padded []byte
+	if isAligned(payload) {
+		head = payload
 		if withTrailer {
-			page := w.tailPage()
-			clear(page)
-			putTrailer(page, k, payload)
-			if _, err := f.WriteAt(page, n); err != nil {
-				return err
-			}
+			padded = w.tailPage()
+			clear(padded)
+			putTrailer(padded, k, payload)
+			tail = padded[:trailerLen]
 		}
-	default:
+	} else {
 		buf := w.buffer(roundUp(size))
 		copy(buf, payload)
 		if withTrailer {
 			putTrailer(buf[n:size], k, payload)
 		}
 		clear(buf[size:])
-		if _, err := f.WriteAt(buf, 0); err != nil {
+		h := size &^ (align - 1)
+		head, tail, padded = buf[:h], buf[h:size], buf[h:]
+	}
+	if len(head) > 0 {
+		if _, err := f.WriteAt(head, 0); err != nil {
 			return err
 		}
 	}
-	if roundUp(size) != size {
-		return f.Truncate(size)
+	if len(tail) == 0 {
+		return nil
 	}
-	return nil
+	off := int64(len(head))
+	if f.SetDirect(false) == nil {
+		_, err := f.WriteAt(tail, off)
+		return err
+	}
+	if _, err := f.WriteAt(padded, off); err != nil {
+		return err
+	}
+	return f.Truncate(size)
 }
 
 // load runs a promotion job: blocks are read into their slots in order

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package vfs
+
+import (
+	"errors"
+	"os"
+)
+
+func setDirect(*os.File, bool) error { return errors.ErrUnsupported }
