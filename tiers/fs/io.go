@@ -6,7 +6,6 @@ import (
 	"io"
 	iofs "io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -164,12 +163,7 @@ func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (err erro
 	if t.direct {
 		flag |= oDirect
 	}
-	f, err := fs.OpenFile(tmp, flag, 0o644)
-	if errors.Is(err, iofs.ErrNotExist) {
-		if err = fs.MkdirAll(filepath.Dir(dest), 0o755); err == nil {
-			f, err = fs.OpenFile(tmp, flag, 0o644)
-		}
-	}
+	f, err := t.openTemp(tmp, flag)
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,7 @@ type Tier struct {
 
 	tmpPrefix string
 	tmpSeq    atomic.Uint64
+	dirs      *dirCache
 
 	mu        sync.Mutex
 	evictCond *sync.Cond // signalled when evictions finish
@@ -90,6 +91,7 @@ func New(cfg Config) (*Tier, error) {
 		lay:       lay,
 		idx:       newIndex(),
 		tmpPrefix: "_" + hex.EncodeToString(rnd[:]),
+		dirs:      newDirCache(lay.rankDir),
 	}
 	t.evictCond = sync.NewCond(&t.mu)
 	t.lookups = asynclookup.New(s.name, t.exists, asynclookup.Options{MaxBatch: s.lookupBatch, Logger: s.logger})
