@@ -75,11 +75,17 @@ func checksum(k offload.Key, payload []byte) uint64 {
 
 // putTrailer writes the trailer of payload into t (len ≥ trailerLen).
 func putTrailer(t []byte, k offload.Key, payload []byte) {
+	putTrailerSum(t, len(payload), checksum(k, payload))
+}
+
+// putTrailerSum writes the trailer of an n-byte payload whose checksum
+// is sum into t (len ≥ trailerLen).
+func putTrailerSum(t []byte, n int, sum uint64) {
 	copy(t[0:4], trailerMagic)
 	binary.LittleEndian.PutUint16(t[4:6], trailerVersion)
 	binary.LittleEndian.PutUint16(t[6:8], algXXH3Seeded)
-	binary.LittleEndian.PutUint64(t[8:16], uint64(len(payload)))
-	binary.LittleEndian.PutUint64(t[16:24], checksum(k, payload))
+	binary.LittleEndian.PutUint64(t[8:16], uint64(n))
+	binary.LittleEndian.PutUint64(t[16:24], sum)
 }
 
 // verifyTrailer checks t against payload.
