@@ -173,8 +173,13 @@ func TestRestartReindexes(t *testing.T) {
 	run(t, tier, false, a, req("w"), keys, []int64{0, 1, 2})
 	tier.Close(context.Background())
 	// A leftover temp file and a foreign file in the tree.
+	// A stale leftover temp file, a fresh one (another process may be
+	// writing it) and a foreign file in the tree.
 	leftover := tier.Path(k(1)) + "_dead.tmp"
 	os.WriteFile(leftover, []byte("torn"), 0o644)
+	age(t, leftover, DefaultStaleTmpAge+time.Minute)
+	fresh := tier.Path(k(2)) + "_live.tmp"
+	os.WriteFile(fresh, []byte("being written"), 0o644)
 	os.WriteFile(filepath.Join(tier.lay.rankDir, "README"), []byte("x"), 0o644)
 
 	tier2 := newTier(t, dir, nil)
@@ -183,7 +188,10 @@ func TestRestartReindexes(t *testing.T) {
 		t.Fatalf("stats after restart %+v", s)
 	}
 	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("leftover temp file kept")
+		t.Fatal("stale temp file kept")
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Fatalf("fresh temp file removed: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(tier2.lay.rankDir, "README")); err != nil {
 		t.Fatal("foreign file removed")
@@ -291,7 +299,10 @@ func TestCrashBetweenWriteAndRename(t *testing.T) {
 			}
 			tier.Close(context.Background())
 
-			// Restart on the real filesystem.
+			// Restart on the real filesystem, the temp file stale by then.
+			for _, p := range tempFiles(t, dir) {
+				age(t, p, DefaultStaleTmpAge)
+			}
 			tier2 := newTier(t, dir, nil)
 			if tmp := tempFiles(t, dir); len(tmp) != 0 {
 				t.Fatalf("temp files after restart: %v", tmp)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
@@ -42,6 +43,14 @@ type Config struct {
 	ODirect string `yaml:"o_direct"`
 	// Events turns on stored/removed events for this tier.
 	Events bool `yaml:"events"`
+	// StaleTmpAge is how old (by modification time) a leftover temp file
+	// ("*.tmp") must be before the tier deletes it (default 10m). At start
+	// the tier removes the stale ones and leaves younger ones alone: they
+	// may belong to another process sharing the directory (vLLM, another
+	// kvtier) that is writing them right now. It looks at those once more
+	// when they could have become stale, so its own crash leftovers found
+	// by a quick restart do not stay until the next one.
+	StaleTmpAge config.Duration `yaml:"stale_tmp_age"`
 	// LookupBatch bounds the keys of one existence-check call (0 = the
 	// whole step's batch at once).
 	LookupBatch int `yaml:"lookup_batch"`
@@ -63,6 +72,7 @@ const (
 	DefaultQueueDepth    = 256
 	DefaultHighWatermark = 0.95
 	DefaultLowWatermark  = 0.85
+	DefaultStaleTmpAge   = 10 * time.Minute
 )
 
 // oDirectMode is the parsed o_direct setting.
@@ -89,6 +99,7 @@ type settings struct {
 	events        bool
 	eventsIgnored bool // opted in with events disabled globally
 	lookupBatch   int
+	staleTmpAge   time.Duration
 	ns            Namespace
 	fs            vfs.FS
 	logger        *slog.Logger
@@ -154,6 +165,12 @@ func (c Config) settings() (settings, error) {
 	s.queueDepth = c.QueueDepth
 	if s.queueDepth == 0 {
 		s.queueDepth = DefaultQueueDepth
+	}
+	switch s.staleTmpAge = c.StaleTmpAge.Value(); {
+	case s.staleTmpAge < 0:
+		return s, fmt.Errorf("stale_tmp_age %v is negative", s.staleTmpAge)
+	case s.staleTmpAge == 0:
+		s.staleTmpAge = DefaultStaleTmpAge
 	}
 	if c.LookupBatch < 0 {
 		return s, fmt.Errorf("lookup_batch %d is negative", c.LookupBatch)

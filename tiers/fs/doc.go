@@ -32,16 +32,26 @@
 // (raw where a trailer is expected) is refused but left alone, and with
 // the block size known (namespace block_bytes) lookups answer Miss for it.
 //
-// Writes go to "<dest>_<unique>.tmp" and are renamed over the destination,
-// so a crash leaves at most a temp file, which the next start removes.
+// Writes go to "<dest>_<unique>.tmp" (vLLM names its temp files the same
+// way) and are renamed over the destination, so a crash leaves at most a
+// temp file. A start removes the temp files last modified at least
+// stale_tmp_age ago (default 10 minutes); younger ones may be another
+// process's writes in progress in a shared directory, so they are left
+// alone and looked at once more stale_tmp_age later (removed then unless
+// modified since). Fan-out directories are created on demand with one
+// mkdir per new directory; recently used ones are remembered.
+//
 // With O_DIRECT (probed at start with an aligned write; o_direct: auto
-// falls back to buffered I/O with one log line) the payload and trailer
-// are written from page-aligned buffers padded to the alignment and the
-// file is truncated back to its real length. When the arena slot is
-// aligned and the block size a multiple of the alignment the slot is
-// written and read in place; otherwise an aligned bounce buffer per
-// worker is used. A slot read into before verification is not exposed:
-// the promotion target stays pending until the job reports success.
+// falls back to buffered I/O with one log line) the aligned bulk of a
+// file is written directly and its unaligned tail (the trailer) through
+// the page cache, after turning O_DIRECT off on the descriptor; where
+// that is impossible the tail is padded to the alignment and the file
+// truncated back. When the arena slot is aligned and the block size a
+// multiple of the alignment the slot is written and read in place (its
+// checksum computed on another goroutine while the payload is written);
+// otherwise an aligned bounce buffer per worker is used. A slot read into
+// before verification is not exposed: the promotion target stays pending
+// until the job reports success.
 //
 // Index and capacity. The tier keeps an in-memory index of its files
 // (key, size, LRU links, reader count): 40 bytes per entry plus the key

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
@@ -13,8 +14,10 @@ import (
 
 // scan rebuilds the index from the rank directory without reading any
 // block: names give the keys, stat gives sizes and modification times
-// (older files are evicted first). Leftover temp files are removed.
+// (older files are evicted first). Leftover temp files older than
+// stale_tmp_age are removed; younger ones are looked at again later.
 func (t *Tier) scan() error {
+	now := time.Now()
 	type found struct {
 		key   offload.Key
 		size  int64
@@ -38,10 +41,8 @@ func (t *Tier) scan() error {
 			return nil
 		}
 		if strings.HasSuffix(p, ".tmp") {
-			if err := t.s.fs.Remove(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
-				t.s.logger.Warn("index rebuild: cannot remove temp file", "path", p, "err", err)
-			} else {
-				t.st.tempRemovedAtStart.Add(1)
+			if fi, err := d.Info(); err == nil { // else gone already
+				t.leftoverTmp(p, fi.ModTime(), now)
 			}
 			return nil
 		}
@@ -77,6 +78,95 @@ func (t *Tier) scan() error {
 	if len(files) > 0 || skipped > 0 {
 		t.s.logger.Info("index rebuilt", "dir", root, "files", len(files), "bytes", used, "ignored", skipped)
 	}
+	if n := len(t.tmp.paths); n > 0 {
+		t.s.logger.Info("temp files younger than stale_tmp_age left in place (another process may be writing them)",
+			"dir", root, "files", n, "stale_tmp_age", t.s.staleTmpAge)
+	}
 	t.evictToLow()
 	return nil
+}
+
+// maxYoungTmp bounds the young temp files a tier remembers for a second
+// look; more are left for the next start.
+const maxYoungTmp = 4096
+
+// tmpSweep holds the temp files the start-up scan found too young to
+// delete, and the timer of their second look.
+type tmpSweep struct {
+	mu      sync.Mutex // held while sweeping, so Close waits for a sweep
+	paths   []string
+	timer   *time.Timer
+	stopped bool
+}
+
+// leftoverTmp handles a temp file found at start: removed when it was
+// last modified at least stale_tmp_age before now, else remembered.
+func (t *Tier) leftoverTmp(p string, mtime, now time.Time) {
+	if now.Sub(mtime) < t.s.staleTmpAge {
+		if len(t.tmp.paths) < maxYoungTmp {
+			t.tmp.paths = append(t.tmp.paths, p)
+		}
+		return
+	}
+	t.removeTmp(p)
+}
+
+func (t *Tier) removeTmp(p string) {
+	if err := t.s.fs.Remove(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		t.s.logger.Warn("cannot remove stale temp file", "path", p, "err", err)
+		return
+	}
+	t.st.tempRemoved.Add(1)
+}
+
+// startTmpSweep arms the second look at the young temp files, one
+// stale_tmp_age after start (when the oldest of them is long stale).
+func (t *Tier) startTmpSweep() {
+	t.tmp.mu.Lock()
+	defer t.tmp.mu.Unlock()
+	if len(t.tmp.paths) > 0 {
+		t.tmp.timer = time.AfterFunc(t.s.staleTmpAge, t.sweepTmp)
+	}
+}
+
+// sweepTmp removes the remembered temp files that are stale by now.
+// Files gone meanwhile (renamed into place or removed by their writer)
+// are dropped; files modified since are kept and looked at again when
+// the earliest of them can be stale.
+func (t *Tier) sweepTmp() {
+	t.tmp.mu.Lock()
+	defer t.tmp.mu.Unlock()
+	if t.tmp.stopped {
+		return
+	}
+	now := time.Now()
+	keep := t.tmp.paths[:0]
+	next := t.s.staleTmpAge
+	for _, p := range t.tmp.paths {
+		fi, err := t.s.fs.Stat(p)
+		if err != nil {
+			continue
+		}
+		if wait := fi.ModTime().Add(t.s.staleTmpAge).Sub(now); wait > 0 {
+			keep = append(keep, p)
+			next = min(next, wait)
+			continue
+		}
+		t.removeTmp(p)
+	}
+	clear(t.tmp.paths[len(keep):])
+	t.tmp.paths = keep
+	if len(keep) > 0 {
+		t.tmp.timer = time.AfterFunc(next, t.sweepTmp)
+	}
+}
+
+// stopTmpSweep cancels the second look, waiting for one in progress.
+func (t *Tier) stopTmpSweep() {
+	t.tmp.mu.Lock()
+	defer t.tmp.mu.Unlock()
+	t.tmp.stopped = true
+	if t.tmp.timer != nil {
+		t.tmp.timer.Stop()
+	}
 }

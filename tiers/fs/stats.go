@@ -16,7 +16,7 @@ type counters struct {
 	queueFull, full      atomic.Uint64
 	evictedBlocks        atomic.Uint64
 	evictedBytes         atomic.Uint64
-	tempRemovedAtStart   atomic.Uint64
+	tempRemoved          atomic.Uint64
 }
 
 // Stats is a snapshot of the tier's counters and gauges, for metrics.
@@ -37,7 +37,8 @@ type Stats struct {
 	// Full stores that could not make room under max_bytes.
 	QueueFull, Full             uint64
 	EvictedBlocks, EvictedBytes uint64
-	// TempFilesRemoved counts leftover temp files removed at start.
+	// TempFilesRemoved counts leftover temp files removed (at start, or
+	// later once they were stale_tmp_age old).
 	TempFilesRemoved uint64
 	// UsedBytes and Files describe the indexed files; MaxBytes is the
 	// configured bound (0 = none).
@@ -61,7 +62,7 @@ func (t *Tier) Stats() Stats {
 		TransientErrors: c.transient.Load(), NotFound: c.notFound.Load(),
 		QueueFull: c.queueFull.Load(), Full: c.full.Load(),
 		EvictedBlocks: c.evictedBlocks.Load(), EvictedBytes: c.evictedBytes.Load(),
-		TempFilesRemoved: c.tempRemovedAtStart.Load(),
+		TempFilesRemoved: c.tempRemoved.Load(),
 		UsedBytes:        used, MaxBytes: t.s.maxBytes, Files: files, Direct: t.direct,
 	}
 }

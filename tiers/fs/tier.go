@@ -50,6 +50,7 @@ type Tier struct {
 	tmpPrefix string
 	tmpSeq    atomic.Uint64
 	dirs      *dirCache
+	tmp       tmpSweep
 
 	mu        sync.Mutex
 	evictCond *sync.Cond // signalled when evictions finish
@@ -72,8 +73,8 @@ var _ offload.SecondaryTier = (*Tier)(nil)
 
 // New validates cfg, creates the namespace directories, writes
 // config.json if absent, probes O_DIRECT, rebuilds the index from the
-// files already on disk (removing leftover temp files) and starts the
-// worker pools. An unwritable root_dir, an unknown locality, format or
+// files already on disk (removing leftover temp files older than
+// stale_tmp_age) and starts the worker pools. An unwritable root_dir, an unknown locality, format or
 // o_direct value, or o_direct: on where it is unsupported fail here.
 func New(cfg Config) (*Tier, error) {
 	s, err := cfg.settings()
@@ -101,6 +102,7 @@ func New(cfg Config) (*Tier, error) {
 			return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
 		}
 	}
+	t.startTmpSweep()
 	if s.eventsIgnored {
 		s.logger.Warn(fmt.Sprintf("events is set on secondary tier '%s' but KV cache events are disabled globally; the tier will not emit events.", s.name))
 	}
@@ -440,6 +442,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	close(t.storeCh)
 	t.mu.Unlock()
 	t.lookups.Close()
+	t.stopTmpSweep()
 	done := make(chan struct{})
 	go func() { t.workers.Wait(); close(done) }()
 	select {
