@@ -111,16 +111,18 @@ func (t *Tier) leftoverTmp(p string, mtime, now time.Time) {
 	t.removeTmp(p)
 }
 
+// removeTmp deletes a stale temp file; one gone meanwhile is not counted.
 func (t *Tier) removeTmp(p string) {
-	if err := t.s.fs.Remove(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+	switch err := t.s.fs.Remove(p); {
+	case err == nil:
+		t.st.tempRemoved.Add(1)
+	case !errors.Is(err, iofs.ErrNotExist):
 		t.s.logger.Warn("cannot remove stale temp file", "path", p, "err", err)
-		return
 	}
-	t.st.tempRemoved.Add(1)
 }
 
 // startTmpSweep arms the second look at the young temp files, one
-// stale_tmp_age after start (when the oldest of them is long stale).
+// stale_tmp_age after start: by then each is stale unless modified since.
 func (t *Tier) startTmpSweep() {
 	t.tmp.mu.Lock()
 	defer t.tmp.mu.Unlock()
