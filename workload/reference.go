@@ -6,7 +6,7 @@ package workload
 // the cache, after which every id of the request is inserted or
 // refreshed in order, the last one most recent. This is the model behind
 // the reference figures of the Mooncake trace's README, a baseline for
-// Replay, whose primary differs in details (see docs/bench/workload.md).
+// Replay, whose primary differs in details (see BENCHMARKS.md, trace replay).
 func ReferenceHitRate(reqs []Request, capacity int) float64 {
 	c := newRefLRU(capacity)
 	var hits, blocks uint64

@@ -135,7 +135,7 @@ func checkCounts(t *testing.T, res *Result, reqs []Request) {
 // ends most recent among those present) before the new blocks' store
 // completes, and eviction never takes a block of the current store call.
 // On this prefix the figures agree exactly; the bound allows the small
-// differences the full trace shows (docs/bench/workload.md).
+// differences the full trace shows (BENCHMARKS.md, trace replay).
 func TestReplayPrimaryOnlyIsPlainLRU(t *testing.T) {
 	reqs := loadPrefix(t)
 	for _, capacity := range []int{1000, 5859} {
