@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -134,11 +135,13 @@ type Namespace struct {
 	limits Limits
 	arena  offload.Arena
 	share  SharedArena
-	events EventSink
-	meta   MetaRecorder
-	stats  func() Stats
-	evst   func() (uint64, uint64)
-	log    *slog.Logger
+	// sharePath is share's path made absolute.
+	sharePath string
+	events    EventSink
+	meta      MetaRecorder
+	stats     func() Stats
+	evst      func() (uint64, uint64)
+	log       *slog.Logger
 	// onWarning counts and logs lenient-mode warnings of NewRequest.
 	onWarning func(offload.Warning)
 
@@ -173,6 +176,14 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		mgr:       cfg.Manager,
 		parser:    cfg.Parser,
 		reqs:      make(map[string]*request),
+	}
+	if cfg.Share != nil && cfg.Share.Path() != "" {
+		// Clients open this path from their own working directory.
+		abs, err := filepath.Abs(cfg.Share.Path())
+		if err != nil {
+			return nil, fmt.Errorf("namespace %q: arena path: %w", cfg.Name, err)
+		}
+		ns.sharePath = abs
 	}
 	userHook := cfg.Parser.OnWarning
 	ns.parser.OnWarning = func(w offload.Warning) {
@@ -825,7 +836,7 @@ func (ns *Namespace) Arena() ArenaInfo {
 	info := ArenaInfo{Kind: "anonymous", SlotSize: ns.arena.SlotSize(), NumSlots: ns.arena.NumSlots()}
 	if ns.share != nil {
 		info.Kind = ns.share.Kind()
-		info.Path = ns.share.Path()
+		info.Path = ns.sharePath
 		info.file = ns.share.File()
 	}
 	return info

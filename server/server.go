@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -176,7 +177,13 @@ func (s *Server) Start() (err error) {
 			return fmt.Errorf("server: %w", err)
 		}
 		s.unixLn = ln
-		s.fdPath = s.cfg.UnixSocket + ".arena"
+		// GetArena hands this path to clients, whose working directory
+		// is not ours (the default socket is ./kvtier.sock).
+		abs, err := filepath.Abs(s.cfg.UnixSocket)
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		s.fdPath = abs + ".arena"
 		fdl, err := listenUnix(s.fdPath)
 		if err != nil {
 			return fmt.Errorf("server: arena side channel: %w", err)

@@ -3031,9 +3031,9 @@ type GetArenaResponse struct {
 	NumSlots int64                  `protobuf:"varint,3,opt,name=num_slots,json=numSlots,proto3" json:"num_slots,omitempty"`
 	// Total mapping length (slot_size * num_slots).
 	Size int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	// ARENA_KIND_FILE: the file to map (same host only).
+	// ARENA_KIND_FILE: the file to map (same host only), an absolute path.
 	Path string `protobuf:"bytes,5,opt,name=path,proto3" json:"path,omitempty"`
-	// A Unix stream socket (0600, same host only) that passes the arena's
+	// The absolute path of a Unix stream socket (0600, same host only) that passes the arena's
 	// file descriptor with SCM_RIGHTS, for ARENA_KIND_MEMFD and
 	// ARENA_KIND_FILE. Protocol: connect; send the namespace followed by
 	// "\n" (an empty line selects the default namespace); receive one message
