@@ -37,7 +37,14 @@ type Retrier struct {
 
 // Do runs op at most retries+1 times. It stops early when ctx ends or the
 // server is marked down, and returns the last error (timeouts say so).
+// While the server is down it fails at once with ErrUnavailable, without
+// calling op: work already running when the server went down (the rest
+// of a batch of existence checks, the other blocks of a job) then ends
+// at once instead of waiting out a timeout per request.
 func (r *Retrier) Do(ctx context.Context, retries int, op func(ctx context.Context) error) error {
+	if !r.Health.Healthy() {
+		return ErrUnavailable
+	}
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, r.Timeout)
 		err := op(actx)

@@ -94,6 +94,15 @@ func TestRetrier(t *testing.T) {
 			t.Fatalf("err %v after %d calls, healthy %v; want to stop at the threshold (2)", err, calls, h.Healthy())
 		}
 	})
+	t.Run("refused at once while down", func(t *testing.T) {
+		r, h := testRetrier(t, 1, time.Second, time.Millisecond)
+		h.Failure(errTransient)
+		calls := 0
+		err := r.Do(context.Background(), 3, func(context.Context) error { calls++; return nil })
+		if !errors.Is(err, ErrUnavailable) || calls != 0 {
+			t.Fatalf("err %v after %d calls; want ErrUnavailable without calling the server", err, calls)
+		}
+	})
 	t.Run("caller cancel is not the server's fault", func(t *testing.T) {
 		r, h := testRetrier(t, 1, time.Second, time.Millisecond)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +42,8 @@ type fakeS3 struct {
 
 	mu   sync.Mutex
 	gate chan struct{} // non-nil: requests wait until it is closed
+
+	heads atomic.Int64 // HEAD object requests received (not HEAD bucket)
 }
 
 func startFake(t *testing.T) *fakeS3 {
@@ -56,6 +59,9 @@ func startFake(t *testing.T) *fakeS3 {
 }
 
 func (f *fakeS3) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodHead && strings.Count(strings.Trim(r.URL.Path, "/"), "/") > 0 {
+		f.heads.Add(1)
+	}
 	f.mu.Lock()
 	g := f.gate
 	f.mu.Unlock()
@@ -684,4 +690,36 @@ func TestHungServerLookupsTimeOut(t *testing.T) {
 	}
 	release()
 	rt.Eventually(t, 5*time.Second, "recovery", tier.Healthy)
+}
+
+// TestHungServerStopsCheckingOnceDown: a step's existence checks against
+// a server that accepts but never answers stop being sent as soon as the
+// failures mark it down, rather than each waiting out its timeout.
+func TestHungServerStopsCheckingOnceDown(t *testing.T) {
+	f := startFake(t)
+	cfg := testConfig(f.endpoint())
+	cfg.IOThreads = 2
+	cfg.UnhealthyAfter = 2
+	cfg.LookupTimeout = 100 * time.Millisecond // the step's batch: 400ms
+	tier := newTier(t, cfg)
+	release := f.hold()
+	defer release()
+	req, _ := offload.NewReqContext("r", nil)
+	keys := rt.Keys(0, 16)
+	for _, k := range keys {
+		tier.Lookup(k, req)
+	}
+	tier.OnScheduleEnd(offload.ScheduleEnd{})
+	rt.Eventually(t, 5*time.Second, "tier down", func() bool { return !tier.Healthy() })
+	rt.Eventually(t, 5*time.Second, "batch answered", func() bool { return !tier.HasPendingWork() })
+	// Two HEADs (io_threads) mark it down; one more may start between the
+	// two failures. Eight would be the batch's 400ms in 100ms waves of two.
+	if n := f.heads.Load(); n > int64(cfg.IOThreads)+1 {
+		t.Fatalf("%d HEADs sent to a hung server; want at most %d", n, cfg.IOThreads+1)
+	}
+	for _, k := range keys {
+		if r := tier.Lookup(k, req); r != offload.Miss {
+			t.Fatalf("lookup while down %v", r)
+		}
+	}
 }
