@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -83,5 +84,34 @@ func TestRestartOpensNoBlockFile(t *testing.T) {
 	defer mu.Unlock()
 	if len(opened) == 0 {
 		t.Fatal("the probe saw no block file opened even by the load")
+	}
+}
+
+// Loads and stores have their own pools and queues: with the only read
+// worker stuck and the load queue full, a store still runs and a further
+// load is refused at once (bounded, never blocking the caller).
+func TestReadAndWritePoolsAreSeparate(t *testing.T) {
+	tier := newTier(t, t.TempDir(), func(c *Config) { c.ReadThreads, c.WriteThreads, c.QueueDepth = 1, 1, 1 })
+	a := newArena(bs, 4, true)
+	storeEach(t, tier, a, k(1))
+	acquired, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tier.hookAcquired = func(offload.Key) { once.Do(func() { close(acquired); <-release }) }
+	tier.SubmitLoad(&offload.Job{ID: 1, Keys: []offload.Key{k(1)}, Slots: []int64{1}, Arena: a, Promotion: true})
+	<-acquired
+	tier.SubmitLoad(&offload.Job{ID: 2, Keys: []offload.Key{k(1)}, Slots: []int64{2}, Arena: a, Promotion: true}) // fills the load queue
+	tier.SubmitLoad(&offload.Job{ID: 3, Keys: []offload.Key{k(1)}, Slots: []int64{3}, Arena: a, Promotion: true}) // refused
+	storeAsync(tier, 4, a, k(2), 0)
+	got := await(t, tier, 3, 4)
+	close(release)
+	if r := got[3]; r.Success || !errors.Is(r.Err, ErrQueueFull) {
+		t.Fatalf("load over a full queue: %+v", r)
+	}
+	if r := got[4]; !r.Success {
+		t.Fatalf("store while the read pool is stuck: %+v", r)
+	}
+	rest := await(t, tier, 1, 2)
+	if !rest[1].Success || !rest[2].Success {
+		t.Fatalf("queued loads: %+v", rest)
 	}
 }
