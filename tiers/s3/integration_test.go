@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -272,4 +273,27 @@ func TestIntegrationManagerOutage(t *testing.T) {
 func TestIntegrationThroughManager(t *testing.T) {
 	tier := newTier(t, realS3Config(t))
 	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"locality": "local"}]}`})
+}
+
+// TestIntegrationStartupErrors: against the real service, a missing
+// bucket fails New with ErrBucketNotFound unless create_bucket is set,
+// and wrong credentials fail it with the service's answer.
+func TestIntegrationStartupErrors(t *testing.T) {
+	cfg := realS3Config(t)
+	cfg.CreateBucket = false
+	_, err := New(context.Background(), cfg)
+	if !errors.Is(err, ErrBucketNotFound) || !strings.Contains(err.Error(), cfg.Bucket) {
+		t.Fatalf("missing bucket: %v, want ErrBucketNotFound naming %s", err, cfg.Bucket)
+	}
+	cfg.CreateBucket = true
+	cfg.SecretKey = "not-the-secret"
+	_, err = New(context.Background(), cfg)
+	if err == nil || errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "HTTP 403") {
+		t.Fatalf("wrong credentials: %v, want HTTP 403", err)
+	}
+	cfg = realS3Config(t)
+	tier := newTier(t, cfg) // create_bucket
+	if !tier.Healthy() {
+		t.Fatal("tier on a created bucket unhealthy")
+	}
 }

@@ -723,3 +723,47 @@ func TestHungServerStopsCheckingOnceDown(t *testing.T) {
 		}
 	}
 }
+
+// recordingTransport records the host and path of every request.
+type recordingTransport struct {
+	mu   sync.Mutex
+	urls []string
+}
+
+func (r *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	r.urls = append(r.urls, req.URL.Host+req.URL.Path)
+	r.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// TestPathStyleAddressing: requests name the bucket in the path, never in
+// the host name, even for an endpoint whose host is a name (with an IP
+// address the SDK would use path-style anyway).
+func TestPathStyleAddressing(t *testing.T) {
+	f := startFake(t)
+	_, port, _ := net.SplitHostPort(f.addr)
+	rec := &recordingTransport{}
+	cfg := testConfig("http://localhost:" + port)
+	cfg.HTTPClient = &http.Client{Transport: rec}
+	tier := newTier(t, cfg)
+	arena := rt.NewArena(256, 1)
+	keys := rt.Keys(0, 1)
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, []int64{0})); !res.Success {
+		t.Fatalf("store %+v", res)
+	}
+	if res := rt.Run(t, tier, rt.LoadJob(2, arena, keys, []int64{0}, offload.Background("r"))); !res.Success {
+		t.Fatalf("load %+v", res)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	want := "localhost:" + port + "/" + testBucket
+	if len(rec.urls) < 4 { // HEAD bucket, HEAD + PUT object, GET object
+		t.Fatalf("requests %v", rec.urls)
+	}
+	for _, u := range rec.urls {
+		if !strings.HasPrefix(u, want) {
+			t.Fatalf("request to %s, want path-style %s/...", u, want)
+		}
+	}
+}
