@@ -38,8 +38,9 @@ type Config struct {
 	// 512 MiB, Redis's proto-max-bulk-len); a block beyond it fails its
 	// store job.
 	MaxValueBytes int64 `yaml:"max_value_bytes"`
-	// PoolSize is the number of connections (default 16); it also bounds
-	// concurrent transfer pipelines.
+	// PoolSize bounds concurrent transfer pipelines and sizes the client's
+	// connection pool (default 16); go-redis adds a small pool of its own
+	// for pipelines.
 	PoolSize int `yaml:"pool_size"`
 	// DialTimeout bounds connecting (default 2s); Timeout bounds one
 	// attempt of one command or pipeline (default 5s).

@@ -13,7 +13,7 @@
 //	    key_prefix: "llama3-8b:"      # default (from a config file) kvtier:<model>:<bytes_per_block>:
 //	    ttl: 30m                     # optional expiry, refreshed by Touch
 //	    max_value_bytes: 536870912   # envelope included
-//	    pool_size: 16                # connections = concurrent pipelines
+//	    pool_size: 16                # concurrent transfer pipelines
 //	    dial_timeout: 2s
 //	    timeout: 5s                  # per command or pipeline attempt
 //	    lookup_timeout: 1s           # per existence-check pipeline
@@ -67,7 +67,10 @@
 // lookup verdict. Where CONFIG is not allowed (many managed services) the
 // tier logs that keyspace events are off; configure the flags on the
 // service instead. Without notifications, blocks the server drops are not
-// reported and the next lookup of them answers Miss.
+// reported and the next lookup of them answers Miss. A FLUSHDB or
+// FLUSHALL, and a restart of a server without persistence, drop blocks
+// without per-key events, so those go unreported even with
+// notifications.
 //
 // Events (when enabled): one stored event per fully successful store job,
 // removed events as above, and a removed event for a corrupt value the
