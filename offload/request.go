@@ -61,6 +61,14 @@ const (
 
 // Warning is one problem found while parsing a tier filter. Entry is the
 // index of the offending list entry, or -1 for the field as a whole.
+//
+// Message carries upstream's four _parse_tier_filter texts (spec §2.1)
+// adapted to JSON: the field and entry index ("kv_load_tiers[2]: ") stand
+// where upstream names its function, so that kv_load_tiers and
+// kv_store_tiers problems can be told apart; types and values are written
+// as JSON ("string", "bogus" in double quotes) rather than Python's str
+// and repr; and a non-object entry reads "entry is not an object (got
+// T); skipping" where upstream says "entry is not a dict; skipping".
 type Warning struct {
 	Field   string // kv_load_tiers or kv_store_tiers
 	Reason  string // one of the Reason* constants
