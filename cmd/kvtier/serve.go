@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -159,7 +161,35 @@ func loadServeConfig(f serveFlags) (*config.Config, error) {
 		}
 		cfg.Primary.Bytes = b
 	}
+	if err := checkListenAddrs(cfg); err != nil {
+		return nil, err
+	}
 	return cfg, nil
+}
+
+// checkListenAddrs rejects an unusable TCP address before any tier is
+// built, naming its key: a listen error later would not say which key
+// holds the bad value.
+func checkListenAddrs(cfg *config.Config) error {
+	for _, a := range []struct{ key, addr string }{
+		{"server.tcp_addr", cfg.Server.TCPAddr},
+		{"server.metrics_addr", cfg.Server.MetricsAddr},
+	} {
+		if a.addr == "" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(a.addr)
+		// A named port ("http") is left to the resolver.
+		if _, nerr := strconv.ParseUint(port, 10, 64); err == nil && nerr == nil {
+			if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
+				err = fmt.Errorf("port %s: want 0..65535", port)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s: invalid value %q: %w (want host:port, e.g. 127.0.0.1:7070)", a.key, a.addr, err)
+		}
+	}
+	return nil
 }
 
 func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (int, error) }) error {
