@@ -52,6 +52,8 @@ type envOptions struct {
 	arena cpu.ArenaConfig
 	// events, if set, receives every step's events.
 	events server.EventSink
+	// logger defaults to a logger that discards.
+	logger *slog.Logger
 }
 
 func memTiers(t testing.TB) []offload.SecondaryTier {
@@ -92,6 +94,9 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if o.arena.Kind == "" {
 		o.arena.Kind = cpu.ArenaMemfd
 	}
+	if o.logger == nil {
+		o.logger = quietLogger()
+	}
 	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: o.arena, Events: true})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +114,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 		MetricsAddr: "127.0.0.1:0",
 		AuthToken:   o.token,
 		Limits:      o.limits,
-		Logger:      quietLogger(),
+		Logger:      o.logger,
 	})
 	if err != nil {
 		t.Fatal(err)
