@@ -11,6 +11,8 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/redis"
+	"github.com/kvtier/kvtier/tiers/remote"
 )
 
 // ManagerNamespace returns the configuration of a namespace served by m
@@ -41,6 +43,14 @@ func (s sharedArena) File() *os.File { return s.a.File() }
 // occupancy is implemented by tiers that know how many blocks they hold.
 type occupancy interface{ Len() int }
 
+// healthReporter is implemented by tiers that talk to a server and stop
+// using it while it is down (tiers/remote.Base: redis, s3).
+type healthReporter interface{ Healthy() bool }
+
+// remoteStats is implemented by tiers whose Stats are tiers/remote's
+// (s3). The redis tier returns its own Stats, which embed them.
+type remoteStats interface{ Stats() remote.Stats }
+
 func statsOf(m *tiering.Manager) Stats {
 	ts := m.Stats()
 	p := ts.Primary
@@ -68,17 +78,43 @@ func statsOf(m *tiering.Manager) Stats {
 			if tt, ok := tiers[i].(*timedTier); ok {
 				out.LoadLatency, out.StoreLatency = tt.latency()
 			}
-			switch t := UnwrapTier(tiers[i]).(type) {
-			case *fs.Tier:
-				fst := t.Stats()
-				out.OccupancyBlocks, out.Evictions = int64(fst.Files), fst.EvictedBlocks
-			case occupancy:
-				out.OccupancyBlocks = int64(t.Len())
-			}
+			tierDetails(&out, UnwrapTier(tiers[i]))
 		}
 		st.Tiers[i] = out
 	}
 	return st
+}
+
+// tierDetails adds to out the figures only some kinds of tier keep.
+func tierDetails(out *TierStats, t offload.SecondaryTier) {
+	var rs *remote.Stats
+	switch t := t.(type) {
+	case *fs.Tier:
+		fst := t.Stats()
+		out.OccupancyBlocks, out.Evictions = int64(fst.Files), fst.EvictedBlocks
+		// The fs tier deletes every block file that fails verification.
+		out.CorruptBlocks, out.CorruptDeleted = fst.CorruptBlocks, fst.CorruptBlocks
+	case *redis.Tier:
+		s := t.Stats().Stats
+		rs = &s
+	case remoteStats:
+		s := t.Stats()
+		rs = &s
+	case occupancy:
+		out.OccupancyBlocks = int64(t.Len())
+	}
+	if h, ok := t.(healthReporter); ok {
+		out.Remote = &RemoteTierStats{Healthy: h.Healthy()}
+	}
+	if rs == nil {
+		return
+	}
+	if out.Remote == nil {
+		out.Remote = &RemoteTierStats{Healthy: rs.Healthy}
+	}
+	out.Remote.LookupsUnhealthy = uint64(rs.LookupsUnhealthy)
+	out.Remote.LoadJobsSkipped, out.Remote.StoreJobsSkipped = uint64(rs.LoadJobsSkipped), uint64(rs.StoreJobsSkipped)
+	out.CorruptBlocks, out.CorruptDeleted = uint64(rs.Corrupted), uint64(rs.Deleted)
 }
 
 // WithPublisher makes p the event sink of nc: every step's events are

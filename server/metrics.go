@@ -81,6 +81,11 @@ var (
 	descTierBlocks    = prometheus.NewDesc("kvtier_tier_blocks", "Blocks held by the tier (occupancy).", tierLabels, nil)
 	descTierEvictions = prometheus.NewDesc("kvtier_tier_evictions_total", "Blocks evicted by the tier.", tierLabels, nil)
 	descTierJobs      = prometheus.NewDesc("kvtier_tier_job_duration_seconds", "Tier job latency by kind (load = promotion, store = cascade).", append(tierLabels, "kind"), nil)
+	descTierHealthy   = prometheus.NewDesc("kvtier_tier_healthy", "0 while a remote tier's server (redis, s3) is considered down, its lookups missing and its jobs failing without being tried; else 1. Tiers without a server (fs, memory) always report 1.", tierLabels, nil)
+	descTierLookDown  = prometheus.NewDesc("kvtier_tier_lookups_unhealthy_total", "Lookups a remote tier answered miss without asking because its server was down (remote tiers only).", tierLabels, nil)
+	descTierJobsSkip  = prometheus.NewDesc("kvtier_tier_jobs_skipped_total", "Jobs a remote tier refused at submission without any I/O (server down, tier closed, or too many jobs in flight), by kind (load = promotion, store = cascade); remote tiers only.", append(tierLabels, "kind"), nil)
+	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
+	descTierCorrDel   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_deleted_total", "Corrupt blocks the tier deleted.", tierLabels, nil)
 
 	descRequests   = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
 	descEventsPub  = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
@@ -97,6 +102,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
+		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierCorrupt, descTierCorrDel,
 		descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
@@ -156,6 +162,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descTierBlocks, float64(t.OccupancyBlocks), l...)
 			}
 			counter(descTierEvictions, t.Evictions, l...)
+			counter(descTierCorrupt, t.CorruptBlocks, l...)
+			counter(descTierCorrDel, t.CorruptDeleted, l...)
+			healthy := 1.0
+			if r := t.Remote; r != nil {
+				if !r.Healthy {
+					healthy = 0
+				}
+				counter(descTierLookDown, r.LookupsUnhealthy, l...)
+				counter(descTierJobsSkip, r.LoadJobsSkipped, with("load")...)
+				counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
+			}
+			gauge(descTierHealthy, healthy, l...)
 			for kind, h := range map[string]*Histogram{"load": t.LoadLatency, "store": t.StoreLatency} {
 				if h == nil || len(h.Bounds) != len(h.Counts) {
 					continue

@@ -34,7 +34,8 @@ func (w *syncBuffer) String() string {
 // TestMetricSeries scrapes /metrics and requires every series issue 6
 // lists: per tier hits, misses, retries, lookups skipped by the filter,
 // promotions, cascades (ok, failed, dropped), bytes in and out, job
-// latency histograms, occupancy and evictions; filter warnings by reason;
+// latency histograms, occupancy and evictions, health and corrupt
+// blocks (issue 7); filter warnings by reason;
 // events published and dropped. Lenient-mode warnings are logged once per
 // distinct message (offload.WarningLog), however often they recur.
 func TestMetricSeries(t *testing.T) {
@@ -83,6 +84,9 @@ func TestMetricSeries(t *testing.T) {
 		`kvtier_tier_job_duration_seconds_bucket{kind="store",` + tier,
 		`kvtier_tier_blocks{` + tier + `tier="local-disk",type="memory"} 2`,
 		`kvtier_tier_evictions_total{` + tier,
+		`kvtier_tier_healthy{` + tier + `tier="local-disk",type="memory"} 1`,
+		`kvtier_tier_corrupt_blocks_total{` + tier + `tier="local-disk",type="memory"} 0`,
+		`kvtier_tier_corrupt_blocks_deleted_total{` + tier + `tier="local-disk",type="memory"} 0`,
 		`kvtier_primary_evictions_total{namespace=""}`,
 		`kvtier_filter_warnings_total{reason="unknown_medium"} 3`,
 		`kvtier_filter_warnings_total{reason="not_list"} 3`,

@@ -45,6 +45,28 @@ type TierStats struct {
 	// LoadLatency and StoreLatency are job latency histograms (promotions
 	// and cascades); nil when the manager does not record them.
 	LoadLatency, StoreLatency *Histogram
+	// CorruptBlocks counts blocks that failed verification on load and
+	// CorruptDeleted those the tier then deleted; both stay zero for
+	// tiers that do not verify what they read (memory).
+	CorruptBlocks, CorruptDeleted uint64
+	// Remote holds the figures of a tier with a notion of server health
+	// (redis, s3); nil for the others, which are always healthy.
+	Remote *RemoteTierStats
+}
+
+// RemoteTierStats are the figures a tier talking to a server keeps
+// beyond the common ones.
+type RemoteTierStats struct {
+	// Healthy is false while the server is considered down: lookups then
+	// miss and jobs fail without being tried.
+	Healthy bool
+	// LookupsUnhealthy counts lookups answered Miss without asking
+	// because the server was down.
+	LookupsUnhealthy uint64
+	// LoadJobsSkipped and StoreJobsSkipped count jobs refused at
+	// submission without any I/O: server down, tier closed, or too many
+	// jobs in flight.
+	LoadJobsSkipped, StoreJobsSkipped uint64
 }
 
 // Histogram is a cumulative histogram in seconds, Prometheus style:
