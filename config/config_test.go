@@ -99,6 +99,29 @@ validation: Strict
 	}
 }
 
+// TestParseEvents checks the events keys that configure the publisher's
+// endpoint mode and the media's wire names.
+func TestParseEvents(t *testing.T) {
+	for _, tc := range []struct {
+		doc   string
+		mode  EventsMode
+		names MediumNames
+	}{
+		{"events: {enabled: true}\n", "", MediumNames{}},
+		{"events: {mode: Bind, medium_names: {storage: DISK}}\n", EventsBind, MediumNames{Storage: "DISK"}},
+		{"events: {mode: connect, medium_names: {CPU: dram, Storage: ssd}}\n", EventsConnect, MediumNames{CPU: "dram", Storage: "ssd"}},
+		{"events: {medium_names: ~}\n", "", MediumNames{}},
+	} {
+		cfg, err := Parse([]byte(tc.doc))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.doc, err)
+		}
+		if cfg.Events.Mode != tc.mode || cfg.Events.MediumNames != tc.names {
+			t.Errorf("Parse(%q): mode %q names %+v, want %q %+v", tc.doc, cfg.Events.Mode, cfg.Events.MediumNames, tc.mode, tc.names)
+		}
+	}
+}
+
 // TestParseErrors checks that every error names the key path (and value)
 // it is about.
 func TestParseErrors(t *testing.T) {
@@ -111,6 +134,20 @@ func TestParseErrors(t *testing.T) {
 			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events)`}},
 		{"unknown daemon key", "events: {enable: true}\n",
 			[]string{`events.enable: unknown key`}},
+		{"unknown event medium", "events:\n  medium_names: {cpu: DRAM, gpu: HBM}\n",
+			[]string{`events.medium_names.gpu: unknown medium (want cpu or storage)`}},
+		{"empty event medium name", "events: {medium_names: {storage: \"\"}}\n",
+			[]string{`events.medium_names.storage: want the medium's name on the wire, a non-empty string such as DISK, got ""`}},
+		{"null event medium name", "events: {medium_names: {storage: ~}}\n",
+			[]string{`events.medium_names.storage: want the medium's name on the wire, a non-empty string such as DISK, got nothing`}},
+		{"event medium name not a string", "events: {medium_names: {cpu: [a]}}\n",
+			[]string{`events.medium_names.cpu: want the medium's name on the wire, a non-empty string such as DISK, got a list`}},
+		{"event medium named twice", "events:\n  medium_names:\n    cpu: A\n    CPU: B\n",
+			[]string{`events.medium_names.CPU: duplicate medium (first set on line 3)`}},
+		{"event medium names not a mapping", "events: {medium_names: [cpu]}\n",
+			[]string{`events.medium_names: want a mapping such as {storage: DISK}, got a list`}},
+		{"bad events mode", "events: {mode: listen}\n",
+			[]string{`events.mode: invalid value "listen" (want bind or connect)`}},
 		{"unreachable API", "server: {unix_socket: \"\", tcp_addr: \"\"}\n",
 			[]string{`server: neither unix_socket nor tcp_addr is set`}},
 		{"negative limit", "limits: {max_keys_per_call: -1}\n",

@@ -1,6 +1,11 @@
 package config
 
-import "time"
+import (
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
 
 // Server configures the daemon's listeners (kvtier serve).
 type Server struct {
@@ -47,6 +52,10 @@ type Events struct {
 	Enabled bool `yaml:"enabled"`
 	// Endpoint of the ZMQ PUB socket (default tcp://*:5557).
 	Endpoint string `yaml:"endpoint"`
+	// Mode is bind or connect for Endpoint; absent follows vLLM: bind
+	// when the endpoint contains "*" or "::" or is ipc://, else connect
+	// (to a subscriber that binds).
+	Mode EventsMode `yaml:"mode"`
 	// ReplayEndpoint of the ROUTER replay socket ("" = no replay).
 	ReplayEndpoint string `yaml:"replay_endpoint"`
 	// Topic of every batch ("" = kv@<host>:<port>@<model>).
@@ -64,6 +73,86 @@ type Events struct {
 	Positional bool `yaml:"positional"`
 	// RawHashes publishes full hash bytes instead of the low 64 bits.
 	RawHashes bool `yaml:"raw_hashes"`
+	// MediumNames renames media on the wire for routers with another
+	// vocabulary, e.g. {storage: DISK}.
+	MediumNames MediumNames `yaml:"medium_names"`
+}
+
+// EventsMode is how the event publisher reaches its endpoint: bind,
+// connect, or "" for vLLM's rule (see Events.Mode).
+type EventsMode string
+
+// Event endpoint modes.
+const (
+	EventsBind    EventsMode = "bind"
+	EventsConnect EventsMode = "connect"
+)
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (m *EventsMode) UnmarshalYAML(n *yaml.Node) error {
+	s, err := decodeEnum(n, string(EventsBind), string(EventsConnect))
+	if err != nil {
+		return err
+	}
+	*m = EventsMode(s)
+	return nil
+}
+
+// MediumNames are the names KV events give the media, keyed cpu and
+// storage (case-insensitive) in YAML. An empty name keeps the canonical
+// one (CPU, STORAGE).
+type MediumNames struct {
+	CPU, Storage string
+}
+
+// decodeNode implements nodeDecoder: a key outside the two media or an
+// empty name is an error naming its key, which a plain map would not give.
+func (m *MediumNames) decodeNode(d *decoder, n *yaml.Node, path string) {
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "want a mapping such as {storage: DISK}, got %s", describeNode(n))
+		return
+	}
+	seen := make(map[string]int, 2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		kn, vn := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if kn.Kind != yaml.ScalarNode {
+			d.errorf(kn, path, "keys must be strings, got %s", describeNode(kn))
+			continue
+		}
+		p := joinPath(path, kn.Value)
+		key := strings.ToLower(kn.Value)
+		var dst *string
+		switch key {
+		case "cpu":
+			dst = &m.CPU
+		case "storage":
+			dst = &m.Storage
+		default:
+			d.errorf(kn, p, "unknown medium (want cpu or storage)")
+			continue
+		}
+		if first, dup := seen[key]; dup {
+			d.errorf(kn, p, "duplicate medium (first set on line %d)", first)
+			continue
+		}
+		seen[key] = kn.Line
+		if vn == nil || vn.Kind != yaml.ScalarNode || isNull(vn) || strings.TrimSpace(vn.Value) == "" {
+			got := "nothing"
+			if vn != nil && !isNull(vn) {
+				got = describeNode(vn)
+			}
+			at := vn
+			if at == nil {
+				at = kn
+			}
+			d.errorf(at, p, "want the medium's name on the wire, a non-empty string such as DISK, got %s", got)
+			continue
+		}
+		*dst = vn.Value
+	}
 }
 
 // Daemon defaults.

@@ -75,8 +75,13 @@ server:
 events:
   enabled: false            # vLLM KV events over ZMQ
   # endpoint: tcp://*:5557
+  # mode: bind              # bind | connect; default: bind if the endpoint has
+                            # "*" or "::" or is ipc://, else connect (vLLM's rule)
   # replay_endpoint: tcp://*:5558
   # self_describing: false
+  # medium_names:           # wire names of the media, for routers with
+  #   cpu: CPU              # another vocabulary (keys cpu, storage)
+  #   storage: STORAGE
 `
 
 type serveFlags struct {
@@ -290,7 +295,8 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			HWM:            ev.HWM,
 			MaxQueueSize:   ev.MaxQueueSize,
 			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
-			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing},
+			Mode:           string(ev.Mode),
+			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames)},
 			Logger:         log.With("component", "events"),
 		})
 		if err != nil {
@@ -321,6 +327,22 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		return nil, err
 	}
 	return srv, nil
+}
+
+// wireMediumNames keys the configured names by canonical medium, as the
+// events tracker wants them; nil when none is renamed.
+func wireMediumNames(n config.MediumNames) map[string]string {
+	var m map[string]string
+	for canon, name := range map[string]string{events.MediumCPU: n.CPU, events.MediumStorage: n.Storage} {
+		if name == "" {
+			continue
+		}
+		if m == nil {
+			m = make(map[string]string, 2)
+		}
+		m[canon] = name
+	}
+	return m
 }
 
 func loopback(addr string) bool {

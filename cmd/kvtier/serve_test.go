@@ -1,10 +1,22 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/events/zmtp"
+	"github.com/kvtier/kvtier/offload"
 )
 
 // TestServeAddressErrorsNameTheKey: an unusable listen address is a
@@ -31,5 +43,105 @@ server:
 				t.Fatalf("exit %d, stderr %q; want exit 1 naming %q", code, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// TestServeEventsConfig: events.mode and events.medium_names reach the
+// publisher. The endpoint is a plain TCP address, which vLLM's rule would
+// connect to, so the subscriber can dial it only because mode: bind was
+// applied; the stored block's event names its medium as configured.
+func TestServeEventsConfig(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + l.Addr().String()
+	l.Close()
+	dir, err := os.MkdirTemp("", "kvt") // short: Unix socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+namespace: {bytes_per_block: 4KiB}
+primary: {bytes: 64KiB}
+server: {unix_socket: %s/k.sock, tcp_addr: "", metrics_addr: ""}
+events:
+  enabled: true
+  endpoint: %s
+  mode: bind
+  medium_names: {CPU: DRAM}
+`, dir, endpoint))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv, err := buildDaemon(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+
+	sub, err := zmtp.Dial(ctx, endpoint, zmtp.Sub, nil)
+	if err != nil {
+		t.Fatalf("dial the publisher (not bound?): %v", err)
+	}
+	defer sub.Close()
+	if err := sub.Subscribe(nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(dir+"/k.sock", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.NewRequest(ctx, "r", ""); err != nil {
+		t.Fatal(err)
+	}
+	// The subscription travels asynchronously: store blocks until one
+	// batch arrives.
+	got := make(chan [][]byte, 1)
+	go func() {
+		if frames, err := sub.Recv(); err == nil {
+			got <- frames
+		}
+	}()
+	var frames [][]byte
+	for i := 0; frames == nil; i++ {
+		k := offload.MakeKey([]byte{0, 0, 0, 0, 0, 0, 0, byte(i)}, 0)
+		res, err := c.PrepareStore(ctx, "r", []offload.Key{k}, nil)
+		if err != nil || !res.OK {
+			t.Fatalf("prepare store: %v %v", res, err)
+		}
+		if err := c.CompleteStore(ctx, "r", res.Keys, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case frames = <-got:
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("no event batch arrived")
+		}
+	}
+	var batch []any
+	if len(frames) != 3 {
+		t.Fatalf("want [topic, seq, payload], got %d frames", len(frames))
+	}
+	if err := msgpack.Unmarshal(frames[2], &batch); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := batch[1].([]any)
+	if len(evs) == 0 {
+		t.Fatalf("batch %v", batch)
+	}
+	if ev, _ := evs[0].(map[string]any); ev["type"] != "BlockStored" || ev["medium"] != "DRAM" {
+		t.Fatalf("event %v, want a BlockStored on medium DRAM", ev)
 	}
 }
