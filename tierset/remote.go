@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/redis"
+	"github.com/kvtier/kvtier/tiers/remote"
 	"github.com/kvtier/kvtier/tiers/s3"
 )
 
@@ -111,14 +112,13 @@ func redisKeyPrefix(cfg *config.Config) string {
 	return fmt.Sprintf("%s%s:%d:", redis.DefaultKeyPrefix, model, bytes)
 }
 
-// parseLocality reads a tier's locality key: local, remote (or global),
-// or absent for unspecified (the tier passes every locality matcher).
+// parseLocality reads a remote tier's locality key with the tiers' own
+// parser (remote.ParseLocality: local, remote or global, absent for
+// unspecified), so that explain and Build cannot disagree with the tier,
+// and names the key in the error.
 func parseLocality(spec config.TierSpec, s string) (offload.Locality, error) {
-	if s == "" {
-		return offload.LocalityUnspecified, nil
-	}
-	l, ok := offload.ParseLocality(s)
-	if !ok {
+	l, err := remote.ParseLocality(s)
+	if err != nil {
 		return offload.LocalityUnspecified, spec.Errorf("locality", "invalid value %q (want local or remote)", s)
 	}
 	return l, nil
