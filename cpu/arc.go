@@ -98,10 +98,15 @@ func (p *arcPolicy) touch(keys []offload.Key) {
 }
 
 // candidate returns the first slot from s onwards (following links) that
-// may be evicted: ready, unpinned and not protected by epoch; -1 if none.
-func (p *arcPolicy) candidate(s int32, epoch uint32) int32 {
+// may be evicted: ready, unpinned (or held by soft pins that revoke
+// releases) and not protected by epoch; -1 if none.
+func (p *arcPolicy) candidate(s int32, epoch uint32, revoke func(int32) bool) int32 {
 	b := p.b
-	for s >= 0 && (b.meta[s].ref != 0 || b.meta[s].mark == epoch) {
+	for s >= 0 {
+		m := &b.meta[s]
+		if m.mark != epoch && (m.ref == 0 || m.ref > 0 && m.ref == int32(m.soft) && revoke(s)) {
+			return s
+		}
 		s = b.links[s].next
 	}
 	return s
@@ -112,26 +117,26 @@ func (p *arcPolicy) candidate(s int32, epoch uint32) int32 {
 // it) is at least the target, else the oldest T2 candidate; if T2 has
 // none, T1 is used regardless of the target, and only when neither list
 // has a candidate does the call fail.
-func (p *arcPolicy) evict(n int, epoch uint32, out []int32) ([]int32, bool) {
+func (p *arcPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool) {
 	start := len(out)
 	links := p.b.links
 	c1, c2 := p.t1.head, p.t2.head
 	virtualT1 := p.t1.n
 	for len(out)-start < n {
 		if virtualT1 >= int(p.target) {
-			if c1 = p.candidate(c1, epoch); c1 >= 0 {
+			if c1 = p.candidate(c1, epoch, revoke); c1 >= 0 {
 				out = append(out, c1)
 				c1 = links[c1].next
 				virtualT1--
 				continue
 			}
 		}
-		if c2 = p.candidate(c2, epoch); c2 >= 0 {
+		if c2 = p.candidate(c2, epoch, revoke); c2 >= 0 {
 			out = append(out, c2)
 			c2 = links[c2].next
 			continue
 		}
-		if c1 = p.candidate(c1, epoch); c1 >= 0 {
+		if c1 = p.candidate(c1, epoch, revoke); c1 >= 0 {
 			out = append(out, c1)
 			c1 = links[c1].next
 			virtualT1--

@@ -25,13 +25,17 @@ type slotMeta struct {
 	mark uint32      // epoch of the last call that protected or visited it
 	h32  uint32      // low bits of the key's hash: its index tag and ghost identity
 	list uint8       // inNoList, inEvictable, inT1 or inT2
+	// soft counts the pins of ref that are soft (cascades): a block held
+	// by soft pins only keeps its place in the policy's lists, and
+	// eviction may ask the Revoker to release them.
+	soft uint16
 }
 
 // free resets m to the free state. It assigns field by field: a
 // whole-struct store of a type holding a pointer costs a bulk write
 // barrier while the GC runs.
 func (m *slotMeta) free() {
-	m.key, m.ref, m.mark, m.h32, m.list = "", 0, 0, 0, inNoList
+	m.key, m.ref, m.mark, m.h32, m.list, m.soft = "", 0, 0, 0, inNoList, 0
 }
 
 // blocks is the state shared by the primary and its policy: the key index

@@ -4,7 +4,9 @@ import "github.com/kvtier/kvtier/offload"
 
 // lruPolicy is the evictable-list LRU of spec §3.4: only ready blocks with
 // no reader are listed, in the order they became evictable or were last
-// touched; pending and pinned blocks are not ordered at all.
+// touched; pending and pinned blocks are not ordered at all. A block held
+// by soft pins only (a cascade reading it) stays listed: its order is the
+// one it would have unpinned.
 type lruPolicy struct {
 	b         *blocks
 	evictable list
@@ -47,11 +49,11 @@ func (p *lruPolicy) touch(keys []offload.Key) {
 
 // evict picks the n oldest evictable blocks not marked with epoch and
 // unlists them; it changes nothing when there are fewer than n.
-func (p *lruPolicy) evict(n int, epoch uint32, out []int32) ([]int32, bool) {
+func (p *lruPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool) {
 	b := p.b
 	start := len(out)
 	for s := p.evictable.head; s >= 0 && len(out)-start < n; s = b.links[s].next {
-		if b.meta[s].mark != epoch {
+		if m := &b.meta[s]; m.mark != epoch && (m.ref == 0 || revoke(s)) {
 			out = append(out, s)
 		}
 	}

@@ -32,9 +32,11 @@ type policy interface {
 	pinned(s int32)          // ref left 0 for a reader
 	touch(keys []offload.Key)
 	// evict appends n victims to out and unlists them, choosing only
-	// blocks with ref 0 whose mark is not epoch; with fewer candidates it
-	// returns out unchanged and false, having changed nothing.
-	evict(n int, epoch uint32, out []int32) ([]int32, bool)
+	// blocks with ref 0 whose mark is not epoch, in the policy's order; a
+	// block held by soft pins only is a victim if revoke releases them.
+	// With fewer candidates it returns out unchanged and false, having
+	// changed nothing but the soft pins revoke released.
+	evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool)
 	clear()
 }
 
@@ -52,10 +54,15 @@ type Primary struct {
 	// links.next (a free slot is on no list).
 	freeHead     int32
 	numFree      int
-	numBlocks    int    // keys present (pending or ready)
-	numPending   int    // ref == -1
-	numEvictable int    // ref == 0
-	epoch        uint32 // marks the slots protected by the current call
+	numBlocks    int // keys present (pending or ready)
+	numPending   int // ref == -1
+	numEvictable int // ref == 0
+	// numRevocable counts ready blocks held by soft pins only (ref ==
+	// soft > 0): listed, and evictable once the Revoker releases them.
+	numRevocable int
+	revoker      Revoker
+	revokeFn     func(int32) bool // p.revoke, bound once: a method value per call would allocate
+	epoch        uint32           // marks the slots protected by the current call
 
 	reuse     *reuseTracker // nil unless the reuse filter is on
 	events    bool
@@ -114,6 +121,7 @@ func New(cfg Config) (*Primary, error) {
 	if threshold > 0 {
 		p.reuse = newReuseTracker(threshold, trackerSize)
 	}
+	p.revokeFn = p.revoke
 	if polName == PolicyARC {
 		p.pol = newARC(&p.b, n)
 	} else {
@@ -180,6 +188,19 @@ func (p *Primary) RefCount(k offload.Key) (ref int32, ok bool) {
 // in the order of keys; a key listed twice is pinned twice. If any key is
 // absent or pending it returns an error and pins nothing.
 func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
+	return p.prepareLoad(keys, false)
+}
+
+// PinSoft is PrepareLoad with soft pins, for a cascade: a block held by
+// soft pins only keeps its place in the eviction order (as if it were
+// not pinned) and, when eviction reaches it, the Revoker is asked to
+// release them; a block it releases is evicted where the primary alone
+// would have evicted it. Release soft pins with UnpinSoft.
+func (p *Primary) PinSoft(keys []offload.Key) ([]int64, error) {
+	return p.prepareLoad(keys, true)
+}
+
+func (p *Primary) prepareLoad(keys []offload.Key, soft bool) ([]int64, error) {
 	slots := make([]int64, len(keys))
 	j := 0
 	for i, k := range keys {
@@ -194,6 +215,13 @@ func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
 		}
 		slots[i] = int64(s)
 	}
+	if soft {
+		if err := p.checkSoft(slots); err != nil {
+			return nil, err
+		}
+		p.pinSoft(slots)
+		return slots, nil
+	}
 	p.pin(slots)
 	return slots, nil
 }
@@ -206,6 +234,40 @@ func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
 // slot is out of range, free or pending it returns an error and pins
 // nothing.
 func (p *Primary) PinSlots(slots []int64) error {
+	if err := p.checkPinnable(slots); err != nil {
+		return err
+	}
+	p.pin(slots)
+	return nil
+}
+
+// PinSlotsSoft is PinSlots with soft pins (see PinSoft).
+func (p *Primary) PinSlotsSoft(slots []int64) error {
+	if err := p.checkPinnable(slots); err != nil {
+		return err
+	}
+	if err := p.checkSoft(slots); err != nil {
+		return err
+	}
+	p.pinSoft(slots)
+	return nil
+}
+
+// checkSoft rejects slots whose soft count would overflow.
+func (p *Primary) checkSoft(slots []int64) error {
+	for _, s := range slots {
+		if int(p.b.meta[s].soft)+len(slots) > maxSoftPins {
+			return fmt.Errorf("cpu: soft pin slot %d: more than %d soft pins", s, maxSoftPins)
+		}
+	}
+	return nil
+}
+
+// maxSoftPins bounds the soft pins of one block (a cascade to every tier,
+// several times over).
+const maxSoftPins = 1 << 15
+
+func (p *Primary) checkPinnable(slots []int64) error {
 	for _, s := range slots {
 		if s < 0 || s >= int64(p.numSlots) {
 			return fmt.Errorf("cpu: pin slot %d: %w", s, ErrSlotOutOfRange)
@@ -217,15 +279,20 @@ func (p *Primary) PinSlots(slots []int64) error {
 			return fmt.Errorf("cpu: pin slot %d (free): %w", s, ErrUnknownKey)
 		}
 	}
-	p.pin(slots)
 	return nil
 }
 
+// pin takes hard pins: the block leaves the eviction order until its
+// last hard pin goes.
 func (p *Primary) pin(slots []int64) {
 	for _, s := range slots {
 		m := &p.b.meta[s]
-		if m.ref == 0 {
-			p.numEvictable--
+		if m.ref == int32(m.soft) { // evictable or revocable: listed
+			if m.ref == 0 {
+				p.numEvictable--
+			} else {
+				p.numRevocable--
+			}
 			if p.lru != nil {
 				p.lru.pinned(int32(s))
 			} else {
@@ -235,6 +302,74 @@ func (p *Primary) pin(slots []int64) {
 		m.ref++
 	}
 	p.ctr.loads += uint64(len(slots))
+}
+
+// pinSoft takes soft pins: the block keeps its place in the policy's
+// lists.
+func (p *Primary) pinSoft(slots []int64) {
+	for _, s := range slots {
+		m := &p.b.meta[s]
+		if m.ref == 0 {
+			p.numEvictable--
+			p.numRevocable++
+		}
+		m.ref++
+		m.soft++
+	}
+}
+
+// UnpinSoft releases soft pins taken by PinSoft or PinSlotsSoft. The block
+// does not move in the eviction order. It may be called by the Revoker
+// during an eviction. If a slot is out of range or holds fewer soft pins
+// than it is listed it returns an error and unpins nothing.
+func (p *Primary) UnpinSoft(slots []int64) error {
+	for i, s := range slots {
+		if s < 0 || s >= int64(p.numSlots) {
+			return fmt.Errorf("cpu: soft unpin slot %d: %w", s, ErrSlotOutOfRange)
+		}
+		n := 0
+		for _, t := range slots[:i+1] {
+			if t == s {
+				n++
+			}
+		}
+		if int(p.b.meta[s].soft) < n {
+			return fmt.Errorf("cpu: soft unpin slot %d: %w", s, ErrNotPinned)
+		}
+	}
+	for _, s := range slots {
+		m := &p.b.meta[s]
+		revocable := m.ref == int32(m.soft)
+		m.ref--
+		m.soft--
+		if revocable && m.ref == 0 {
+			p.numRevocable--
+			p.numEvictable++
+		}
+	}
+	return nil
+}
+
+// Revoker releases the soft pins on a block that eviction reached (it
+// calls UnpinSoft, and nothing else of the Primary) and reports whether it
+// did; the block is evicted only if no pin is left on it.
+type Revoker func(slot int64) bool
+
+// SetRevoker installs the function eviction asks to release soft pins;
+// without one, softly pinned blocks are never evicted.
+func (p *Primary) SetRevoker(r Revoker) { p.revoker = r }
+
+// revoke asks the revoker to release the soft pins on s, a block held by
+// soft pins only, and reports whether it is now unpinned.
+func (p *Primary) revoke(s int32) bool {
+	if p.revoker == nil {
+		return false
+	}
+	p.ctr.revocations++
+	if !p.revoker(int64(s)) {
+		return false
+	}
+	return p.b.meta[s].ref == 0
 }
 
 // Touch records a use of keys (GPU prefix-cache hits included) with the
@@ -253,7 +388,7 @@ func (p *Primary) CompleteLoad(keys []offload.Key) error {
 		switch {
 		case s < 0:
 			err = ErrUnknownKey
-		case p.b.meta[s].ref <= 0:
+		case p.b.meta[s].ref <= int32(p.b.meta[s].soft):
 			err = ErrNotPinned
 		}
 		if err != nil {
@@ -278,7 +413,7 @@ func (p *Primary) UnpinSlots(slots []int64) error {
 		switch {
 		case s < 0 || s >= int64(p.numSlots):
 			err = ErrSlotOutOfRange
-		case p.b.meta[s].ref <= 0:
+		case p.b.meta[s].ref <= int32(p.b.meta[s].soft):
 			err = ErrNotPinned
 		}
 		if err != nil {
@@ -304,19 +439,24 @@ func (p *Primary) undoUnpins() {
 // reader finished, as one-at-a-time unpinning would: a block becomes
 // evictable at the last occurrence of its slot, in the order of those
 // last occurrences. Walking backwards, the epoch mark keeps only the last
-// occurrence; the order is then restored.
+// occurrence; the order is then restored. A block whose last hard pin
+// went while soft pins remain becomes revocable, listed the same way.
 func (p *Primary) publishUnpins() {
 	epoch := p.nextEpoch()
 	p.order = p.order[:0]
 	for i := len(p.unpinned) - 1; i >= 0; i-- {
 		s := p.unpinned[i]
-		if m := &p.b.meta[s]; m.ref == 0 && m.mark != epoch {
+		if m := &p.b.meta[s]; m.ref == int32(m.soft) && m.mark != epoch {
 			m.mark = epoch
 			p.order = append(p.order, s)
 		}
 	}
 	for i := len(p.order) - 1; i >= 0; i-- {
-		p.numEvictable++
+		if s := p.order[i]; p.b.meta[s].ref == 0 {
+			p.numEvictable++
+		} else {
+			p.numRevocable++
+		}
 		p.becameEvictable(p.order[i])
 	}
 }

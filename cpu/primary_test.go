@@ -406,9 +406,9 @@ type spyPolicy struct {
 	evicts int
 }
 
-func (s *spyPolicy) evict(n int, epoch uint32, out []int32) ([]int32, bool) {
+func (s *spyPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool) {
 	s.evicts++
-	return s.policy.evict(n, epoch, out)
+	return s.policy.evict(n, epoch, out, revoke)
 }
 
 // Case 51: the evictable count follows ref counts, and a store that

@@ -14,6 +14,7 @@ type counters struct {
 	rejectedStores        uint64
 	skippedStores         uint64
 	loads                 uint64
+	revocations           uint64
 }
 
 // Stats is a snapshot of the tier's gauges and cumulative counters.
@@ -25,6 +26,9 @@ type Stats struct {
 	Pending   int // stores in flight (ref −1)
 	Pinned    int // ready blocks with readers (ref > 0)
 	Evictable int // ready blocks without readers (ref 0)
+	// Revocable counts the pinned blocks held by soft pins only: eviction
+	// may take them once the Revoker releases the pins.
+	Revocable int
 	FreeSlots int
 
 	// Usage is the fraction of slots that cannot be evicted (pending or
@@ -47,6 +51,9 @@ type Stats struct {
 	SkippedStores uint64
 	// Loads counts blocks pinned by PrepareLoad.
 	Loads uint64
+	// Revocations counts blocks held by soft pins that eviction asked the
+	// Revoker to release.
+	Revocations uint64
 	// AllocSizes is a histogram of the number of new blocks per
 	// PrepareStore that needed slots (counted even when it then failed):
 	// bucket i holds sizes in (2^(i−1), 2^i], the last bucket everything
@@ -63,6 +70,7 @@ func (p *Primary) Stats() Stats {
 		Blocks:         p.numBlocks,
 		Pending:        p.numPending,
 		Evictable:      p.numEvictable,
+		Revocable:      p.numRevocable,
 		Pinned:         p.numBlocks - p.numPending - p.numEvictable,
 		FreeSlots:      n - p.numBlocks,
 		Lookups:        p.ctr.lookups,
@@ -74,6 +82,7 @@ func (p *Primary) Stats() Stats {
 		RejectedStores: p.ctr.rejectedStores,
 		SkippedStores:  p.ctr.skippedStores,
 		Loads:          p.ctr.loads,
+		Revocations:    p.ctr.revocations,
 		AllocSizes:     p.allocHist,
 	}
 	if n > 0 {

@@ -97,8 +97,8 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 
 	if need := n - p.numFree - int(p.numSlots-p.numAllocated); need > 0 {
 		var ok bool
-		if need <= p.numEvictable {
-			p.victims, ok = p.pol.evict(need, epoch, p.victims)
+		if need <= p.numEvictable || p.revoker != nil && need <= p.numEvictable+p.numRevocable {
+			p.victims, ok = p.pol.evict(need, epoch, p.victims, p.revokeFn)
 		}
 		if !ok {
 			p.ctr.rejectedStores++
@@ -303,7 +303,7 @@ func (p *Primary) Reset() {
 	clear(p.newKeys) // forget the last batch (and its keys)
 	p.newKeys, p.newSlots = p.newKeys[:0], p.newSlots[:0]
 	p.numAllocated = 0
-	p.numBlocks, p.numPending, p.numEvictable = 0, 0, 0
+	p.numBlocks, p.numPending, p.numEvictable, p.numRevocable = 0, 0, 0, 0
 	p.pol.clear()
 }
 
