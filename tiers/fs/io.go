@@ -79,8 +79,11 @@ func (t *Tier) slots(job *offload.Job) ([][]byte, error) {
 // written to a temp file and renamed into place. The first failure fails
 // the job (blocks written before it stay); success emits one stored
 // event with the job's keys in order, less any the job itself evicted.
-func (w *worker) store(job *offload.Job) {
-	t, start := w.t, time.Now()
+//
+// start is the job's submission time: its reported duration includes the
+// wait in the queue, which is what admission must see.
+func (w *worker) store(job *offload.Job, start time.Time) {
+	t := w.t
 	slots, err := t.slots(job)
 	if err != nil {
 		t.fail(job, true, nil, err, start)
@@ -271,8 +274,8 @@ func (w *worker) writeBlock(f vfs.File, k offload.Key, payload []byte) error {
 // and verified; the first failure stops the job, reports the loaded
 // prefix in SuccessfulKeys and marks the rest Miss for the requests that
 // looked them up.
-func (w *worker) load(job *offload.Job) {
-	t, start := w.t, time.Now()
+func (w *worker) load(job *offload.Job, start time.Time) {
+	t := w.t
 	slots, err := t.slots(job)
 	if err != nil {
 		t.fail(job, false, nil, err, start)

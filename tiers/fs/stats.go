@@ -14,6 +14,7 @@ type counters struct {
 	corrupt, foreign     atomic.Uint64
 	transient, notFound  atomic.Uint64
 	queueFull, full      atomic.Uint64
+	cancelled            atomic.Uint64
 	evictedBlocks        atomic.Uint64
 	evictedBytes         atomic.Uint64
 	tempRemoved          atomic.Uint64
@@ -33,9 +34,10 @@ type Stats struct {
 	// TransientErrors counts loads failed by an I/O error that did not
 	// prove the file bad (the file is kept); NotFound loads of absent files.
 	TransientErrors, NotFound uint64
-	// QueueFull counts jobs failed because their pool's queue was full;
-	// Full stores that could not make room under max_bytes.
-	QueueFull, Full             uint64
+	// QueueFull counts jobs refused because their pool's queue was full;
+	// Full stores that could not make room under max_bytes; Cancelled
+	// queued jobs withdrawn by the manager (CancelQueued).
+	QueueFull, Full, Cancelled  uint64
 	EvictedBlocks, EvictedBytes uint64
 	// TempFilesRemoved counts leftover temp files removed (at start, or
 	// later once they were stale_tmp_age old).
@@ -60,7 +62,7 @@ func (t *Tier) Stats() Stats {
 		BytesWritten: c.bytesWritten.Load(), BytesRead: c.bytesRead.Load(),
 		CorruptBlocks: c.corrupt.Load(), ForeignBlocks: c.foreign.Load(),
 		TransientErrors: c.transient.Load(), NotFound: c.notFound.Load(),
-		QueueFull: c.queueFull.Load(), Full: c.full.Load(),
+		QueueFull: c.queueFull.Load(), Full: c.full.Load(), Cancelled: c.cancelled.Load(),
 		EvictedBlocks: c.evictedBlocks.Load(), EvictedBytes: c.evictedBytes.Load(),
 		TempFilesRemoved: c.tempRemoved.Load(),
 		UsedBytes:        used, MaxBytes: t.s.maxBytes, Files: files, Direct: t.direct,

@@ -23,7 +23,9 @@ import (
 var (
 	// ErrClosed fails jobs submitted to, or still queued in, a closed tier.
 	ErrClosed = errors.New("fs tier closed")
-	// ErrQueueFull fails a job submitted while its pool's queue is full.
+	// ErrQueueFull refuses a job submitted while its pool's queue is full;
+	// the result's error also matches offload.ErrRefused, so a refused
+	// cascade counts as dropped, not failed.
 	ErrQueueFull = errors.New("fs tier queue full")
 	// ErrFull fails a store that cannot fit under max_bytes because the
 	// files that could be evicted are all being read.
@@ -57,10 +59,14 @@ type Tier struct {
 	idx       index
 	reserved  int64 // bytes of stores in progress
 	finished  []offload.JobResult
-	pending   int           // submitted jobs without a result yet
-	idle      chan struct{} // closed when pending drops to 0
-	events    []offload.Event
-	closed    bool
+	// queued holds the submission time of each job waiting in a pool's
+	// queue; a worker takes its entry when it starts the job, and
+	// CancelQueued removes it to withdraw the job.
+	queued  map[uint64]time.Time
+	pending int           // submitted jobs without a result yet
+	idle    chan struct{} // closed when pending drops to 0
+	events  []offload.Event
+	closed  bool
 
 	st counters
 
@@ -69,7 +75,10 @@ type Tier struct {
 	hookEvicting func(k offload.Key) // k is marked evicting, before its unlink
 }
 
-var _ offload.SecondaryTier = (*Tier)(nil)
+var (
+	_ offload.SecondaryTier = (*Tier)(nil)
+	_ offload.JobQueue      = (*Tier)(nil)
+)
 
 // New validates cfg, creates the namespace directories, writes
 // config.json if absent, probes O_DIRECT, rebuilds the index from the
@@ -91,6 +100,7 @@ func New(cfg Config) (*Tier, error) {
 		s:         s,
 		lay:       lay,
 		idx:       newIndex(),
+		queued:    make(map[uint64]time.Time),
 		tmpPrefix: "_" + hex.EncodeToString(rnd[:]),
 		dirs:      newDirCache(lay.rankDir),
 	}
@@ -298,6 +308,7 @@ func (t *Tier) SubmitStore(job *offload.Job) { t.submit(job, t.storeCh, true) }
 func (t *Tier) SubmitLoad(job *offload.Job) { t.submit(job, t.loadCh, false) }
 
 func (t *Tier) submit(job *offload.Job, ch chan *offload.Job, store bool) {
+	now := time.Now()
 	t.mu.Lock()
 	t.pending++
 	if t.pending == 1 {
@@ -305,17 +316,58 @@ func (t *Tier) submit(job *offload.Job, ch chan *offload.Job, store bool) {
 	}
 	if t.closed {
 		t.mu.Unlock()
-		t.fail(job, store, nil, ErrClosed, time.Now())
+		t.fail(job, store, nil, ErrClosed, now)
+		return
+	}
+	if _, dup := t.queued[job.ID]; dup {
+		t.mu.Unlock()
+		t.fail(job, store, nil, fmt.Errorf("%w: job id %d is already queued", ErrBadJob, job.ID), now)
 		return
 	}
 	select {
 	case ch <- job:
+		t.queued[job.ID] = now
 		t.mu.Unlock()
 	default:
 		t.mu.Unlock()
 		t.st.queueFull.Add(1)
-		t.fail(job, store, nil, ErrQueueFull, time.Now())
+		t.fail(job, store, nil, offload.Refused(offload.RefusedQueueFull, ErrQueueFull), now)
 	}
+}
+
+// start takes a queued job for a worker and returns its submission time;
+// false means the job was withdrawn (CancelQueued) and must be skipped.
+func (t *Tier) start(job *offload.Job) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.queued[job.ID]
+	if ok {
+		delete(t.queued, job.ID)
+	}
+	return at, ok
+}
+
+// QueuedJobs implements offload.JobQueue: jobs waiting for a worker, and
+// the capacity of the two pools' queues.
+func (t *Tier) QueuedJobs() (queued, capacity int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queued), 2 * t.s.queueDepth
+}
+
+// CancelQueued implements offload.JobQueue: a job no worker has started is
+// withdrawn and will never be answered; its slot in the queue's channel
+// is skipped when a worker reaches it.
+func (t *Tier) CancelQueued(id uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.queued[id]; !ok {
+		return false
+	}
+	delete(t.queued, id)
+	t.st.cancelled.Add(1)
+	t.donePendingLocked()
+	return true
 }
 
 // finish records a job's result exactly once.
@@ -323,6 +375,12 @@ func (t *Tier) finish(r offload.JobResult) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.finished = append(t.finished, r)
+	t.donePendingLocked()
+}
+
+// donePendingLocked counts one submitted job as answered (or withdrawn);
+// t.mu is held.
+func (t *Tier) donePendingLocked() {
 	t.pending--
 	if t.pending == 0 {
 		close(t.idle)
@@ -458,14 +516,18 @@ func (t *Tier) run(ch chan *offload.Job, store bool) {
 	defer t.workers.Done()
 	w := &worker{t: t}
 	for job := range ch {
+		at, ok := t.start(job)
+		if !ok {
+			continue // withdrawn
+		}
 		if t.closing.Load() {
-			t.fail(job, store, nil, ErrClosed, time.Now())
+			t.fail(job, store, nil, ErrClosed, at)
 			continue
 		}
 		if store {
-			w.store(job)
+			w.store(job, at)
 		} else {
-			w.load(job)
+			w.load(job, at)
 		}
 	}
 }

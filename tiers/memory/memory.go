@@ -32,10 +32,17 @@ type Config struct {
 	Locality       offload.Locality // unspecified = dynamic
 	CapacityBlocks int              // 0 = unbounded; LRU eviction with removed events otherwise
 	Latency        time.Duration    // simulated per-job latency (jobs complete on a goroutine)
-	FailRate       float64          // 0..1 probability that a job fails (failure injection)
-	AsyncLookup    bool             // first lookup answers Retry; resolved at OnScheduleEnd
-	Events         bool             // emit stored/removed events
-	Seed           int64            // deterministic failure injection
+	BlockLatency   time.Duration    // simulated latency per block of a job, added to Latency
+	// Concurrency bounds the jobs in service at once (0: unbounded); the
+	// others wait in a FIFO queue, which a slow device has too. QueueDepth
+	// bounds that queue (0: unbounded); a job beyond it is refused
+	// (offload.RefusedQueueFull).
+	Concurrency int
+	QueueDepth  int
+	FailRate    float64 // 0..1 probability that a job fails (failure injection)
+	AsyncLookup bool    // first lookup answers Retry; resolved at OnScheduleEnd
+	Events      bool    // emit stored/removed events
+	Seed        int64   // deterministic failure injection
 }
 
 // Tier is an in-process secondary tier. It implements
@@ -58,9 +65,19 @@ type Tier struct {
 	nmissed  int // keys marked missed across all requests
 	results  []offload.JobResult
 	events   []offload.Event
-	inflight int
+	inflight int // jobs without a result: in service or waiting
+	running  int // jobs in service (waiting out their latency)
+	waiting  []waitingJob
 	idle     chan struct{} // closed when inflight drops to zero; nil while idle
 	closed   bool
+}
+
+// waitingJob is a job queued behind Concurrency jobs in service.
+type waitingJob struct {
+	job    *offload.Job
+	load   bool
+	failAt int
+	at     time.Time // submission
 }
 
 type entry struct {
@@ -93,8 +110,11 @@ func New(cfg Config) (*Tier, error) {
 	if cfg.CapacityBlocks < 0 {
 		return nil, fmt.Errorf("memory tier %q: capacity_blocks %d: must be >= 0", cfg.Name, cfg.CapacityBlocks)
 	}
-	if cfg.Latency < 0 {
-		return nil, fmt.Errorf("memory tier %q: latency %v: must be >= 0", cfg.Name, cfg.Latency)
+	if cfg.Latency < 0 || cfg.BlockLatency < 0 {
+		return nil, fmt.Errorf("memory tier %q: latency %v, block latency %v: must be >= 0", cfg.Name, cfg.Latency, cfg.BlockLatency)
+	}
+	if cfg.Concurrency < 0 || cfg.QueueDepth < 0 {
+		return nil, fmt.Errorf("memory tier %q: concurrency %d, queue depth %d: must be >= 0", cfg.Name, cfg.Concurrency, cfg.QueueDepth)
 	}
 	if !(cfg.FailRate >= 0 && cfg.FailRate <= 1) { // also rejects NaN
 		return nil, fmt.Errorf("memory tier %q: fail_rate %v: must be in [0, 1]", cfg.Name, cfg.FailRate)
@@ -185,27 +205,55 @@ func (t *Tier) submit(job *offload.Job, load bool) {
 			failAt = t.rng.IntN(len(job.Keys))
 		}
 	}
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		t.results = append(t.results, offload.JobResult{JobID: job.ID, Err: ErrClosed})
 		return
 	}
-	if t.cfg.Latency <= 0 {
-		t.finish(job, load, failAt, time.Now())
+	if t.serviceTime(job) <= 0 {
+		t.finish(job, load, failAt, now)
 		return
 	}
+	if c := t.cfg.Concurrency; c > 0 && t.running >= c {
+		if d := t.cfg.QueueDepth; d > 0 && len(t.waiting) >= d {
+			t.results = append(t.results, offload.JobResult{JobID: job.ID,
+				Err: offload.Refused(offload.RefusedQueueFull, fmt.Errorf("memory tier %q: queue of %d jobs full", t.cfg.Name, d))})
+			return
+		}
+		t.addInflight()
+		t.waiting = append(t.waiting, waitingJob{job, load, failAt, now})
+		return
+	}
+	t.addInflight()
+	t.running++
+	go t.delayed(job, load, failAt, now)
+}
+
+func (t *Tier) serviceTime(job *offload.Job) time.Duration {
+	return t.cfg.Latency + time.Duration(len(job.Keys))*t.cfg.BlockLatency
+}
+
+func (t *Tier) addInflight() {
 	if t.inflight == 0 {
 		t.idle = make(chan struct{})
 	}
 	t.inflight++
-	go t.delayed(job, load, failAt, time.Now())
 }
 
-// delayed completes a job after the configured latency, or fails it at once
-// when the tier closes.
+func (t *Tier) doneInflight() {
+	t.inflight--
+	if t.inflight == 0 {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// delayed completes a job after its service time, or fails it at once
+// when the tier closes, then starts the next waiting job.
 func (t *Tier) delayed(job *offload.Job, load bool, failAt int, start time.Time) {
-	timer := time.NewTimer(t.cfg.Latency)
+	timer := time.NewTimer(t.serviceTime(job))
 	aborted := false
 	select {
 	case <-timer.C:
@@ -220,11 +268,38 @@ func (t *Tier) delayed(job *offload.Job, load bool, failAt int, start time.Time)
 	} else {
 		t.finish(job, load, failAt, start)
 	}
-	t.inflight--
-	if t.inflight == 0 {
-		close(t.idle)
-		t.idle = nil
+	t.running--
+	t.doneInflight()
+	if len(t.waiting) > 0 && !t.closed {
+		w := t.waiting[0]
+		t.waiting[0] = waitingJob{}
+		t.waiting = t.waiting[1:]
+		t.running++
+		go t.delayed(w.job, w.load, w.failAt, w.at)
 	}
+}
+
+// QueuedJobs implements offload.JobQueue: jobs waiting behind Concurrency
+// jobs in service, and QueueDepth.
+func (t *Tier) QueuedJobs() (queued, capacity int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.waiting), t.cfg.QueueDepth
+}
+
+// CancelQueued implements offload.JobQueue: a waiting job is withdrawn and
+// never answered.
+func (t *Tier) CancelQueued(id uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, w := range t.waiting {
+		if w.job.ID == id {
+			t.waiting = slices.Delete(t.waiting, i, i+1)
+			t.doneInflight()
+			return true
+		}
+	}
+	return false
 }
 
 // finish performs the transfer and records the job's only result. t.mu is
@@ -518,6 +593,11 @@ func (t *Tier) Close(ctx context.Context) error {
 	if !t.closed {
 		t.closed = true
 		close(t.closing)
+		for _, w := range t.waiting {
+			t.results = append(t.results, offload.JobResult{JobID: w.job.ID, Err: ErrClosed, Duration: time.Since(w.at)})
+			t.doneInflight()
+		}
+		t.waiting = nil
 	}
 	t.mu.Unlock()
 	if err := t.DrainJobs(ctx); err != nil {
@@ -579,4 +659,7 @@ func (t *Tier) Put(key offload.Key, data []byte) {
 	}
 }
 
-var _ offload.SecondaryTier = (*Tier)(nil)
+var (
+	_ offload.SecondaryTier = (*Tier)(nil)
+	_ offload.JobQueue      = (*Tier)(nil)
+)

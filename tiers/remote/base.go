@@ -148,7 +148,7 @@ func reqID(req *offload.ReqContext) string {
 func (b *Base) SubmitStore(job *offload.Job) {
 	if !b.health.Healthy() {
 		b.c.StoreJobsSkipped.Add(1)
-		b.jobs.Fail(job, fmt.Errorf("%s: store job %d: %w", b.label, job.ID, ErrUnavailable))
+		b.jobs.Fail(job, offload.Refused(offload.RefusedTierDown, fmt.Errorf("%s: store job %d: %w", b.label, job.ID, ErrUnavailable)))
 		return
 	}
 	if !b.jobs.Submit(job, b.runStore) {
@@ -163,7 +163,7 @@ func (b *Base) SubmitLoad(job *offload.Job) {
 	if !b.health.Healthy() {
 		b.c.LoadJobsSkipped.Add(1)
 		b.lookups.MarkMiss(job.Keys)
-		b.jobs.Fail(job, fmt.Errorf("%s: load job %d: %w", b.label, job.ID, ErrUnavailable))
+		b.jobs.Fail(job, offload.Refused(offload.RefusedTierDown, fmt.Errorf("%s: load job %d: %w", b.label, job.ID, ErrUnavailable)))
 		return
 	}
 	if !b.jobs.Submit(job, b.runLoad) {

@@ -62,7 +62,7 @@ func (j *jobTable) Submit(job *offload.Job, run runFunc) bool {
 		j.results = append(j.results, failed(job, fmt.Errorf("%s: job %d: %w", j.name, job.ID, ErrClosed)))
 		return false
 	case len(j.active) >= j.maxInflight:
-		j.results = append(j.results, failed(job, fmt.Errorf("%s: job %d: %w (%d)", j.name, job.ID, ErrOverloaded, j.maxInflight)))
+		j.results = append(j.results, failed(job, offload.Refused(offload.RefusedQueueFull, fmt.Errorf("%s: job %d: %w (%d)", j.name, job.ID, ErrOverloaded, j.maxInflight))))
 		return false
 	}
 	if len(j.active) == 0 {

@@ -253,15 +253,15 @@ func RunManagerOutage(t *testing.T, c ManagerCase, o Outage) {
 		}
 		store() // these cascades fail and mark the tier down
 	}
-	failedBefore := m.Stats().Tiers[0].CascadesFailed
+	before0 := m.Stats().Tiers[0]
 	start := time.Now()
 	during := store() // refused at once by the unhealthy tier
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("a cascade to the down tier took %v", d)
 	}
 	st := m.Stats().Tiers[0]
-	if st.CascadesFailed != failedBefore+1 {
-		t.Fatalf("cascade while down not counted as failed: %+v", st)
+	if st.CascadesFailed != before0.CascadesFailed || st.DroppedBy[tiering.DropTierDown] != before0.DroppedBy[tiering.DropTierDown]+1 {
+		t.Fatalf("cascade while down not counted as dropped (tier_down): %+v", st)
 	}
 	// The primary keeps serving what it has.
 	req, _ := offload.NewReqContext("reader", nil)
