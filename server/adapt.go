@@ -58,10 +58,14 @@ func statsOf(m *tiering.Manager) Stats {
 		Primary: PrimaryStats{
 			SlotSize: int64(p.SlotSize), NumSlots: int64(p.NumSlots),
 			UsedSlots: int64(p.Blocks), PendingSlots: int64(p.Pending), PinnedSlots: int64(p.Pinned),
-			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
+			RevocableSlots: int64(p.Revocable),
+			Lookups:        p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
 			StoresRejected: p.RejectedStores,
 		},
-		Tiers: make([]TierStats, len(ts.Tiers)),
+		Tiers:         make([]TierStats, len(ts.Tiers)),
+		CascadePinned: int64(ts.CascadePinned),
+		CascadeBudget: int64(ts.CascadeBudget),
+		Revocations:   p.Revocations,
 	}
 	tiers := m.Tiers()
 	for i, t := range ts.Tiers {
@@ -72,13 +76,15 @@ func statsOf(m *tiering.Manager) Stats {
 			CascadesOK: t.CascadesOK, CascadesFailed: t.CascadesFailed,
 			CascadesDropped: t.CascadesDropped, CascadesFiltered: t.CascadesSkippedByFilter,
 			BytesIn: t.BytesIn, BytesOut: t.BytesOut, UnderPressure: t.UnderPressure,
+			CascadeLatencyEMA: t.CascadeLatencyEMA,
+			DroppedBy:         t.DroppedBy,
+			PinnedSlots:       int64(t.PinnedSlots), PinBudget: int64(t.PinBudget),
+			Queued: int64(t.Queued), QueueCapacity: int64(t.QueueCapacity),
+			LoadLatency: t.LoadLatency, StoreLatency: t.StoreLatency,
 			OccupancyBlocks: -1,
 		}
 		if i < len(tiers) {
-			if tt, ok := tiers[i].(*timedTier); ok {
-				out.LoadLatency, out.StoreLatency = tt.latency()
-			}
-			tierDetails(&out, UnwrapTier(tiers[i]))
+			tierDetails(&out, tiers[i])
 		}
 		st.Tiers[i] = out
 	}

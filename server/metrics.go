@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tierset"
 )
 
@@ -85,8 +86,16 @@ var (
 	descTierLookDown  = prometheus.NewDesc("kvtier_tier_lookups_unhealthy_total", "Lookups a remote tier answered miss without asking because its server was down (remote tiers only).", tierLabels, nil)
 	descTierJobsSkip  = prometheus.NewDesc("kvtier_tier_jobs_skipped_total", "Jobs a remote tier refused at submission without any I/O (server down, tier closed, or too many jobs in flight), by kind (load = promotion, store = cascade); remote tiers only.", append(tierLabels, "kind"), nil)
 	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
+	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks).", append(tierLabels, "reason"), nil)
+	descTierPinned    = prometheus.NewDesc("kvtier_tier_cascade_pinned_slots", "Primary slots pinned by the tier's cascades in flight.", tierLabels, nil)
+	descTierPinBudget = prometheus.NewDesc("kvtier_tier_cascade_pin_budget_slots", "The tier's share of the cascade pin budget, in primary slots (0: unbounded).", tierLabels, nil)
+	descTierQueued    = prometheus.NewDesc("kvtier_tier_queued_jobs", "Jobs submitted to the tier that no worker has started yet (tiers with a queue: fs, memory with concurrency).", tierLabels, nil)
+	descTierQueueCap  = prometheus.NewDesc("kvtier_tier_queue_capacity", "Capacity of the tier's job queue (0: no queue or unbounded).", tierLabels, nil)
 	descTierCorrDel   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_deleted_total", "Corrupt blocks the tier deleted.", tierLabels, nil)
 
+	descCascadePin = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
+	descCascadeBud = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
+	descRevoked    = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
 	descRequests   = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
 	descEventsPub  = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
 	descEventsDrp  = prometheus.NewDesc("kvtier_events_dropped_total", "Offloading events the publisher refused (closed).", []string{"namespace"}, nil)
@@ -103,7 +112,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierCorrupt, descTierCorrDel,
-		descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
+		descCascadePin, descCascadeBud, descRevoked, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
 	}
@@ -127,12 +137,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPrimarySlots, float64(p.UsedSlots), n, "used")
 		gauge(descPrimarySlots, float64(p.PendingSlots), n, "pending")
 		gauge(descPrimarySlots, float64(p.PinnedSlots), n, "pinned")
+		gauge(descPrimarySlots, float64(p.RevocableSlots), n, "revocable")
 		gauge(descPrimarySlot, float64(p.SlotSize), n)
 		counter(descPrimaryLook, p.Hits, n, "hit")
 		counter(descPrimaryLook, p.Misses, n, "miss")
 		counter(descPrimaryEvict, p.Evictions, n)
 		counter(descPrimaryRej, p.StoresRejected, n)
 		gauge(descRequests, float64(st.ActiveRequests), n)
+		gauge(descCascadePin, float64(st.CascadePinned), n)
+		gauge(descCascadeBud, float64(st.CascadeBudget), n)
+		counter(descRevoked, st.Revocations, n)
 		counter(descEventsPub, st.EventsPublished, n)
 		counter(descEventsDrp, st.EventsDropped, n)
 		counter(descEventsSent, st.SinkEventsPublished, n)
@@ -151,6 +165,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descTierCascades, t.CascadesFailed, with("failed")...)
 			counter(descTierCascades, t.CascadesDropped, with("dropped")...)
 			counter(descTierCascades, t.CascadesFiltered, with("filtered")...)
+			for r, v := range t.DroppedBy {
+				counter(descTierDropped, v, with(tiering.DropReason(r).String())...)
+			}
+			gauge(descTierPinned, float64(t.PinnedSlots), l...)
+			gauge(descTierPinBudget, float64(t.PinBudget), l...)
+			gauge(descTierQueued, float64(t.Queued), l...)
+			gauge(descTierQueueCap, float64(t.QueueCapacity), l...)
 			counter(descTierBytes, t.BytesIn, with("in")...)
 			counter(descTierBytes, t.BytesOut, with("out")...)
 			pressure := 0.0

@@ -101,7 +101,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: server.TimeJobs(o.tiers(t)), Logger: quietLogger()})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: o.tiers(t), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tierset"
 )
 
@@ -397,11 +398,19 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 			SlotSize: p.SlotSize, NumSlots: p.NumSlots,
 			UsedSlots: p.UsedSlots, PendingSlots: p.PendingSlots, PinnedSlots: p.PinnedSlots,
 			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
-			StoresRejected: p.StoresRejected,
+			StoresRejected: p.StoresRejected, RevocableSlots: p.RevocableSlots,
 		},
-		ActiveRequests: int64(st.ActiveRequests),
+		ActiveRequests:     int64(st.ActiveRequests),
+		CascadePinnedSlots: st.CascadePinned,
+		CascadePinBudget:   st.CascadeBudget,
+		CascadeRevocations: st.Revocations,
 	}
 	for _, t := range st.Tiers {
+		dropped := make(map[string]uint64, len(t.DroppedBy))
+		for r, v := range t.DroppedBy {
+			dropped[tiering.DropReason(r).String()] = v
+		}
+		healthy := t.Remote == nil || t.Remote.Healthy
 		resp.Tiers = append(resp.Tiers, &kvtierv1.TierStats{
 			Name: t.Name, Type: t.Type,
 			Medium: kvtierv1.Medium(t.Medium), Locality: kvtierv1.Locality(t.Locality),
@@ -410,6 +419,13 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 			CascadesOk: t.CascadesOK, CascadesFailed: t.CascadesFailed,
 			CascadesDropped: t.CascadesDropped, CascadesFiltered: t.CascadesFiltered,
 			BytesIn: t.BytesIn, BytesOut: t.BytesOut, UnderPressure: t.UnderPressure,
+			CascadesDroppedByReason: dropped,
+			CascadePinnedSlots:      t.PinnedSlots, CascadePinBudget: t.PinBudget,
+			QueuedJobs: t.Queued, QueueCapacity: t.QueueCapacity,
+			CascadeLatencyEmaSeconds: t.CascadeLatencyEMA.Seconds(),
+			Healthy:                  healthy,
+			Blocks:                   t.OccupancyBlocks, Evictions: t.Evictions,
+			CorruptBlocks: t.CorruptBlocks,
 		})
 	}
 	return resp

@@ -1,6 +1,11 @@
 package server
 
-import "github.com/kvtier/kvtier/offload"
+import (
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
+)
 
 // Stats are the counters of one namespace, read at Stats calls and at
 // metric scrapes (never on the hot path).
@@ -15,12 +20,19 @@ type Stats struct {
 	// SinkEventsPublished and SinkBatchesDropped are the sink's own
 	// counters: events it sent, batches it dropped on overflow.
 	SinkEventsPublished, SinkBatchesDropped uint64
+	// CascadePinned is the number of primary slots the cascades in flight
+	// pin; CascadeBudget bounds it (0: unbounded). Revocations counts
+	// blocks held only by cascades that eviction reached and asked to
+	// release (withdrawing their queued cascades).
+	CascadePinned, CascadeBudget int64
+	Revocations                  uint64
 }
 
 // PrimaryStats are the primary tier's counters and gauges.
 type PrimaryStats struct {
 	SlotSize, NumSlots                   int64
 	UsedSlots, PendingSlots, PinnedSlots int64
+	RevocableSlots                       int64
 	Lookups, Hits, Misses, Evictions     uint64
 	StoresRejected                       uint64
 }
@@ -36,8 +48,18 @@ type TierStats struct {
 	PromotionsOK, PromotionsFailed              uint64
 	CascadesOK, CascadesFailed, CascadesDropped uint64
 	CascadesFiltered                            uint64
-	BytesIn, BytesOut                           uint64
-	UnderPressure                               bool
+	// DroppedBy splits CascadesDropped by tiering.DropReason.
+	DroppedBy [tiering.NumDropReasons]uint64
+	// Gauges: primary slots the tier's cascades in flight pin and the
+	// tier's share of the budget (0: unbounded); jobs queued in the tier
+	// and its queue capacity (0: no queue or unbounded).
+	PinnedSlots, PinBudget int64
+	Queued, QueueCapacity  int64
+	BytesIn, BytesOut      uint64
+	UnderPressure          bool
+	// CascadeLatencyEMA is the cascade latency average behind
+	// back-pressure (submission to result).
+	CascadeLatencyEMA time.Duration
 	// OccupancyBlocks is the number of blocks the tier holds (-1 when the
 	// tier does not know); Evictions counts blocks it evicted.
 	OccupancyBlocks int64
@@ -69,11 +91,5 @@ type RemoteTierStats struct {
 	LoadJobsSkipped, StoreJobsSkipped uint64
 }
 
-// Histogram is a cumulative histogram in seconds, Prometheus style:
-// Counts[i] is the number of observations <= Bounds[i].
-type Histogram struct {
-	Bounds []float64
-	Counts []uint64
-	Count  uint64
-	Sum    float64
-}
+// Histogram is a cumulative histogram in seconds, Prometheus style.
+type Histogram = tiering.Histogram

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
@@ -43,74 +42,48 @@ type Config struct {
 	HitPendingOnPromotion bool
 	// Admission configures back-pressure; the zero value means defaults.
 	Admission AdmissionConfig
+	// Budget bounds the primary slots cascades in flight may pin; the zero
+	// value means defaults.
+	Budget BudgetConfig
 }
 
-// Manager is the tiering manager. It is not safe for concurrent use.
+// Manager is the tiering manager: the CPU primary in front of a Stack of
+// secondary tiers. It is not safe for concurrent use.
 type Manager struct {
 	primary    *cpu.Primary
-	arena      offload.Arena
-	tiers      []*tier
+	stack      *Stack
 	log        *slog.Logger
 	hitPending bool
-	adm        AdmissionConfig
 	bg         *offload.ReqContext // stands in for a nil request context
 
 	// polled is the once-per-step completion gate (§4.2).
 	polled bool
-	// nextID is the job id counter shared by promotions and cascades.
-	nextID uint64
-	// resetFloor is the first job id issued after the last Reset; results
-	// for unknown older ids are stale, not tier bugs.
-	resetFloor uint64
-	jobs       map[uint64]*job
+	// promos are this step's promotions per tier, one batch per request in
+	// the order requests first hit the tier.
+	promos []promoQueue
 	// pendingPromos counts keys reserved for promotion and not yet
 	// submitted.
 	pendingPromos int
 	// promotions counts promotions started (slots reserved).
-	promotions   uint64
-	reqs         map[string]*reqState
-	staleResults uint64
-	closed       bool
-	// finishedAt is the time processFinished collected the results it is
-	// applying (zero until first needed, and outside processFinished).
-	finishedAt time.Time
-	// epoch is the manager's creation time, the origin of job start times.
-	epoch time.Time
+	promotions uint64
+	reqs       map[string]*reqState
+	closed     bool
 
 	one      [1]offload.Key             // scratch for single-key primary calls
 	promoOut offload.PrepareStoreOutput // scratch output of a promotion's reservation
 }
 
-// tier is the manager's view of one secondary tier.
-type tier struct {
-	t        offload.SecondaryTier
-	idx      int
-	name     string
-	typ      string
-	medium   offload.Medium
-	locality offload.Locality
-
-	// promos are this step's promotions, one batch per request in the
-	// order requests first hit this tier; npromos of them are in use.
-	promos  []promoBatch
-	npromos int
-
-	cascadesInFlight int
-	pressure         pressure
-	stats            TierStats
+// promoQueue holds one tier's promotions of the current step; n of its
+// batches are in use.
+type promoQueue struct {
+	batches []promoBatch
+	n       int
 }
 
 type promoBatch struct {
 	req   *offload.ReqContext
 	keys  []offload.Key
 	slots []int64
-}
-
-// job is one submitted transfer.
-type job struct {
-	tier  *tier
-	start time.Duration // submission time, since the manager's epoch (8 bytes, not 24)
-	j     offload.Job
 }
 
 // reqState is the manager's per-request lifecycle state (§4.7).
@@ -129,71 +102,82 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Primary == nil {
 		return nil, errors.New("tiering: no primary tier")
 	}
-	if len(cfg.Tiers) > MaxTiers {
-		return nil, fmt.Errorf("tiering: %d secondary tiers: at most %d supported", len(cfg.Tiers), MaxTiers)
-	}
-	adm, err := cfg.Admission.withDefaults()
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{
 		primary:    cfg.Primary,
-		arena:      cfg.Primary.Arena(),
 		log:        log,
 		hitPending: cfg.HitPendingOnPromotion,
-		adm:        adm,
 		bg:         offload.Background(""),
-		epoch:      time.Now(),
-		jobs:       make(map[uint64]*job),
 		reqs:       make(map[string]*reqState),
 	}
-	names := make(map[string]bool, len(cfg.Tiers))
-	for i, t := range cfg.Tiers {
-		if t == nil {
-			return nil, fmt.Errorf("tiering: secondary tier #%d is nil", i)
-		}
-		ts := &tier{t: t, idx: i}
-		// A tier's declarations are read once, here: the lookup loop then
-		// tests the request's filter without calling into the tier.
-		if err := m.describe(ts); err != nil {
-			return nil, err
-		}
-		if names[ts.name] {
-			return nil, fmt.Errorf("tiering: duplicate secondary tier name %q", ts.name)
-		}
-		names[ts.name] = true
-		ts.stats.Name, ts.stats.Type = ts.name, ts.typ
-		ts.stats.Medium, ts.stats.Locality = ts.medium, ts.locality
-		m.tiers = append(m.tiers, ts)
+	st, err := NewStack(StackConfig{
+		Tiers:     cfg.Tiers,
+		Arena:     cfg.Primary.Arena(),
+		Driver:    primaryDriver{m},
+		Logger:    log,
+		Admission: cfg.Admission,
+		Budget:    cfg.Budget,
+		Revocable: true,
+	})
+	if err != nil {
+		return nil, err
 	}
+	m.stack = st
+	cfg.Primary.SetRevoker(st.Revoke)
+	m.promos = make([]promoQueue, st.Len())
 	return m, nil
 }
 
-// describe reads a tier's static declarations, failing construction if
-// the tier panics.
-func (m *Manager) describe(ts *tier) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("tiering: secondary tier #%d: describing it panicked: %v", ts.idx, p)
-		}
-	}()
-	ts.name, ts.typ = ts.t.Name(), ts.t.Type()
-	ts.medium, ts.locality = ts.t.Medium(), ts.t.Locality()
-	return nil
+// primaryDriver lets the stack pin and resolve the primary's slots.
+type primaryDriver struct{ m *Manager }
+
+// PinCascade pins keys softly (cpu.Primary.PinSoft), finding a batch just
+// stored without hashing; a key no longer ready (evicted or re-reserved
+// since the caller saw it) is left out. Soft pins keep the blocks in the
+// eviction order: eviction withdraws a queued cascade rather than evict
+// a more recent block (Stack.Revoke).
+func (d primaryDriver) PinCascade(keys []offload.Key) ([]offload.Key, []int64, error) {
+	p := d.m.primary
+	slots, err := p.PinSoft(keys)
+	if err == nil {
+		return keys, slots, nil
+	}
+	if keys = d.m.readyKeys(keys); len(keys) == 0 {
+		return nil, nil, nil
+	}
+	slots, err = p.PinSoft(keys)
+	return keys, slots, err
+}
+
+func (d primaryDriver) PinAgain(slots []int64) error { return d.m.primary.PinSlotsSoft(slots) }
+
+func (d primaryDriver) CascadeDone(j *offload.Job, _ any) {
+	if err := d.m.primary.UnpinSoft(j.Slots); err != nil {
+		d.m.log.Error("tiering: cannot unpin cascade source blocks", "job", j.ID, "err", err)
+	}
+}
+
+// PromotionDone commits the loaded prefix and releases the rest.
+func (d primaryDriver) PromotionDone(j *offload.Job, loaded int) {
+	p := d.m.primary
+	if loaded == len(j.Keys) {
+		p.CompleteStore(j.Keys, true)
+		return
+	}
+	if loaded > 0 {
+		p.CompleteStore(j.Keys[:loaded], true)
+	}
+	p.CompleteStore(j.Keys[loaded:], false)
 }
 
 // Tiers returns the secondary tiers in lookup order.
-func (m *Manager) Tiers() []offload.SecondaryTier {
-	out := make([]offload.SecondaryTier, len(m.tiers))
-	for i, ts := range m.tiers {
-		out[i] = ts.t
-	}
-	return out
-}
+func (m *Manager) Tiers() []offload.SecondaryTier { return m.stack.Tiers() }
+
+// Stack returns the manager's secondary-tier stack.
+func (m *Manager) Stack() *Stack { return m.stack }
 
 func (m *Manager) ctx(req *offload.ReqContext) *offload.ReqContext {
 	if req == nil {
@@ -216,12 +200,7 @@ func (m *Manager) OnNewRequest(req *offload.ReqContext) offload.OffloadPolicy {
 		m.log.Warn("tiering: request announced twice; keeping its state", "req", req.ID)
 		return rs.policy
 	}
-	rs := &reqState{req: req}
-	for _, ts := range m.tiers {
-		if m.tierOnNewRequest(ts, req) == offload.RequestLevel && req.StoreFilter.Allows(ts.medium, ts.locality) {
-			rs.requestLevel |= 1 << ts.idx
-		}
-	}
+	rs := &reqState{req: req, requestLevel: m.stack.OnNewRequest(req)}
 	if rs.requestLevel != 0 {
 		rs.policy = offload.RequestLevel
 	}
@@ -247,9 +226,7 @@ func (m *Manager) maybeFinalize(rs *reqState) {
 	if !rs.finished || rs.pendingStores > 0 {
 		return
 	}
-	for _, ts := range m.tiers {
-		m.tierOnRequestFinished(ts, rs.req)
-	}
+	m.stack.OnRequestFinished(rs.req)
 	delete(m.reqs, rs.req.ID)
 }
 
@@ -355,37 +332,21 @@ func (m *Manager) recheckHits(keys []offload.Key, out []offload.LookupResult, hi
 }
 
 func (m *Manager) lookupSecondary(key offload.Key, req *offload.ReqContext) offload.LookupResult {
-	filter := req.LoadFilter
-	retry := false
-	for _, ts := range m.tiers {
-		if !filter.Allows(ts.medium, ts.locality) {
-			ts.stats.SkippedByFilter++
-			continue
-		}
-		switch m.tierLookup(ts, key, req) {
-		case offload.Hit:
-			ts.stats.Hits++
-			return m.promote(ts, key, req)
-		case offload.Retry, offload.HitPending:
-			// A tier has no pending state of its own to report; treat
-			// HitPending as "not sure yet".
-			ts.stats.Retries++
-			retry = true
-		default:
-			ts.stats.Misses++
-		}
+	r, i := m.stack.Lookup(key, req)
+	if r == offload.Hit {
+		return m.promote(i, key, req)
 	}
-	if retry {
-		return offload.Retry
-	}
-	return offload.Miss
+	return r
 }
 
 // promote reserves a primary slot for key and queues its load from ts in
 // this step's batch for (ts, req) (§4.4).
-func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) offload.LookupResult {
+func (m *Manager) promote(i int, key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	ts := m.stack.tiers[i]
 	m.one[0] = key
 	out := &m.promoOut
+	// Queued cascades give way (Stack.Revoke): promotions are never
+	// refused because of cascades.
 	ok := m.primary.PrepareStoreInto(m.one[:], out)
 	m.one[0] = ""
 	if !ok {
@@ -396,7 +357,7 @@ func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) of
 		// Present after all (cannot happen after a primary Miss).
 		return offload.HitPending
 	}
-	b := ts.batch(req)
+	b := m.promos[i].batch(req)
 	b.keys = append(b.keys, out.KeysToStore...)
 	b.slots = append(b.slots, out.Slots...)
 	m.pendingPromos += len(out.KeysToStore)
@@ -410,19 +371,19 @@ func (m *Manager) promote(ts *tier, key offload.Key, req *offload.ReqContext) of
 	return offload.Retry
 }
 
-// batch returns this step's promotion batch of req on ts, creating it. The
+// batch returns this step's promotion batch of req, creating it. The
 // batch keeps the first context seen for the request in the step.
-func (ts *tier) batch(req *offload.ReqContext) *promoBatch {
-	for i := range ts.promos[:ts.npromos] {
-		if b := &ts.promos[i]; b.req == req || b.req.ID == req.ID {
+func (q *promoQueue) batch(req *offload.ReqContext) *promoBatch {
+	for i := range q.batches[:q.n] {
+		if b := &q.batches[i]; b.req == req || b.req.ID == req.ID {
 			return b
 		}
 	}
-	if ts.npromos == len(ts.promos) {
-		ts.promos = append(ts.promos, promoBatch{})
+	if q.n == len(q.batches) {
+		q.batches = append(q.batches, promoBatch{})
 	}
-	b := &ts.promos[ts.npromos]
-	ts.npromos++
+	b := &q.batches[q.n]
+	q.n++
 	b.req = req
 	return b
 }
@@ -448,9 +409,7 @@ func (m *Manager) Touch(keys []offload.Key, req *offload.ReqContext) {
 	}
 	req = m.ctx(req)
 	m.primary.Touch(keys)
-	for _, ts := range m.tiers {
-		m.tierTouch(ts, keys, req)
-	}
+	m.stack.Touch(keys, req)
 }
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
@@ -503,12 +462,9 @@ func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out 
 	if !m.polled {
 		m.poll() // completions free pinned blocks before eviction decisions
 	}
-	if reuse {
-		ok = m.primary.PrepareStoreInto(keys, out)
-	} else {
-		*out, ok = m.primary.PrepareStore(keys)
-	}
-	if !ok {
+	// Stores win over queued cascades: eviction withdraws those of the
+	// blocks it takes (Stack.Revoke).
+	if ok = m.primaryStore(keys, out, reuse); !ok {
 		return false, nil
 	}
 	if len(out.KeysToStore) > 0 {
@@ -516,10 +472,18 @@ func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out 
 	}
 	if rs.requestLevel != 0 {
 		if existing := m.readyNotStored(keys, out.KeysToStore); len(existing) > 0 {
-			m.cascade(existing, req, rs.requestLevel)
+			m.stack.Cascade(existing, req, rs.requestLevel, nil)
 		}
 	}
 	return true, nil
+}
+
+func (m *Manager) primaryStore(keys []offload.Key, out *offload.PrepareStoreOutput, reuse bool) (ok bool) {
+	if reuse {
+		return m.primary.PrepareStoreInto(keys, out)
+	}
+	*out, ok = m.primary.PrepareStore(keys)
+	return ok
 }
 
 // readyNotStored returns the keys that PrepareStore did not take (they
@@ -562,8 +526,8 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 	if !ok {
 		return fmt.Errorf("%w %q: complete store", ErrUnknownRequest, req.ID)
 	}
-	if success && len(keys) > 0 && len(m.tiers) > 0 {
-		m.cascade(slices.Clone(keys), req, ^uint64(0))
+	if success && len(keys) > 0 && m.stack.Len() > 0 {
+		m.stack.Cascade(slices.Clone(keys), req, ^uint64(0), nil)
 	}
 	if rs.pendingStores > 0 {
 		rs.pendingStores--
@@ -576,68 +540,6 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 	return nil
 }
 
-// cascade submits a store of keys (owned by the jobs from now on) to every
-// tier in mask that req's store filter allows and admission accepts,
-// pinning the keys once per job. Only the first job looks the keys up
-// (PrepareLoad, which finds a batch just stored without hashing); the
-// others pin the same slots by index. The jobs share keys and slots,
-// which tiers only read.
-func (m *Manager) cascade(keys []offload.Key, req *offload.ReqContext, mask uint64) {
-	filter := req.StoreFilter
-	var now time.Time
-	var slots []int64
-	var block []job // the cascade's jobs, one allocation
-	for _, ts := range m.tiers {
-		if mask&(1<<ts.idx) == 0 {
-			continue
-		}
-		if !filter.Allows(ts.medium, ts.locality) {
-			ts.stats.CascadesSkippedByFilter++
-			continue
-		}
-		if !m.adm.Disabled && ts.pressure.active && ts.cascadesInFlight > 0 {
-			ts.stats.CascadesDropped++
-			ts.stats.CascadeBlocksDropped += uint64(len(keys))
-			continue
-		}
-		if slots != nil {
-			// The blocks are pinned by the first job, so the slots still
-			// name them.
-			if err := m.primary.PinSlots(slots); err != nil {
-				m.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
-				ts.stats.CascadesFailed++
-				continue
-			}
-		} else {
-			var err error
-			if slots, err = m.primary.PrepareLoad(keys); err != nil {
-				// Some key is no longer ready (evicted or re-reserved
-				// since the caller saw it); cascade the ones that are.
-				keys = m.readyKeys(keys)
-				if len(keys) == 0 {
-					return
-				}
-				if slots, err = m.primary.PrepareLoad(keys); err != nil {
-					m.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
-					ts.stats.CascadesFailed++
-					slots = nil
-					continue
-				}
-			}
-		}
-		if now.IsZero() {
-			now = time.Now()
-			block = make([]job, 0, len(m.tiers)-ts.idx)
-		}
-		block = block[:len(block)+1] // within capacity: one job per tier left
-		jb := m.initJob(&block[len(block)-1], ts, keys, slots, false, req, now)
-		ts.cascadesInFlight++
-		if !m.tierSubmit(ts, &jb.j) {
-			m.failSubmitted(jb, "submit store panicked")
-		}
-	}
-}
-
 func (m *Manager) readyKeys(keys []offload.Key) []offload.Key {
 	var out []offload.Key
 	for _, k := range keys {
@@ -646,29 +548,6 @@ func (m *Manager) readyKeys(keys []offload.Key) []offload.Key {
 		}
 	}
 	return out
-}
-
-func (m *Manager) newJob(ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
-	return m.initJob(new(job), ts, keys, slots, promotion, req, now)
-}
-
-// initJob fills jb as a new job and registers it.
-func (m *Manager) initJob(jb *job, ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
-	id := m.nextID
-	m.nextID++
-	*jb = job{tier: ts, start: now.Sub(m.epoch), j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: m.arena}}
-	m.jobs[id] = jb
-	return jb
-}
-
-// failSubmitted resolves a job whose submission panicked: the tier is
-// assumed not to have taken it.
-func (m *Manager) failSubmitted(jb *job, why string) {
-	if _, ok := m.jobs[jb.j.ID]; !ok {
-		return
-	}
-	delete(m.jobs, jb.j.ID)
-	m.finishJob(jb, offload.JobResult{JobID: jb.j.ID, Err: errors.New(why)})
 }
 
 // ScheduleEnd ends an engine step (§4.8): poll completions if this step
@@ -683,9 +562,7 @@ func (m *Manager) ScheduleEnd(se offload.ScheduleEnd) {
 	}
 	m.polled = false
 	m.flushPromotions()
-	for _, ts := range m.tiers {
-		m.tierScheduleEnd(ts, se)
-	}
+	m.stack.ScheduleEnd(se)
 }
 
 // flushPromotions submits one load job per (tier, request) batch.
@@ -693,17 +570,14 @@ func (m *Manager) flushPromotions() {
 	if m.pendingPromos == 0 {
 		return
 	}
-	now := time.Now()
-	for _, ts := range m.tiers {
-		for i := range ts.promos[:ts.npromos] {
-			b := &ts.promos[i]
-			jb := m.newJob(ts, b.keys, b.slots, true, b.req, now)
+	for i := range m.promos {
+		q := &m.promos[i]
+		for j := range q.batches[:q.n] {
+			b := &q.batches[j]
+			m.stack.Load(i, b.keys, b.slots, b.req)
 			*b = promoBatch{}
-			if !m.tierSubmit(ts, &jb.j) {
-				m.failSubmitted(jb, "submit load panicked")
-			}
 		}
-		ts.npromos = 0
+		q.n = 0
 	}
 	m.pendingPromos = 0
 }
@@ -711,15 +585,16 @@ func (m *Manager) flushPromotions() {
 // dropPromotions forgets the step's unsubmitted promotions; release
 // frees their reserved slots (not needed before a primary reset).
 func (m *Manager) dropPromotions(release bool) {
-	for _, ts := range m.tiers {
-		for i := range ts.promos[:ts.npromos] {
-			b := &ts.promos[i]
+	for i := range m.promos {
+		q := &m.promos[i]
+		for j := range q.batches[:q.n] {
+			b := &q.batches[j]
 			if release {
 				m.primary.CompleteStore(b.keys, false)
 			}
 			*b = promoBatch{}
 		}
-		ts.npromos = 0
+		q.n = 0
 	}
 	m.pendingPromos = 0
 }
@@ -727,107 +602,19 @@ func (m *Manager) dropPromotions(release bool) {
 // poll passes the step's completion gate and processes finished jobs.
 func (m *Manager) poll() {
 	m.polled = true
-	m.processFinished()
-}
-
-// processFinished collects every tier's results, in tier order.
-func (m *Manager) processFinished() {
-	// The results were all collected now: one clock read dates them.
-	m.finishedAt = time.Time{}
-	defer func() { m.finishedAt = time.Time{} }()
-	for _, ts := range m.tiers {
-		for _, r := range m.tierFinished(ts) {
-			jb, ok := m.jobs[r.JobID]
-			if !ok || jb.tier != ts {
-				if !ok && r.JobID < m.resetFloor {
-					m.staleResults++
-					continue
-				}
-				ts.stats.UnknownJobs++
-				m.log.Error("tiering: tier reported a job it was not given", "tier", ts.name, "job", r.JobID)
-				continue
-			}
-			delete(m.jobs, r.JobID)
-			m.finishJob(jb, r)
-		}
-	}
-}
-
-// finishJob applies a job's result: a promotion commits its loaded prefix
-// and releases the rest; a cascade unpins its sources.
-func (m *Manager) finishJob(jb *job, r offload.JobResult) {
-	ts := jb.tier
-	keys := jb.j.Keys
-	if jb.j.Promotion {
-		if r.Success {
-			m.primary.CompleteStore(keys, true)
-			ts.stats.PromotionsOK++
-			ts.stats.PromotedBlocks += uint64(len(keys))
-			ts.stats.BytesIn += uint64(max(r.Bytes, 0))
-			return
-		}
-		n := 0
-		for n < len(r.SuccessfulKeys) && n < len(keys) && r.SuccessfulKeys[n] == keys[n] {
-			n++
-		}
-		if n > 0 {
-			m.primary.CompleteStore(keys[:n], true)
-		}
-		m.primary.CompleteStore(keys[n:], false)
-		ts.stats.PromotionsFailed++
-		ts.stats.PromotedBlocks += uint64(n)
-		ts.stats.PromotionBlocksFailed += uint64(len(keys) - n)
-		ts.stats.BytesIn += uint64(max(r.Bytes, 0))
-		m.log.Debug("tiering: promotion failed", "tier", ts.name, "job", r.JobID, "keys", len(keys), "loaded", n, "err", r.Err)
-		return
-	}
-	ts.cascadesInFlight--
-	if err := m.primary.UnpinSlots(jb.j.Slots); err != nil {
-		m.log.Error("tiering: cannot unpin cascade source blocks", "tier", ts.name, "job", r.JobID, "err", err)
-	}
-	if !r.Success {
-		ts.stats.CascadesFailed++
-		m.log.Debug("tiering: cascade failed", "tier", ts.name, "job", r.JobID, "err", r.Err)
-		return
-	}
-	ts.stats.CascadesOK++
-	ts.stats.CascadedBlocks += uint64(len(keys))
-	ts.stats.BytesOut += uint64(max(r.Bytes, 0))
-	if m.adm.Disabled {
-		return
-	}
-	d := r.Duration
-	if d <= 0 {
-		if m.finishedAt.IsZero() {
-			m.finishedAt = time.Now()
-		}
-		d = m.finishedAt.Sub(m.epoch) - jb.start
-	}
-	if ts.pressure.sample(d, &m.adm) {
-		state := "cleared"
-		if ts.pressure.active {
-			state = "activated"
-		}
-		m.log.Info("tiering: tier back-pressure "+state, "tier", ts.name, "index", ts.idx,
-			"ema", time.Duration(ts.pressure.ema*float64(time.Second)))
-	}
+	m.stack.Poll()
 }
 
 // HasPendingWork reports jobs in flight, promotions not yet submitted, or
 // tier work in flight: the engine must keep stepping.
 func (m *Manager) HasPendingWork() bool {
-	if len(m.jobs) > 0 || m.pendingPromos > 0 {
+	if m.pendingPromos > 0 {
 		return true
 	}
 	if m.closed {
-		return false
+		return m.stack.InFlight() > 0
 	}
-	for _, ts := range m.tiers {
-		if m.tierHasPendingWork(ts) {
-			return true
-		}
-	}
-	return false
+	return m.stack.HasPendingWork()
 }
 
 // TakeEvents returns the primary's events, then each tier's in order. The
@@ -836,11 +623,7 @@ func (m *Manager) TakeEvents() []offload.Event {
 	if m.closed {
 		return nil
 	}
-	ev := m.primary.TakeEvents()
-	for _, ts := range m.tiers {
-		ev = append(ev, m.tierTakeEvents(ts)...)
-	}
-	return ev
+	return m.stack.TakeEvents(m.primary.TakeEvents())
 }
 
 // Reset empties the primary (§4.9): it waits (bounded by ctx) until no
@@ -853,25 +636,12 @@ func (m *Manager) Reset(ctx context.Context) error {
 	if m.closed {
 		return ErrClosed
 	}
-	for _, ts := range m.tiers {
-		if err := m.tierDrain(ctx, ts); err != nil {
-			return fmt.Errorf("tiering: reset: drain tier %q: %w", ts.name, err)
-		}
+	if err := m.stack.Drain(ctx); err != nil {
+		return fmt.Errorf("tiering: reset: %w", err)
 	}
-	m.processFinished()
+	m.stack.Poll()
 	m.dropPromotions(false)
-	if len(m.jobs) > 0 {
-		// The tiers said they were drained but did not answer these; they
-		// are forgotten and their late results ignored.
-		m.log.Error("tiering: reset: jobs unanswered after drain", "jobs", len(m.jobs))
-		for _, jb := range m.jobs {
-			if !jb.j.Promotion {
-				jb.tier.cascadesInFlight--
-			}
-		}
-		clear(m.jobs)
-	}
-	m.resetFloor = m.nextID
+	m.stack.Forget()
 	for _, rs := range m.reqs {
 		rs.pendingStores = 0
 		m.maybeFinalize(rs)
@@ -891,25 +661,14 @@ func (m *Manager) Close(ctx context.Context) error {
 	if m.closed {
 		return nil
 	}
-	m.processFinished()
+	m.stack.Poll()
 	m.dropPromotions(true)
-	var errs []error
-	for _, ts := range m.tiers {
-		if err := m.tierClose(ctx, ts); err != nil {
-			errs = append(errs, fmt.Errorf("tiering: close tier %q: %w", ts.name, err))
-		}
-	}
-	m.processFinished()
-	for id, jb := range m.jobs {
-		delete(m.jobs, id)
-		m.finishJob(jb, offload.JobResult{JobID: id, Err: ErrClosed})
-	}
+	err := m.stack.Close(ctx)
 	m.closed = true
 	m.polled = false // the hot paths test closed only behind the gate
 	clear(m.reqs)
-	if len(errs) > 0 {
-		errs = append(errs, errors.New("tiering: primary left open: tier transfers may still be running"))
-		return errors.Join(errs...)
+	if err != nil {
+		return errors.Join(err, errors.New("tiering: primary left open: tier transfers may still be running"))
 	}
 	if err := m.primary.Close(); err != nil {
 		return fmt.Errorf("tiering: close primary: %w", err)

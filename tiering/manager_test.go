@@ -423,8 +423,8 @@ func TestCoreBehaviour(t *testing.T) {
 			if err := f.m.Reset(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			if f.t1.drains != 1 || f.t2.drains != 1 || len(f.m.jobs) != 0 {
-				t.Errorf("drains %d, %d; jobs %d", f.t1.drains, f.t2.drains, len(f.m.jobs))
+			if f.t1.drains != 1 || f.t2.drains != 1 || f.m.stack.InFlight() != 0 {
+				t.Errorf("drains %d, %d; jobs %d", f.t1.drains, f.t2.drains, f.m.stack.InFlight())
 			}
 			if st := f.m.Stats(); st.Tiers[0].CascadesOK != 1 || st.Tiers[0].UnknownJobs != 0 {
 				t.Errorf("drained results not processed: %+v", st.Tiers[0])

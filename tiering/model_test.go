@@ -31,7 +31,14 @@ import (
 //     it, and one its store filter excludes never receives its cascade;
 //   - no cascade reaches a tier after the request's finish was delivered;
 //   - no request state is left after the requests finish;
-//   - bytes loaded equal bytes stored, on every load.
+//   - bytes loaded equal bytes stored, on every load;
+//   - cascades respect the pin budget: the slots they pin (counted once
+//     per cascade) stay within the budget unless a single cascade is in
+//     flight, each tier's within its share unless it has a single job, and
+//     the manager's count equals the jobs it holds;
+//   - stores win over queued cascades: a store the primary refused leaves
+//     no cascade queued (not started) in a tier that can withdraw it, and
+//     a withdrawn job is never answered.
 
 const modelSlotSize = 8
 
@@ -58,11 +65,13 @@ type modelTier struct {
 	policy   offload.OffloadPolicy
 	check    *checker
 
-	blocks   map[offload.Key][]byte
-	held     []*offload.Job
-	results  []offload.JobResult
-	answered map[uint64]bool
-	panicOn  map[string]bool
+	blocks    map[offload.Key][]byte
+	held      []*offload.Job
+	started   map[uint64]bool // held jobs a worker has started (queueTier)
+	withdrawn map[uint64]bool
+	results   []offload.JobResult
+	answered  map[uint64]bool
+	panicOn   map[string]bool
 }
 
 // checker collects violations seen by tiers.
@@ -138,6 +147,9 @@ func (t *modelTier) complete(i, outcome, partial int) {
 	t.held = slices.Delete(t.held, i, i+1)
 	if t.answered[job.ID] {
 		t.check.violate("tier %s answered job %d twice", t.name, job.ID)
+	}
+	if t.withdrawn[job.ID] {
+		t.check.violate("tier %s answered job %d it had withdrawn", t.name, job.ID)
 	}
 	t.answered[job.ID] = true
 	r := offload.JobResult{JobID: job.ID}
@@ -225,6 +237,93 @@ func (t *modelTier) Close(context.Context) error {
 	return nil
 }
 
+// queueTier is a modelTier whose held jobs wait in a queue until the test
+// starts them; the manager can withdraw the ones not started.
+type queueTier struct{ *modelTier }
+
+func (q queueTier) QueuedJobs() (queued, capacity int) {
+	for _, j := range q.held {
+		if !q.started[j.ID] {
+			queued++
+		}
+	}
+	return queued, 0
+}
+
+func (q queueTier) CancelQueued(id uint64) bool {
+	for i, j := range q.held {
+		if j.ID == id && !q.started[id] {
+			if j.Promotion {
+				q.check.violate("tier %s asked to withdraw promotion %d", q.name, id)
+			}
+			q.held = slices.Delete(q.held, i, i+1)
+			q.withdrawn[id] = true
+			return true
+		}
+	}
+	return false
+}
+
+// withdrawable reports whether queued cascades held blocks that a
+// refused store of keys could have evicted had they been withdrawn: the
+// blocks ready and unpinned, or pinned only by cascades whose every job
+// waits unstarted in a queueTier, outside keys (a store never evicts its
+// own), cover what the store needed beyond the free slots.
+func withdrawable(s *Stack, p *cpu.Primary, universe, keys []offload.Key) bool {
+	ok := map[*cascadeGroup]bool{}
+	readers := map[offload.Key][]*cascadeGroup{}
+	for _, jb := range s.jobs {
+		if g := jb.group; g != nil {
+			for _, k := range jb.j.Keys {
+				readers[k] = append(readers[k], g)
+			}
+			if _, seen := ok[g]; !seen {
+				ok[g] = groupWithdrawable(s, g)
+			}
+		}
+	}
+	need := -p.Stats().FreeSlots
+	seen := map[offload.Key]bool{}
+	for _, k := range keys {
+		if _, present := p.RefCount(k); !present && !seen[k] {
+			need++
+		}
+		seen[k] = true
+	}
+	possible := 0
+	for _, k := range universe {
+		ref, present := p.RefCount(k)
+		if !present || ref < 0 || slices.Contains(keys, k) || int(ref) != len(readers[k]) {
+			continue
+		}
+		free := true
+		for _, g := range readers[k] {
+			free = free && ok[g]
+		}
+		if free {
+			possible++
+		}
+	}
+	return need > 0 && possible >= need
+}
+
+func groupWithdrawable(s *Stack, g *cascadeGroup) bool {
+	for i := range g.block {
+		jb := &g.block[i]
+		if s.jobs[jb.j.ID] != jb {
+			continue
+		}
+		q, ok := jb.tier.t.(queueTier)
+		if !ok || q.started[jb.j.ID] || q.panicOn["CancelQueued"] {
+			return false
+		}
+		if !slices.ContainsFunc(q.held, func(h *offload.Job) bool { return h.ID == jb.j.ID }) {
+			return false // answered, result not applied yet
+		}
+	}
+	return true
+}
+
 // checkedTier wraps a real tier with the checker's filter and lifecycle
 // checks.
 type checkedTier struct {
@@ -282,9 +381,9 @@ var modelMethods = []string{"Lookup", "SubmitStore", "SubmitLoad", "FinishedJobs
 func TestModel(t *testing.T) {
 	var total TierStats // coverage of the generated runs, logged with -v
 	defer func() {
-		t.Logf("over all runs: promotions ok %d failed %d (blocks %d ok, %d failed), cascades ok %d failed %d, filter skips %d lookups %d cascades, panics %d",
+		t.Logf("over all runs: promotions ok %d failed %d (blocks %d ok, %d failed), cascades ok %d failed %d dropped %d %v, filter skips %d lookups %d cascades, panics %d",
 			total.PromotionsOK, total.PromotionsFailed, total.PromotedBlocks, total.PromotionBlocksFailed,
-			total.CascadesOK, total.CascadesFailed, total.SkippedByFilter, total.CascadesSkippedByFilter, total.Panics)
+			total.CascadesOK, total.CascadesFailed, total.CascadesDropped, total.DroppedBy, total.SkippedByFilter, total.CascadesSkippedByFilter, total.Panics)
 	}()
 	// Each Check runs rapid.checks (100) random programs of about
 	// rapid.steps (30) actions from a fresh seed; a few rounds find the
@@ -313,6 +412,7 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 		mk := func(name string, m offload.Medium, l offload.Locality) *modelTier {
 			return &modelTier{name: name, medium: m, locality: l, check: check,
 				blocks: map[offload.Key][]byte{}, answered: map[uint64]bool{}, panicOn: map[string]bool{},
+				started: map[uint64]bool{}, withdrawn: map[uint64]bool{},
 				policy: offload.OffloadPolicy(rapid.IntRange(0, 1).Draw(rt, "policy_"+name))}
 		}
 		m0 := mk("m0", offload.MediumCPU, offload.LocalityLocal)
@@ -336,11 +436,15 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 				mem.Put(k, content(k))
 			}
 		}
+		budgets := []BudgetConfig{{Disabled: true}, {}, {Fraction: 0.34}, {Fraction: 0.5, TierFraction: 1}, {Fraction: 1, TierFraction: 0.5}}
+		budget := rapid.SampledFrom(budgets).Draw(rt, "budget")
+		queued := []queueTier{{m0}, {dyn}}
 		m, err := New(Config{
 			Primary:               p,
-			Tiers:                 []offload.SecondaryTier{m0, m1, checkedTier{mem, check}, dyn},
+			Tiers:                 []offload.SecondaryTier{queued[0], m1, checkedTier{mem, check}, queued[1]},
 			HitPendingOnPromotion: rapid.Bool().Draw(rt, "hitPending"),
 			Admission:             AdmissionConfig{Disabled: true},
+			Budget:                budget,
 		})
 		if err != nil {
 			rt.Fatal(err)
@@ -368,6 +472,7 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			b := rapid.IntRange(a+1, min(numKeys, a+5)).Draw(rt, "to")
 			return universe[a:b]
 		}
+		var checkBudget func()
 		verifyBytes := func(keys []offload.Key, slots []int64) {
 			for i, k := range keys {
 				got, err := p.Arena().Slot(slots[i])
@@ -376,6 +481,39 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 				}
 				if !bytes.Equal(got, content(k)) {
 					rt.Fatalf("bytes of %v differ from the bytes stored", k)
+				}
+			}
+		}
+		// checkBudget verifies the pin budget's accounting and bounds.
+		checkBudget = func() {
+			s := m.stack
+			groups := map[*cascadeGroup]bool{}
+			perTier := map[*tier]int{}
+			jobsOf := map[*tier]int{}
+			for _, jb := range s.jobs {
+				if jb.group == nil {
+					continue
+				}
+				groups[jb.group] = true
+				perTier[jb.tier] += len(jb.j.Keys)
+				jobsOf[jb.tier]++
+			}
+			sum := 0
+			for g := range groups {
+				sum += int(g.slots)
+			}
+			if sum != s.pinned {
+				rt.Fatalf("budget counts %d pinned slots, the cascades in flight pin %d", s.pinned, sum)
+			}
+			if s.maxPinned > 0 && len(groups) > 1 && s.pinned > s.maxPinned {
+				rt.Fatalf("%d cascades pin %d slots, over the budget of %d", len(groups), s.pinned, s.maxPinned)
+			}
+			for _, ts := range s.tiers {
+				if ts.pinned != perTier[ts] || ts.cascadesInFlight != jobsOf[ts] {
+					rt.Fatalf("tier %s counts %d pinned slots in %d cascades, holds %d in %d", ts.name, ts.pinned, ts.cascadesInFlight, perTier[ts], jobsOf[ts])
+				}
+				if s.tierMaxPinned > 0 && jobsOf[ts] > 1 && ts.pinned > s.tierMaxPinned {
+					rt.Fatalf("tier %s: %d cascades pin %d slots, over its share of %d", ts.name, jobsOf[ts], ts.pinned, s.tierMaxPinned)
 				}
 			}
 		}
@@ -392,7 +530,7 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			for _, s := range e.stores {
 				pending += len(s.keys)
 			}
-			for _, jb := range m.jobs {
+			for _, jb := range m.stack.jobs {
 				if jb.j.Promotion {
 					pending += len(jb.j.Keys)
 					continue
@@ -416,6 +554,7 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			if got := p.Stats().Pending; got != pending {
 				rt.Fatalf("primary pending %d, want %d (engine stores + promotions)", got, pending)
 			}
+			checkBudget()
 		}
 
 		rt.Repeat(map[string]func(*rapid.T){
@@ -490,6 +629,14 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 				if err != nil {
 					rt.Fatalf("prepare store: %v", err)
 				}
+				if !ok {
+					// Stores win over queued cascades: no cascade whose
+					// jobs are all queued, unstarted, in tiers that can
+					// withdraw them may be left holding blocks.
+					if withdrawable(m.stack, p, universe, keys) {
+						rt.Fatalf("store of %v refused while withdrawing queued cascades would have made room", keys)
+					}
+				}
 				if !ok || len(out.KeysToStore) == 0 {
 					return
 				}
@@ -526,6 +673,13 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			},
 			"events": func(rt *rapid.T) {
 				m.TakeEvents()
+			},
+			"tierStart": func(rt *rapid.T) {
+				q := rapid.SampledFrom(queued).Draw(rt, "queue")
+				if len(q.held) == 0 {
+					rt.Skip("no job held")
+				}
+				q.started[q.held[rapid.IntRange(0, len(q.held)-1).Draw(rt, "job")].ID] = true
 			},
 			"tierComplete": func(rt *rapid.T) {
 				t := rapid.SampledFrom(models).Draw(rt, "tier")
@@ -581,6 +735,10 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 				total.PromotionBlocksFailed += ts.PromotionBlocksFailed
 				total.CascadesOK += ts.CascadesOK
 				total.CascadesFailed += ts.CascadesFailed
+				total.CascadesDropped += ts.CascadesDropped
+				for r, v := range ts.DroppedBy {
+					total.DroppedBy[r] += v
+				}
 				total.SkippedByFilter += ts.SkippedByFilter
 				total.CascadesSkippedByFilter += ts.CascadesSkippedByFilter
 				total.Panics += ts.Panics

@@ -15,88 +15,100 @@ import (
 // submission, as a failed job.
 
 // recoverTier is deferred directly by the wrappers so that recover works.
-func (m *Manager) recoverTier(ts *tier, call string) {
+func (s *Stack) recoverTier(ts *tier, call string) {
 	if p := recover(); p != nil {
 		ts.stats.Panics++
-		m.log.Error("tiering: secondary tier panicked", "tier", ts.name, "call", call,
+		s.log.Error("tiering: secondary tier panicked", "tier", ts.name, "call", call,
 			"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	}
 }
 
-func (m *Manager) tierLookup(ts *tier, key offload.Key, req *offload.ReqContext) (r offload.LookupResult) {
-	defer m.recoverTier(ts, "Lookup")
+func (s *Stack) tierLookup(ts *tier, key offload.Key, req *offload.ReqContext) (r offload.LookupResult) {
+	defer s.recoverTier(ts, "Lookup")
 	return ts.t.Lookup(key, req)
 }
 
 // tierSubmit hands a job to ts and reports false if the tier panicked.
-func (m *Manager) tierSubmit(ts *tier, j *offload.Job) (ok bool) {
+func (s *Stack) tierSubmit(ts *tier, j *offload.Job) (ok bool) {
 	if j.Promotion {
-		defer m.recoverTier(ts, "SubmitLoad")
+		defer s.recoverTier(ts, "SubmitLoad")
 		ts.t.SubmitLoad(j)
 	} else {
-		defer m.recoverTier(ts, "SubmitStore")
+		defer s.recoverTier(ts, "SubmitStore")
 		ts.t.SubmitStore(j)
 	}
 	return true
 }
 
-func (m *Manager) tierFinished(ts *tier) (r []offload.JobResult) {
-	defer m.recoverTier(ts, "FinishedJobs")
+func (s *Stack) tierFinished(ts *tier) (r []offload.JobResult) {
+	defer s.recoverTier(ts, "FinishedJobs")
 	return ts.t.FinishedJobs()
 }
 
-func (m *Manager) tierDrain(ctx context.Context, ts *tier) (err error) {
+func (s *Stack) tierDrain(ctx context.Context, ts *tier) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			m.recoverTierValue(ts, "DrainJobs", p)
+			s.recoverTierValue(ts, "DrainJobs", p)
 			err = fmt.Errorf("drain panicked: %v", p)
 		}
 	}()
 	return ts.t.DrainJobs(ctx)
 }
 
-func (m *Manager) tierClose(ctx context.Context, ts *tier) (err error) {
+func (s *Stack) tierClose(ctx context.Context, ts *tier) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			m.recoverTierValue(ts, "Close", p)
+			s.recoverTierValue(ts, "Close", p)
 			err = fmt.Errorf("close panicked: %v", p)
 		}
 	}()
 	return ts.t.Close(ctx)
 }
 
-func (m *Manager) recoverTierValue(ts *tier, call string, p any) {
+func (s *Stack) recoverTierValue(ts *tier, call string, p any) {
 	ts.stats.Panics++
-	m.log.Error("tiering: secondary tier panicked", "tier", ts.name, "call", call,
+	s.log.Error("tiering: secondary tier panicked", "tier", ts.name, "call", call,
 		"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 }
 
-func (m *Manager) tierHasPendingWork(ts *tier) (b bool) {
-	defer m.recoverTier(ts, "HasPendingWork")
+func (s *Stack) tierHasPendingWork(ts *tier) (b bool) {
+	defer s.recoverTier(ts, "HasPendingWork")
 	return ts.t.HasPendingWork()
 }
 
-func (m *Manager) tierTouch(ts *tier, keys []offload.Key, req *offload.ReqContext) {
-	defer m.recoverTier(ts, "Touch")
+func (s *Stack) tierTouch(ts *tier, keys []offload.Key, req *offload.ReqContext) {
+	defer s.recoverTier(ts, "Touch")
 	ts.t.Touch(keys, req)
 }
 
-func (m *Manager) tierOnNewRequest(ts *tier, req *offload.ReqContext) (p offload.OffloadPolicy) {
-	defer m.recoverTier(ts, "OnNewRequest")
+func (s *Stack) tierOnNewRequest(ts *tier, req *offload.ReqContext) (p offload.OffloadPolicy) {
+	defer s.recoverTier(ts, "OnNewRequest")
 	return ts.t.OnNewRequest(req)
 }
 
-func (m *Manager) tierOnRequestFinished(ts *tier, req *offload.ReqContext) {
-	defer m.recoverTier(ts, "OnRequestFinished")
+func (s *Stack) tierOnRequestFinished(ts *tier, req *offload.ReqContext) {
+	defer s.recoverTier(ts, "OnRequestFinished")
 	ts.t.OnRequestFinished(req)
 }
 
-func (m *Manager) tierScheduleEnd(ts *tier, se offload.ScheduleEnd) {
-	defer m.recoverTier(ts, "OnScheduleEnd")
+func (s *Stack) tierScheduleEnd(ts *tier, se offload.ScheduleEnd) {
+	defer s.recoverTier(ts, "OnScheduleEnd")
 	ts.t.OnScheduleEnd(se)
 }
 
-func (m *Manager) tierTakeEvents(ts *tier) (ev []offload.Event) {
-	defer m.recoverTier(ts, "TakeEvents")
+func (s *Stack) tierTakeEvents(ts *tier) (ev []offload.Event) {
+	defer s.recoverTier(ts, "TakeEvents")
 	return ts.t.TakeEvents()
+}
+
+func (s *Stack) tierQueued(ts *tier) (queued, capacity int) {
+	defer s.recoverTier(ts, "QueuedJobs")
+	return ts.queue.QueuedJobs()
+}
+
+// tierCancel reports false when the tier panicked: the job is then
+// assumed to be still in its hands.
+func (s *Stack) tierCancel(ts *tier, id uint64) (ok bool) {
+	defer s.recoverTier(ts, "CancelQueued")
+	return ts.queue.CancelQueued(id)
 }

@@ -20,6 +20,10 @@ type Stats struct {
 	Requests int
 	// StaleResults counts results for jobs issued before the last Reset.
 	StaleResults uint64
+	// CascadePinned is the number of primary slots the cascades in flight
+	// pin (a block cascaded to several tiers counts once); CascadeBudget
+	// bounds it (0: unbounded).
+	CascadePinned, CascadeBudget int
 }
 
 // TierStats are one secondary tier's counters (monotonic) and gauges.
@@ -45,12 +49,14 @@ type TierStats struct {
 	PromotionBlocksFailed uint64
 
 	// Cascades (stores to the tier): finished jobs by outcome, jobs
-	// dropped by back-pressure, and cascades the request's store filter
-	// excluded.
+	// dropped (not carried out: the blocks stay in the primary only) and
+	// cascades the request's store filter excluded. DroppedBy splits
+	// CascadesDropped by reason (see DropReason).
 	CascadesOK              uint64
 	CascadesFailed          uint64
 	CascadesDropped         uint64
 	CascadeBlocksDropped    uint64
+	DroppedBy               [NumDropReasons]uint64
 	CascadesSkippedByFilter uint64
 	CascadedBlocks          uint64
 
@@ -58,9 +64,24 @@ type TierStats struct {
 	// tier reported.
 	BytesIn, BytesOut uint64
 
-	// Back-pressure state and the latency average behind it.
+	// Back-pressure state and the latency average behind it (from a job's
+	// submission to its result, queue wait included).
 	UnderPressure     bool
 	CascadeLatencyEMA time.Duration
+
+	// Gauges: cascades in flight and the primary slots they pin, the
+	// tier's share of the pin budget (0: unbounded), and the jobs queued
+	// in the tier and its queue capacity (0 for tiers without a queue or
+	// with an unbounded one).
+	CascadesInFlight int
+	PinnedSlots      int
+	PinBudget        int
+	Queued           int
+	QueueCapacity    int
+
+	// LoadLatency and StoreLatency are the latency histograms of
+	// promotions and cascades, from submission to result.
+	LoadLatency, StoreLatency *Histogram
 
 	// Misbehaviour: panics recovered, results for jobs it was not given.
 	Panics      uint64
@@ -70,20 +91,15 @@ type TierStats struct {
 // Stats returns a snapshot of the manager's and the primary's counters.
 func (m *Manager) Stats() Stats {
 	s := Stats{
-		Tiers:             make([]TierStats, len(m.tiers)),
-		JobsInFlight:      len(m.jobs),
+		Tiers:             m.stack.Stats(),
+		JobsInFlight:      m.stack.InFlight(),
 		PendingPromotions: m.pendingPromos,
 		Requests:          len(m.reqs),
-		StaleResults:      m.staleResults,
+		StaleResults:      m.stack.staleResults,
 	}
+	s.CascadePinned, s.CascadeBudget = m.stack.Pinned()
 	if !m.closed {
 		s.Primary = m.primary.Stats()
-	}
-	for i, ts := range m.tiers {
-		t := ts.stats
-		t.UnderPressure = ts.pressure.active
-		t.CascadeLatencyEMA = time.Duration(ts.pressure.ema * float64(time.Second))
-		s.Tiers[i] = t
 	}
 	return s
 }

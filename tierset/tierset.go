@@ -176,6 +176,9 @@ type memorySpec struct {
 	Locality       config.Locality `yaml:"locality"`
 	CapacityBlocks int             `yaml:"capacity_blocks"`
 	Latency        config.Duration `yaml:"latency"`
+	BlockLatency   config.Duration `yaml:"block_latency"`
+	Concurrency    int             `yaml:"concurrency"`
+	QueueDepth     int             `yaml:"queue_depth"`
 	FailRate       float64         `yaml:"fail_rate"`
 	AsyncLookup    bool            `yaml:"async_lookup"`
 	Events         bool            `yaml:"events"`
@@ -191,6 +194,12 @@ func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
 	if s.CapacityBlocks < 0 {
 		errs = append(errs, spec.Errorf("capacity_blocks", "must not be negative, got %d", s.CapacityBlocks))
 	}
+	if s.Concurrency < 0 {
+		errs = append(errs, spec.Errorf("concurrency", "must not be negative, got %d", s.Concurrency))
+	}
+	if s.QueueDepth < 0 {
+		errs = append(errs, spec.Errorf("queue_depth", "must not be negative, got %d", s.QueueDepth))
+	}
 	if !(s.FailRate >= 0 && s.FailRate <= 1) { // also rejects NaN
 		errs = append(errs, spec.Errorf("fail_rate", "must be in [0, 1], got %v", s.FailRate))
 	}
@@ -203,6 +212,9 @@ func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
 		Locality:       s.Locality.Value(),
 		CapacityBlocks: s.CapacityBlocks,
 		Latency:        s.Latency.Value(),
+		BlockLatency:   s.BlockLatency.Value(),
+		Concurrency:    s.Concurrency,
+		QueueDepth:     s.QueueDepth,
 		FailRate:       s.FailRate,
 		AsyncLookup:    s.AsyncLookup,
 		Events:         s.Events,

@@ -65,7 +65,7 @@ func TestDeclareErrors(t *testing.T) {
 		{"bad locality", "secondary_tiers: [{type: memory}, {type: memory, locality: moon}]\n",
 			[]string{`secondary_tiers[1].locality: invalid value "moon" (want local or remote)`}},
 		{"unknown memory key", "secondary_tiers: [{type: memory, path: /tmp}]\n",
-			[]string{`secondary_tiers[0].path: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, fail_rate, async_lookup, events, seed)`}},
+			[]string{`secondary_tiers[0].path: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, block_latency, concurrency, queue_depth, fail_rate, async_lookup, events, seed)`}},
 		{"negative capacity and bad fail rate", "secondary_tiers: [{type: memory, capacity_blocks: -1, fail_rate: 1.5}]\n",
 			[]string{`secondary_tiers[0].capacity_blocks: must not be negative, got -1`, `secondary_tiers[0].fail_rate: must be in [0, 1], got 1.5`}},
 		{"bad latency", "secondary_tiers: [{type: memory, latency: soon}]\n",

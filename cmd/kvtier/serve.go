@@ -252,7 +252,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		}
 		p.Close()
 	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: server.TimeJobs(tiers), Logger: log})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
 	if err != nil {
 		closeTiers()
 		return nil, err
@@ -355,7 +355,7 @@ func loopback(addr string) bool {
 
 // capacityOf describes a tier's capacity for the start-up log.
 func capacityOf(t offload.SecondaryTier) string {
-	switch t := server.UnwrapTier(t).(type) {
+	switch t := t.(type) {
 	case *fs.Tier:
 		st := t.Stats()
 		if st.MaxBytes == 0 {

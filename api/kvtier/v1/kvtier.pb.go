@@ -2016,6 +2016,9 @@ type PrimaryStats struct {
 	Evictions   uint64 `protobuf:"varint,9,opt,name=evictions,proto3" json:"evictions,omitempty"`
 	// PrepareStore calls that could not make room.
 	StoresRejected uint64 `protobuf:"varint,10,opt,name=stores_rejected,json=storesRejected,proto3" json:"stores_rejected,omitempty"`
+	// Slots held only by cascades (soft pins): they keep their place in the
+	// eviction order.
+	RevocableSlots int64 `protobuf:"varint,11,opt,name=revocable_slots,json=revocableSlots,proto3" json:"revocable_slots,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2120,6 +2123,13 @@ func (x *PrimaryStats) GetStoresRejected() uint64 {
 	return 0
 }
 
+func (x *PrimaryStats) GetRevocableSlots() int64 {
+	if x != nil {
+		return x.RevocableSlots
+	}
+	return 0
+}
+
 // TierStats are counters and gauges of one secondary tier.
 type TierStats struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -2146,6 +2156,29 @@ type TierStats struct {
 	BytesOut uint64 `protobuf:"varint,16,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
 	// True while back-pressure is active.
 	UnderPressure bool `protobuf:"varint,17,opt,name=under_pressure,json=underPressure,proto3" json:"under_pressure,omitempty"`
+	// Cascades not carried out (the blocks stay in the primary only), by
+	// reason: pressure, budget, tier_budget, queue_full, tier_down,
+	// cancelled. Their sum is cascades_dropped.
+	CascadesDroppedByReason map[string]uint64 `protobuf:"bytes,18,rep,name=cascades_dropped_by_reason,json=cascadesDroppedByReason,proto3" json:"cascades_dropped_by_reason,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Primary slots pinned by the tier's cascades in flight, and the tier's
+	// share of the cascade pin budget (0: unbounded).
+	CascadePinnedSlots int64 `protobuf:"varint,19,opt,name=cascade_pinned_slots,json=cascadePinnedSlots,proto3" json:"cascade_pinned_slots,omitempty"`
+	CascadePinBudget   int64 `protobuf:"varint,20,opt,name=cascade_pin_budget,json=cascadePinBudget,proto3" json:"cascade_pin_budget,omitempty"`
+	// Jobs queued in the tier that no worker has started, and the queue's
+	// capacity (0: the tier has no queue, or it is unbounded).
+	QueuedJobs    int64 `protobuf:"varint,21,opt,name=queued_jobs,json=queuedJobs,proto3" json:"queued_jobs,omitempty"`
+	QueueCapacity int64 `protobuf:"varint,22,opt,name=queue_capacity,json=queueCapacity,proto3" json:"queue_capacity,omitempty"`
+	// Average cascade latency (submission to result) behind back-pressure.
+	CascadeLatencyEmaSeconds float64 `protobuf:"fixed64,23,opt,name=cascade_latency_ema_seconds,json=cascadeLatencyEmaSeconds,proto3" json:"cascade_latency_ema_seconds,omitempty"`
+	// False while a remote tier's server is considered down (its lookups
+	// miss and its jobs are refused); tiers without a server are healthy.
+	Healthy bool `protobuf:"varint,24,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Blocks the tier holds (-1 when it cannot say) and blocks it evicted.
+	Blocks    int64  `protobuf:"varint,25,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Evictions uint64 `protobuf:"varint,26,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	// Blocks that failed verification when read (0 for tiers that do not
+	// verify, e.g. memory).
+	CorruptBlocks uint64 `protobuf:"varint,27,opt,name=corrupt_blocks,json=corruptBlocks,proto3" json:"corrupt_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2299,6 +2332,76 @@ func (x *TierStats) GetUnderPressure() bool {
 	return false
 }
 
+func (x *TierStats) GetCascadesDroppedByReason() map[string]uint64 {
+	if x != nil {
+		return x.CascadesDroppedByReason
+	}
+	return nil
+}
+
+func (x *TierStats) GetCascadePinnedSlots() int64 {
+	if x != nil {
+		return x.CascadePinnedSlots
+	}
+	return 0
+}
+
+func (x *TierStats) GetCascadePinBudget() int64 {
+	if x != nil {
+		return x.CascadePinBudget
+	}
+	return 0
+}
+
+func (x *TierStats) GetQueuedJobs() int64 {
+	if x != nil {
+		return x.QueuedJobs
+	}
+	return 0
+}
+
+func (x *TierStats) GetQueueCapacity() int64 {
+	if x != nil {
+		return x.QueueCapacity
+	}
+	return 0
+}
+
+func (x *TierStats) GetCascadeLatencyEmaSeconds() float64 {
+	if x != nil {
+		return x.CascadeLatencyEmaSeconds
+	}
+	return 0
+}
+
+func (x *TierStats) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *TierStats) GetBlocks() int64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
+func (x *TierStats) GetCorruptBlocks() uint64 {
+	if x != nil {
+		return x.CorruptBlocks
+	}
+	return 0
+}
+
 // StatsResponse reports one namespace.
 type StatsResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -2308,8 +2411,16 @@ type StatsResponse struct {
 	Tiers []*TierStats `protobuf:"bytes,3,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	// Active requests of the namespace.
 	ActiveRequests int64 `protobuf:"varint,4,opt,name=active_requests,json=activeRequests,proto3" json:"active_requests,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Primary slots pinned by cascades in flight (a block cascaded to
+	// several tiers counts once), and the bound on them (0: unbounded).
+	CascadePinnedSlots int64 `protobuf:"varint,5,opt,name=cascade_pinned_slots,json=cascadePinnedSlots,proto3" json:"cascade_pinned_slots,omitempty"`
+	CascadePinBudget   int64 `protobuf:"varint,6,opt,name=cascade_pin_budget,json=cascadePinBudget,proto3" json:"cascade_pin_budget,omitempty"`
+	// Blocks held only by cascades that eviction reached and whose queued
+	// cascades it withdrew (or tried to) rather than evict a more recent
+	// block: stores and promotions win over queued cascades.
+	CascadeRevocations uint64 `protobuf:"varint,7,opt,name=cascade_revocations,json=cascadeRevocations,proto3" json:"cascade_revocations,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -2366,6 +2477,27 @@ func (x *StatsResponse) GetTiers() []*TierStats {
 func (x *StatsResponse) GetActiveRequests() int64 {
 	if x != nil {
 		return x.ActiveRequests
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetCascadePinnedSlots() int64 {
+	if x != nil {
+		return x.CascadePinnedSlots
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetCascadePinBudget() int64 {
+	if x != nil {
+		return x.CascadePinBudget
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetCascadeRevocations() uint64 {
+	if x != nil {
+		return x.CascadeRevocations
 	}
 	return 0
 }
@@ -3246,7 +3378,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x0f\n" +
 	"\rResetResponse\",\n" +
 	"\fStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xbc\x02\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe5\x02\n" +
 	"\fPrimaryStats\x12\x1b\n" +
 	"\tslot_size\x18\x01 \x01(\x03R\bslotSize\x12\x1b\n" +
 	"\tnum_slots\x18\x02 \x01(\x03R\bnumSlots\x12\x1d\n" +
@@ -3259,7 +3391,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x06misses\x18\b \x01(\x04R\x06misses\x12\x1c\n" +
 	"\tevictions\x18\t \x01(\x04R\tevictions\x12'\n" +
 	"\x0fstores_rejected\x18\n" +
-	" \x01(\x04R\x0estoresRejected\"\xd4\x04\n" +
+	" \x01(\x04R\x0estoresRejected\x12'\n" +
+	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\"\xee\b\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12)\n" +
@@ -3279,12 +3412,29 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x11cascades_filtered\x18\x0e \x01(\x04R\x10cascadesFiltered\x12\x19\n" +
 	"\bbytes_in\x18\x0f \x01(\x04R\abytesIn\x12\x1b\n" +
 	"\tbytes_out\x18\x10 \x01(\x04R\bbytesOut\x12%\n" +
-	"\x0eunder_pressure\x18\x11 \x01(\bR\runderPressure\"\xb5\x01\n" +
+	"\x0eunder_pressure\x18\x11 \x01(\bR\runderPressure\x12n\n" +
+	"\x1acascades_dropped_by_reason\x18\x12 \x03(\v21.kvtier.v1.TierStats.CascadesDroppedByReasonEntryR\x17cascadesDroppedByReason\x120\n" +
+	"\x14cascade_pinned_slots\x18\x13 \x01(\x03R\x12cascadePinnedSlots\x12,\n" +
+	"\x12cascade_pin_budget\x18\x14 \x01(\x03R\x10cascadePinBudget\x12\x1f\n" +
+	"\vqueued_jobs\x18\x15 \x01(\x03R\n" +
+	"queuedJobs\x12%\n" +
+	"\x0equeue_capacity\x18\x16 \x01(\x03R\rqueueCapacity\x12=\n" +
+	"\x1bcascade_latency_ema_seconds\x18\x17 \x01(\x01R\x18cascadeLatencyEmaSeconds\x12\x18\n" +
+	"\ahealthy\x18\x18 \x01(\bR\ahealthy\x12\x16\n" +
+	"\x06blocks\x18\x19 \x01(\x03R\x06blocks\x12\x1c\n" +
+	"\tevictions\x18\x1a \x01(\x04R\tevictions\x12%\n" +
+	"\x0ecorrupt_blocks\x18\x1b \x01(\x04R\rcorruptBlocks\x1aJ\n" +
+	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc6\x02\n" +
 	"\rStatsResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x121\n" +
 	"\aprimary\x18\x02 \x01(\v2\x17.kvtier.v1.PrimaryStatsR\aprimary\x12*\n" +
 	"\x05tiers\x18\x03 \x03(\v2\x14.kvtier.v1.TierStatsR\x05tiers\x12'\n" +
-	"\x0factive_requests\x18\x04 \x01(\x03R\x0eactiveRequests\"\\\n" +
+	"\x0factive_requests\x18\x04 \x01(\x03R\x0eactiveRequests\x120\n" +
+	"\x14cascade_pinned_slots\x18\x05 \x01(\x03R\x12cascadePinnedSlots\x12,\n" +
+	"\x12cascade_pin_budget\x18\x06 \x01(\x03R\x10cascadePinBudget\x12/\n" +
+	"\x13cascade_revocations\x18\a \x01(\x04R\x12cascadeRevocations\"\\\n" +
 	"\x0eExplainRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
 	"\x12kv_transfer_params\x18\x02 \x01(\tR\x10kvTransferParams\"\x80\x02\n" +
@@ -3400,7 +3550,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -3446,6 +3596,7 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*GetBlocksResponse)(nil),     // 41: kvtier.v1.GetBlocksResponse
 	(*GetArenaRequest)(nil),       // 42: kvtier.v1.GetArenaRequest
 	(*GetArenaResponse)(nil),      // 43: kvtier.v1.GetArenaResponse
+	nil,                           // 44: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -3459,54 +3610,55 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	19, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	31, // 11: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	32, // 12: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
-	2,  // 13: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
-	3,  // 14: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	7,  // 15: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	7,  // 16: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 17: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	35, // 18: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	37, // 19: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 20: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	37, // 21: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 22: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 23: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	9,  // 24: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	11, // 25: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	13, // 26: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	15, // 27: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	17, // 28: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	20, // 29: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	22, // 30: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	24, // 31: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	26, // 32: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	28, // 33: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	30, // 34: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	34, // 35: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	38, // 36: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	40, // 37: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	42, // 38: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	10, // 39: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	12, // 40: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	14, // 41: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	16, // 42: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	18, // 43: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	21, // 44: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	23, // 45: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	25, // 46: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	27, // 47: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	29, // 48: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	33, // 49: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	36, // 50: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	39, // 51: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	41, // 52: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	43, // 53: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	39, // [39:54] is the sub-list for method output_type
-	24, // [24:39] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	44, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	31, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	32, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	2,  // 14: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
+	3,  // 15: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
+	7,  // 16: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	7,  // 17: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 18: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	35, // 19: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	37, // 20: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 21: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	37, // 22: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 23: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 24: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	9,  // 25: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	11, // 26: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	13, // 27: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	15, // 28: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	17, // 29: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	20, // 30: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	22, // 31: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	24, // 32: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	26, // 33: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	28, // 34: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	30, // 35: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	34, // 36: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	38, // 37: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	40, // 38: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	42, // 39: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	10, // 40: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	12, // 41: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	14, // 42: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	16, // 43: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	18, // 44: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	21, // 45: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	23, // 46: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	25, // 47: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	27, // 48: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	29, // 49: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	33, // 50: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	36, // 51: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	39, // 52: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	41, // 53: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	43, // 54: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -3521,7 +3673,7 @@ func file_kvtier_v1_kvtier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

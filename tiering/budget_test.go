@@ -1,0 +1,296 @@
+package tiering
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// queueFake is a fakeTier whose held jobs wait in a queue until started;
+// the manager may withdraw the ones not started.
+type queueFake struct {
+	*fakeTier
+	started   map[uint64]bool
+	withdrawn []uint64
+	capacity  int
+}
+
+func newQueueFake(name string) *queueFake {
+	f := newFake(name, offload.MediumStorage, offload.LocalityLocal, nil)
+	f.hold = true
+	return &queueFake{fakeTier: f, started: map[uint64]bool{}}
+}
+
+func (q *queueFake) QueuedJobs() (int, int) {
+	n := 0
+	for _, j := range q.held {
+		if !q.started[j.ID] {
+			n++
+		}
+	}
+	return n, q.capacity
+}
+
+func (q *queueFake) CancelQueued(id uint64) bool {
+	for i, j := range q.held {
+		if j.ID == id && !q.started[id] {
+			q.held = append(q.held[:i], q.held[i+1:]...)
+			q.withdrawn = append(q.withdrawn, id)
+			return true
+		}
+	}
+	return false
+}
+
+func (q *queueFake) startAll() {
+	for _, j := range q.held {
+		q.started[j.ID] = true
+	}
+}
+
+// budgetManager builds a manager over a primary of slots slots and tiers.
+func budgetManager(t *testing.T, slots int, b BudgetConfig, tiers ...offload.SecondaryTier) *Manager {
+	t.Helper()
+	m, err := New(Config{Primary: newPrimary(t, slots), Tiers: tiers, Budget: b, Admission: AdmissionConfig{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(t.Context()) })
+	return m
+}
+
+// endStep ends the step and the next one: results that arrive after a
+// step's poll are applied at the next step's (§4.2).
+func endStep(m *Manager) {
+	m.ScheduleEnd(offload.ScheduleEnd{})
+	m.ScheduleEnd(offload.ScheduleEnd{})
+}
+
+func storeKeys(t *testing.T, m *Manager, req *offload.ReqContext, keys []offload.Key) bool {
+	t.Helper()
+	out, ok, err := m.PrepareStore(keys, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return false
+	}
+	if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
+func TestBudgetLimits(t *testing.T) {
+	for _, c := range []struct {
+		b             BudgetConfig
+		slots, tiers  int
+		total, perTir int
+	}{
+		{BudgetConfig{}, 100, 1, 25, 25},
+		{BudgetConfig{}, 100, 3, 25, 13},
+		{BudgetConfig{}, 5, 2, 2, 1},
+		{BudgetConfig{Fraction: 0.5, TierFraction: 1}, 10, 4, 5, 5},
+		{BudgetConfig{Disabled: true}, 100, 2, 0, 0},
+		{BudgetConfig{}, 1, 1, 1, 1},
+	} {
+		total, per := c.b.limits(c.slots, c.tiers)
+		if total != c.total || per != c.perTir {
+			t.Errorf("%+v over %d slots, %d tiers: limits %d/%d, want %d/%d", c.b, c.slots, c.tiers, total, per, c.total, c.perTir)
+		}
+	}
+	for _, bad := range []BudgetConfig{{Fraction: -0.1}, {Fraction: 1.5}, {TierFraction: 2}} {
+		if _, err := New(Config{Primary: newPrimary(t, 4), Budget: bad}); err == nil {
+			t.Errorf("budget %+v accepted", bad)
+		}
+	}
+}
+
+// A cascade beyond the budget is dropped (counted, the blocks stay in the
+// primary), one beyond the tier's share too; with nothing in flight one
+// cascade is admitted whatever its size; engine stores are not refused.
+func TestBudgetDropsCascades(t *testing.T) {
+	slow := newFake("slow", offload.MediumStorage, offload.LocalityRemote, nil)
+	slow.hold = true
+	fast := newFake("fast", offload.MediumCPU, offload.LocalityLocal, nil)
+	// 16 slots: budget 4, each tier's share 2.
+	m := budgetManager(t, 16, BudgetConfig{}, slow, fast)
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+
+	if !storeKeys(t, m, req, keyRange(0, 6)) { // over the budget, but nothing in flight
+		t.Fatal("store refused")
+	}
+	if len(slow.stores) != 1 || len(fast.stores) != 1 {
+		t.Fatalf("first cascade: %d slow, %d fast jobs, want 1 each", len(slow.stores), len(fast.stores))
+	}
+	m.ScheduleEnd(offload.ScheduleEnd{}) // fast answered; slow holds its job
+	if st := m.Stats(); st.CascadePinned != 6 || st.CascadeBudget != 4 {
+		t.Fatalf("pinned %d of %d, want 6 of 4", st.CascadePinned, st.CascadeBudget)
+	}
+	if !storeKeys(t, m, req, keyRange(6, 8)) {
+		t.Fatal("store refused while the budget is spent (engine stores never are)")
+	}
+	st := m.Stats()
+	for _, ts := range st.Tiers {
+		if ts.DroppedBy[DropBudget] != 1 || ts.CascadesDropped != 1 || ts.CascadeBlocksDropped != 2 {
+			t.Errorf("tier %s: dropped %v (%d jobs, %d blocks), want one budget drop of 2 blocks", ts.Name, ts.DroppedBy, ts.CascadesDropped, ts.CascadeBlocksDropped)
+		}
+	}
+	// The blocks stay in the primary.
+	for _, k := range keyRange(6, 8) {
+		if r := m.Lookup(k, req); r != offload.Hit {
+			t.Errorf("dropped block %v: %v, want HIT in the primary", k, r)
+		}
+	}
+	slow.release()
+	endStep(m)
+	if st := m.Stats(); st.CascadePinned != 0 || st.Tiers[0].PinnedSlots != 0 || st.Primary.Pinned != 0 {
+		t.Fatalf("after the slow tier answered: pinned %d (tier %d, primary %d)", st.CascadePinned, st.Tiers[0].PinnedSlots, st.Primary.Pinned)
+	}
+
+	// The tier's share: slow holds 2 blocks (its share), fast is free.
+	if !storeKeys(t, m, req, keyRange(8, 10)) {
+		t.Fatal("store refused")
+	}
+	endStep(m) // fast's result is applied
+	if !storeKeys(t, m, req, keyRange(10, 11)) {
+		t.Fatal("store refused")
+	}
+	endStep(m)
+	st = m.Stats()
+	if got := st.Tiers[0].DroppedBy[DropTierBudget]; got != 1 {
+		t.Errorf("slow tier: %d tier_budget drops, want 1 (%v)", got, st.Tiers[0].DroppedBy)
+	}
+	if got := st.Tiers[1].CascadesOK; got != 3 {
+		t.Errorf("fast tier: %d cascades ok, want 3 (its share is not the slow tier's)", got)
+	}
+}
+
+// A tier whose queue is full is not sent a cascade; a job a tier refuses
+// counts as dropped with the tier's reason, not as failed.
+func TestQueueFullAndRefusalsAreDrops(t *testing.T) {
+	q := newQueueFake("q")
+	q.capacity = 1
+	m := budgetManager(t, 32, BudgetConfig{Disabled: true}, q)
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	storeKeys(t, m, req, keyRange(0, 1))
+	storeKeys(t, m, req, keyRange(1, 2))
+	st := m.Stats().Tiers[0]
+	if len(q.stores) != 1 || st.DroppedBy[DropQueueFull] != 1 || st.Queued != 1 || st.QueueCapacity != 1 {
+		t.Fatalf("jobs %d, stats %+v: want 1 job and a queue_full drop", len(q.stores), st)
+	}
+
+	r := newFake("r", offload.MediumCPU, offload.LocalityRemote, nil)
+	r.hold = true
+	m2 := budgetManager(t, 32, BudgetConfig{Disabled: true}, r)
+	m2.OnNewRequest(req)
+	storeKeys(t, m2, req, keyRange(0, 2))
+	storeKeys(t, m2, req, keyRange(2, 4))
+	r.held = nil
+	r.results = []offload.JobResult{
+		{JobID: r.stores[0].ID, Err: offload.Refused(offload.RefusedTierDown, errors.New("down"))},
+		{JobID: r.stores[1].ID, Err: offload.Refused(offload.RefusedQueueFull, errors.New("busy"))},
+	}
+	endStep(m2)
+	st = m2.Stats().Tiers[0]
+	if st.CascadesFailed != 0 || st.DroppedBy[DropTierDown] != 1 || st.DroppedBy[DropQueueFull] != 1 {
+		t.Fatalf("refused jobs: %+v", st)
+	}
+	if p := m2.Stats().Primary.Pinned; p != 0 {
+		t.Fatalf("%d blocks still pinned after refusals", p)
+	}
+}
+
+// When the primary must evict and only blocks pinned by queued cascades
+// remain, the queued cascades are withdrawn (answered once, counted) and
+// the store succeeds; a started transfer is never withdrawn.
+func TestStoresWinOverQueuedCascades(t *testing.T) {
+	q := newQueueFake("q")
+	m := budgetManager(t, 4, BudgetConfig{Disabled: true}, q)
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	storeKeys(t, m, req, keyRange(0, 2))
+	storeKeys(t, m, req, keyRange(2, 4)) // primary full, every block pinned by a queued cascade
+	q.started[q.held[0].ID] = true       // the first transfer is under way
+	if !storeKeys(t, m, req, keyRange(4, 6)) {
+		t.Fatal("store refused although queued cascades could give way")
+	}
+	st := m.Stats()
+	if st.Primary.Revocations == 0 || st.Tiers[0].DroppedBy[DropCancelled] != 1 || len(q.withdrawn) != 1 {
+		t.Fatalf("revocations %d, cancelled %v, withdrawn %v", st.Primary.Revocations, st.Tiers[0].DroppedBy, q.withdrawn)
+	}
+	if q.withdrawn[0] != q.stores[1].ID {
+		t.Errorf("withdrew job %d, want the queued one %d", q.withdrawn[0], q.stores[1].ID)
+	}
+	// Once every transfer has started, the next store must wait for them,
+	// and the primary still serves their blocks.
+	q.startAll()
+	if storeKeys(t, m, req, keyRange(6, 8)) {
+		t.Fatal("store succeeded by tearing a started transfer")
+	}
+	for _, k := range keyRange(0, 2) {
+		if m.Lookup(k, req) != offload.Hit {
+			t.Errorf("%v lost while its transfer runs", k)
+		}
+	}
+	q.release()
+	endStep(m)
+	if !storeKeys(t, m, req, keyRange(6, 8)) {
+		t.Fatal("store refused after the transfer ended")
+	}
+	q.release()
+	endStep(m)
+	if st := m.Stats(); st.Primary.Pinned != 0 || st.JobsInFlight != 0 {
+		t.Fatalf("pins %d, jobs %d left", st.Primary.Pinned, st.JobsInFlight)
+	}
+}
+
+// Promotions are never refused because of cascades: queued ones give way.
+func TestPromotionsWinOverQueuedCascades(t *testing.T) {
+	q := newQueueFake("q")
+	src := newFake("src", offload.MediumStorage, offload.LocalityLocal, nil)
+	src.blocks[K(99)] = true
+	m := budgetManager(t, 2, BudgetConfig{Disabled: true}, q, src)
+	req := reqWith("r", nil, offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage}))
+	m.OnNewRequest(req)
+	storeKeys(t, m, req, keyRange(0, 2)) // full; q queues the cascade, src answers it
+	m.ScheduleEnd(offload.ScheduleEnd{})
+	if r := m.Lookup(K(99), req); r != offload.Retry {
+		t.Fatalf("lookup of a key in src: %v, want RETRY (promotion started)", r)
+	}
+	if st := m.Stats(); st.Tiers[0].DroppedBy[DropCancelled] != 1 || st.Tiers[1].PromotionsStarted != 1 {
+		t.Fatalf("stats %+v", st.Tiers)
+	}
+}
+
+// Admission sees the queue: a job's latency runs from submission to its
+// result, so a tier whose jobs wait in a queue comes under pressure even
+// when each transfer is quick.
+func TestLatencyFromSubmission(t *testing.T) {
+	q := newQueueFake("q")
+	m, err := New(Config{Primary: newPrimary(t, 64), Tiers: []offload.SecondaryTier{q},
+		Budget: BudgetConfig{Disabled: true}, Admission: AdmissionConfig{Warmup: -1, High: 10 * time.Millisecond, Low: 5 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(t.Context())
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	storeKeys(t, m, req, keyRange(0, 1))
+	// The job waits in the queue; when it runs the tier reports how long
+	// it took since submission (as the fs tier does).
+	q.dur = 20 * time.Millisecond
+	q.release()
+	endStep(m)
+	st := m.Stats().Tiers[0]
+	if !st.UnderPressure || st.CascadeLatencyEMA != 20*time.Millisecond {
+		t.Fatalf("pressure %v, ema %v: want pressure from a 20ms submission-to-result latency", st.UnderPressure, st.CascadeLatencyEMA)
+	}
+	if st.StoreLatency == nil || st.StoreLatency.Count != 1 {
+		t.Fatalf("store latency histogram %+v", st.StoreLatency)
+	}
+}

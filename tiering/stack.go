@@ -1,0 +1,709 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Driver is what a Stack needs from whoever drives it: the primary-backed
+// Manager, or the region service that runs the stack over an engine's
+// arena (vLLM tier mode). The Stack calls it from the driving goroutine
+// only.
+type Driver interface {
+	// PinCascade pins keys for the first job of a cascade and returns the
+	// keys it pinned, in order (those still readable: a block may have
+	// gone since the caller saw it), and their slots. No keys means
+	// nothing to cascade.
+	PinCascade(keys []offload.Key) ([]offload.Key, []int64, error)
+	// PinAgain takes one more pin on slots for another job of the same
+	// cascade.
+	PinAgain(slots []int64) error
+	// CascadeDone releases the pins of one cascade job. It is called
+	// exactly once for every job PinCascade or PinAgain pinned, whatever
+	// its outcome, except for the jobs Forget drops.
+	CascadeDone(j *offload.Job, tag any)
+	// PromotionDone resolves a promotion's target slots: the first loaded
+	// keys of j arrived, the others did not. It is called exactly once per
+	// promotion submitted with Load, except for the jobs Forget drops.
+	PromotionDone(j *offload.Job, loaded int)
+}
+
+// StackConfig configures a Stack.
+type StackConfig struct {
+	// Tiers are the secondary tiers in lookup priority order. The stack
+	// owns them after NewStack and closes them in Close.
+	Tiers []offload.SecondaryTier
+	// Arena is the slot memory every job transfers into or out of.
+	Arena offload.Arena
+	// Driver pins cascade sources and resolves job outcomes.
+	Driver Driver
+	// Logger receives warnings and back-pressure transitions; nil discards.
+	Logger *slog.Logger
+	// Admission configures back-pressure; the zero value means defaults.
+	Admission AdmissionConfig
+	// Budget bounds the arena slots cascades in flight may pin, as a share
+	// of Arena.NumSlots(); the zero value means defaults.
+	Budget BudgetConfig
+	// Revocable says the driver's cascade pins may be revoked (soft pins
+	// of the primary): Revoke then withdraws the queued cascades reading a
+	// slot.
+	Revocable bool
+}
+
+// Stack is an ordered stack of secondary tiers working on (key, slot)
+// pairs of one arena: the mechanism both the primary-backed Manager and
+// vLLM tier mode drive. It enforces each request's filters (a tier the
+// load filter excludes is never asked, one the store filter excludes
+// never receives a cascade), gives every job a unique id and exactly one
+// outcome, recovers tiers that panic, and admits cascades against
+// back-pressure, the pin budget and the tiers' queues. See the package
+// documentation for the invariants.
+//
+// A Stack is single-executor, like the Manager.
+type Stack struct {
+	drv   Driver
+	arena offload.Arena
+	tiers []*tier
+	log   *slog.Logger
+	adm   AdmissionConfig
+
+	// maxPinned and tierMaxPinned are the budget in slots (0: unbounded);
+	// pinned counts the slots of the cascades in flight, once per cascade.
+	maxPinned, tierMaxPinned int
+	pinned                   int
+
+	// nextID is the job id counter shared by promotions and cascades.
+	// bySlot is the cascade reading each slot (the latest, if several) and
+	// readers the number of cascades reading it, for Revoke; nil unless
+	// the stack is revocable.
+	bySlot  []*cascadeGroup
+	readers []uint16
+
+	nextID uint64
+	// resetFloor is the first job id issued after the last Forget; results
+	// for unknown older ids are stale, not tier bugs.
+	resetFloor   uint64
+	jobs         map[uint64]*job
+	staleResults uint64
+	closed       bool
+	// finishedAt is the time Poll collected the results it is applying
+	// (zero until first needed, and outside Poll).
+	finishedAt time.Time
+	// epoch is the stack's creation time, the origin of job start times.
+	epoch time.Time
+}
+
+// tier is the stack's view of one secondary tier.
+type tier struct {
+	t        offload.SecondaryTier
+	queue    offload.JobQueue // nil unless the tier queues jobs
+	idx      int
+	name     string
+	typ      string
+	medium   offload.Medium
+	locality offload.Locality
+
+	cascadesInFlight int
+	// pinned counts the slots this tier's cascades in flight read.
+	pinned      int
+	pressure    pressure
+	stats       TierStats
+	load, store histogram
+}
+
+// job is one submitted transfer.
+type job struct {
+	tier  *tier
+	start time.Duration // submission time, since the stack's epoch (8 bytes, not 24)
+	// group is the cascade the job belongs to (nil for promotions).
+	group *cascadeGroup
+	j     offload.Job
+}
+
+// cascadeGroup is the state the jobs of one cascade share.
+type cascadeGroup struct {
+	jobs  int32 // jobs without an outcome yet
+	slots int32 // slots counted against the budget
+	tag   any   // the driver's, from Cascade
+	block []job // the cascade's jobs, finished ones included
+}
+
+// NewStack builds a stack over cfg.Tiers.
+func NewStack(cfg StackConfig) (*Stack, error) {
+	if len(cfg.Tiers) > MaxTiers {
+		return nil, fmt.Errorf("tiering: %d secondary tiers: at most %d supported", len(cfg.Tiers), MaxTiers)
+	}
+	if cfg.Driver == nil {
+		return nil, errors.New("tiering: stack without a driver")
+	}
+	adm, err := cfg.Admission.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Budget.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Stack{
+		drv:   cfg.Driver,
+		arena: cfg.Arena,
+		log:   log,
+		adm:   adm,
+		epoch: time.Now(),
+		jobs:  make(map[uint64]*job),
+	}
+	slots := 0
+	if cfg.Arena != nil {
+		slots = cfg.Arena.NumSlots()
+	}
+	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, len(cfg.Tiers))
+	if cfg.Revocable && len(cfg.Tiers) > 0 {
+		s.bySlot = make([]*cascadeGroup, slots)
+		s.readers = make([]uint16, slots)
+	}
+	names := make(map[string]bool, len(cfg.Tiers))
+	for i, t := range cfg.Tiers {
+		if t == nil {
+			return nil, fmt.Errorf("tiering: secondary tier #%d is nil", i)
+		}
+		ts := &tier{t: t, idx: i}
+		// A tier's declarations are read once, here: the lookup loop then
+		// tests the request's filter without calling into the tier.
+		if err := s.describe(ts); err != nil {
+			return nil, err
+		}
+		if names[ts.name] {
+			return nil, fmt.Errorf("tiering: duplicate secondary tier name %q", ts.name)
+		}
+		names[ts.name] = true
+		ts.queue, _ = t.(offload.JobQueue)
+		ts.stats.Name, ts.stats.Type = ts.name, ts.typ
+		ts.stats.Medium, ts.stats.Locality = ts.medium, ts.locality
+		s.tiers = append(s.tiers, ts)
+	}
+	return s, nil
+}
+
+// describe reads a tier's static declarations, failing construction if
+// the tier panics.
+func (s *Stack) describe(ts *tier) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("tiering: secondary tier #%d: describing it panicked: %v", ts.idx, p)
+		}
+	}()
+	ts.name, ts.typ = ts.t.Name(), ts.t.Type()
+	ts.medium, ts.locality = ts.t.Medium(), ts.t.Locality()
+	return nil
+}
+
+// Len returns the number of tiers.
+func (s *Stack) Len() int { return len(s.tiers) }
+
+// Tiers returns the secondary tiers in lookup order.
+func (s *Stack) Tiers() []offload.SecondaryTier {
+	out := make([]offload.SecondaryTier, len(s.tiers))
+	for i, ts := range s.tiers {
+		out[i] = ts.t
+	}
+	return out
+}
+
+// Lookup asks each tier req's load filter allows, in order, whether it
+// holds key; a tier the filter excludes is not called. It returns Hit and
+// the index of the first tier that holds key, Retry when no tier holds it
+// but one is not sure yet, or Miss (index -1 for both).
+func (s *Stack) Lookup(key offload.Key, req *offload.ReqContext) (offload.LookupResult, int) {
+	filter := req.LoadFilter
+	retry := false
+	for _, ts := range s.tiers {
+		if !filter.Allows(ts.medium, ts.locality) {
+			ts.stats.SkippedByFilter++
+			continue
+		}
+		switch s.tierLookup(ts, key, req) {
+		case offload.Hit:
+			ts.stats.Hits++
+			return offload.Hit, ts.idx
+		case offload.Retry, offload.HitPending:
+			// A tier has no pending state of its own to report; treat
+			// HitPending as "not sure yet".
+			ts.stats.Retries++
+			retry = true
+		default:
+			ts.stats.Misses++
+		}
+	}
+	if retry {
+		return offload.Retry, -1
+	}
+	return offload.Miss, -1
+}
+
+// Load submits a promotion of keys from tier i into slots (co-indexed),
+// which the driver has reserved, and returns its job id. Its outcome
+// reaches Driver.PromotionDone.
+func (s *Stack) Load(i int, keys []offload.Key, slots []int64, req *offload.ReqContext) uint64 {
+	ts := s.tiers[i]
+	jb := s.initJob(new(job), ts, keys, slots, true, req, time.Now())
+	if !s.tierSubmit(ts, &jb.j) {
+		s.failSubmitted(jb, "submit load panicked")
+	}
+	return jb.j.ID
+}
+
+// Cascade submits a store of keys (owned by the jobs from now on) to
+// every tier in mask that req's store filter allows and admission
+// accepts, pinning the source blocks once per job through the driver.
+// Only the first job resolves the keys (PinCascade); the others pin the
+// same slots (PinAgain). The jobs share keys and slots, which tiers only
+// read. It returns the number of jobs submitted; each one's outcome
+// reaches Driver.CascadeDone with tag.
+func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64, tag any) int {
+	filter := req.StoreFilter
+	var now time.Time
+	var slots []int64
+	var block []job // the cascade's jobs, one allocation
+	var g *cascadeGroup
+	n := 0
+	for _, ts := range s.tiers {
+		if mask&(1<<ts.idx) == 0 {
+			continue
+		}
+		if !filter.Allows(ts.medium, ts.locality) {
+			ts.stats.CascadesSkippedByFilter++
+			continue
+		}
+		if s.maxPinned > 0 || ts.queue != nil || ts.pressure.active {
+			if r, drop := s.admit(ts, len(keys), g == nil || g.jobs == 0); drop {
+				s.countDrop(ts, r, len(keys))
+				continue
+			}
+		}
+		if slots != nil {
+			// The blocks are pinned by the first job, so the slots still
+			// name them.
+			if err := s.drv.PinAgain(slots); err != nil {
+				s.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
+				ts.stats.CascadesFailed++
+				continue
+			}
+		} else {
+			var err error
+			var pinned []offload.Key
+			pinned, slots, err = s.drv.PinCascade(keys)
+			if err != nil {
+				s.log.Error("tiering: cannot pin cascade source blocks", "tier", ts.name, "req", req.ID, "err", err)
+				ts.stats.CascadesFailed++
+				slots = nil
+				continue
+			}
+			if len(pinned) == 0 {
+				return n
+			}
+			keys = pinned
+		}
+		if now.IsZero() {
+			now = time.Now()
+			block = make([]job, 0, len(s.tiers)-ts.idx)
+			g = &cascadeGroup{slots: int32(len(keys)), tag: tag}
+		}
+		block = block[:len(block)+1] // within capacity: one job per tier left
+		g.block = block
+		jb := s.initJob(&block[len(block)-1], ts, keys, slots, false, req, now)
+		if g.jobs == 0 {
+			// The cascade counts against the budget, and is indexed for
+			// Revoke, while it has a job (one whose submission panicked
+			// has already ended).
+			s.pinned += int(g.slots)
+			if s.bySlot != nil {
+				for _, sl := range slots {
+					s.bySlot[sl] = g
+					s.readers[sl]++
+				}
+			}
+		}
+		jb.group = g
+		g.jobs++
+		ts.pinned += len(keys)
+		ts.cascadesInFlight++
+		n++
+		if !s.tierSubmit(ts, &jb.j) {
+			s.failSubmitted(jb, "submit store panicked")
+		}
+	}
+	return n
+}
+
+// admit decides whether ts takes a cascade of n blocks; first is true
+// while the cascade has no job yet (its blocks are not yet counted
+// against the budget).
+func (s *Stack) admit(ts *tier, n int, first bool) (DropReason, bool) {
+	if !s.adm.Disabled && ts.pressure.active && ts.cascadesInFlight > 0 {
+		return DropPressure, true
+	}
+	if s.maxPinned > 0 {
+		// With nothing in flight one cascade is admitted whatever its
+		// size, so that a batch larger than the budget still cascades.
+		if first && s.pinned > 0 && s.pinned+n > s.maxPinned {
+			return DropBudget, true
+		}
+		if ts.pinned > 0 && ts.pinned+n > s.tierMaxPinned {
+			return DropTierBudget, true
+		}
+	}
+	if ts.queue != nil {
+		if q, c := s.tierQueued(ts); c > 0 && q >= c {
+			return DropQueueFull, true
+		}
+	}
+	return 0, false
+}
+
+func (s *Stack) countDrop(ts *tier, r DropReason, blocks int) {
+	ts.stats.CascadesDropped++
+	ts.stats.CascadeBlocksDropped += uint64(blocks)
+	ts.stats.DroppedBy[r]++
+}
+
+// initJob fills jb as a new job and registers it.
+func (s *Stack) initJob(jb *job, ts *tier, keys []offload.Key, slots []int64, promotion bool, req *offload.ReqContext, now time.Time) *job {
+	id := s.nextID
+	s.nextID++
+	*jb = job{tier: ts, start: now.Sub(s.epoch), j: offload.Job{ID: id, Keys: keys, Slots: slots, Promotion: promotion, Req: req, Arena: s.arena}}
+	s.jobs[id] = jb
+	return jb
+}
+
+// failSubmitted resolves a job whose submission panicked: the tier is
+// assumed not to have taken it.
+func (s *Stack) failSubmitted(jb *job, why string) {
+	if _, ok := s.jobs[jb.j.ID]; !ok {
+		return
+	}
+	delete(s.jobs, jb.j.ID)
+	s.finishJob(jb, offload.JobResult{JobID: jb.j.ID, Err: errors.New(why)})
+}
+
+// Poll collects every tier's finished jobs, in tier order, and applies
+// them.
+func (s *Stack) Poll() {
+	// The results were all collected now: one clock read dates them.
+	s.finishedAt = time.Time{}
+	defer func() { s.finishedAt = time.Time{} }()
+	for _, ts := range s.tiers {
+		for _, r := range s.tierFinished(ts) {
+			jb, ok := s.jobs[r.JobID]
+			if !ok || jb.tier != ts {
+				if !ok && r.JobID < s.resetFloor {
+					s.staleResults++
+					continue
+				}
+				ts.stats.UnknownJobs++
+				s.log.Error("tiering: tier reported a job it was not given", "tier", ts.name, "job", r.JobID)
+				continue
+			}
+			delete(s.jobs, r.JobID)
+			s.finishJob(jb, r)
+		}
+	}
+}
+
+// latency is the time from a job's submission to its result: the
+// duration the tier reports (which runs from its Submit call), or the
+// time until the result was collected.
+func (s *Stack) latency(jb *job, r offload.JobResult) time.Duration {
+	if r.Duration > 0 {
+		return r.Duration
+	}
+	if s.finishedAt.IsZero() {
+		s.finishedAt = time.Now()
+	}
+	return s.finishedAt.Sub(s.epoch) - jb.start
+}
+
+// finishJob applies a job's result: counts it and hands it to the driver.
+func (s *Stack) finishJob(jb *job, r offload.JobResult) {
+	ts := jb.tier
+	keys := jb.j.Keys
+	if jb.j.Promotion {
+		ts.load.observe(s.latency(jb, r))
+		n := len(keys)
+		if !r.Success {
+			n = 0
+			for n < len(r.SuccessfulKeys) && n < len(keys) && r.SuccessfulKeys[n] == keys[n] {
+				n++
+			}
+			ts.stats.PromotionsFailed++
+			ts.stats.PromotionBlocksFailed += uint64(len(keys) - n)
+			s.log.Debug("tiering: promotion failed", "tier", ts.name, "job", r.JobID, "keys", len(keys), "loaded", n, "err", r.Err)
+		} else {
+			ts.stats.PromotionsOK++
+		}
+		ts.stats.PromotedBlocks += uint64(n)
+		ts.stats.BytesIn += uint64(max(r.Bytes, 0))
+		s.drv.PromotionDone(&jb.j, n)
+		return
+	}
+	s.endCascade(jb)
+	if !r.Success {
+		if reason, ok := offload.RefusalReason(r.Err); ok {
+			dr := DropQueueFull
+			if reason == offload.RefusedTierDown {
+				dr = DropTierDown
+			}
+			s.countDrop(ts, dr, len(keys))
+			return
+		}
+		ts.store.observe(s.latency(jb, r))
+		ts.stats.CascadesFailed++
+		// Disk full, EIO, a server error: the operator must see these.
+		s.log.Warn("tiering: cascade failed", "tier", ts.name, "job", r.JobID, "blocks", len(keys), "err", r.Err)
+		return
+	}
+	d := s.latency(jb, r)
+	ts.store.observe(d)
+	ts.stats.CascadesOK++
+	ts.stats.CascadedBlocks += uint64(len(keys))
+	ts.stats.BytesOut += uint64(max(r.Bytes, 0))
+	if s.adm.Disabled {
+		return
+	}
+	if ts.pressure.sample(d, &s.adm) {
+		state := "cleared"
+		if ts.pressure.active {
+			state = "activated"
+		}
+		s.log.Info("tiering: tier back-pressure "+state, "tier", ts.name, "index", ts.idx,
+			"ema", time.Duration(ts.pressure.ema*float64(time.Second)))
+	}
+}
+
+// endCascade releases what a cascade job held: its pins (through the
+// driver), its share of the budget and its in-flight count.
+func (s *Stack) endCascade(jb *job) {
+	ts := jb.tier
+	ts.cascadesInFlight--
+	ts.pinned -= len(jb.j.Keys)
+	g := jb.group
+	if g.jobs--; g.jobs == 0 {
+		s.pinned -= int(g.slots)
+		if s.bySlot != nil {
+			for _, sl := range jb.j.Slots {
+				s.readers[sl]--
+				if s.bySlot[sl] == g {
+					s.bySlot[sl] = nil
+				}
+			}
+		}
+	}
+	s.drv.CascadeDone(&jb.j, g.tag)
+}
+
+// Revoke withdraws the cascade reading slot if none of its jobs has
+// started: each job still queued in a tier that can withdraw it
+// (offload.JobQueue) is withdrawn, counted as dropped (DropCancelled) and
+// its pins released. It reports false, withdrawing nothing, when a job of
+// the cascade is in flight in a tier that cannot withdraw it; a job a
+// tier refuses to withdraw (it has started) keeps its pins. A started
+// transfer is never torn. The primary calls it (through the driver) when
+// eviction reaches a block held by cascades only, so that queued
+// cascades never keep a block the primary alone would have evicted.
+func (s *Stack) Revoke(slot int64) bool {
+	if s.bySlot == nil || slot < 0 || slot >= int64(len(s.bySlot)) {
+		return false
+	}
+	if g := s.bySlot[slot]; g != nil && !s.withdraw(g) {
+		return false
+	}
+	if s.readers[slot] == 0 {
+		return true
+	}
+	// Several cascades read the slot (a request-level tier was offered
+	// blocks again): the index names only the latest, so look for the
+	// others among the jobs in flight. This is rare and off the hot path.
+	var others []*cascadeGroup
+	for _, jb := range s.jobs {
+		if g := jb.group; g != nil && !slices.Contains(others, g) && slices.Contains(jb.j.Slots, slot) {
+			others = append(others, g)
+		}
+	}
+	for _, g := range others {
+		if !s.withdraw(g) {
+			return false
+		}
+	}
+	return true
+}
+
+// withdraw withdraws every job of cascade g still in flight (see Revoke)
+// and reports whether it withdrew them all.
+func (s *Stack) withdraw(g *cascadeGroup) bool {
+	for i := range g.block {
+		jb := &g.block[i]
+		if s.jobs[jb.j.ID] == jb && jb.tier.queue == nil {
+			return false
+		}
+	}
+	all := true
+	for i := range g.block {
+		jb := &g.block[i]
+		if s.jobs[jb.j.ID] != jb {
+			continue // answered, or failed at submission
+		}
+		if !s.tierCancel(jb.tier, jb.j.ID) {
+			all = false
+			continue
+		}
+		delete(s.jobs, jb.j.ID)
+		s.countDrop(jb.tier, DropCancelled, len(jb.j.Keys))
+		s.endCascade(jb)
+	}
+	return all
+}
+
+// OnNewRequest tells every tier about req and returns the tiers (a bit
+// per index) that asked for request-level stores and that req's store
+// filter allows: a request-level tier the request may not store to gains
+// nothing from prefix hits being offered again.
+func (s *Stack) OnNewRequest(req *offload.ReqContext) (requestLevel uint64) {
+	for _, ts := range s.tiers {
+		if s.tierOnNewRequest(ts, req) == offload.RequestLevel && req.StoreFilter.Allows(ts.medium, ts.locality) {
+			requestLevel |= 1 << ts.idx
+		}
+	}
+	return requestLevel
+}
+
+// OnRequestFinished tells every tier that req finished.
+func (s *Stack) OnRequestFinished(req *offload.ReqContext) {
+	for _, ts := range s.tiers {
+		s.tierOnRequestFinished(ts, req)
+	}
+}
+
+// Touch refreshes recency in every tier (not filtered: recency is not a
+// load).
+func (s *Stack) Touch(keys []offload.Key, req *offload.ReqContext) {
+	for _, ts := range s.tiers {
+		s.tierTouch(ts, keys, req)
+	}
+}
+
+// ScheduleEnd lets every tier end its step.
+func (s *Stack) ScheduleEnd(se offload.ScheduleEnd) {
+	for _, ts := range s.tiers {
+		s.tierScheduleEnd(ts, se)
+	}
+}
+
+// TakeEvents appends each tier's events, in order, to ev.
+func (s *Stack) TakeEvents(ev []offload.Event) []offload.Event {
+	for _, ts := range s.tiers {
+		ev = append(ev, s.tierTakeEvents(ts)...)
+	}
+	return ev
+}
+
+// InFlight reports submitted jobs without an outcome yet.
+func (s *Stack) InFlight() int { return len(s.jobs) }
+
+// HasPendingWork reports jobs in flight or tier work in flight.
+func (s *Stack) HasPendingWork() bool {
+	if len(s.jobs) > 0 {
+		return true
+	}
+	if s.closed {
+		return false
+	}
+	for _, ts := range s.tiers {
+		if s.tierHasPendingWork(ts) {
+			return true
+		}
+	}
+	return false
+}
+
+// Drain waits (bounded by ctx) until no tier transfer touches the arena.
+// If a tier cannot be drained the error says which.
+func (s *Stack) Drain(ctx context.Context) error {
+	for _, ts := range s.tiers {
+		if err := s.tierDrain(ctx, ts); err != nil {
+			return fmt.Errorf("drain tier %q: %w", ts.name, err)
+		}
+	}
+	return nil
+}
+
+// Forget drops the jobs still without an outcome after a Drain, without
+// telling the driver (which is about to reset the arena's bookkeeping);
+// their late results are ignored as stale.
+func (s *Stack) Forget() {
+	if len(s.jobs) > 0 {
+		// The tiers said they were drained but did not answer these.
+		s.log.Error("tiering: reset: jobs unanswered after drain", "jobs", len(s.jobs))
+		clear(s.jobs)
+	}
+	for _, ts := range s.tiers {
+		ts.cascadesInFlight, ts.pinned = 0, 0
+	}
+	s.pinned = 0
+	clear(s.bySlot)
+	clear(s.readers)
+	s.resetFloor = s.nextID
+}
+
+// Close closes every tier (answering its outstanding jobs), applies their
+// results and fails the jobs a tier did not answer. If a tier cannot be
+// closed within ctx its transfers may still touch the arena; the error
+// says which.
+func (s *Stack) Close(ctx context.Context) error {
+	if s.closed {
+		return nil
+	}
+	var errs []error
+	for _, ts := range s.tiers {
+		if err := s.tierClose(ctx, ts); err != nil {
+			errs = append(errs, fmt.Errorf("tiering: close tier %q: %w", ts.name, err))
+		}
+	}
+	s.Poll()
+	for id, jb := range s.jobs {
+		delete(s.jobs, id)
+		s.finishJob(jb, offload.JobResult{JobID: id, Err: ErrClosed})
+	}
+	s.closed = true
+	return errors.Join(errs...)
+}
+
+// Pinned returns the slots the cascades in flight pin (once per cascade)
+// and the budget in slots (0: unbounded).
+func (s *Stack) Pinned() (pinned, budget int) { return s.pinned, s.maxPinned }
+
+// Stats returns a snapshot of each tier's counters and gauges.
+func (s *Stack) Stats() []TierStats {
+	out := make([]TierStats, len(s.tiers))
+	for i, ts := range s.tiers {
+		t := ts.stats
+		t.UnderPressure = ts.pressure.active
+		t.CascadeLatencyEMA = time.Duration(ts.pressure.ema * float64(time.Second))
+		t.CascadesInFlight = ts.cascadesInFlight
+		t.PinnedSlots = ts.pinned
+		t.PinBudget = s.tierMaxPinned
+		if ts.queue != nil && !s.closed {
+			t.Queued, t.QueueCapacity = s.tierQueued(ts)
+		}
+		t.LoadLatency, t.StoreLatency = ts.load.snapshot(), ts.store.snapshot()
+		out[i] = t
+	}
+	return out
+}
