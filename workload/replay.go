@@ -62,6 +62,37 @@ type Options struct {
 	SettleTimeout  time.Duration
 	// Logger receives the tiers' and the manager's logs; nil discards.
 	Logger *slog.Logger
+
+	// Timed replays the trace at its recorded arrival times, divided by
+	// Speedup, with an engine that steps every Step of wall time: requests
+	// overlap, a request waits (re-looking its prefix up every step) while
+	// its promotions run, and a store completes one step after it was
+	// prepared, so tier I/O competes with time as in production. Without
+	// it requests run back to back as fast as the stack answers.
+	Timed bool
+	// Speedup divides the trace's inter-arrival times (0: 1, real time).
+	Speedup float64
+	// Step is the modelled engine step (0: DefaultStep).
+	Step time.Duration
+	// Budget is the manager's cascade pin budget (zero: the default).
+	Budget tiering.BudgetConfig
+	// Progress, if set, is called about every ProgressEvery with the
+	// requests replayed so far and their hit rate.
+	Progress      func(Progress)
+	ProgressEvery time.Duration
+}
+
+// DefaultStep is the modelled engine step of a timed replay: a decode
+// step of a mid-sized model on one GPU.
+const DefaultStep = 10 * time.Millisecond
+
+// Progress is a replay's progress so far.
+type Progress struct {
+	Requests int
+	HitRate  float64
+	Elapsed  time.Duration
+	// Behind is how far a timed replay lags its schedule.
+	Behind time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -83,7 +114,20 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Speedup == 0 {
+		o.Speedup = 1
+	}
+	if o.Step == 0 {
+		o.Step = DefaultStep
+	}
+	if o.ProgressEvery == 0 {
+		o.ProgressEvery = time.Second
+	}
 	switch {
+	case !(o.Speedup > 0) || o.Speedup > 1e6:
+		return o, fmt.Errorf("workload: speed-up %v: want a factor in (0, 1e6]", o.Speedup)
+	case o.Step < 0:
+		return o, fmt.Errorf("workload: step %v: want > 0", o.Step)
 	case o.PrimaryBlocks < 0:
 		return o, fmt.Errorf("workload: primary blocks %d: want > 0", o.PrimaryBlocks)
 	case o.BlockBytes < 0:
@@ -127,6 +171,24 @@ type Result struct {
 
 	// Warnings are the problems a lenient parse found in Params.
 	Warnings []string `json:"warnings"`
+
+	// Timed describes a timed replay (nil otherwise).
+	Timed *TimedResult `json:"timed,omitempty"`
+}
+
+// TimedResult describes how a timed replay kept to the trace's clock.
+type TimedResult struct {
+	Speedup float64       `json:"speedup"`
+	Step    time.Duration `json:"step_ns"`
+	// TraceSpan is the trace time covered (last arrival − first).
+	TraceSpan time.Duration `json:"trace_span_ns"`
+	// MaxBehind is the largest lag of a step behind its schedule: a
+	// replay that cannot keep up runs late rather than skipping work.
+	MaxBehind time.Duration `json:"max_behind_ns"`
+	// MaxWaiting is the most requests waiting for promotions at once;
+	// WaitSteps counts the steps requests spent waiting, in all.
+	MaxWaiting int    `json:"max_waiting"`
+	WaitSteps  uint64 `json:"wait_steps"`
 }
 
 // PrimaryResult describes the primary tier after the replay.
@@ -157,11 +219,15 @@ type TierResult struct {
 	PromotionBlocksFailed uint64 `json:"promotion_blocks_failed"`
 	PromotionsRejected    uint64 `json:"promotions_rejected"`
 	// Cascades (stores from the primary): jobs by outcome and blocks.
-	CascadesOK              uint64 `json:"cascades_ok"`
-	CascadesFailed          uint64 `json:"cascades_failed"`
-	CascadesDropped         uint64 `json:"cascades_dropped"`
-	CascadesSkippedByFilter uint64 `json:"cascades_skipped_by_filter"`
-	CascadedBlocks          uint64 `json:"cascaded_blocks"`
+	CascadesOK      uint64 `json:"cascades_ok"`
+	CascadesFailed  uint64 `json:"cascades_failed"`
+	CascadesDropped uint64 `json:"cascades_dropped"`
+	// DroppedBy splits CascadesDropped by reason (tiering.DropReason);
+	// CascadeBlocksDropped counts their blocks.
+	DroppedBy               map[string]uint64 `json:"dropped_by"`
+	CascadeBlocksDropped    uint64            `json:"cascade_blocks_dropped"`
+	CascadesSkippedByFilter uint64            `json:"cascades_skipped_by_filter"`
+	CascadedBlocks          uint64            `json:"cascaded_blocks"`
 	// Evictions counts blocks the tier reported removed (only tiers that
 	// emit events report them); Held is the blocks it holds at the end,
 	// -1 when the tier cannot say.
@@ -215,6 +281,7 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		Tiers:                 tiers,
 		Logger:                opts.Logger,
 		HitPendingOnPromotion: opts.HitPendingOnPromotion,
+		Budget:                opts.Budget,
 	})
 	if err != nil {
 		for _, t := range tiers {
@@ -224,7 +291,11 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 	}
 
 	d := newDriver(m, primary.Policy(), opts, tmpl)
-	res, err := d.run(ctx, src)
+	run := d.run
+	if opts.Timed {
+		run = d.runTimed
+	}
+	res, err := run(ctx, src)
 	if cerr := m.Close(context.WithoutCancel(ctx)); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("workload: close: %w", cerr))
 	}
@@ -250,6 +321,8 @@ type driver struct {
 	promoted  []uint64 // per tier: PromotedBlocks before the request
 	tierHits  []uint64
 	evictions map[string]uint64
+	lastProg  time.Time
+	start     time.Time
 }
 
 func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.ReqContext) *driver {
@@ -271,6 +344,7 @@ func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.Re
 
 func (d *driver) run(ctx context.Context, src Source) (*Result, error) {
 	start := time.Now()
+	d.start = start
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, err)
@@ -285,6 +359,7 @@ func (d *driver) run(ctx context.Context, src Source) (*Result, error) {
 		if err := d.request(ctx, req); err != nil {
 			return nil, fmt.Errorf("workload: request at trace line %d: %w", req.Line, err)
 		}
+		d.progress(0)
 	}
 	d.drain(ctx)
 	d.res.Elapsed = time.Since(start)
@@ -385,6 +460,23 @@ func (d *driver) request(ctx context.Context, req Request) error {
 	d.takeEvents()
 	clear(d.keys) // do not keep the request's keys alive in scratch
 	return nil
+}
+
+// progress reports progress when it is due.
+func (d *driver) progress(behind time.Duration) {
+	if d.opts.Progress == nil {
+		return
+	}
+	now := time.Now()
+	if now.Sub(d.lastProg) < d.opts.ProgressEvery {
+		return
+	}
+	d.lastProg = now
+	p := Progress{Requests: d.res.Requests, Elapsed: now.Sub(d.start), Behind: behind}
+	if d.res.Blocks > 0 {
+		p.HitRate = float64(d.res.HitBlocks) / float64(d.res.Blocks)
+	}
+	d.opts.Progress(p)
 }
 
 // isSettled reports a lookup with no Retry and no HitPending answer: the
@@ -519,6 +611,8 @@ func (d *driver) collect() {
 			CascadesOK:              ts.CascadesOK,
 			CascadesFailed:          ts.CascadesFailed,
 			CascadesDropped:         ts.CascadesDropped,
+			DroppedBy:               dropMap(ts.DroppedBy),
+			CascadeBlocksDropped:    ts.CascadeBlocksDropped,
 			CascadesSkippedByFilter: ts.CascadesSkippedByFilter,
 			CascadedBlocks:          ts.CascadedBlocks,
 			Evictions:               d.evictions[ts.Name],
@@ -535,4 +629,13 @@ func (d *driver) collect() {
 	if r.Warnings == nil {
 		r.Warnings = []string{}
 	}
+}
+
+// dropMap names the drop counters by reason.
+func dropMap(by [tiering.NumDropReasons]uint64) map[string]uint64 {
+	m := make(map[string]uint64, len(by))
+	for r, v := range by {
+		m[tiering.DropReason(r).String()] = v
+	}
+	return m
 }

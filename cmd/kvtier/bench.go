@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -20,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -32,6 +35,13 @@ type benchFlags struct {
 	params        string
 	limit         int
 	json          bool
+	timed         bool
+	speedup       float64
+	step          time.Duration
+	budget        string
+	plot          string
+	plotSizes     string
+	progress      bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -58,9 +68,23 @@ holds every distinct block of the trace.
 --params is the kv_transfer_params every request sends: the JSON itself,
 @FILE, or - for stdin. Compare e.g. '{"kv_load_tiers":[]}' with the default.
 --trace - reads the trace from stdin; gzip-compressed traces are detected.
-Timestamps are not honoured and requests do not overlap: the figures describe
-cache behaviour and manager cost, not latency under load.`,
+By default timestamps are not honoured and requests do not overlap: the
+figures describe cache behaviour and manager cost, not latency under load.
+
+--timed replays the trace at its recorded arrival times divided by --speedup,
+with an engine that steps every --step: requests overlap, a request waits
+while its promotions run, stores complete one step after they are prepared,
+so slow tiers compete with wall-clock time as they do in production (the
+replay then takes the trace's span divided by --speedup). The per-tier table
+shows cascades dropped by reason (pressure, budget, tier_budget, queue_full,
+tier_down, cancelled); --budget sets the share of the primary that cascades in
+flight may pin (default 0.25, "off" for none).
+
+--plot FILE.png draws the hit rate split by source and, replaying once per
+size of --plot-sizes, hit rate against primary size next to plain LRU. A
+progress line is shown on a terminal (--progress forces it).`,
 		Example: `  kvtier bench --trace mooncake_conversation_trace.jsonl --primary-blocks 1000
+  kvtier bench --trace trace.jsonl --config tiers.yaml --timed --speedup 60 --plot hits.png
   kvtier bench --trace trace.jsonl --config tiers.yaml --params '{"kv_load_tiers":[]}'
   kvtier bench --trace trace.jsonl.gz --policy arc --limit 2000 --json`,
 		Args: cobra.NoArgs,
@@ -86,6 +110,13 @@ cache behaviour and manager cost, not latency under load.`,
 	fl.StringVar(&f.params, "params", "", "kv_transfer_params of every request: JSON, @FILE, or - for stdin (default: none)")
 	fl.IntVar(&f.limit, "limit", 0, "replay at most this many requests (0 = all)")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object")
+	fl.BoolVar(&f.timed, "timed", false, "replay at the trace's arrival times (see --speedup, --step)")
+	fl.Float64Var(&f.speedup, "speedup", 1, "with --timed: divide the trace's inter-arrival times by this factor")
+	fl.DurationVar(&f.step, "step", workload.DefaultStep, "with --timed: the modelled engine step")
+	fl.StringVar(&f.budget, "budget", "", `share of the primary cascades in flight may pin, in (0,1], or "off" (default 0.25)`)
+	fl.StringVar(&f.plot, "plot", "", "write a PNG chart of the hit rates to this file")
+	fl.StringVar(&f.plotSizes, "plot-sizes", "", "with --plot: comma-separated primary sizes in blocks to sweep (default: ¼, ½, 1, 2 and 4 × --primary-blocks)")
+	fl.BoolVar(&f.progress, "progress", false, "print progress on stderr even when it is not a terminal")
 	_ = cmd.MarkFlagRequired("trace") // only fails for an unknown flag name
 	return cmd
 }
@@ -100,6 +131,14 @@ type benchReport struct {
 	// Reference hit rates of a plain LRU over blocks at the primary's
 	// capacity and unbounded, from the trace alone.
 	RefLRU, RefMax float64
+	// Sweep is the --plot size sweep.
+	Sweep []sweepPoint
+}
+
+type sweepPoint struct {
+	PrimaryBlocks int     `json:"primary_blocks"`
+	HitRate       float64 `json:"hit_rate"`
+	LRUHitRate    float64 `json:"lru_hit_rate"`
 }
 
 func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer) (*benchReport, error) {
@@ -140,6 +179,18 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 		return nil, err
 	}
 
+	budget, err := parseBudget(f.budget)
+	if err != nil {
+		return nil, err
+	}
+	if !f.timed && (f.speedup != 1 || f.step != workload.DefaultStep) {
+		return nil, errors.New("--speedup and --step need --timed")
+	}
+	sizes, err := plotSizes(f)
+	if err != nil {
+		return nil, err
+	}
+
 	opts := workload.Options{
 		PrimaryBlocks: f.primaryBlocks,
 		BlockBytes:    blockBytes,
@@ -147,12 +198,23 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 		Config:        cfg,
 		Params:        params,
 		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Timed:         f.timed,
+		Speedup:       f.speedup,
+		Step:          f.step,
+		Budget:        budget,
 	}
-	res, err := workload.Replay(ctx, workload.Requests(reqs), opts)
+	prog := newProgressLine(stderr, f.progress)
+	run := func(o workload.Options, label string) (*workload.Result, error) {
+		o.Progress = prog.report(label, len(reqs))
+		res, err := workload.Replay(ctx, workload.Requests(reqs), o)
+		prog.done()
+		return res, err
+	}
+	res, err := run(opts, "")
 	if err != nil {
 		return nil, err
 	}
-	return &benchReport{
+	rep := &benchReport{
 		Trace:      f.trace,
 		ConfigFile: f.config,
 		Params:     params,
@@ -160,7 +222,64 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 		Result:     res,
 		RefLRU:     workload.ReferenceHitRate(reqs, f.primaryBlocks),
 		RefMax:     workload.ReferenceHitRate(reqs, 0),
-	}, nil
+	}
+	if f.plot != "" {
+		for _, n := range sizes {
+			o := opts
+			o.PrimaryBlocks = n
+			r, err := run(o, fmt.Sprintf("primary %d: ", n))
+			if err != nil {
+				return nil, fmt.Errorf("--plot-sizes %d: %w", n, err)
+			}
+			rep.Sweep = append(rep.Sweep, sweepPoint{n, r.HitRate, workload.ReferenceHitRate(reqs, n)})
+		}
+		if err := writePlot(f.plot, rep); err != nil {
+			return nil, err
+		}
+	}
+	return rep, nil
+}
+
+// parseBudget reads --budget: "" (default), "off", or a fraction.
+func parseBudget(s string) (tiering.BudgetConfig, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return tiering.BudgetConfig{}, nil
+	case "off", "none":
+		return tiering.BudgetConfig{Disabled: true}, nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(v > 0 && v <= 1) {
+		return tiering.BudgetConfig{}, fmt.Errorf(`--budget %q: want a share of the primary in (0, 1] or "off"`, s)
+	}
+	return tiering.BudgetConfig{Fraction: v}, nil
+}
+
+// plotSizes returns the primary sizes to sweep for --plot.
+func plotSizes(f benchFlags) ([]int, error) {
+	if f.plot == "" {
+		if f.plotSizes != "" {
+			return nil, errors.New("--plot-sizes needs --plot")
+		}
+		return nil, nil
+	}
+	if f.plotSizes == "" {
+		var out []int
+		for _, x := range []float64{0.25, 0.5, 1, 2, 4} {
+			out = append(out, max(1, int(x*float64(f.primaryBlocks))))
+		}
+		return out, nil
+	}
+	var out []int
+	for _, part := range strings.Split(f.plotSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--plot-sizes: %q is not a positive number of blocks", part)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // readTrace reads the whole trace (up to limit requests) before the
@@ -204,6 +323,7 @@ type benchJSON struct {
 	Params json.RawMessage `json:"params"`
 	*workload.Result
 	Reference referenceJSON `json:"reference"`
+	Sweep     []sweepPoint  `json:"sweep,omitempty"`
 }
 
 type referenceJSON struct {
@@ -238,6 +358,7 @@ func writeBenchJSON(w io.Writer, rep *benchReport, err error) error {
 			LRUHitRate:     rep.RefLRU,
 			MaxHitRate:     rep.RefMax,
 		},
+		Sweep: rep.Sweep,
 	})
 }
 
@@ -288,10 +409,40 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 		}
 		tw.Flush()
 		b.WriteString("(blocks except cascade counts, which are jobs; evicted counts only tiers that emit events)\n")
+		b.WriteString("\ncascades dropped, by reason (jobs):\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "tier\t")
+		for r := range tiering.NumDropReasons {
+			fmt.Fprintf(tw, "%s\t", r)
+		}
+		fmt.Fprint(tw, "blocks\t\n")
+		for _, t := range r.Tiers {
+			fmt.Fprintf(tw, "%s\t", t.Name)
+			for r := range tiering.NumDropReasons {
+				fmt.Fprintf(tw, "%d\t", t.DroppedBy[r.String()])
+			}
+			fmt.Fprintf(tw, "%d\t\n", t.CascadeBlocksDropped)
+		}
+		tw.Flush()
 	}
 	b.WriteString("\n")
-	fmt.Fprintf(&b, "throughput: %.0f requests/s, %.0f ns per key (%d requests in %v, %d steps)\n",
-		r.RequestsPerSec, r.NsPerKey, r.Requests, r.Elapsed.Round(time.Millisecond), r.Steps)
+	if tr := r.Timed; tr != nil {
+		fmt.Fprintf(&b, "timed: trace span %v at speed-up %g in %v (steps of %v, %d steps, max %v behind), up to %d requests waiting, %d wait steps\n",
+			tr.TraceSpan.Round(time.Second), tr.Speedup, r.Elapsed.Round(time.Millisecond), tr.Step, r.Steps,
+			tr.MaxBehind.Round(time.Millisecond), tr.MaxWaiting, tr.WaitSteps)
+	} else {
+		fmt.Fprintf(&b, "throughput: %.0f requests/s, %.0f ns per key (%d requests in %v, %d steps)\n",
+			r.RequestsPerSec, r.NsPerKey, r.Requests, r.Elapsed.Round(time.Millisecond), r.Steps)
+	}
+	if len(rep.Sweep) > 0 {
+		b.WriteString("\nhit rate against primary size:\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "primary blocks\twith tiers\tplain LRU\t\n")
+		for _, p := range rep.Sweep {
+			fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t\n", p.PrimaryBlocks, p.HitRate, p.LRUHitRate)
+		}
+		tw.Flush()
+	}
 	if r.Unsettled > 0 || r.StoresRejected > 0 {
 		fmt.Fprintf(&b, "unsettled lookups: %d, rejected stores: %d\n", r.Unsettled, r.StoresRejected)
 	}

@@ -1,0 +1,237 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// timedReq is one request of a timed replay between its arrival and its
+// finish.
+type timedReq struct {
+	req     Request
+	rc      *offload.ReqContext
+	policy  offload.OffloadPolicy
+	keys    []offload.Key
+	out     []offload.LookupResult
+	first   []offload.LookupResult
+	arrived time.Time
+	// stored are the keys PrepareStore reserved; CompleteStore runs at
+	// the next step, as the engine's copy into the slots takes one.
+	stored []offload.Key
+}
+
+// runTimed replays src at its arrival times (see Options.Timed). Each
+// step, in the order vLLM's scheduler works: the stores prepared in the
+// previous step complete and their requests finish; waiting requests look
+// their prefix up again and are served once it settled (or their wait
+// ran out); requests that arrived since the last step are announced and
+// looked up, and served at once if nothing is pending; ScheduleEnd ends
+// the step. Steps start every Options.Step of wall time; a step that
+// overruns delays the next one (the lag is reported), it is never skipped.
+func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
+	m := d.m
+	o := d.opts
+	start := time.Now()
+	d.start = start
+	tr := &TimedResult{Speedup: o.Speedup, Step: o.Step}
+	var (
+		next     *Request
+		eof      bool
+		first    = int64(-1)
+		last     int64
+		waiting  []*timedReq
+		storing  []*timedReq
+		newIDs   []string
+		pool     = make([]uint64, len(m.Tiers())) // promoted blocks not yet credited, per tier
+		promoted = make([]uint64, len(m.Tiers())) // PromotedBlocks at the last step
+	)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for k := 0; ; k++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, err)
+		}
+		due := start.Add(time.Duration(k) * o.Step)
+		behind := time.Duration(0)
+		if wait := time.Until(due); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, ctx.Err())
+			}
+		} else {
+			behind = -wait
+			tr.MaxBehind = max(tr.MaxBehind, behind)
+		}
+		now := time.Now()
+		traceNow := int64(float64(now.Sub(start).Milliseconds()) * o.Speedup)
+
+		for i, st := range m.Stats().Tiers {
+			pool[i] += st.PromotedBlocks - promoted[i]
+			promoted[i] = st.PromotedBlocks
+		}
+		for _, r := range storing {
+			if err := m.CompleteStore(r.stored, r.rc, true); err != nil {
+				return nil, fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
+			}
+			m.OnRequestFinished(r.rc)
+		}
+		clear(storing)
+		storing = storing[:0]
+
+		kept := waiting[:0]
+		for _, r := range waiting {
+			m.LookupPrefix(r.keys, r.rc, r.out)
+			settled := isSettled(r.out)
+			if !settled && now.Sub(r.arrived) < o.SettleTimeout {
+				tr.WaitSteps++
+				kept = append(kept, r)
+				continue
+			}
+			if !settled {
+				d.res.Unsettled++
+			}
+			if err := d.serveTimed(r, pool, &storing); err != nil {
+				return nil, err
+			}
+		}
+		clear(waiting[len(kept):])
+		waiting = kept
+
+		newIDs = newIDs[:0]
+		for !eof {
+			if next == nil {
+				req, err := src.Next()
+				if errors.Is(err, io.EOF) {
+					eof = true
+					break
+				}
+				if err != nil {
+					return nil, fmt.Errorf("workload: after %d requests: %w", d.res.Requests, err)
+				}
+				next = &req
+			}
+			if first < 0 {
+				first = next.Timestamp
+			}
+			if next.Timestamp-first > traceNow {
+				break
+			}
+			last = next.Timestamp
+			r := d.arrive(*next, now)
+			next = nil
+			newIDs = append(newIDs, r.rc.ID)
+			if !isSettled(r.out) {
+				waiting = append(waiting, r)
+				continue
+			}
+			if err := d.serveTimed(r, pool, &storing); err != nil {
+				return nil, err
+			}
+		}
+		tr.MaxWaiting = max(tr.MaxWaiting, len(waiting))
+		m.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: newIDs})
+		d.res.Steps++
+		d.takeEvents()
+		d.progress(behind)
+		if eof && len(waiting) == 0 && len(storing) == 0 {
+			break
+		}
+	}
+	d.drain(ctx)
+	d.res.Elapsed = time.Since(start)
+	if first >= 0 {
+		tr.TraceSpan = time.Duration(last-first) * time.Millisecond
+	}
+	d.res.Timed = tr
+	d.collect()
+	return &d.res, nil
+}
+
+// arrive announces req and looks its prefix up.
+func (d *driver) arrive(req Request, now time.Time) *timedReq {
+	d.seq++
+	rc := new(offload.ReqContext)
+	*rc = *d.tmpl // the parsed params are shared, read-only
+	rc.ID = "r" + strconv.FormatUint(d.seq, 10)
+	r := &timedReq{req: req, rc: rc, arrived: now}
+	r.policy = d.m.OnNewRequest(rc)
+	n := len(req.HashIDs)
+	r.keys = make([]offload.Key, n)
+	for i, id := range req.HashIDs {
+		r.keys[i] = KeyOf(id)
+	}
+	r.out = make([]offload.LookupResult, n)
+	r.first = make([]offload.LookupResult, n)
+	d.m.LookupPrefix(r.keys, rc, r.out)
+	copy(r.first, r.out)
+	return r
+}
+
+// serveTimed counts r's hits (crediting promoted ones to tiers from
+// pool), loads the hit prefix and prepares the store of the rest, which
+// completes at the next step; a request with nothing to store finishes
+// now.
+func (d *driver) serveTimed(r *timedReq, pool []uint64, storing *[]*timedReq) error {
+	m := d.m
+	n := len(r.keys)
+	hits := leadingHits(r.out)
+	primaryHits := 0
+	for _, x := range r.first[:hits] {
+		if x == offload.Hit {
+			primaryHits++
+		}
+	}
+	promoted := uint64(hits - primaryHits)
+	for i := range pool {
+		if promoted == 0 {
+			break
+		}
+		c := min(pool[i], promoted)
+		d.tierHits[i] += c
+		pool[i] -= c
+		promoted -= c
+	}
+	d.res.Requests++
+	d.res.Blocks += uint64(n)
+	d.res.HitBlocks += uint64(hits)
+	d.res.PrimaryHitBlocks += uint64(primaryHits)
+	d.res.PromotedHitBlocks += uint64(hits - primaryHits)
+
+	if hits > 0 {
+		if _, err := m.PrepareLoad(r.keys[:hits], r.rc); err != nil {
+			return fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
+		}
+		if err := m.CompleteLoad(r.keys[:hits], r.rc); err != nil {
+			return fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
+		}
+	}
+	toStore := r.keys[hits:]
+	if r.policy == offload.RequestLevel {
+		toStore = r.keys
+	}
+	if len(toStore) > 0 {
+		ps, ok, err := m.PrepareStore(toStore, r.rc)
+		if err != nil {
+			return fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
+		}
+		if !ok {
+			d.res.StoresRejected++
+		} else if len(ps.KeysToStore) > 0 {
+			m.Touch(r.keys, r.rc)
+			r.stored = ps.KeysToStore
+			*storing = append(*storing, r)
+			return nil
+		}
+	}
+	m.OnRequestFinished(r.rc)
+	return nil
+}
