@@ -42,6 +42,38 @@ func (t TierSpec) value(key string) *yaml.Node {
 	return nil
 }
 
+// Value returns the scalar value of a type-specific key ("" when absent
+// or not a scalar).
+func (t TierSpec) Value(key string) string {
+	if vn := t.value(key); vn != nil && vn.Kind == yaml.ScalarNode {
+		return vn.Value
+	}
+	return ""
+}
+
+// With returns a copy of t whose type-specific key is set to the string
+// value (added when absent); t is unchanged. Tools use it to run a
+// configured tier somewhere else, e.g. an fs tier in a scratch directory.
+func (t TierSpec) With(key, value string) TierSpec {
+	out := t
+	out.params = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: t.params.Line, Column: t.params.Column}
+	set := false
+	for i := 0; i+1 < len(t.params.Content); i += 2 {
+		kn, vn := t.params.Content[i], t.params.Content[i+1]
+		if kn.Value == key {
+			vn = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, Line: vn.Line, Column: vn.Column}
+			set = true
+		}
+		out.params.Content = append(out.params.Content, kn, vn)
+	}
+	if !set {
+		out.params.Content = append(out.params.Content,
+			&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key, Line: t.line},
+			&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, Line: t.line})
+	}
+	return out
+}
+
 // Decode decodes the type-specific keys into v, a pointer to a struct with
 // yaml tags, as strictly as the rest of the file: keys v has no field for,
 // values of the wrong type and invalid values are errors naming the key

@@ -216,10 +216,9 @@ func (p *Primary) prepareLoad(keys []offload.Key, soft bool) ([]int64, error) {
 		slots[i] = int64(s)
 	}
 	if soft {
-		if err := p.checkSoft(slots); err != nil {
+		if err := p.pinSoft(slots); err != nil {
 			return nil, err
 		}
-		p.pinSoft(slots)
 		return slots, nil
 	}
 	p.pin(slots)
@@ -246,21 +245,7 @@ func (p *Primary) PinSlotsSoft(slots []int64) error {
 	if err := p.checkPinnable(slots); err != nil {
 		return err
 	}
-	if err := p.checkSoft(slots); err != nil {
-		return err
-	}
-	p.pinSoft(slots)
-	return nil
-}
-
-// checkSoft rejects slots whose soft count would overflow.
-func (p *Primary) checkSoft(slots []int64) error {
-	for _, s := range slots {
-		if int(p.b.meta[s].soft)+len(slots) > maxSoftPins {
-			return fmt.Errorf("cpu: soft pin slot %d: more than %d soft pins", s, maxSoftPins)
-		}
-	}
-	return nil
+	return p.pinSoft(slots)
 }
 
 // maxSoftPins bounds the soft pins of one block (a cascade to every tier,
@@ -305,10 +290,17 @@ func (p *Primary) pin(slots []int64) {
 }
 
 // pinSoft takes soft pins: the block keeps its place in the policy's
-// lists.
-func (p *Primary) pinSoft(slots []int64) {
-	for _, s := range slots {
+// lists. A block already holding maxSoftPins fails the call, which then
+// pins nothing.
+func (p *Primary) pinSoft(slots []int64) error {
+	for i, s := range slots {
 		m := &p.b.meta[s]
+		if m.soft >= maxSoftPins {
+			if err := p.UnpinSoft(slots[:i]); err != nil {
+				panic("cpu: undoing soft pins: " + err.Error()) // cannot fail: they were just taken
+			}
+			return fmt.Errorf("cpu: soft pin slot %d: more than %d soft pins", s, maxSoftPins)
+		}
 		if m.ref == 0 {
 			p.numEvictable--
 			p.numRevocable++
@@ -316,6 +308,7 @@ func (p *Primary) pinSoft(slots []int64) {
 		m.ref++
 		m.soft++
 	}
+	return nil
 }
 
 // UnpinSoft releases soft pins taken by PinSoft or PinSlotsSoft. The block
@@ -323,26 +316,31 @@ func (p *Primary) pinSoft(slots []int64) {
 // during an eviction. If a slot is out of range or holds fewer soft pins
 // than it is listed it returns an error and unpins nothing.
 func (p *Primary) UnpinSoft(slots []int64) error {
+	// Check by counting down (a slot may be listed more than once), and
+	// undo on error, so that a bad call changes nothing.
 	for i, s := range slots {
-		if s < 0 || s >= int64(p.numSlots) {
-			return fmt.Errorf("cpu: soft unpin slot %d: %w", s, ErrSlotOutOfRange)
+		var err error
+		switch {
+		case s < 0 || s >= int64(p.numSlots):
+			err = ErrSlotOutOfRange
+		case p.b.meta[s].soft == 0:
+			err = ErrNotPinned
 		}
-		n := 0
-		for _, t := range slots[:i+1] {
-			if t == s {
-				n++
+		if err != nil {
+			for _, u := range slots[:i] {
+				p.b.meta[u].soft++
 			}
+			return fmt.Errorf("cpu: soft unpin slot %d: %w", s, err)
 		}
-		if int(p.b.meta[s].soft) < n {
-			return fmt.Errorf("cpu: soft unpin slot %d: %w", s, ErrNotPinned)
-		}
+		p.b.meta[s].soft--
 	}
 	for _, s := range slots {
 		m := &p.b.meta[s]
-		revocable := m.ref == int32(m.soft)
+		// m.soft is already down by this call's pins on s: the block was
+		// revocable iff its hard pins (ref - soft - pins) were none, and
+		// it becomes evictable when ref reaches 0.
 		m.ref--
-		m.soft--
-		if revocable && m.ref == 0 {
+		if m.ref == 0 {
 			p.numRevocable--
 			p.numEvictable++
 		}

@@ -11,12 +11,30 @@
 // tier against the tier's declared medium and locality, read once when
 // the manager is built.
 //
+// The ordered stack of secondary tiers is its own type, Stack: filter
+// enforcement, job ids and outcomes, panic recovery, admission and the
+// cascade pin budget. The Manager is the CPU primary plus a Stack and
+// drives it through the Driver interface; vLLM tier mode drives the same
+// Stack over an engine's arena.
+//
 // Every transfer between the primary and a tier is a job with a unique id.
 // A cascade pins its source blocks in the primary until the tier answers,
 // once per tier job (ref == number of tiers); only the first job looks the
 // keys up, the others pin the same slots by index, and the jobs of one
 // cascade share their Keys and Slots slices, which tiers only read;
 // a promotion reserves its target slots (pending) until the tier answers.
+//
+// A secondary tier never makes the cache worse than the primary alone.
+// Cascade pins are soft (cpu.Primary.PinSoft): a block keeps its place in
+// the eviction order, and when eviction reaches one held only by cascades
+// the primary asks Stack.Revoke, which withdraws the cascade's jobs still
+// queued in their tiers (offload.JobQueue) so that the block is evicted
+// where the primary alone would have evicted it; a transfer that has
+// started is never torn. A pin budget (BudgetConfig) bounds the slots the
+// cascades in flight pin, in all and per tier; a cascade that does not
+// fit, or that a tier refuses (offload.ErrRefused), is dropped and counted
+// by DropReason. A job's latency runs from its submission to its result,
+// so back-pressure sees the time jobs wait in a tier's queue.
 // The manager matches every pin with one unpin and resolves every reserved
 // slot, on success, failure, reset and shutdown alike, and it survives
 // tiers that misbehave: a tier call that panics is recovered and counted

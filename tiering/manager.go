@@ -154,7 +154,7 @@ func (d primaryDriver) PinCascade(keys []offload.Key) ([]offload.Key, []int64, e
 
 func (d primaryDriver) PinAgain(slots []int64) error { return d.m.primary.PinSlotsSoft(slots) }
 
-func (d primaryDriver) CascadeDone(j *offload.Job, _ any) {
+func (d primaryDriver) CascadeDone(j *offload.Job) {
 	if err := d.m.primary.UnpinSoft(j.Slots); err != nil {
 		d.m.log.Error("tiering: cannot unpin cascade source blocks", "job", j.ID, "err", err)
 	}
@@ -472,7 +472,7 @@ func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out 
 	}
 	if rs.requestLevel != 0 {
 		if existing := m.readyNotStored(keys, out.KeysToStore); len(existing) > 0 {
-			m.stack.Cascade(existing, req, rs.requestLevel, nil)
+			m.stack.Cascade(existing, req, rs.requestLevel)
 		}
 	}
 	return true, nil
@@ -527,7 +527,7 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 		return fmt.Errorf("%w %q: complete store", ErrUnknownRequest, req.ID)
 	}
 	if success && len(keys) > 0 && m.stack.Len() > 0 {
-		m.stack.Cascade(slices.Clone(keys), req, ^uint64(0), nil)
+		m.stack.Cascade(slices.Clone(keys), req, ^uint64(0))
 	}
 	if rs.pendingStores > 0 {
 		rs.pendingStores--

@@ -270,15 +270,15 @@ func (q queueTier) CancelQueued(id uint64) bool {
 // waits unstarted in a queueTier, outside keys (a store never evicts its
 // own), cover what the store needed beyond the free slots.
 func withdrawable(s *Stack, p *cpu.Primary, universe, keys []offload.Key) bool {
-	ok := map[*cascadeGroup]bool{}
-	readers := map[offload.Key][]*cascadeGroup{}
+	ok := map[int32]bool{}
+	readers := map[offload.Key][]int32{}
 	for _, jb := range s.jobs {
-		if g := jb.group; g != nil {
+		if g := jb.gid; g != 0 {
 			for _, k := range jb.j.Keys {
 				readers[k] = append(readers[k], g)
 			}
 			if _, seen := ok[g]; !seen {
-				ok[g] = groupWithdrawable(s, g)
+				ok[g] = groupWithdrawable(s, &s.groups[g-1])
 			}
 		}
 	}
@@ -308,16 +308,16 @@ func withdrawable(s *Stack, p *cpu.Primary, universe, keys []offload.Key) bool {
 }
 
 func groupWithdrawable(s *Stack, g *cascadeGroup) bool {
-	for i := range g.block {
-		jb := &g.block[i]
-		if s.jobs[jb.j.ID] != jb {
+	for id := g.first; id < g.first+uint64(g.n); id++ {
+		jb, live := s.jobs[id]
+		if !live {
 			continue
 		}
 		q, ok := jb.tier.t.(queueTier)
-		if !ok || q.started[jb.j.ID] || q.panicOn["CancelQueued"] {
+		if !ok || q.started[id] || q.panicOn["CancelQueued"] {
 			return false
 		}
-		if !slices.ContainsFunc(q.held, func(h *offload.Job) bool { return h.ID == jb.j.ID }) {
+		if !slices.ContainsFunc(q.held, func(h *offload.Job) bool { return h.ID == id }) {
 			return false // answered, result not applied yet
 		}
 	}
@@ -491,16 +491,19 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 			perTier := map[*tier]int{}
 			jobsOf := map[*tier]int{}
 			for _, jb := range s.jobs {
-				if jb.group == nil {
+				if jb.gid == 0 {
 					continue
 				}
-				groups[jb.group] = true
+				groups[&s.groups[jb.gid-1]] = true
 				perTier[jb.tier] += len(jb.j.Keys)
 				jobsOf[jb.tier]++
 			}
 			sum := 0
 			for g := range groups {
 				sum += int(g.slots)
+			}
+			if free := len(s.groups) - len(s.free); free != len(groups) {
+				rt.Fatalf("%d cascade entries in use, %d cascades in flight", free, len(groups))
 			}
 			if sum != s.pinned {
 				rt.Fatalf("budget counts %d pinned slots, the cascades in flight pin %d", s.pinned, sum)

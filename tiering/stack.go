@@ -27,7 +27,7 @@ type Driver interface {
 	// CascadeDone releases the pins of one cascade job. It is called
 	// exactly once for every job PinCascade or PinAgain pinned, whatever
 	// its outcome, except for the jobs Forget drops.
-	CascadeDone(j *offload.Job, tag any)
+	CascadeDone(j *offload.Job)
 	// PromotionDone resolves a promotion's target slots: the first loaded
 	// keys of j arrived, the others did not. It is called exactly once per
 	// promotion submitted with Load, except for the jobs Forget drops.
@@ -79,10 +79,16 @@ type Stack struct {
 	pinned                   int
 
 	// nextID is the job id counter shared by promotions and cascades.
+	// groups holds the cascades in flight, free its unused entries; jobs
+	// and bySlot name a cascade by its index + 1 (a gid), which keeps
+	// pointers out of the per-slot index: no write barrier when it
+	// changes, nothing for the collector to scan.
+	groups []cascadeGroup
+	free   []int32
 	// bySlot is the cascade reading each slot (the latest, if several) and
 	// readers the number of cascades reading it, for Revoke; nil unless
 	// the stack is revocable.
-	bySlot  []*cascadeGroup
+	bySlot  []int32
 	readers []uint16
 
 	nextID uint64
@@ -121,17 +127,20 @@ type tier struct {
 type job struct {
 	tier  *tier
 	start time.Duration // submission time, since the stack's epoch (8 bytes, not 24)
-	// group is the cascade the job belongs to (nil for promotions).
-	group *cascadeGroup
-	j     offload.Job
+	// gid names the cascade the job belongs to (0 for promotions).
+	gid int32
+	j   offload.Job
 }
 
-// cascadeGroup is the state the jobs of one cascade share.
+// cascadeGroup is the state the jobs of one cascade share. It holds no
+// pointer: the cascade's jobs have the consecutive ids first, first+1,
+// …, first+n-1 (Cascade issues no other id while it submits them).
 type cascadeGroup struct {
+	first uint64
+	n     int32 // jobs submitted
 	jobs  int32 // jobs without an outcome yet
 	slots int32 // slots counted against the budget
-	tag   any   // the driver's, from Cascade
-	block []job // the cascade's jobs, finished ones included
+	open  bool  // Cascade is still submitting its jobs
 }
 
 // NewStack builds a stack over cfg.Tiers.
@@ -167,7 +176,7 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 	}
 	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, len(cfg.Tiers))
 	if cfg.Revocable && len(cfg.Tiers) > 0 {
-		s.bySlot = make([]*cascadeGroup, slots)
+		s.bySlot = make([]int32, slots)
 		s.readers = make([]uint16, slots)
 	}
 	names := make(map[string]bool, len(cfg.Tiers))
@@ -267,13 +276,13 @@ func (s *Stack) Load(i int, keys []offload.Key, slots []int64, req *offload.ReqC
 // Only the first job resolves the keys (PinCascade); the others pin the
 // same slots (PinAgain). The jobs share keys and slots, which tiers only
 // read. It returns the number of jobs submitted; each one's outcome
-// reaches Driver.CascadeDone with tag.
-func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64, tag any) int {
+// reaches Driver.CascadeDone.
+func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64) int {
 	filter := req.StoreFilter
 	var now time.Time
 	var slots []int64
 	var block []job // the cascade's jobs, one allocation
-	var g *cascadeGroup
+	var gid int32
 	n := 0
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 {
@@ -284,7 +293,7 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 			continue
 		}
 		if s.maxPinned > 0 || ts.queue != nil || ts.pressure.active {
-			if r, drop := s.admit(ts, len(keys), g == nil || g.jobs == 0); drop {
+			if r, drop := s.admit(ts, len(keys), gid == 0 || s.groups[gid-1].jobs == 0); drop {
 				s.countDrop(ts, r, len(keys))
 				continue
 			}
@@ -315,11 +324,14 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 		if now.IsZero() {
 			now = time.Now()
 			block = make([]job, 0, len(s.tiers)-ts.idx)
-			g = &cascadeGroup{slots: int32(len(keys)), tag: tag}
 		}
 		block = block[:len(block)+1] // within capacity: one job per tier left
-		g.block = block
 		jb := s.initJob(&block[len(block)-1], ts, keys, slots, false, req, now)
+		if gid == 0 {
+			gid = s.newGroup(int32(len(keys)), jb.j.ID)
+		}
+		g := &s.groups[gid-1]
+		g.n++
 		if g.jobs == 0 {
 			// The cascade counts against the budget, and is indexed for
 			// Revoke, while it has a job (one whose submission panicked
@@ -327,12 +339,12 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 			s.pinned += int(g.slots)
 			if s.bySlot != nil {
 				for _, sl := range slots {
-					s.bySlot[sl] = g
+					s.bySlot[sl] = gid
 					s.readers[sl]++
 				}
 			}
 		}
-		jb.group = g
+		jb.gid = gid
 		g.jobs++
 		ts.pinned += len(keys)
 		ts.cascadesInFlight++
@@ -341,7 +353,34 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 			s.failSubmitted(jb, "submit store panicked")
 		}
 	}
+	if gid != 0 {
+		g := &s.groups[gid-1]
+		if g.open = false; g.jobs == 0 {
+			s.freeGroup(gid)
+		}
+	}
 	return n
+}
+
+// freeGroup returns a cascade's entry to the free list.
+func (s *Stack) freeGroup(gid int32) {
+	s.groups[gid-1] = cascadeGroup{}
+	s.free = append(s.free, gid-1)
+}
+
+// newGroup takes a free cascade entry and returns its gid; it stays open
+// (not freed when its jobs end) until Cascade has submitted them all.
+func (s *Stack) newGroup(slots int32, first uint64) int32 {
+	var i int32
+	if n := len(s.free); n > 0 {
+		i = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		s.groups = append(s.groups, cascadeGroup{})
+		i = int32(len(s.groups) - 1)
+	}
+	s.groups[i] = cascadeGroup{slots: slots, first: first, open: true}
+	return i + 1
 }
 
 // admit decides whether ts takes a cascade of n blocks; first is true
@@ -494,19 +533,22 @@ func (s *Stack) endCascade(jb *job) {
 	ts := jb.tier
 	ts.cascadesInFlight--
 	ts.pinned -= len(jb.j.Keys)
-	g := jb.group
+	g := &s.groups[jb.gid-1]
 	if g.jobs--; g.jobs == 0 {
 		s.pinned -= int(g.slots)
 		if s.bySlot != nil {
 			for _, sl := range jb.j.Slots {
 				s.readers[sl]--
-				if s.bySlot[sl] == g {
-					s.bySlot[sl] = nil
+				if s.bySlot[sl] == jb.gid {
+					s.bySlot[sl] = 0
 				}
 			}
 		}
+		if !g.open {
+			s.freeGroup(jb.gid)
+		}
 	}
-	s.drv.CascadeDone(&jb.j, g.tag)
+	s.drv.CascadeDone(&jb.j)
 }
 
 // Revoke withdraws the cascade reading slot if none of its jobs has
@@ -522,7 +564,7 @@ func (s *Stack) Revoke(slot int64) bool {
 	if s.bySlot == nil || slot < 0 || slot >= int64(len(s.bySlot)) {
 		return false
 	}
-	if g := s.bySlot[slot]; g != nil && !s.withdraw(g) {
+	if gid := s.bySlot[slot]; gid != 0 && !s.withdraw(gid) {
 		return false
 	}
 	if s.readers[slot] == 0 {
@@ -531,33 +573,34 @@ func (s *Stack) Revoke(slot int64) bool {
 	// Several cascades read the slot (a request-level tier was offered
 	// blocks again): the index names only the latest, so look for the
 	// others among the jobs in flight. This is rare and off the hot path.
-	var others []*cascadeGroup
+	var others []int32
 	for _, jb := range s.jobs {
-		if g := jb.group; g != nil && !slices.Contains(others, g) && slices.Contains(jb.j.Slots, slot) {
-			others = append(others, g)
+		if jb.gid != 0 && !slices.Contains(others, jb.gid) && slices.Contains(jb.j.Slots, slot) {
+			others = append(others, jb.gid)
 		}
 	}
-	for _, g := range others {
-		if !s.withdraw(g) {
+	for _, gid := range others {
+		if !s.withdraw(gid) {
 			return false
 		}
 	}
 	return true
 }
 
-// withdraw withdraws every job of cascade g still in flight (see Revoke)
-// and reports whether it withdrew them all.
-func (s *Stack) withdraw(g *cascadeGroup) bool {
-	for i := range g.block {
-		jb := &g.block[i]
-		if s.jobs[jb.j.ID] == jb && jb.tier.queue == nil {
+// withdraw withdraws every job of cascade gid still in flight (see
+// Revoke) and reports whether it withdrew them all.
+func (s *Stack) withdraw(gid int32) bool {
+	// The entry may be freed as its last job ends: copy what is needed.
+	g := s.groups[gid-1]
+	for id := g.first; id < g.first+uint64(g.n); id++ {
+		if jb, live := s.jobs[id]; live && jb.tier.queue == nil {
 			return false
 		}
 	}
 	all := true
-	for i := range g.block {
-		jb := &g.block[i]
-		if s.jobs[jb.j.ID] != jb {
+	for id := g.first; id < g.first+uint64(g.n); id++ {
+		jb, live := s.jobs[id]
+		if !live {
 			continue // answered, or failed at submission
 		}
 		if !s.tierCancel(jb.tier, jb.j.ID) {
@@ -659,6 +702,8 @@ func (s *Stack) Forget() {
 	s.pinned = 0
 	clear(s.bySlot)
 	clear(s.readers)
+	clear(s.groups)
+	s.groups, s.free = s.groups[:0], s.free[:0]
 	s.resetFloor = s.nextID
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/tiers/redis"
 	"github.com/kvtier/kvtier/tiers/s3"
+	"github.com/kvtier/kvtier/vfs"
 )
 
 // Declaration is what a configured secondary tier declares about itself:
@@ -55,6 +56,10 @@ func (d Declaration) String() string {
 type Options struct {
 	// Logger receives the tiers' logs; nil means slog.Default().
 	Logger *slog.Logger
+	// FS, if set, gives the filesystem of each fs tier by name (fault
+	// injection in tests and tools: vfs.Injector); nil means the
+	// operating system's.
+	FS func(tier string) vfs.FS
 }
 
 // plan is a decoded and validated tier entry, ready to build.
@@ -268,6 +273,9 @@ func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := fc
 			c.Logger = opts.Logger.With("tier", c.Name)
+			if opts.FS != nil {
+				c.FS = opts.FS(c.Name)
+			}
 			t, err := fs.New(c)
 			if err != nil {
 				return nil, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Op names an operation an Injector can fail.
@@ -58,6 +59,9 @@ type Fault struct {
 	// (a Short write still writes its half) and every later operation
 	// fails with ErrCrashed, so no cleanup code can run.
 	Crash bool
+	// Delay makes the operation wait this long first: a slow device.
+	// With no Err, Short or Crash the operation then succeeds.
+	Delay time.Duration
 }
 
 // Rule decides the fault of an operation on path; nil means none.
@@ -165,6 +169,14 @@ func (in *Injector) check(op Op, path string) (*Fault, error) {
 		return nil, nil
 	}
 	in.injected++
+	if f.Delay > 0 {
+		in.mu.Unlock()
+		time.Sleep(f.Delay)
+		in.mu.Lock()
+		if !f.Crash && !f.Short && f.Err == nil {
+			return nil, nil
+		}
+	}
 	if f.Crash {
 		in.crashed = true
 	}

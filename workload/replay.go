@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tierset"
+	"github.com/kvtier/kvtier/vfs"
 )
 
 // Defaults for Options.
@@ -74,8 +77,21 @@ type Options struct {
 	Speedup float64
 	// Step is the modelled engine step (0: DefaultStep).
 	Step time.Duration
+	// WaitSteps bounds the steps a request of a timed replay waits for its
+	// promotions before it is served with the hits it has (0:
+	// DefaultWaitSteps). While it waits it holds the blocks that already
+	// answered HIT (a lookup lease), as the engine's connector does.
+	WaitSteps int
 	// Budget is the manager's cascade pin budget (zero: the default).
 	Budget tiering.BudgetConfig
+	// FreshTiers runs each fs tier in a new directory under its root_dir,
+	// removed after the replay, so that the replay starts from an empty
+	// tier and two replays are comparable. Other persistent tiers (s3,
+	// redis) keep what they hold; a warning says so.
+	FreshTiers bool
+	// FS, if set, gives the filesystem of each fs tier by name
+	// (tierset.Options.FS), e.g. a vfs.Injector with delays.
+	FS func(tier string) vfs.FS
 	// Progress, if set, is called about every ProgressEvery with the
 	// requests replayed so far and their hit rate.
 	Progress      func(Progress)
@@ -85,6 +101,10 @@ type Options struct {
 // DefaultStep is the modelled engine step of a timed replay: a decode
 // step of a mid-sized model on one GPU.
 const DefaultStep = 10 * time.Millisecond
+
+// DefaultWaitSteps is the longest a request of a timed replay waits for
+// its promotions: 50 steps, half a second at DefaultStep.
+const DefaultWaitSteps = 50
 
 // Progress is a replay's progress so far.
 type Progress struct {
@@ -120,6 +140,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Step == 0 {
 		o.Step = DefaultStep
 	}
+	if o.WaitSteps == 0 {
+		o.WaitSteps = DefaultWaitSteps
+	}
 	if o.ProgressEvery == 0 {
 		o.ProgressEvery = time.Second
 	}
@@ -128,6 +151,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("workload: speed-up %v: want a factor in (0, 1e6]", o.Speedup)
 	case o.Step < 0:
 		return o, fmt.Errorf("workload: step %v: want > 0", o.Step)
+	case o.WaitSteps < 0:
+		return o, fmt.Errorf("workload: wait steps %d: want > 0", o.WaitSteps)
 	case o.PrimaryBlocks < 0:
 		return o, fmt.Errorf("workload: primary blocks %d: want > 0", o.PrimaryBlocks)
 	case o.BlockBytes < 0:
@@ -150,6 +175,10 @@ type Result struct {
 	HitBlocks         uint64 `json:"hit_blocks"`
 	PrimaryHitBlocks  uint64 `json:"primary_hit_blocks"`
 	PromotedHitBlocks uint64 `json:"promoted_hit_blocks"`
+	// UnattributedHitBlocks are promoted hits no tier could be credited
+	// with: in a timed replay one promotion may serve several waiting
+	// requests, and each tier is credited with the blocks it promoted.
+	UnattributedHitBlocks uint64 `json:"unattributed_hit_blocks,omitempty"`
 	// HitRate is HitBlocks / Blocks, the prefix hit rate.
 	HitRate float64 `json:"hit_rate"`
 	// Unsettled counts requests whose lookup had not settled within the
@@ -257,6 +286,19 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		cfg = &c
 	}
 	cfg.Namespace.BytesPerBlock = config.ByteSize(opts.BlockBytes)
+	var warnings []string
+	if opts.FreshTiers {
+		scratch, w, err := freshTiers(cfg)
+		defer func() {
+			for _, d := range scratch {
+				os.RemoveAll(d)
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+		warnings = w
+	}
 
 	parser := cfg.Parser()
 	tmpl, err := parser.NewReqContext("params", opts.Params)
@@ -272,7 +314,7 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workload: primary: %w", err)
 	}
-	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: opts.Logger})
+	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: opts.Logger, FS: opts.FS})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("workload: %w", err), primary.Close())
 	}
@@ -291,6 +333,7 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 	}
 
 	d := newDriver(m, primary.Policy(), opts, tmpl)
+	d.res.Warnings = append(d.res.Warnings, warnings...)
 	run := d.run
 	if opts.Timed {
 		run = d.runTimed
@@ -303,6 +346,35 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// freshTiers points each fs tier of cfg (a copy) at a new directory under
+// its root_dir and returns the directories, and a warning for every other
+// tier that keeps blocks across replays.
+func freshTiers(cfg *config.Config) (dirs, warnings []string, err error) {
+	specs := slices.Clone(cfg.SecondaryTiers)
+	for i, t := range specs {
+		switch t.Type {
+		case "fs":
+			root := t.Value("root_dir")
+			if root == "" {
+				continue // the tier's own error names the missing key
+			}
+			if err := os.MkdirAll(root, 0o700); err != nil {
+				return dirs, nil, fmt.Errorf("workload: tier %q: %w", t.Name, err)
+			}
+			d, err := os.MkdirTemp(root, ".kvtier-bench-")
+			if err != nil {
+				return dirs, nil, fmt.Errorf("workload: tier %q: %w", t.Name, err)
+			}
+			dirs = append(dirs, d)
+			specs[i] = t.With("root_dir", d)
+		case "s3", "redis":
+			warnings = append(warnings, fmt.Sprintf("tier %q (%s) is not emptied before the replay: blocks it holds from earlier runs count as hits", t.Name, t.Type))
+		}
+	}
+	cfg.SecondaryTiers = specs
+	return dirs, warnings, nil
 }
 
 // driver replays requests through one manager.

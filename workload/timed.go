@@ -21,6 +21,11 @@ type timedReq struct {
 	out     []offload.LookupResult
 	first   []offload.LookupResult
 	arrived time.Time
+	steps   int // steps waited
+	// leased is the leading prefix that answered HIT at arrival, pinned
+	// while the request waits so that waiting cannot cost it hits the
+	// primary alone would have served.
+	leased []offload.Key
 	// stored are the keys PrepareStore reserved; CompleteStore runs at
 	// the next step, as the engine's copy into the slots takes one.
 	stored []offload.Key
@@ -32,8 +37,11 @@ type timedReq struct {
 // their prefix up again and are served once it settled (or their wait
 // ran out); requests that arrived since the last step are announced and
 // looked up, and served at once if nothing is pending; ScheduleEnd ends
-// the step. Steps start every Options.Step of wall time; a step that
-// overruns delays the next one (the lag is reported), it is never skipped.
+// the step. Step k admits the requests that arrived by trace time
+// k × Step × Speedup, so which requests share a step does not depend on
+// the machine; steps start every Options.Step of wall time, and a step
+// that overruns delays the next one (the lag is reported) rather than
+// being skipped: only the tiers' speed against the clock varies.
 func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
 	m := d.m
 	o := d.opts
@@ -72,7 +80,7 @@ func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
 			tr.MaxBehind = max(tr.MaxBehind, behind)
 		}
 		now := time.Now()
-		traceNow := int64(float64(now.Sub(start).Milliseconds()) * o.Speedup)
+		traceNow := int64(float64(time.Duration(k)*o.Step) * o.Speedup / float64(time.Millisecond))
 
 		for i, st := range m.Stats().Tiers {
 			pool[i] += st.PromotedBlocks - promoted[i]
@@ -91,7 +99,7 @@ func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
 		for _, r := range waiting {
 			m.LookupPrefix(r.keys, r.rc, r.out)
 			settled := isSettled(r.out)
-			if !settled && now.Sub(r.arrived) < o.SettleTimeout {
+			if r.steps++; !settled && r.steps < o.WaitSteps {
 				tr.WaitSteps++
 				kept = append(kept, r)
 				continue
@@ -130,6 +138,9 @@ func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
 			next = nil
 			newIDs = append(newIDs, r.rc.ID)
 			if !isSettled(r.out) {
+				if err := d.lease(r); err != nil {
+					return nil, err
+				}
 				waiting = append(waiting, r)
 				continue
 			}
@@ -176,6 +187,19 @@ func (d *driver) arrive(req Request, now time.Time) *timedReq {
 	return r
 }
 
+// lease pins the prefix of r that answered HIT, for as long as r waits.
+func (d *driver) lease(r *timedReq) error {
+	n := leadingHits(r.out)
+	if n == 0 {
+		return nil
+	}
+	if _, err := d.m.PrepareLoad(r.keys[:n], r.rc); err != nil {
+		return fmt.Errorf("workload: request at trace line %d: lease: %w", r.req.Line, err)
+	}
+	r.leased = r.keys[:n]
+	return nil
+}
+
 // serveTimed counts r's hits (crediting promoted ones to tiers from
 // pool), loads the hit prefix and prepares the store of the rest, which
 // completes at the next step; a request with nothing to store finishes
@@ -205,6 +229,7 @@ func (d *driver) serveTimed(r *timedReq, pool []uint64, storing *[]*timedReq) er
 	d.res.HitBlocks += uint64(hits)
 	d.res.PrimaryHitBlocks += uint64(primaryHits)
 	d.res.PromotedHitBlocks += uint64(hits - primaryHits)
+	d.res.UnattributedHitBlocks += promoted
 
 	if hits > 0 {
 		if _, err := m.PrepareLoad(r.keys[:hits], r.rc); err != nil {
@@ -213,6 +238,12 @@ func (d *driver) serveTimed(r *timedReq, pool []uint64, storing *[]*timedReq) er
 		if err := m.CompleteLoad(r.keys[:hits], r.rc); err != nil {
 			return fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
 		}
+	}
+	if len(r.leased) > 0 {
+		if err := m.CompleteLoad(r.leased, r.rc); err != nil {
+			return fmt.Errorf("workload: request at trace line %d: end of lease: %w", r.req.Line, err)
+		}
+		r.leased = nil
 	}
 	toStore := r.keys[hits:]
 	if r.policy == offload.RequestLevel {

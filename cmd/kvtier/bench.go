@@ -42,6 +42,7 @@ type benchFlags struct {
 	plot          string
 	plotSizes     string
 	progress      bool
+	warm          bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -117,6 +118,7 @@ progress line is shown on a terminal (--progress forces it).`,
 	fl.StringVar(&f.plot, "plot", "", "write a PNG chart of the hit rates to this file")
 	fl.StringVar(&f.plotSizes, "plot-sizes", "", "with --plot: comma-separated primary sizes in blocks to sweep (default: ¼, ½, 1, 2 and 4 × --primary-blocks)")
 	fl.BoolVar(&f.progress, "progress", false, "print progress on stderr even when it is not a terminal")
+	fl.BoolVar(&f.warm, "warm-tiers", false, "run fs tiers in their root_dir as configured, keeping what they hold (default: a scratch directory under it per replay)")
 	_ = cmd.MarkFlagRequired("trace") // only fails for an unknown flag name
 	return cmd
 }
@@ -202,6 +204,7 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 		Speedup:       f.speedup,
 		Step:          f.step,
 		Budget:        budget,
+		FreshTiers:    !f.warm,
 	}
 	prog := newProgressLine(stderr, f.progress)
 	run := func(o workload.Options, label string) (*workload.Result, error) {
@@ -388,6 +391,9 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 	fmt.Fprintf(tw, "  from primary\t%.4f\t%d blocks\n", rate(r.PrimaryHitBlocks, r.Blocks), r.PrimaryHitBlocks)
 	for _, t := range r.Tiers {
 		fmt.Fprintf(tw, "  promoted from %s\t%.4f\t%d blocks\n", t.Name, rate(t.HitBlocks, r.Blocks), t.HitBlocks)
+	}
+	if n := r.UnattributedHitBlocks; n > 0 {
+		fmt.Fprintf(tw, "  promoted, tier not told apart\t%.4f\t%d blocks (one promotion served several waiting requests)\n", rate(n, r.Blocks), n)
 	}
 	fmt.Fprintf(tw, "reference: plain LRU of %d blocks\t%.4f\t\n", rep.Opts.PrimaryBlocks, rep.RefLRU)
 	fmt.Fprintf(tw, "reference: unbounded (maximum)\t%.4f\t\n", rep.RefMax)

@@ -31,6 +31,9 @@ func writePlot(name string, rep *benchReport) (err error) {
 	for _, t := range r.Tiers {
 		pr.Splits = append(pr.Splits, plot.Split{Label: "from " + t.Name, Rate: rate(t.HitBlocks, r.Blocks)})
 	}
+	if n := r.UnattributedHitBlocks; n > 0 {
+		pr.Splits = append(pr.Splits, plot.Split{Label: "promoted, tier not told apart", Rate: rate(n, r.Blocks)})
+	}
 	for _, p := range rep.Sweep {
 		pr.Sweep = append(pr.Sweep, plot.Point{PrimaryBlocks: p.PrimaryBlocks, HitRate: p.HitRate, LRUHitRate: p.LRUHitRate})
 	}

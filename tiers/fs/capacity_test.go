@@ -398,8 +398,14 @@ func TestQueueFullFailsAtOnce(t *testing.T) {
 	tier.SubmitLoad(&offload.Job{ID: 2, Keys: []offload.Key{k(1)}, Slots: []int64{2}, Arena: a, Promotion: true})
 	tier.SubmitLoad(&offload.Job{ID: 3, Keys: []offload.Key{k(1)}, Slots: []int64{3}, Arena: a, Promotion: true})
 	res := tier.FinishedJobs()
-	if len(res) != 1 || res[0].JobID != 3 || !errors.Is(res[0].Err, ErrQueueFull) {
-		t.Fatalf("immediate results %+v, want job 3 failed with ErrQueueFull", res)
+	if len(res) != 1 || res[0].JobID != 3 || !errors.Is(res[0].Err, ErrQueueFull) || !errors.Is(res[0].Err, offload.ErrRefused) {
+		t.Fatalf("immediate results %+v, want job 3 refused with ErrQueueFull", res)
+	}
+	if reason, ok := offload.RefusalReason(res[0].Err); !ok || reason != offload.RefusedQueueFull {
+		t.Fatalf("refusal reason %q, %v", reason, ok)
+	}
+	if q, c := tier.QueuedJobs(); q != 1 || c != 2 {
+		t.Fatalf("QueuedJobs = %d of %d, want job 2 queued of 2 (one per pool)", q, c)
 	}
 	close(release)
 	res = collect(t, tier, 2)
@@ -410,6 +416,51 @@ func TestQueueFullFailsAtOnce(t *testing.T) {
 	}
 	if tier.Stats().QueueFull != 1 {
 		t.Fatal("queue-full rejection not counted")
+	}
+}
+
+// A queued job can be withdrawn: it is never answered, never touches its
+// slots, and drains count it done; a started job cannot be.
+func TestCancelQueued(t *testing.T) {
+	tier := newTier(t, t.TempDir(), func(c *Config) { c.WriteThreads, c.QueueDepth = 1, 4 })
+	a := newArena(bs, 4, true)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	tier.hookStoreStart = func() {
+		if !once {
+			once = true
+			close(started)
+			<-release
+		}
+	}
+	tier.SubmitStore(&offload.Job{ID: 1, Keys: []offload.Key{k(1)}, Slots: []int64{0}, Arena: a})
+	<-started
+	tier.SubmitStore(&offload.Job{ID: 2, Keys: []offload.Key{k(2)}, Slots: []int64{1}, Arena: a})
+	if tier.CancelQueued(1) {
+		t.Fatal("withdrew a started job")
+	}
+	if !tier.CancelQueued(2) || tier.CancelQueued(2) {
+		t.Fatal("CancelQueued of the queued job: want true once")
+	}
+	if q, _ := tier.QueuedJobs(); q != 0 {
+		t.Fatalf("%d jobs queued after the withdrawal", q)
+	}
+	close(release)
+	res := collect(t, tier, 1)
+	if res[0].JobID != 1 || !res[0].Success {
+		t.Fatalf("results %+v, want only job 1, done", res)
+	}
+	if err := tier.DrainJobs(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tier.Path(k(2))); !errors.Is(err, os.ErrNotExist) || tier.Stats().Cancelled != 1 {
+		t.Fatalf("withdrawn block: stat %v, cancelled %d", err, tier.Stats().Cancelled)
+	}
+	if tier.Len() != 1 {
+		t.Fatalf("tier holds %d blocks, want 1", tier.Len())
+	}
+	if got := tier.FinishedJobs(); len(got) != 0 {
+		t.Fatalf("withdrawn job answered: %+v", got)
 	}
 }
 

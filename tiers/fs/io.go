@@ -84,6 +84,9 @@ func (t *Tier) slots(job *offload.Job) ([][]byte, error) {
 // wait in the queue, which is what admission must see.
 func (w *worker) store(job *offload.Job, start time.Time) {
 	t := w.t
+	if t.hookStoreStart != nil {
+		t.hookStoreStart()
+	}
 	slots, err := t.slots(job)
 	if err != nil {
 		t.fail(job, true, nil, err, start)

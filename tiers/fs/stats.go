@@ -68,3 +68,10 @@ func (t *Tier) Stats() Stats {
 		UsedBytes:        used, MaxBytes: t.s.maxBytes, Files: files, Direct: t.direct,
 	}
 }
+
+// Len returns the number of blocks the tier holds (its indexed files).
+func (t *Tier) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idx.live
+}

@@ -71,8 +71,9 @@ type Tier struct {
 	st counters
 
 	// Test hooks, nil in production.
-	hookAcquired func(k offload.Key) // a load holds k's reader ref, before open
-	hookEvicting func(k offload.Key) // k is marked evicting, before its unlink
+	hookAcquired   func(k offload.Key) // a load holds k's reader ref, before open
+	hookEvicting   func(k offload.Key) // k is marked evicting, before its unlink
+	hookStoreStart func()              // a worker started a store job
 }
 
 var (

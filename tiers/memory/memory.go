@@ -68,8 +68,11 @@ type Tier struct {
 	inflight int // jobs without a result: in service or waiting
 	running  int // jobs in service (waiting out their latency)
 	waiting  []waitingJob
-	idle     chan struct{} // closed when inflight drops to zero; nil while idle
-	closed   bool
+	// serving holds the jobs in service; a job's transfer happens when
+	// its latency has passed, so until then it can still be withdrawn.
+	serving map[uint64]chan struct{}
+	idle    chan struct{} // closed when inflight drops to zero; nil while idle
+	closed  bool
 }
 
 // waitingJob is a job queued behind Concurrency jobs in service.
@@ -125,6 +128,7 @@ func New(cfg Config) (*Tier, error) {
 		rng:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6b7674696572)),
 		blocks:  make(map[offload.Key]*entry),
 		reqs:    make(map[string]*reqState),
+		serving: make(map[uint64]chan struct{}),
 	}
 	t.lru.prev, t.lru.next = &t.lru, &t.lru
 	return t, nil
@@ -227,8 +231,16 @@ func (t *Tier) submit(job *offload.Job, load bool) {
 		return
 	}
 	t.addInflight()
+	t.startLocked(job, load, failAt, now)
+}
+
+// startLocked puts job in service: it completes after its service time.
+// t.mu is held.
+func (t *Tier) startLocked(job *offload.Job, load bool, failAt int, at time.Time) {
 	t.running++
-	go t.delayed(job, load, failAt, now)
+	cancel := make(chan struct{})
+	t.serving[job.ID] = cancel
+	go t.delayed(job, load, failAt, at, cancel)
 }
 
 func (t *Tier) serviceTime(job *offload.Job) time.Duration {
@@ -252,30 +264,40 @@ func (t *Tier) doneInflight() {
 
 // delayed completes a job after its service time, or fails it at once
 // when the tier closes, then starts the next waiting job.
-func (t *Tier) delayed(job *offload.Job, load bool, failAt int, start time.Time) {
+func (t *Tier) delayed(job *offload.Job, load bool, failAt int, start time.Time, cancel chan struct{}) {
 	timer := time.NewTimer(t.serviceTime(job))
-	aborted := false
+	aborted, withdrawn := false, false
 	select {
 	case <-timer.C:
 	case <-t.closing:
 		timer.Stop()
 		aborted = true
+	case <-cancel:
+		timer.Stop()
+		withdrawn = true
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if aborted {
+	switch {
+	case withdrawn:
+		// CancelQueued answered for it and counted it done.
+	case t.serving[job.ID] != cancel:
+		// Withdrawn just as its time came: nothing to do.
+	case aborted:
+		delete(t.serving, job.ID)
 		t.results = append(t.results, offload.JobResult{JobID: job.ID, Err: ErrClosed, Duration: time.Since(start)})
-	} else {
+		t.doneInflight()
+	default:
+		delete(t.serving, job.ID)
 		t.finish(job, load, failAt, start)
+		t.doneInflight()
 	}
 	t.running--
-	t.doneInflight()
 	if len(t.waiting) > 0 && !t.closed {
 		w := t.waiting[0]
 		t.waiting[0] = waitingJob{}
 		t.waiting = t.waiting[1:]
-		t.running++
-		go t.delayed(w.job, w.load, w.failAt, w.at)
+		t.startLocked(w.job, w.load, w.failAt, w.at)
 	}
 }
 
@@ -287,11 +309,18 @@ func (t *Tier) QueuedJobs() (queued, capacity int) {
 	return len(t.waiting), t.cfg.QueueDepth
 }
 
-// CancelQueued implements offload.JobQueue: a waiting job is withdrawn and
-// never answered.
+// CancelQueued implements offload.JobQueue: a job waiting for its turn or
+// still waiting out its latency (its transfer happens at the end) is
+// withdrawn and never answered.
 func (t *Tier) CancelQueued(id uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if c, ok := t.serving[id]; ok {
+		delete(t.serving, id)
+		close(c)
+		t.doneInflight()
+		return true
+	}
 	for i, w := range t.waiting {
 		if w.job.ID == id {
 			t.waiting = slices.Delete(t.waiting, i, i+1)

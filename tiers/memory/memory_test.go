@@ -556,3 +556,49 @@ func TestEventsTrackContents(t *testing.T) {
 		tier.FinishedJobs()
 	})
 }
+
+// With Concurrency, jobs beyond it wait in a FIFO queue (QueueDepth bounds
+// it: a job beyond is refused); a job waiting, or still waiting out its
+// latency, can be withdrawn and is never answered nor copied.
+func TestConcurrencyQueueAndCancel(t *testing.T) {
+	tier := mustNew(t, Config{Name: "q", Latency: time.Hour, Concurrency: 1, QueueDepth: 2})
+	a := newArena(8, 16)
+	for i := range 4 {
+		a.fill(int64(i), byte(i+1))
+		store(tier, a, uint64(i+1), keys(i), int64(i))
+	}
+	if q, c := tier.QueuedJobs(); q != 2 || c != 2 {
+		t.Fatalf("QueuedJobs = %d, %d; want 2 waiting of 2", q, c)
+	}
+	res := tier.FinishedJobs()
+	if len(res) != 1 || res[0].JobID != 4 || !errors.Is(res[0].Err, offload.ErrRefused) {
+		t.Fatalf("results %+v, want job 4 refused (queue full)", res)
+	}
+	// Job 1 is in service (its latency runs), 2 and 3 wait.
+	for _, id := range []uint64{3, 1, 2} {
+		if !tier.CancelQueued(id) {
+			t.Fatalf("job %d not withdrawn", id)
+		}
+	}
+	if tier.CancelQueued(1) || tier.CancelQueued(99) {
+		t.Fatal("withdrew a job twice, or an unknown one")
+	}
+	if err := tier.DrainJobs(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := tier.FinishedJobs(); len(got) != 0 || tier.Len() != 0 || tier.HasPendingWork() {
+		t.Fatalf("withdrawn jobs answered %+v, or stored %d blocks", got, tier.Len())
+	}
+}
+
+// BlockLatency adds to a job's latency per block, and the job's reported
+// duration runs from its submission.
+func TestBlockLatency(t *testing.T) {
+	tier := mustNew(t, Config{Name: "b", BlockLatency: 5 * time.Millisecond})
+	a := newArena(4, 16)
+	store(tier, a, 1, keys(1, 2, 3, 4), 0, 1, 2, 3)
+	res := collect(t, tier, 1)
+	if !res[0].Success || res[0].Duration < 20*time.Millisecond {
+		t.Fatalf("result %+v, want success after at least 4 × 5ms", res[0])
+	}
+}

@@ -1,0 +1,107 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/vfs"
+)
+
+// A secondary tier never makes the cache worse than the primary alone
+// (DESIGN.md §7), at any tier speed and under any filter: random sets of
+// memory and fs tiers, 0 to 50 ms per block (the memory tier's
+// block_latency, the fs tier's writes and reads delayed through the vfs
+// seam), bounded or unbounded concurrency, random load and store filters,
+// in both replay modes. The primary alone is replayed the same way: a
+// timed replay admits requests by step, not by wall-clock time, so the
+// baseline does not depend on the machine's speed; only the tiers' does.
+func TestTiersNeverWorseThanPrimaryAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the trace many times")
+	}
+	reqs := loadPrefix(t)[:1000]
+	const primary = 3000
+	base := func(timed bool) float64 {
+		res, err := Replay(context.Background(), Requests(reqs), Options{PrimaryBlocks: primary, BlockBytes: 64, Timed: timed, Speedup: 400, Step: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.HitRate
+	}
+	baseline := map[bool]float64{false: base(false), true: base(true)}
+	t.Logf("primary alone: %.4f sequential, %.4f timed", baseline[false], baseline[true])
+
+	latencies := []time.Duration{0, time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond}
+	filters := []string{"", `[]`, `[{"medium":"cpu"}]`, `[{"medium":"storage"}]`, `[{"locality":"local"}]`, `[{"medium":"cpu","locality":"remote"}]`}
+	run := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		run++
+		var b strings.Builder
+		b.WriteString("secondary_tiers:\n")
+		delays := map[string]time.Duration{}
+		n := rapid.IntRange(1, 3).Draw(rt, "tiers")
+		for i := range n {
+			name := fmt.Sprintf("t%d", i)
+			lat := rapid.SampledFrom(latencies).Draw(rt, "latency")
+			if rapid.Bool().Draw(rt, "fs") {
+				fmt.Fprintf(&b, "  - {name: %s, type: fs, root_dir: %q, locality: %s, write_threads: %d, read_threads: 2}\n",
+					name, fmt.Sprintf("%s/%d-%d", t.TempDir(), run, i), rapid.SampledFrom([]string{"local", "remote"}).Draw(rt, "fsLocality"), rapid.IntRange(1, 4).Draw(rt, "writers"))
+				delays[name] = lat
+				continue
+			}
+			fmt.Fprintf(&b, "  - {name: %s, type: memory, block_latency: %s, concurrency: %d, capacity_blocks: %d",
+				name, lat, rapid.SampledFrom([]int{0, 1, 4}).Draw(rt, "concurrency"), rapid.SampledFrom([]int{0, 200, 2000}).Draw(rt, "capacity"))
+			if m := rapid.SampledFrom([]string{"", "cpu", "storage"}).Draw(rt, "medium"); m != "" {
+				fmt.Fprintf(&b, ", medium: %s", m)
+			}
+			if l := rapid.SampledFrom([]string{"", "local", "remote"}).Draw(rt, "locality"); l != "" {
+				fmt.Fprintf(&b, ", locality: %s", l)
+			}
+			b.WriteString("}\n")
+		}
+		cfg, err := config.Parse([]byte(b.String()))
+		if err != nil {
+			rt.Fatalf("%v\n%s", err, b.String())
+		}
+		var params []string
+		if f := rapid.SampledFrom(filters).Draw(rt, "load"); f != "" {
+			params = append(params, `"kv_load_tiers":`+f)
+		}
+		if f := rapid.SampledFrom(filters).Draw(rt, "store"); f != "" {
+			params = append(params, `"kv_store_tiers":`+f)
+		}
+		timed := rapid.Bool().Draw(rt, "timed")
+		opts := Options{
+			PrimaryBlocks: primary, BlockBytes: 64, Config: cfg,
+			Params: []byte("{" + strings.Join(params, ",") + "}"),
+			Timed:  timed, Speedup: 400, Step: 5 * time.Millisecond,
+			SettleTimeout: 200 * time.Millisecond,
+			FS: func(tier string) vfs.FS {
+				d := delays[tier]
+				if d == 0 {
+					return nil
+				}
+				return vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
+					if op == vfs.OpWrite || op == vfs.OpRead {
+						return &vfs.Fault{Delay: d}
+					}
+					return nil
+				})
+			},
+		}
+		res, err := Replay(context.Background(), Requests(reqs), opts)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		if want := baseline[timed] - 0.005; res.HitRate < want {
+			rt.Fatalf("hit rate %.4f with the tiers, %.4f with the primary alone (timed %v)\nconfig:\n%s\nparams %s\nresult %+v",
+				res.HitRate, baseline[timed], timed, b.String(), opts.Params, res)
+		}
+	})
+}
