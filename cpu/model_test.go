@@ -321,9 +321,22 @@ func (m *model) touch(keys []int) {
 	}
 }
 
+// reset drops the blocks no one holds (ref 0), pushing their slots on the
+// free stack in slot order, and ARC's history; held blocks stay where
+// they are.
 func (m *model) reset() {
-	*m = model{arc: m.arc, numSlots: m.numSlots, blocks: map[int]*mblock{}, events: m.events,
-		threshold: m.threshold, trackerSize: m.trackerSize, tracked: m.tracked, lookupCount: m.lookupCount, skipped: m.skipped}
+	var freed []int64
+	for k, b := range m.blocks {
+		if b.ref == 0 {
+			freed = append(freed, b.slot)
+			delete(m.blocks, k)
+			m.evictable = without(m.evictable, k)
+			m.t1, m.t2 = without(m.t1, k), without(m.t2, k)
+		}
+	}
+	slices.Sort(freed)
+	m.free = append(m.free, freed...)
+	m.b1, m.b2, m.target = nil, nil, 0
 }
 
 // snapshot is the complete observable and internal state of a Primary in
@@ -645,7 +658,13 @@ func runModel(rt *rapid.T, pol string) {
 			takeEvents(rt)
 			p.Reset()
 			m.reset()
-			clear(announced) // a reset is announced out of band, not by events
+			// A reset is announced out of band, not by events: the blocks
+			// it dropped are gone, the held ones it kept are still stored.
+			for k := range announced {
+				if _, ok := p.SlotOf(key(k)); !ok {
+					delete(announced, k)
+				}
+			}
 			if evs := p.TakeEvents(); len(evs) != 0 {
 				rt.Fatalf("Reset emitted %v", evs)
 			}

@@ -45,6 +45,7 @@ type Primary struct {
 	b        blocks
 	pol      policy
 	lru      *lruPolicy // pol when it is LRU: direct calls on hot paths
+	arc      *arcPolicy // pol when it is ARC
 	arena    *arena.Arena
 	slotSize int
 	numSlots int32
@@ -123,7 +124,8 @@ func New(cfg Config) (*Primary, error) {
 	}
 	p.revokeFn = p.revoke
 	if polName == PolicyARC {
-		p.pol = newARC(&p.b, n)
+		p.arc = newARC(&p.b, n)
+		p.pol = p.arc
 	} else {
 		p.lru = newLRU(&p.b)
 		p.pol = p.lru

@@ -610,16 +610,29 @@ func TestResetAndStats(t *testing.T) {
 	if evs := p.TakeEvents(); len(evs) != 0 {
 		t.Fatalf("reset emitted %v", evs)
 	}
+	// Block 1 is pinned and 5 is being written: they stay, with their
+	// slots; 3 and 4 go.
 	st := p.Stats()
-	if st.Blocks != 0 || st.Pending != 0 || st.Pinned != 0 || st.Evictable != 0 || st.FreeSlots != 4 {
+	if st.Blocks != 2 || st.Pending != 1 || st.Pinned != 1 || st.Evictable != 0 || st.FreeSlots != 2 {
 		t.Fatalf("after reset: %+v", st)
 	}
 	if st.Lookups != 2 || st.Hits != 1 || st.Misses != 1 || st.Evictions != 1 || st.StoredBlocks != 4 || st.Loads != 1 {
 		t.Fatalf("counters: %+v", st)
 	}
-	lookups(t, p, map[int]offload.LookupResult{1: offload.Miss, 5: offload.Miss})
-	// Slots are handed out from 0 again.
-	store(t, p, []int{1, 2}, []int{1, 2}, []int{0, 1}, []int{})
+	lookups(t, p, map[int]offload.LookupResult{1: offload.Hit, 3: offload.Miss, 4: offload.Miss, 5: offload.HitPending})
+	slot1, _ := p.SlotOf(key(1))
+	slot5, _ := p.SlotOf(key(5))
+	// New stores get the freed slots, never the held ones.
+	out, ok := p.PrepareStore(ks(6, 7))
+	if !ok || slices.Contains(out.Slots, slot1) || slices.Contains(out.Slots, slot5) {
+		t.Fatalf("stores after the reset took %v (held: %d, %d)", out.Slots, slot1, slot5)
+	}
+	p.CompleteStore(ks(6, 7), true)
+	if err := p.CompleteLoad(ks(1)); err != nil {
+		t.Fatal(err)
+	}
+	p.CompleteStore(ks(5), true)
+	lookups(t, p, map[int]offload.LookupResult{1: offload.Hit, 5: offload.Hit, 6: offload.Hit})
 	checkInvariants(t, p)
 }
 

@@ -289,22 +289,34 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 	}
 }
 
-// Reset drops every block whatever its state, frees every slot and clears
-// the policy, emitting no event. Buffered events, the cumulative counters
-// of Stats and the reuse filter's lookup counts are kept. Completions of jobs started before a reset
-// must not reach the tier (the caller discards them).
+// Reset drops every block no one holds: ready blocks without pins, and
+// the policy's history (ARC's ghosts), emitting no event. A block that is
+// pinned (a reader, or a cascade) or pending (a store in flight) stays as
+// it is, with its slot and its claims: the arena is shared with engines
+// and tier workers, so freeing a slot someone still reads or writes would
+// let its next owner's bytes be read as another key's, or a stale write
+// land in another key's block. Its holder completes it as usual. Buffered
+// events, the cumulative counters of Stats and the reuse filter's lookup
+// counts are kept.
 func (p *Primary) Reset() {
-	for i := range p.numAllocated {
-		p.b.meta[i] = slotMeta{}
-		p.b.links[i] = link{-1, -1}
+	for s := range p.numAllocated {
+		m := &p.b.meta[s]
+		if m.key == "" || m.ref != 0 {
+			continue // free, or held
+		}
+		p.pol.removed(s)
+		p.b.index.remove(m.h32, s)
+		m.free()
+		p.pushFree(s)
+		p.numBlocks--
+		p.numEvictable--
 	}
-	p.b.index.clear()
-	p.freeHead, p.numFree = -1, 0
 	clear(p.newKeys) // forget the last batch (and its keys)
 	p.newKeys, p.newSlots = p.newKeys[:0], p.newSlots[:0]
-	p.numAllocated = 0
-	p.numBlocks, p.numPending, p.numEvictable, p.numRevocable = 0, 0, 0, 0
-	p.pol.clear()
+	if p.arc != nil {
+		p.arc.ghosts.clear()
+		p.arc.target = 0
+	}
 }
 
 // TakeEvents returns the buffered events in the order they happened and

@@ -307,11 +307,11 @@ func NewReqContext(reqID string, params any) (*ReqContext, error) {
 // into a request context. It fails only for params that are not a JSON
 // object, or, in strict mode, for a filter with an invalid part.
 func (p *Parser) NewReqContext(reqID string, params any) (*ReqContext, error) {
-	m, err := decodeParams(params)
+	m, raw, err := decodeParams(params)
 	if err != nil {
 		return nil, err
 	}
-	rc := &ReqContext{ID: reqID, Params: m}
+	rc := &ReqContext{ID: reqID, Params: raw}
 	rc.LoadFilter, rc.LoadFromRequest, err = p.field(m, KeyLoadTiers, p.DefaultLoad, &rc.Warnings)
 	if err != nil {
 		return nil, err
@@ -344,7 +344,38 @@ func (p *Parser) field(m map[string]any, key string, def *TierFilter, warns *[]W
 	return f, true, nil
 }
 
-func decodeParams(params any) (map[string]any, error) {
+// decodeParams returns params decoded (for the filters, then dropped) and
+// as compact JSON (kept): a decoded document costs some 25 times its
+// JSON's size.
+func decodeParams(params any) (map[string]any, json.RawMessage, error) {
+	m, err := decodeParamsMap(params)
+	if err != nil || m == nil {
+		return nil, nil, err
+	}
+	var raw []byte
+	switch v := params.(type) {
+	case []byte:
+		raw = v
+	case json.RawMessage:
+		raw = v
+	case string:
+		raw = []byte(v)
+	}
+	var buf bytes.Buffer
+	if raw == nil || json.Compact(&buf, raw) != nil {
+		buf.Reset()
+		b, err := json.Marshal(m)
+		if err != nil {
+			// A Go map with no JSON form (map[any]any values): the
+			// filters were read from it, tiers see no params.
+			return m, nil, nil
+		}
+		buf.Write(b)
+	}
+	return m, json.RawMessage(buf.Bytes()), nil
+}
+
+func decodeParamsMap(params any) (map[string]any, error) {
 	var data []byte
 	switch v := params.(type) {
 	case nil:
@@ -388,9 +419,11 @@ func decodeParams(params any) (map[string]any, error) {
 // Like the manager, it is used by one goroutine at a time.
 type ReqContext struct {
 	ID string
-	// Params is the raw kv_transfer_params, untouched, so tiers can read
-	// their own keys. nil when the request sent none.
-	Params map[string]any
+	// Params is the request's kv_transfer_params as compact JSON, so that
+	// tiers can read their own keys (Param). nil when the request sent
+	// none, or for a Go map with no JSON form. It is kept as JSON, not
+	// decoded: bounded by the daemon's limits, it is what a request costs.
+	Params json.RawMessage
 	// LoadFilter gates lookups and promotions from secondary tiers;
 	// StoreFilter gates cascades to them. Never nil.
 	LoadFilter  *TierFilter
@@ -403,6 +436,26 @@ type ReqContext struct {
 	Warnings []Warning
 
 	state map[any]any
+}
+
+// Param decodes the top-level key of the request's kv_transfer_params
+// into v and reports whether the key is present (and not null).
+func (r *ReqContext) Param(key string, v any) (bool, error) {
+	if len(r.Params) == 0 {
+		return false, nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(r.Params, &m); err != nil {
+		return false, fmt.Errorf("%w: %v", ErrInvalidParams, err)
+	}
+	raw, ok := m[key]
+	if !ok || string(raw) == "null" {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return true, fmt.Errorf("%w: %s: %v", ErrInvalidParams, key, err)
+	}
+	return true, nil
 }
 
 // State returns the per-request scratch value stored under key (nil if

@@ -227,7 +227,8 @@ func TestGlobalIsRemote(t *testing.T) {
 }
 
 // TestParamsInputForms: JSON bytes, a JSON string, json.RawMessage and a
-// decoded map give the same filters; the raw map is kept untouched.
+// decoded map give the same filters, and the params as JSON (none for Go
+// values with no JSON form); the caller's map is kept untouched.
 func TestParamsInputForms(t *testing.T) {
 	const doc = `{"kv_load_tiers":[{"medium":"cpu"},"x"],"kv_store_tiers":[{"locality":"local"}],"other":{"k":1}}`
 	var decoded map[string]any
@@ -250,7 +251,7 @@ func TestParamsInputForms(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rc.ID != "id-1" || rc.Params == nil {
+			if rc.ID != "id-1" || (len(rc.Params) == 0) != (name == "typed Go values") {
 				t.Fatalf("ID %q params %v", rc.ID, rc.Params)
 			}
 			if !rc.LoadFilter.Equal(wantLoad) || !rc.StoreFilter.Equal(wantStore) {
@@ -262,8 +263,12 @@ func TestParamsInputForms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.Params["other"].(map[string]any)["k"] != float64(1) {
-		t.Fatalf("params not passed through: %v", rc.Params)
+	var other map[string]any
+	if ok, err := rc.Param("other", &other); !ok || err != nil || other["k"] != float64(1) {
+		t.Fatalf("params not passed through: %s (%v, %v)", rc.Params, ok, err)
+	}
+	if ok, err := rc.Param("absent", &other); ok || err != nil {
+		t.Fatalf("absent key: %v, %v", ok, err)
 	}
 	if len(decoded["kv_load_tiers"].([]any)) != 2 {
 		t.Fatal("parser modified the caller's map")

@@ -14,6 +14,33 @@ const (
 	DefaultMaxRequests     = 1 << 16
 	DefaultMaxParamsBytes  = 64 << 10
 	DefaultMaxWait         = 10 * time.Second
+	// DefaultMaxSessionParamsBytes and DefaultMaxParamsBytesTotal bound
+	// the kv_transfer_params the active requests hold, per session and in
+	// all: a request costs about its params' size (kept as JSON), so the
+	// daemon's request memory stays under a few hundred MiB whatever the
+	// clients send.
+	DefaultMaxSessionParamsBytes = 64 << 20
+	DefaultMaxParamsBytesTotal   = 256 << 20
+	// DefaultRequestIdleTimeout releases a request no call has named for
+	// this long: a client that forgot to finish it, or whose process hangs
+	// while its connection stays open.
+	DefaultRequestIdleTimeout = 10 * time.Minute
+	// DefaultAutoStepInterval: when no engine has ended a step for this
+	// long and tier work is pending, the daemon ends one itself.
+	DefaultAutoStepInterval = 100 * time.Millisecond
+	// DefaultMaxConnections bounds each listener's connections; beyond it
+	// new connections wait in the kernel's backlog. It is lowered to fit
+	// the process's file descriptor limit.
+	DefaultMaxConnections = 1024
+	// DefaultConnectionIdleTimeout closes a connection that carried no
+	// call for this long (its session, if any request is left, ends).
+	DefaultConnectionIdleTimeout = 15 * time.Minute
+	// DefaultKeepaliveTime and DefaultKeepaliveTimeout: the daemon pings a
+	// connection that is quiet for KeepaliveTime and closes it (ending its
+	// session) if the ping is not answered within KeepaliveTimeout, so a
+	// client whose host vanished is noticed.
+	DefaultKeepaliveTime    = 30 * time.Second
+	DefaultKeepaliveTimeout = 10 * time.Second
 )
 
 // Limits bound what one client can ask of the daemon (DESIGN.md §7). A zero
@@ -33,6 +60,24 @@ type Limits struct {
 	MaxParamsBytes int
 	// MaxWait caps GetBlocks' wait_ms.
 	MaxWait time.Duration
+	// MaxSessionParamsBytes and MaxParamsBytesTotal bound the
+	// kv_transfer_params bytes the active requests hold, per session and
+	// in all namespaces together.
+	MaxSessionParamsBytes int64
+	MaxParamsBytesTotal   int64
+	// RequestIdleTimeout releases a request after this long without a call
+	// naming it.
+	RequestIdleTimeout time.Duration
+	// AutoStepInterval: the daemon ends a step itself when no engine has
+	// for this long and tier work is pending; negative disables it.
+	AutoStepInterval time.Duration
+	// MaxConnections bounds each listener's concurrent connections.
+	MaxConnections int
+	// ConnectionIdleTimeout closes connections without calls; keep-alive
+	// pings (KeepaliveTime, KeepaliveTimeout) find dead peers.
+	ConnectionIdleTimeout time.Duration
+	KeepaliveTime         time.Duration
+	KeepaliveTimeout      time.Duration
 }
 
 // withDefaults returns l with zero fields set to their defaults, or an
@@ -56,6 +101,30 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxWait == 0 {
 		l.MaxWait = DefaultMaxWait
 	}
+	if l.MaxSessionParamsBytes == 0 {
+		l.MaxSessionParamsBytes = DefaultMaxSessionParamsBytes
+	}
+	if l.MaxParamsBytesTotal == 0 {
+		l.MaxParamsBytesTotal = DefaultMaxParamsBytesTotal
+	}
+	if l.RequestIdleTimeout == 0 {
+		l.RequestIdleTimeout = DefaultRequestIdleTimeout
+	}
+	if l.AutoStepInterval == 0 {
+		l.AutoStepInterval = DefaultAutoStepInterval
+	}
+	if l.MaxConnections == 0 {
+		l.MaxConnections = DefaultMaxConnections
+	}
+	if l.ConnectionIdleTimeout == 0 {
+		l.ConnectionIdleTimeout = DefaultConnectionIdleTimeout
+	}
+	if l.KeepaliveTime == 0 {
+		l.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if l.KeepaliveTimeout == 0 {
+		l.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
 	switch {
 	case l.MaxKeysPerCall < 0:
 		return l, fmt.Errorf("limits: max_keys_per_call %d: must be positive", l.MaxKeysPerCall)
@@ -69,6 +138,14 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_params_bytes %d: must be positive", l.MaxParamsBytes)
 	case l.MaxWait < 0:
 		return l, fmt.Errorf("limits: max_wait %v: must be positive", l.MaxWait)
+	case l.MaxSessionParamsBytes < 0 || l.MaxParamsBytesTotal < 0:
+		return l, fmt.Errorf("limits: max_session_params_bytes %d, max_params_bytes_total %d: must be positive", l.MaxSessionParamsBytes, l.MaxParamsBytesTotal)
+	case l.RequestIdleTimeout < 0:
+		return l, fmt.Errorf("server: request_idle_timeout %v: must be positive", l.RequestIdleTimeout)
+	case l.MaxConnections < 0:
+		return l, fmt.Errorf("server: max_connections %d: must be positive", l.MaxConnections)
+	case l.ConnectionIdleTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0:
+		return l, fmt.Errorf("server: connection_idle_timeout %v, keepalive_time %v, keepalive_timeout %v: must be positive", l.ConnectionIdleTimeout, l.KeepaliveTime, l.KeepaliveTimeout)
 	}
 	return l, nil
 }

@@ -95,3 +95,54 @@ func tokenStream(token string) grpc.StreamServerInterceptor {
 		return h(srv, ss)
 	}
 }
+
+// decodeErrorsAreInvalid returns a copy of desc whose unary handlers
+// report a request that does not decode (malformed protobuf) as
+// INVALID_ARGUMENT: gRPC reports it as INTERNAL, which tells a client the
+// daemon is broken rather than its input.
+func decodeErrorsAreInvalid(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
+	d := *desc
+	d.Methods = make([]grpc.MethodDesc, len(desc.Methods))
+	for i, m := range desc.Methods {
+		h := m.Handler
+		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+			return h(srv, ctx, func(v any) error {
+				err := dec(v)
+				if st, ok := status.FromError(err); ok && st.Code() == codes.Internal {
+					return status.Error(codes.InvalidArgument, "malformed request message: "+st.Message())
+				}
+				return err
+			}, in)
+		}
+		d.Methods[i] = m
+	}
+	return &d
+}
+
+// connectionLimit fits each listener's connection bound to the process's
+// file descriptor limit, first raising the soft limit to the hard one, so
+// that a flood of connections on one listener (idle TCP clients that never
+// send a token) cannot use up the descriptors the other listeners, the
+// tiers and the arena need.
+func connectionLimit(limit int, log interface{ Info(string, ...any) }) int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return limit
+	}
+	if rl.Cur < rl.Max {
+		raised := rl
+		raised.Cur = rl.Max
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised) == nil {
+			rl = raised
+		}
+	}
+	// Two API listeners; keep a fifth of the descriptors, and at least
+	// 64, for everything else.
+	avail := int(min(rl.Cur, 1<<20))
+	per := limit
+	if fit := (avail - max(64, avail/5)) / 2; fit < per {
+		per = fit
+		log.Info("connections per listener bounded by the file descriptor limit", "max_connections", per, "nofile", avail)
+	}
+	return max(per, 4)
+}

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
@@ -111,6 +111,10 @@ const notLookedUp offload.LookupResult = 255
 // CompleteStore would otherwise release or commit (serving wrong bytes).
 type request struct {
 	ctx      *offload.ReqContext
+	sess     *session // the owner; nil for in-process and internal requests
+	id       string   // the client's id (ctx.ID is the manager-wide one)
+	last     time.Time
+	params   int64 // kv_transfer_params bytes held
 	finished bool
 	// internal marks the temporary request of a PutBlocks/GetBlocks call:
 	// it reserves its id but answers to no client call.
@@ -145,17 +149,29 @@ type Namespace struct {
 	// onWarning counts and logs lenient-mode warnings of NewRequest.
 	onWarning func(offload.Warning)
 
+	// paramTotal counts the kv_transfer_params bytes of every namespace's
+	// requests (the server's), against Limits.MaxParamsBytesTotal.
+	paramTotal *atomic.Int64
+
 	mu        sync.Mutex
 	mgr       Manager
 	parser    offload.Parser
-	reqs      map[string]*request
+	reqs      map[string]*request // by manager-wide id
+	bySession map[*session]map[*request]struct{}
 	ephemeral uint64 // counter for PutBlocks/GetBlocks request ids
 	closed    bool
 	published uint64 // events handed to the sink
 	dropped   uint64 // events the sink refused
+	// lastStep is when the engine last ended a step (or the daemon did,
+	// see autoStep); autoSteps counts the steps the daemon ran itself.
+	lastStep  time.Time
+	autoSteps uint64
+	// expired counts requests released after RequestIdleTimeout without a
+	// call; released those released because their session ended.
+	expired, released uint64
 }
 
-func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarning func(offload.Warning)) (*Namespace, error) {
+func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarning func(offload.Warning), paramTotal *atomic.Int64) (*Namespace, error) {
 	if cfg.Manager == nil {
 		return nil, fmt.Errorf("namespace %q: no manager", cfg.Name)
 	}
@@ -163,19 +179,25 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		return nil, fmt.Errorf("namespace %q: no arena", cfg.Name)
 	}
 	ns := &Namespace{
-		name:      cfg.Name,
-		limits:    limits,
-		arena:     cfg.Arena,
-		share:     cfg.Share,
-		events:    cfg.Events,
-		meta:      cfg.Meta,
-		stats:     cfg.Stats,
-		evst:      cfg.EventStats,
-		log:       log.With("namespace", cfg.Name),
-		onWarning: onWarning,
-		mgr:       cfg.Manager,
-		parser:    cfg.Parser,
-		reqs:      make(map[string]*request),
+		name:       cfg.Name,
+		limits:     limits,
+		arena:      cfg.Arena,
+		share:      cfg.Share,
+		events:     cfg.Events,
+		meta:       cfg.Meta,
+		stats:      cfg.Stats,
+		evst:       cfg.EventStats,
+		log:        log.With("namespace", cfg.Name),
+		onWarning:  onWarning,
+		mgr:        cfg.Manager,
+		parser:     cfg.Parser,
+		reqs:       make(map[string]*request),
+		bySession:  make(map[*session]map[*request]struct{}),
+		paramTotal: paramTotal,
+		lastStep:   time.Now(),
+	}
+	if ns.paramTotal == nil {
+		ns.paramTotal = new(atomic.Int64)
 	}
 	if cfg.Share != nil && cfg.Share.Path() != "" {
 		// Clients open this path from their own working directory.
@@ -221,8 +243,10 @@ func (ns *Namespace) checkParams(params []byte) error {
 	return nil
 }
 
-// NewRequest registers request id with its kv_transfer_params (JSON).
-func (ns *Namespace) NewRequest(id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
+// NewRequest registers request id of session s with its
+// kv_transfer_params (JSON). The request belongs to s: its id is s's own,
+// and it ends with s.
+func (ns *Namespace) NewRequest(s *session, id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
 	if id == "" {
 		return nil, 0, fmt.Errorf("%w: empty request id", ErrInvalidArgument)
 	}
@@ -236,27 +260,160 @@ func (ns *Namespace) NewRequest(id string, params []byte) (*offload.ReqContext, 
 		return nil, 0, err
 	}
 	defer ns.mu.Unlock()
-	if _, ok := ns.reqs[id]; ok {
+	if s != nil && s.closed.Load() {
+		return nil, 0, fmt.Errorf("%w: %s has ended", ErrClosed, s)
+	}
+	key := s.scope(id)
+	if _, ok := ns.reqs[key]; ok {
 		return nil, 0, fmt.Errorf("%w: %q", ErrRequestExists, id)
 	}
 	if len(ns.reqs) >= ns.limits.MaxRequests {
 		return nil, 0, fmt.Errorf("%w: %d active requests in namespace %q (max %d); finish requests", ErrLimit, len(ns.reqs), ns.name, ns.limits.MaxRequests)
 	}
-	rc, err := ns.parser.NewReqContext(id, params)
+	rc, err := ns.parser.NewReqContext(key, params)
 	if err != nil {
 		return nil, 0, fmt.Errorf("request %q: %w", id, err)
 	}
+	n := int64(len(rc.Params))
+	if s != nil {
+		if held := s.paramBytes.Load(); held+n > ns.limits.MaxSessionParamsBytes {
+			return nil, 0, fmt.Errorf("%w: this session's requests hold %d bytes of kv_transfer_params (max %d); finish requests", ErrLimit, held, ns.limits.MaxSessionParamsBytes)
+		}
+	}
+	if held := ns.paramTotal.Load(); held+n > ns.limits.MaxParamsBytesTotal {
+		return nil, 0, fmt.Errorf("%w: active requests hold %d bytes of kv_transfer_params (max %d in all)", ErrLimit, held, ns.limits.MaxParamsBytesTotal)
+	}
 	policy := ns.mgr.OnNewRequest(rc)
-	ns.reqs[id] = &request{ctx: rc}
+	ns.register(&request{ctx: rc, sess: s, id: id, params: n})
 	return rc, policy, nil
 }
 
-// req returns the active request id; the caller holds the mutex.
-func (ns *Namespace) req(id string) (*request, error) {
-	r, ok := ns.reqs[id]
-	if !ok || r.internal {
-		return nil, fmt.Errorf("%w %q in namespace %q (call NewRequest first)", ErrUnknownRequest, id, ns.name)
+// register adds r to the registry; the caller holds the mutex.
+func (ns *Namespace) register(r *request) {
+	r.last = time.Now()
+	ns.reqs[r.ctx.ID] = r
+	if r.sess != nil {
+		m := ns.bySession[r.sess]
+		if m == nil {
+			m = make(map[*request]struct{})
+			ns.bySession[r.sess] = m
+		}
+		m[r] = struct{}{}
+		r.sess.paramBytes.Add(r.params)
 	}
+	ns.paramTotal.Add(r.params)
+}
+
+// unregister removes r from the registry; the caller holds the mutex.
+func (ns *Namespace) unregister(r *request) {
+	if ns.reqs[r.ctx.ID] != r {
+		return
+	}
+	delete(ns.reqs, r.ctx.ID)
+	if r.sess != nil {
+		if m := ns.bySession[r.sess]; m != nil {
+			delete(m, r)
+			if len(m) == 0 {
+				delete(ns.bySession, r.sess)
+			}
+		}
+		r.sess.paramBytes.Add(-r.params)
+	}
+	ns.paramTotal.Add(-r.params)
+}
+
+// release ends r for good, as if its client had completed and finished
+// it: its pins are dropped, its reservations abandoned (their slots freed,
+// nothing cascaded) and the manager is told it finished. The caller holds
+// the mutex.
+func (ns *Namespace) release(r *request) {
+	for k, n := range r.pins {
+		keys := make([]offload.Key, n)
+		for i := range keys {
+			keys[i] = k
+		}
+		if err := ns.mgr.CompleteLoad(keys, r.ctx); err != nil {
+			ns.log.Error("release: unpin", "req", r.ctx.ID, "key", k, "err", err)
+		}
+	}
+	if len(r.reserved) > 0 {
+		keys := make([]offload.Key, 0, len(r.reserved))
+		for k := range r.reserved {
+			keys = append(keys, k)
+		}
+		if err := ns.mgr.CompleteStore(keys, r.ctx, false); err != nil {
+			ns.log.Debug("release: abandon reservations", "req", r.ctx.ID, "err", err)
+		}
+	}
+	r.pins, r.reserved = nil, nil
+	if !r.finished {
+		r.finished = true
+		ns.mgr.OnRequestFinished(r.ctx)
+	}
+	ns.unregister(r)
+}
+
+// releaseSession releases every request s owns and returns how many.
+func (ns *Namespace) releaseSession(s *session) int {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	m := ns.bySession[s]
+	for r := range m {
+		ns.release(r)
+	}
+	ns.released += uint64(len(m))
+	return len(m)
+}
+
+// expireIdle releases the requests whose last call was before cutoff.
+func (ns *Namespace) expireIdle(cutoff time.Time) {
+	if err := ns.lock(); err != nil {
+		return
+	}
+	defer ns.mu.Unlock()
+	n := 0
+	for _, r := range ns.reqs {
+		if !r.internal && r.last.Before(cutoff) {
+			ns.release(r)
+			n++
+		}
+	}
+	if n > 0 {
+		ns.expired += uint64(n)
+		ns.log.Warn("released requests that made no call for the request idle timeout (a client that forgot to finish them, or died holding them)",
+			"requests", n, "idle_timeout", ns.limits.RequestIdleTimeout)
+	}
+}
+
+// autoStep ends a step on the engine's behalf when it has not for
+// AutoStepInterval while tier work is pending, so that a client that only
+// stores (PutBlocks) and never calls ScheduleEnd does not keep cascades
+// pinned forever.
+func (ns *Namespace) autoStep(now time.Time) {
+	if ns.limits.AutoStepInterval < 0 {
+		return
+	}
+	if err := ns.lock(); err != nil {
+		return
+	}
+	defer ns.mu.Unlock()
+	if now.Sub(ns.lastStep) < ns.limits.AutoStepInterval || !ns.mgr.HasPendingWork() {
+		return
+	}
+	ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
+	ns.publishLocked()
+	ns.lastStep = now
+	ns.autoSteps++
+}
+
+// req returns the active request id of session s; the caller holds the
+// mutex.
+func (ns *Namespace) req(s *session, id string) (*request, error) {
+	r, ok := ns.reqs[s.scope(id)]
+	if !ok || r.internal || r.sess != s {
+		return nil, fmt.Errorf("%w %q in namespace %q (call NewRequest first, on the same connection)", ErrUnknownRequest, id, ns.name)
+	}
+	r.last = time.Now()
 	return r, nil
 }
 
@@ -265,8 +422,8 @@ func (ns *Namespace) req(id string) (*request, error) {
 // request may only complete what it started: the manager has told the
 // tiers it finished, so state they built for it now would never be
 // dropped.
-func (ns *Namespace) liveReq(id, what string) (*request, error) {
-	r, err := ns.req(id)
+func (ns *Namespace) liveReq(s *session, id, what string) (*request, error) {
+	r, err := ns.req(s, id)
 	if err != nil {
 		return nil, err
 	}
@@ -278,11 +435,11 @@ func (ns *Namespace) liveReq(id, what string) (*request, error) {
 
 // lockReq locks the namespace and returns request id; on error the mutex
 // is not held.
-func (ns *Namespace) lockReq(id string) (*request, error) {
+func (ns *Namespace) lockReq(s *session, id string) (*request, error) {
 	if err := ns.lock(); err != nil {
 		return nil, err
 	}
-	r, err := ns.req(id)
+	r, err := ns.req(s, id)
 	if err != nil {
 		ns.mu.Unlock()
 		return nil, err
@@ -292,11 +449,11 @@ func (ns *Namespace) lockReq(id string) (*request, error) {
 
 // lockLive is lockReq for a call that starts work for the request (see
 // liveReq).
-func (ns *Namespace) lockLive(id, what string) (*request, error) {
+func (ns *Namespace) lockLive(s *session, id, what string) (*request, error) {
 	if err := ns.lock(); err != nil {
 		return nil, err
 	}
-	r, err := ns.liveReq(id, what)
+	r, err := ns.liveReq(s, id, what)
 	if err != nil {
 		ns.mu.Unlock()
 		return nil, err
@@ -353,8 +510,8 @@ func (ns *Namespace) PackedKeys(packed []byte, size int) ([]offload.Key, error) 
 // hit count but the scan goes on so that later keys start their checks and
 // promotions, and the first Miss ends the scan; keys after it answer
 // notLookedUp. It returns the number of leading hits (Hit or HitPending).
-func (ns *Namespace) Lookup(id string, keys []offload.Key, prefix bool, out []offload.LookupResult) (int, error) {
-	r, err := ns.lockLive(id, "lookup")
+func (ns *Namespace) Lookup(s *session, id string, keys []offload.Key, prefix bool, out []offload.LookupResult) (int, error) {
+	r, err := ns.lockLive(s, id, "lookup")
 	if err != nil {
 		return 0, err
 	}
@@ -390,8 +547,8 @@ func (ns *Namespace) lookupLocked(rc *offload.ReqContext, keys []offload.Key, ou
 }
 
 // PrepareLoad pins keys for reading and returns their slots.
-func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error) {
-	r, err := ns.lockLive(id, "prepare load")
+func (ns *Namespace) PrepareLoad(s *session, id string, keys []offload.Key) ([]int64, error) {
+	r, err := ns.lockLive(s, id, "prepare load")
 	if err != nil {
 		return nil, err
 	}
@@ -410,8 +567,8 @@ func (ns *Namespace) PrepareLoad(id string, keys []offload.Key) ([]int64, error)
 }
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
-func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
-	r, err := ns.lockReq(id)
+func (ns *Namespace) CompleteLoad(s *session, id string, keys []offload.Key) error {
+	r, err := ns.lockReq(s, id)
 	if err != nil {
 		return err
 	}
@@ -433,13 +590,13 @@ func (ns *Namespace) CompleteLoad(id string, keys []offload.Key) error {
 			delete(r.pins, k)
 		}
 	}
-	ns.maybeDropLocked(id, r)
+	ns.maybeDropLocked(r)
 	return nil
 }
 
 // Touch refreshes the recency of keys.
-func (ns *Namespace) Touch(id string, keys []offload.Key) error {
-	r, err := ns.lockReq(id)
+func (ns *Namespace) Touch(s *session, id string, keys []offload.Key) error {
+	r, err := ns.lockReq(s, id)
 	if err != nil {
 		return err
 	}
@@ -450,11 +607,11 @@ func (ns *Namespace) Touch(id string, keys []offload.Key) error {
 
 // PrepareStore reserves slots for keys; metas is empty or co-indexed with
 // keys. ok is false when the primary cannot make room.
-func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMeta) (out offload.PrepareStoreOutput, ok bool, err error) {
+func (ns *Namespace) PrepareStore(s *session, id string, keys []offload.Key, metas []BlockMeta) (out offload.PrepareStoreOutput, ok bool, err error) {
 	if len(metas) != 0 && len(metas) != len(keys) {
 		return out, false, fmt.Errorf("%w: %d metadata entries for %d keys (want none or one per key)", ErrInvalidArgument, len(metas), len(keys))
 	}
-	r, err := ns.lockLive(id, "prepare store")
+	r, err := ns.lockLive(s, id, "prepare store")
 	if err != nil {
 		return out, false, err
 	}
@@ -482,8 +639,8 @@ func (ns *Namespace) PrepareStore(id string, keys []offload.Key, metas []BlockMe
 }
 
 // CompleteStore commits or abandons the slots reserved by PrepareStore.
-func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) error {
-	r, err := ns.lockReq(id)
+func (ns *Namespace) CompleteStore(s *session, id string, keys []offload.Key, success bool) error {
+	r, err := ns.lockReq(s, id)
 	if err != nil {
 		return err
 	}
@@ -499,13 +656,13 @@ func (ns *Namespace) CompleteStore(id string, keys []offload.Key, success bool) 
 	for _, k := range keys {
 		delete(r.reserved, k)
 	}
-	ns.maybeDropLocked(id, r)
+	ns.maybeDropLocked(r)
 	return nil
 }
 
 // FinishRequest marks request id finished.
-func (ns *Namespace) FinishRequest(id string) error {
-	r, err := ns.lockReq(id)
+func (ns *Namespace) FinishRequest(s *session, id string) error {
+	r, err := ns.lockReq(s, id)
 	if err != nil {
 		return err
 	}
@@ -515,13 +672,13 @@ func (ns *Namespace) FinishRequest(id string) error {
 	}
 	r.finished = true
 	ns.mgr.OnRequestFinished(r.ctx)
-	ns.maybeDropLocked(id, r)
+	ns.maybeDropLocked(r)
 	return nil
 }
 
-func (ns *Namespace) maybeDropLocked(id string, r *request) {
+func (ns *Namespace) maybeDropLocked(r *request) {
 	if r.finished && r.idle() {
-		delete(ns.reqs, id)
+		ns.unregister(r)
 	}
 }
 
@@ -536,6 +693,7 @@ func (ns *Namespace) ScheduleEnd(se offload.ScheduleEnd) (pending bool, publishe
 	}
 	defer ns.mu.Unlock()
 	ns.mgr.ScheduleEnd(se)
+	ns.lastStep = time.Now()
 	published = ns.publishLocked()
 	return ns.mgr.HasPendingWork(), published, nil
 }
@@ -556,7 +714,11 @@ func (ns *Namespace) publishLocked() int {
 	return len(evs)
 }
 
-// Reset drops every block of the primary tier.
+// Reset drops every block of the primary tier that no client holds.
+// Blocks a client has pinned for reading or reserved for writing stay,
+// and so do the client's claims on them: a reset never frees a slot a
+// client may still read or write through the arena, so no client can make
+// another read bytes it did not store.
 func (ns *Namespace) Reset(ctx context.Context) error {
 	if err := ns.lock(); err != nil {
 		return err
@@ -564,13 +726,6 @@ func (ns *Namespace) Reset(ctx context.Context) error {
 	defer ns.mu.Unlock()
 	if err := ns.mgr.Reset(ctx); err != nil {
 		return fmt.Errorf("reset namespace %q: %w", ns.name, err)
-	}
-	// The reset dropped every pin and reservation; completions of
-	// pre-reset work are now protocol errors, as the connector discards
-	// them anyway.
-	for id, r := range ns.reqs {
-		r.pins, r.reserved = nil, nil
-		ns.maybeDropLocked(id, r)
 	}
 	ns.publishLocked()
 	return nil
@@ -594,232 +749,13 @@ func (ns *Namespace) Stats() (Stats, error) {
 	}
 	st.Namespace = ns.name
 	st.ActiveRequests = len(ns.reqs)
+	st.Sessions = len(ns.bySession)
+	st.ExpiredRequests, st.ReleasedRequests, st.AutoSteps = ns.expired, ns.released, ns.autoSteps
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {
 		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()
 	}
 	return st, nil
-}
-
-// tempRequest registers a request for one PutBlocks/GetBlocks call; the
-// caller holds the mutex and must call finishTemp.
-//
-// The temporary request is registered like a client's (the manager keys
-// its state by id), so neither can take the other's id, even while
-// GetBlocks waits with the mutex released.
-func (ns *Namespace) tempRequest(params []byte) (*offload.ReqContext, error) {
-	var id string
-	for {
-		ns.ephemeral++
-		id = "kvtier-internal-" + strconv.FormatUint(ns.ephemeral, 10)
-		if _, taken := ns.reqs[id]; !taken {
-			break
-		}
-	}
-	rc, err := ns.parser.NewReqContext(id, params)
-	if err != nil {
-		return nil, err
-	}
-	ns.mgr.OnNewRequest(rc)
-	ns.reqs[id] = &request{ctx: rc, internal: true}
-	return rc, nil
-}
-
-// PutBlocks stores blocks by value: PrepareStore, copy into the reserved
-// slots, CompleteStore. With id == "" a temporary request built from
-// params is used. statuses[i] is true when keys[i] was written, false when
-// it was already present.
-func (ns *Namespace) PutBlocks(id string, params []byte, keys []offload.Key, data [][]byte) (written []bool, evicted []offload.Key, err error) {
-	if len(keys) != len(data) {
-		return nil, nil, fmt.Errorf("%w: %d keys for %d blocks", ErrInvalidArgument, len(keys), len(data))
-	}
-	slotSize := ns.arena.SlotSize()
-	index := make(map[offload.Key]int, len(keys))
-	for i, k := range keys {
-		if len(data[i]) != slotSize {
-			return nil, nil, fmt.Errorf("%w: blocks[%d]: data is %d bytes, slot size is %d", ErrInvalidArgument, i, len(data[i]), slotSize)
-		}
-		if j, dup := index[k]; dup {
-			return nil, nil, fmt.Errorf("%w: blocks[%d]: key %s repeats blocks[%d]", ErrInvalidArgument, i, k, j)
-		}
-		index[k] = i
-	}
-	if err := ns.checkParams(params); err != nil {
-		return nil, nil, err
-	}
-	if err := ns.lock(); err != nil {
-		return nil, nil, err
-	}
-	defer ns.mu.Unlock()
-	rc, _, finish, err := ns.callRequestLocked(id, "put blocks", params)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer finish()
-
-	out, ok, err := ns.mgr.PrepareStore(keys, rc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
-	}
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: cannot make room for %d blocks (every evictable slot is pinned or being written); retry later", ErrNoSpace, len(keys))
-	}
-	written = make([]bool, len(keys))
-	for i, k := range out.KeysToStore {
-		dst, err := ns.arena.Slot(out.Slots[i])
-		if err != nil {
-			// Abandon the reservation: the slots go back to the free list.
-			cerr := ns.mgr.CompleteStore(out.KeysToStore, rc, false)
-			return nil, nil, errors.Join(fmt.Errorf("put %s: %w", k, err), cerr)
-		}
-		copy(dst, data[index[k]])
-		written[index[k]] = true
-	}
-	if len(out.KeysToStore) > 0 {
-		if err := ns.mgr.CompleteStore(out.KeysToStore, rc, true); err != nil {
-			return nil, nil, fmt.Errorf("%w: complete store: %w", ErrProtocol, err)
-		}
-	}
-	ns.publishLocked()
-	return written, out.Evicted, nil
-}
-
-// callRequestLocked returns the context for a by-value call what: the
-// active request id (r is its registry entry), or a temporary request
-// (r is nil) finished by the returned func.
-func (ns *Namespace) callRequestLocked(id, what string, params []byte) (rc *offload.ReqContext, r *request, finish func(), err error) {
-	if id != "" {
-		r, err := ns.liveReq(id, what)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return r.ctx, r, func() {}, nil
-	}
-	rc, err = ns.tempRequest(params)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("temporary request: %w", err)
-	}
-	return rc, nil, func() {
-		delete(ns.reqs, rc.ID)
-		ns.mgr.OnRequestFinished(rc)
-	}, nil
-}
-
-// GetBlocks loads blocks by value. It looks every key up; while some key
-// answers Retry or HitPending and the wait has not expired, it ends the
-// step (ScheduleEnd), releases the mutex, sleeps briefly and looks up
-// again. Readable keys are then pinned, copied and unpinned. data[i] is
-// set for results[i] == Hit (only within the leading hits with
-// prefixOnly).
-func (ns *Namespace) GetBlocks(ctx context.Context, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (results []offload.LookupResult, data [][]byte, hits int, err error) {
-	slotSize := ns.arena.SlotSize()
-	// Leave 64 KiB for keys and framing.
-	if max := (ns.limits.MaxMessageBytes - 64<<10) / slotSize; len(keys) > max {
-		return nil, nil, 0, fmt.Errorf("%w: GetBlocks of %d keys with %d-byte blocks may exceed the %d-byte message limit (at most %d keys per call)",
-			ErrLimit, len(keys), slotSize, ns.limits.MaxMessageBytes, max)
-	}
-	if err := ns.checkParams(params); err != nil {
-		return nil, nil, 0, err
-	}
-	wait = min(max(wait, 0), ns.limits.MaxWait)
-	deadline := time.Now().Add(wait)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-
-	if err := ns.lock(); err != nil {
-		return nil, nil, 0, err
-	}
-	rc, r, finish, err := ns.callRequestLocked(id, "get blocks", params)
-	if err != nil {
-		ns.mu.Unlock()
-		return nil, nil, 0, err
-	}
-	results = make([]offload.LookupResult, len(keys))
-	backoff := 100 * time.Microsecond
-	for {
-		ns.lookupLocked(rc, keys, results)
-		if !anyInFlight(results) || !time.Now().Before(deadline) {
-			break
-		}
-		// End the step so that promotions are submitted and finished
-		// jobs are processed by the next lookup pass.
-		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
-		ns.publishLocked()
-		ns.mu.Unlock()
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			// Relock only to finish the temporary request.
-			if lerr := ns.lock(); lerr == nil {
-				finish()
-				ns.mu.Unlock()
-			}
-			return nil, nil, 0, ctx.Err()
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 5*time.Millisecond)
-		if err := ns.lock(); err != nil {
-			// Closed while waiting: Close finished every request.
-			return nil, nil, 0, err
-		}
-		if r != nil && (ns.reqs[id] != r || r.finished) {
-			ns.mu.Unlock()
-			return nil, nil, 0, fmt.Errorf("%w: request %q finished while get blocks waited", ErrProtocol, id)
-		}
-	}
-	defer ns.mu.Unlock()
-	defer finish()
-
-	load := make([]offload.Key, 0, len(keys))
-	idx := make([]int, 0, len(keys))
-	inPrefix := true
-	for i, r := range results {
-		if r != offload.Hit {
-			inPrefix = false
-		}
-		if r == offload.Hit && (inPrefix || !prefixOnly) {
-			load = append(load, keys[i])
-			idx = append(idx, i)
-		}
-		if inPrefix {
-			hits++
-		}
-	}
-	data = make([][]byte, len(keys))
-	if len(load) > 0 {
-		slots, err := ns.mgr.PrepareLoad(load, rc)
-		if err != nil {
-			return nil, nil, 0, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
-		}
-		var copyErr error
-		for j, s := range slots {
-			src, err := ns.arena.Slot(s)
-			if err != nil {
-				copyErr = fmt.Errorf("get %s: %w", load[j], err)
-				break
-			}
-			data[idx[j]] = append(make([]byte, 0, slotSize), src...)
-		}
-		if err := ns.mgr.CompleteLoad(load, rc); err != nil {
-			return nil, nil, 0, errors.Join(copyErr, fmt.Errorf("%w: complete load: %w", ErrProtocol, err))
-		}
-		if copyErr != nil {
-			return nil, nil, 0, copyErr
-		}
-	}
-	ns.publishLocked()
-	return results, data, hits, nil
-}
-
-func anyInFlight(results []offload.LookupResult) bool {
-	for _, r := range results {
-		if r == offload.Retry || r == offload.HitPending {
-			return true
-		}
-	}
-	return false
 }
 
 // ArenaInfo describes the arena for GetArena.
@@ -855,11 +791,11 @@ func (ns *Namespace) Close(ctx context.Context) error {
 	}
 	ns.closed = true
 	var errs []error
-	for id, r := range ns.reqs {
+	for _, r := range ns.reqs {
 		if !r.finished {
 			ns.mgr.OnRequestFinished(r.ctx)
 		}
-		delete(ns.reqs, id)
+		ns.unregister(r)
 	}
 	// Drain: in-flight cascades finish and emit their events.
 	backoff := 200 * time.Microsecond

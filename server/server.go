@@ -11,12 +11,15 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/api/wire"
@@ -64,6 +67,14 @@ type Server struct {
 	httpLn          net.Listener
 	fdPath          string
 
+	sessions   *sessions
+	paramTotal atomic.Int64
+	// stopJanitor stops the request expiry and auto-step loop.
+	stopJanitor context.CancelFunc
+	// connLimit is each listener's connection bound after fitting it to
+	// the file descriptor limit.
+	connLimit int
+
 	wg           sync.WaitGroup
 	fdWG         sync.WaitGroup // side-channel exchanges; they read the arena's descriptor
 	shutdownOnce sync.Once
@@ -93,6 +104,7 @@ func New(cfg Config) (*Server, error) {
 		namespaces: make(map[string]*Namespace),
 		metrics:    newMetrics(),
 	}
+	s.sessions = newSessions(s)
 	wopts := cfg.WarningLog
 	onCount := wopts.OnCount
 	wopts.OnCount = func(reason string) {
@@ -106,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 		if _, dup := s.namespaces[nc.Name]; dup {
 			return nil, fmt.Errorf("server: namespace %q configured twice", nc.Name)
 		}
-		ns, err := newNamespace(nc, limits, log, s.warnings.Record)
+		ns, err := newNamespace(nc, limits, log, s.warnings.Record, &s.paramTotal)
 		if err != nil {
 			return nil, fmt.Errorf("server: %w", err)
 		}
@@ -152,12 +164,21 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		grpc.ReadBufferSize(wire.IOBufferSize),
 		grpc.WriteBufferSize(wire.IOBufferSize),
 		grpc.ForceServerCodecV2(wire.Codec{}),
+		// Every connection is a session (session.go); keep-alive pings
+		// find peers that vanished, and idle connections are closed.
+		grpc.StatsHandler(s.sessions),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: s.limits.ConnectionIdleTimeout,
+			Time:              s.limits.KeepaliveTime,
+			Timeout:           s.limits.KeepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
 	if auth && s.cfg.AuthToken != "" {
 		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))
 	}
 	g := grpc.NewServer(opts...)
-	kvtierv1.RegisterKVTierServer(g, &service{s: s})
+	g.RegisterService(decodeErrorsAreInvalid(&kvtierv1.KVTier_ServiceDesc), &service{s: s})
 	healthpb.RegisterHealthServer(g, s.health)
 	return g
 }
@@ -205,9 +226,11 @@ func (s *Server) Start() (err error) {
 		s.httpLn = ln
 	}
 
+	s.connLimit = connectionLimit(s.limits.MaxConnections, s.log)
 	if s.unixLn != nil {
 		s.unixSrv = s.grpcServer(false)
-		s.serve("unix", func() error { return s.unixSrv.Serve(s.unixLn) })
+		ln := netutil.LimitListener(s.unixLn, s.connLimit)
+		s.serve("unix", func() error { return s.unixSrv.Serve(ln) })
 		// The accept loop counts in fdWG too, so that no exchange can be
 		// added once shutdown waits for them.
 		s.fdWG.Add(1)
@@ -220,7 +243,8 @@ func (s *Server) Start() (err error) {
 	}
 	if s.tcpLn != nil {
 		s.tcpSrv = s.grpcServer(true)
-		s.serve("tcp", func() error { return s.tcpSrv.Serve(s.tcpLn) })
+		ln := netutil.LimitListener(s.tcpLn, s.connLimit)
+		s.serve("tcp", func() error { return s.tcpSrv.Serve(ln) })
 	}
 	if s.httpLn != nil {
 		mux := http.NewServeMux()
@@ -228,6 +252,13 @@ func (s *Server) Start() (err error) {
 		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		s.serve("metrics", func() error { return s.httpSrv.Serve(s.httpLn) })
 	}
+	jctx, stop := context.WithCancel(context.Background())
+	s.stopJanitor = stop
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.janitor(jctx)
+	}()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "")
 	return nil
@@ -286,6 +317,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) shutdown(ctx context.Context) error {
 	if s.health != nil {
 		s.health.Shutdown()
+	}
+	if s.stopJanitor != nil {
+		s.stopJanitor()
 	}
 	// Remove the socket names first so that no new client finds us.
 	if s.unixLn != nil {

@@ -28,12 +28,12 @@ func (sv *service) ns(name string) (*Namespace, error) {
 	return ns, nil
 }
 
-func (sv *service) NewRequest(_ context.Context, in *kvtierv1.NewRequestRequest) (*kvtierv1.NewRequestResponse, error) {
+func (sv *service) NewRequest(ctx context.Context, in *kvtierv1.NewRequestRequest) (*kvtierv1.NewRequestResponse, error) {
 	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	rc, policy, err := ns.NewRequest(in.GetRequestId(), []byte(in.GetKvTransferParams()))
+	rc, policy, err := ns.NewRequest(sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()))
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -47,13 +47,13 @@ func (sv *service) NewRequest(_ context.Context, in *kvtierv1.NewRequestRequest)
 	}, nil
 }
 
-func (sv *service) Lookup(_ context.Context, in *kvtierv1.LookupRequest) (*kvtierv1.LookupResponse, error) {
+func (sv *service) Lookup(ctx context.Context, in *kvtierv1.LookupRequest) (*kvtierv1.LookupResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
 	res := make([]offload.LookupResult, len(keys))
-	hits, err := ns.Lookup(in.GetRequestId(), keys, in.GetPrefixScan(), res)
+	hits, err := ns.Lookup(sessionOf(ctx), in.GetRequestId(), keys, in.GetPrefixScan(), res)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -88,41 +88,41 @@ func (sv *service) nsKeys(in keyed) (*Namespace, []offload.Key, error) {
 	return ns, keys, nil
 }
 
-func (sv *service) PrepareLoad(_ context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {
+func (sv *service) PrepareLoad(ctx context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
-	slots, err := ns.PrepareLoad(in.GetRequestId(), keys)
+	slots, err := ns.PrepareLoad(sessionOf(ctx), in.GetRequestId(), keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.PrepareLoadResponse{Slots: slots}, nil
 }
 
-func (sv *service) CompleteLoad(_ context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {
+func (sv *service) CompleteLoad(ctx context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.CompleteLoad(in.GetRequestId(), keys); err != nil {
+	if err := ns.CompleteLoad(sessionOf(ctx), in.GetRequestId(), keys); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.CompleteLoadResponse{}, nil
 }
 
-func (sv *service) Touch(_ context.Context, in *kvtierv1.TouchRequest) (*kvtierv1.TouchResponse, error) {
+func (sv *service) Touch(ctx context.Context, in *kvtierv1.TouchRequest) (*kvtierv1.TouchResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.Touch(in.GetRequestId(), keys); err != nil {
+	if err := ns.Touch(sessionOf(ctx), in.GetRequestId(), keys); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.TouchResponse{}, nil
 }
 
-func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequest) (*kvtierv1.PrepareStoreResponse, error) {
+func (sv *service) PrepareStore(ctx context.Context, in *kvtierv1.PrepareStoreRequest) (*kvtierv1.PrepareStoreResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
@@ -134,7 +134,7 @@ func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequ
 			metas[i] = metaFromProto(m)
 		}
 	}
-	out, ok, err := ns.PrepareStore(in.GetRequestId(), keys, metas)
+	out, ok, err := ns.PrepareStore(sessionOf(ctx), in.GetRequestId(), keys, metas)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -146,23 +146,23 @@ func (sv *service) PrepareStore(_ context.Context, in *kvtierv1.PrepareStoreRequ
 	}, nil
 }
 
-func (sv *service) CompleteStore(_ context.Context, in *kvtierv1.CompleteStoreRequest) (*kvtierv1.CompleteStoreResponse, error) {
+func (sv *service) CompleteStore(ctx context.Context, in *kvtierv1.CompleteStoreRequest) (*kvtierv1.CompleteStoreResponse, error) {
 	ns, keys, err := sv.nsKeys(in)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.CompleteStore(in.GetRequestId(), keys, in.GetSuccess()); err != nil {
+	if err := ns.CompleteStore(sessionOf(ctx), in.GetRequestId(), keys, in.GetSuccess()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.CompleteStoreResponse{}, nil
 }
 
-func (sv *service) FinishRequest(_ context.Context, in *kvtierv1.FinishRequestRequest) (*kvtierv1.FinishRequestResponse, error) {
+func (sv *service) FinishRequest(ctx context.Context, in *kvtierv1.FinishRequestRequest) (*kvtierv1.FinishRequestResponse, error) {
 	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if err := ns.FinishRequest(in.GetRequestId()); err != nil {
+	if err := ns.FinishRequest(sessionOf(ctx), in.GetRequestId()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.FinishRequestResponse{}, nil
@@ -238,7 +238,7 @@ func reason(v tierset.Verdict, s tierset.Side) string {
 	return v.Reason + " (" + s.Source() + ")"
 }
 
-func (sv *service) PutBlocks(_ context.Context, in *kvtierv1.PutBlocksRequest) (*kvtierv1.PutBlocksResponse, error) {
+func (sv *service) PutBlocks(ctx context.Context, in *kvtierv1.PutBlocksRequest) (*kvtierv1.PutBlocksResponse, error) {
 	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
 		return nil, toStatus(err)
@@ -253,7 +253,7 @@ func (sv *service) PutBlocks(_ context.Context, in *kvtierv1.PutBlocksRequest) (
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	written, evicted, err := ns.PutBlocks(in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, data)
+	written, evicted, err := ns.PutBlocks(sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, data)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -277,7 +277,7 @@ func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest)
 		return nil, toStatus(err)
 	}
 	wait := time.Duration(in.GetWaitMs()) * time.Millisecond
-	res, data, hits, err := ns.GetBlocks(ctx, in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())
+	res, data, hits, err := ns.GetBlocks(ctx, sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())
 	if err != nil {
 		return nil, toStatus(err)
 	}

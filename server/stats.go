@@ -26,6 +26,13 @@ type Stats struct {
 	// release (withdrawing their queued cascades).
 	CascadePinned, CascadeBudget int64
 	Revocations                  uint64
+	// Sessions counts the sessions holding requests here;
+	// ExpiredRequests the requests released after RequestIdleTimeout,
+	// ReleasedRequests those released because their session ended, and
+	// AutoSteps the steps the daemon ended on an idle engine's behalf.
+	Sessions                          int
+	ExpiredRequests, ReleasedRequests uint64
+	AutoSteps                         uint64
 }
 
 // PrimaryStats are the primary tier's counters and gauges.

@@ -583,7 +583,7 @@ func (m *Manager) flushPromotions() {
 }
 
 // dropPromotions forgets the step's unsubmitted promotions; release
-// frees their reserved slots (not needed before a primary reset).
+// frees their reserved slots.
 func (m *Manager) dropPromotions(release bool) {
 	for i := range m.promos {
 		q := &m.promos[i]
@@ -626,12 +626,12 @@ func (m *Manager) TakeEvents() []offload.Event {
 	return m.stack.TakeEvents(m.primary.TakeEvents())
 }
 
-// Reset empties the primary (§4.9): it waits (bounded by ctx) until no
-// tier transfer touches primary memory, processes the finished jobs,
-// drops unsubmitted promotions, finalises finished requests (active ones
-// are kept with no pending stores) and resets the primary. Secondary tiers
-// keep their data. If a tier cannot be drained, nothing is reset and the
-// error says which tier.
+// Reset empties the primary (§4.9) of every block no one holds: it waits
+// (bounded by ctx) until no tier transfer touches primary memory,
+// processes the finished jobs, drops unsubmitted promotions and resets the
+// primary, which keeps the blocks the engine still reads or writes, and
+// the requests their pending stores. Secondary tiers keep their data. If
+// a tier cannot be drained, nothing is reset and the error says which.
 func (m *Manager) Reset(ctx context.Context) error {
 	if m.closed {
 		return ErrClosed
@@ -640,12 +640,10 @@ func (m *Manager) Reset(ctx context.Context) error {
 		return fmt.Errorf("tiering: reset: %w", err)
 	}
 	m.stack.Poll()
-	m.dropPromotions(false)
+	m.dropPromotions(true)
 	m.stack.Forget()
-	for _, rs := range m.reqs {
-		rs.pendingStores = 0
-		m.maybeFinalize(rs)
-	}
+	// The engine's own stores and loads stay valid: the primary keeps the
+	// blocks they hold (cpu.Primary.Reset).
 	m.primary.Reset()
 	m.polled = false
 	return nil

@@ -270,7 +270,10 @@ func TestCoreBehaviour(t *testing.T) {
 			f.m.OnNewRequest(req)
 			f.store(req, keyRange(0, 1))
 			for _, tier := range []*fakeTier{f.t1, f.t2} {
-				if len(tier.stores) != 1 || tier.stores[0].Req != req || tier.stores[0].Req.Params["custom"] != "value" {
+				var custom string
+				if len(tier.stores) != 1 || tier.stores[0].Req != req {
+					t.Errorf("tier %s did not get the request's context", tier.name)
+				} else if ok, _ := tier.stores[0].Req.Param("custom", &custom); !ok || custom != "value" {
 					t.Errorf("tier %s did not get the request's context", tier.name)
 				}
 			}
@@ -318,11 +321,21 @@ func TestCoreBehaviour(t *testing.T) {
 				t.Errorf("finalised %d, %d; requests %d", len(f.t1.finishedReqs), len(f.t2.finishedReqs), f.m.Stats().Requests)
 			}
 		}},
-		{"29 reset finalizes finished request", func(t *testing.T, f *fixture) {
+		// kvtier's Reset keeps what the engine holds (issue 11: a reset
+		// must never free a slot a client still writes), so unlike spec
+		// §4.9 a finished request's store in flight survives it and the
+		// request is finalised when that store completes.
+		{"29 reset keeps a finished request's store in flight", func(t *testing.T, f *fixture) {
 			f.m.OnNewRequest(f.ctx)
-			f.m.PrepareStore(keyRange(0, 2), f.ctx)
+			out, _, _ := f.m.PrepareStore(keyRange(0, 2), f.ctx)
 			f.m.OnRequestFinished(f.ctx)
 			if err := f.m.Reset(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if len(f.t1.finishedReqs) != 0 || f.m.Stats().Requests != 1 || f.m.Stats().Primary.Pending != 2 {
+				t.Fatalf("after reset: finalised %d, requests %d, pending %d", len(f.t1.finishedReqs), f.m.Stats().Requests, f.m.Stats().Primary.Pending)
+			}
+			if err := f.m.CompleteStore(out.KeysToStore, f.ctx, true); err != nil {
 				t.Fatal(err)
 			}
 			if len(f.t1.finishedReqs) != 1 || len(f.t2.finishedReqs) != 1 || f.m.Stats().Requests != 0 {
@@ -335,13 +348,18 @@ func TestCoreBehaviour(t *testing.T) {
 			if err := f.m.Reset(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			if rs := f.m.reqs["test"]; rs == nil || rs.pendingStores != 0 {
-				t.Fatalf("request state %+v", rs)
+			if rs := f.m.reqs["test"]; rs == nil || rs.pendingStores != 1 {
+				t.Fatalf("request state %+v, want its store still pending", rs)
 			}
 			if len(f.t1.finishedReqs) != 0 {
 				t.Fatal("active request finalised")
 			}
-			f.store(f.ctx, keyRange(0, 2))
+			if err := f.m.CompleteStore(keyRange(0, 2), f.ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if f.lookups(f.ctx, keyRange(0, 2))[0] != offload.Hit {
+				t.Fatal("the store that survived the reset is not readable")
+			}
 			f.m.OnRequestFinished(f.ctx)
 			if len(f.t1.finishedReqs) != 1 || len(f.t2.finishedReqs) != 1 || f.m.Stats().Requests != 0 {
 				t.Error("request not finalised normally after reset")
@@ -410,10 +428,9 @@ func TestCoreBehaviour(t *testing.T) {
 			if diff := cmp.Diff(rs(offload.Miss, offload.Miss), f.lookups(f.ctx, keyRange(0, 2))); diff != "" {
 				t.Error(diff)
 			}
-			// The fresh primary allocates from slot 0 again.
-			out, _, _ := f.m.PrepareStore(keyRange(20, 21), f.ctx)
-			if len(out.Slots) != 1 || out.Slots[0] != 0 {
-				t.Errorf("slots after reset %v", out.Slots)
+			out, ok, _ := f.m.PrepareStore(keyRange(20, 25), f.ctx)
+			if !ok || len(out.Slots) != 5 {
+				t.Errorf("a store of the whole primary after reset: ok %v, slots %v", ok, out.Slots)
 			}
 		}},
 		{"34 reset drains every tier once", func(t *testing.T, f *fixture) {

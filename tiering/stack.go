@@ -687,23 +687,17 @@ func (s *Stack) Drain(ctx context.Context) error {
 	return nil
 }
 
-// Forget drops the jobs still without an outcome after a Drain, without
-// telling the driver (which is about to reset the arena's bookkeeping);
-// their late results are ignored as stale.
+// Forget fails the jobs still without an outcome after a Drain (the
+// tiers said they were drained but did not answer them): the driver gets
+// their outcome now, and their late results are ignored as stale.
 func (s *Stack) Forget() {
 	if len(s.jobs) > 0 {
-		// The tiers said they were drained but did not answer these.
-		s.log.Error("tiering: reset: jobs unanswered after drain", "jobs", len(s.jobs))
-		clear(s.jobs)
+		s.log.Error("tiering: reset: jobs unanswered after drain; failing them", "jobs", len(s.jobs))
+		for id, jb := range s.jobs {
+			delete(s.jobs, id)
+			s.finishJob(jb, offload.JobResult{JobID: id, Err: errors.New("unanswered after drain")})
+		}
 	}
-	for _, ts := range s.tiers {
-		ts.cascadesInFlight, ts.pinned = 0, 0
-	}
-	s.pinned = 0
-	clear(s.bySlot)
-	clear(s.readers)
-	clear(s.groups)
-	s.groups, s.free = s.groups[:0], s.free[:0]
 	s.resetFloor = s.nextID
 }
 
