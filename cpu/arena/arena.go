@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -39,6 +41,12 @@ var (
 	// ErrInvalidSize reports a slot size, slot count or total size that
 	// cannot describe an arena on this machine.
 	ErrInvalidSize = errors.New("invalid arena size")
+	// ErrInUse reports a file arena another process holds (a running
+	// daemon): nothing of it was touched.
+	ErrInUse = errors.New("arena in use by another process")
+	// ErrNotArena reports an existing file at a file arena's path that no
+	// kvtier daemon created: it is never truncated or removed.
+	ErrNotArena = errors.New("file exists and is not a kvtier arena")
 )
 
 // Config describes an arena.
@@ -58,6 +66,7 @@ type Arena struct {
 	kind     Kind
 	path     string
 	file     *os.File
+	lock     *dirlock.Lock // File arenas: the held lock file path + ".lock"
 	closed   atomic.Bool
 }
 
@@ -89,11 +98,16 @@ func New(cfg Config) (*Arena, error) {
 		if cfg.Path == "" {
 			return nil, fmt.Errorf("arena: kind %q needs a path", kind)
 		}
-		f, err := createFile(cfg.Path)
+		lock, err := lockArena(cfg.Path)
 		if err != nil {
 			return nil, err
 		}
-		a.file, a.path = f, cfg.Path
+		f, err := createFile(cfg.Path, lock)
+		if err != nil {
+			unlockArena(lock, !lock.Created) // never remove a lock file we did not create
+			return nil, err
+		}
+		a.file, a.path, a.lock = f, cfg.Path, lock
 	case Memfd:
 		if cfg.Path != "" {
 			return nil, fmt.Errorf("arena: path %q given for a memfd arena", cfg.Path)
@@ -110,6 +124,7 @@ func New(cfg Config) (*Arena, error) {
 		a.file.Close()
 		if a.path != "" {
 			os.Remove(a.path)
+			unlockArena(a.lock, false)
 		}
 		return nil, err
 	}
@@ -174,14 +189,56 @@ func checkSize(slotSize, numSlots int) (int64, error) {
 	return size, nil
 }
 
-// createFile creates (or takes over a stale) arena file readable only by
-// this user. Symlinks are refused so that a planted link cannot redirect
-// the arena onto another file.
-func createFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+// lockWhat is what a file arena's lock file names its holder: kept after
+// the holder dies, it marks the arena as kvtier's, so that a later daemon
+// may take over the arena of one that died, and only such an arena.
+const lockWhat = "kvtier arena"
+
+// lockArena takes the exclusive lock of the file arena at path, before
+// anything else touches the path: the lock file path + ".lock", held for
+// the arena's life. A lock another process holds fails with ErrInUse,
+// having changed nothing.
+func lockArena(path string) (*dirlock.Lock, error) {
+	l, err := dirlock.AcquireFile(path+".lock", lockWhat)
+	if errors.Is(err, dirlock.ErrLocked) {
+		return nil, fmt.Errorf("arena: %s: %w (%v); stop that daemon, or give this one another primary.arena.path", path, ErrInUse, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("arena: %w", err)
+	}
+	return l, nil
+}
+
+// unlockArena releases the lock of the arena at path, removing its lock
+// file unless keep: a lock file this process did not create is never
+// removed when the arena fails.
+func unlockArena(l *dirlock.Lock, keep bool) {
+	if keep {
+		l.Release()
+		return
+	}
+	l.ReleaseAndRemove()
+}
+
+// createFile creates (or takes over the stale arena of a daemon that died)
+// the arena file, readable only by this user; the caller holds its lock.
+// An existing file is taken over only if the lock file already carried
+// the kvtier marker; any other file fails with ErrNotArena, untouched.
+// Symlinks are refused so that a planted link cannot redirect the arena
+// onto another file.
+func createFile(path string, lock *dirlock.Lock) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		if !strings.HasPrefix(lock.Previous, lockWhat+"\n") {
+			return nil, fmt.Errorf("arena: %s: %w: refusing to overwrite it; remove it yourself, or set primary.arena.path to a new file", path, ErrNotArena)
+		}
+		// The arena of a kvtier daemon that died without cleaning up.
+		f, err = os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("arena: create %s: %w", path, err)
 	}
+
 	fi, err := f.Stat()
 	if err == nil && !fi.Mode().IsRegular() {
 		err = fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
@@ -276,10 +333,11 @@ func (a *Arena) Close() error {
 			errs = append(errs, fmt.Errorf("arena: close %s: %w", a.describe(), err))
 		}
 	}
-	if a.path != "" {
+	if a.path != "" && a.lock != nil {
 		if err := os.Remove(a.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("arena: remove %s: %w", a.path, err))
 		}
+		unlockArena(a.lock, false)
 	}
 	return errors.Join(errs...)
 }

@@ -74,7 +74,12 @@ func TestKinds(t *testing.T) {
 // checks that both mappings see the same bytes and that the file is 0600.
 func TestSharedFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "arena")
+	// The stale arena of a kvtier daemon that died: its lock file carries
+	// the marker, nobody holds it.
 	if err := os.WriteFile(path, []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+".lock", []byte(lockWhat+"\npid 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a, err := New(Config{SlotSize: 64, NumSlots: 4, Kind: File, Path: path})
@@ -174,5 +179,46 @@ func TestErrors(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "target")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("symlink target was created: %v", err)
+	}
+}
+
+// Issue 11, finding 1: a second arena on a path in use, or on a file that
+// is not a kvtier arena, fails without touching anything.
+func TestFileArenaNeverClobbers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "arena")
+	a, err := New(Config{SlotSize: 64, NumSlots: 4, Kind: File, Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	s, _ := a.Slot(2)
+	copy(s, "live bytes")
+	if _, err := New(Config{SlotSize: 64, NumSlots: 8, Kind: File, Path: path}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second arena on a live one: %v, want ErrInUse", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() != 4*64 {
+		t.Fatalf("live arena after the second attempt: %v, %v", fi, err)
+	}
+	if s, _ := a.Slot(2); string(s[:10]) != "live bytes" {
+		t.Fatalf("live arena's bytes changed: %q", s[:10])
+	}
+	if _, err := os.Stat(path + ".lock"); err != nil {
+		t.Fatalf("the live arena's lock file went: %v", err)
+	}
+
+	other := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(other, []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{SlotSize: 64, NumSlots: 4, Kind: File, Path: other}); !errors.Is(err, ErrNotArena) {
+		t.Fatalf("arena on an unrelated file: %v, want ErrNotArena", err)
+	}
+	if b, err := os.ReadFile(other); err != nil || string(b) != "precious" {
+		t.Fatalf("unrelated file after the attempt: %q, %v", b, err)
+	}
+	if _, err := os.Stat(other + ".lock"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a lock file was left next to the unrelated file: %v", err)
 	}
 }
