@@ -251,8 +251,9 @@ func (d *keyDedup) repeated(p *Primary, k offload.Key, h uint64) bool {
 // becomes ready and evictable (most recently used) and one stored event
 // lists them; on failure each pending key is dropped and its slot freed,
 // with no event. Keys that are absent or already ready are ignored either
-// way, so a failed job never destroys a block stored before it.
-func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
+// way, so a failed job never destroys a block stored before it. It
+// returns how many pending keys it resolved.
+func (p *Primary) CompleteStore(keys []offload.Key, success bool) (resolved int) {
 	var stored []offload.Key
 	j := 0
 	for _, k := range keys {
@@ -264,6 +265,7 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 			continue
 		}
 		p.numPending--
+		resolved++
 		if success {
 			p.b.meta[s].ref = 0
 			p.numEvictable++
@@ -287,6 +289,7 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) {
 	if len(stored) > 0 {
 		p.evs = append(p.evs, offload.Event{Keys: stored, Medium: offload.MediumCPU})
 	}
+	return resolved
 }
 
 // Reset drops every block no one holds: ready blocks without pins, and

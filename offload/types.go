@@ -115,7 +115,8 @@ type Job struct {
 }
 
 // JobResult reports the outcome of one job. For a failed promotion,
-// SuccessfulKeys may hold the prefix of Keys that was loaded completely
+// SuccessfulKeys holds the keys that were loaded completely, in the order
+// of Keys (any subsequence of it: a bad block fails only itself)
 // (the remaining keys were not); nil means none.
 type JobResult struct {
 	JobID          uint64

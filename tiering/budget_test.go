@@ -1,7 +1,10 @@
 package tiering
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -292,5 +295,33 @@ func TestLatencyFromSubmission(t *testing.T) {
 	}
 	if st.StoreLatency == nil || st.StoreLatency.Count != 1 {
 		t.Fatalf("store latency histogram %+v", st.StoreLatency)
+	}
+}
+
+// Issue 11, finding 9: disk-full and every other cascade failure were
+// logged at debug level only. They are warnings now, at most one per tier
+// per warnEvery, saying how many were kept quiet.
+func TestCascadeFailuresAreWarnings(t *testing.T) {
+	var buf bytes.Buffer
+	f := newFake("disk", offload.MediumStorage, offload.LocalityLocal, nil)
+	f.failStores = true
+	m, err := New(Config{Primary: newPrimary(t, 64), Tiers: []offload.SecondaryTier{f},
+		Logger: slog.New(slog.NewTextHandler(&buf, nil)), Budget: BudgetConfig{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(t.Context())
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	for i := range 5 {
+		storeKeys(t, m, req, keyRange(10*i, 10*i+2))
+		endStep(m)
+	}
+	if got := m.Stats().Tiers[0].CascadesFailed; got != 5 {
+		t.Fatalf("%d cascades failed, want 5", got)
+	}
+	logged := strings.Count(buf.String(), `level=WARN msg="tiering: cascade failed" tier=disk`)
+	if logged != 1 {
+		t.Fatalf("%d warnings for 5 failures within %v, want 1:\n%s", logged, warnEvery, buf.String())
 	}
 }

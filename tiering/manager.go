@@ -90,7 +90,7 @@ type promoBatch struct {
 type reqState struct {
 	req           *offload.ReqContext
 	policy        offload.OffloadPolicy
-	pendingStores int
+	pendingStores int // reserved slots not yet completed, in keys
 	finished      bool
 	// requestLevel has bit i set when tier i asked for request-level
 	// stores and the request's store filter allows it.
@@ -160,17 +160,26 @@ func (d primaryDriver) CascadeDone(j *offload.Job) {
 	}
 }
 
-// PromotionDone commits the loaded prefix and releases the rest.
-func (d primaryDriver) PromotionDone(j *offload.Job, loaded int) {
+// PromotionDone commits the loaded keys and releases the rest.
+func (d primaryDriver) PromotionDone(j *offload.Job, loaded []offload.Key) {
 	p := d.m.primary
-	if loaded == len(j.Keys) {
+	if len(loaded) == len(j.Keys) {
 		p.CompleteStore(j.Keys, true)
 		return
 	}
-	if loaded > 0 {
-		p.CompleteStore(j.Keys[:loaded], true)
+	if len(loaded) > 0 {
+		p.CompleteStore(loaded, true)
 	}
-	p.CompleteStore(j.Keys[loaded:], false)
+	failed := make([]offload.Key, 0, len(j.Keys)-len(loaded))
+	i := 0
+	for _, k := range j.Keys {
+		if i < len(loaded) && loaded[i] == k {
+			i++
+			continue
+		}
+		failed = append(failed, k)
+	}
+	p.CompleteStore(failed, false)
 }
 
 // Tiers returns the secondary tiers in lookup order.
@@ -467,9 +476,7 @@ func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out 
 	if ok = m.primaryStore(keys, out, reuse); !ok {
 		return false, nil
 	}
-	if len(out.KeysToStore) > 0 {
-		rs.pendingStores++
-	}
+	rs.pendingStores += len(out.KeysToStore)
 	if rs.requestLevel != 0 {
 		if existing := m.readyNotStored(keys, out.KeysToStore); len(existing) > 0 {
 			m.stack.Cascade(existing, req, rs.requestLevel)
@@ -521,7 +528,7 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 		return ErrClosed
 	}
 	req = m.ctx(req)
-	m.primary.CompleteStore(keys, success)
+	resolved := m.primary.CompleteStore(keys, success)
 	rs, ok := m.reqs[req.ID]
 	if !ok {
 		return fmt.Errorf("%w %q: complete store", ErrUnknownRequest, req.ID)
@@ -529,13 +536,11 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 	if success && len(keys) > 0 && m.stack.Len() > 0 {
 		m.stack.Cascade(slices.Clone(keys), req, ^uint64(0))
 	}
-	if rs.pendingStores > 0 {
-		rs.pendingStores--
-	} else {
-		// Legal after a Reset zeroed the count while the store was in
-		// flight.
-		m.log.Debug("tiering: complete store without a pending store", "req", req.ID)
-	}
+	// Counted in keys, not calls: a client may complete a reservation in
+	// parts, or abandon several PrepareStores with one call (a session's
+	// release does), and the request must finalize exactly when its last
+	// reserved slot is resolved.
+	rs.pendingStores -= min(resolved, rs.pendingStores)
 	m.maybeFinalize(rs)
 	return nil
 }

@@ -342,13 +342,33 @@ func TestCoreBehaviour(t *testing.T) {
 				t.Errorf("finalised %d, %d; requests %d", len(f.t1.finishedReqs), len(f.t2.finishedReqs), f.m.Stats().Requests)
 			}
 		}},
+		{"pending stores are counted in keys, not calls", func(t *testing.T, f *fixture) {
+			f.m.OnNewRequest(f.ctx)
+			f.m.PrepareStore(keyRange(0, 2), f.ctx)
+			f.m.PrepareStore(keyRange(2, 4), f.ctx)
+			f.m.OnRequestFinished(f.ctx)
+			// One call abandons both reservations (a session's release
+			// does this); a part completed first must not finalize.
+			if err := f.m.CompleteStore(keyRange(0, 1), f.ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if len(f.t1.finishedReqs) != 0 {
+				t.Fatal("finalised with three reserved slots unresolved")
+			}
+			if err := f.m.CompleteStore(keyRange(1, 4), f.ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if len(f.t1.finishedReqs) != 1 || f.m.Stats().Requests != 0 {
+				t.Fatalf("finalised %d, requests %d; want the request finalized once", len(f.t1.finishedReqs), f.m.Stats().Requests)
+			}
+		}},
 		{"30 reset keeps active request", func(t *testing.T, f *fixture) {
 			f.m.OnNewRequest(f.ctx)
 			f.m.PrepareStore(keyRange(0, 2), f.ctx)
 			if err := f.m.Reset(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			if rs := f.m.reqs["test"]; rs == nil || rs.pendingStores != 1 {
+			if rs := f.m.reqs["test"]; rs == nil || rs.pendingStores != 2 {
 				t.Fatalf("request state %+v, want its store still pending", rs)
 			}
 			if len(f.t1.finishedReqs) != 0 {

@@ -141,7 +141,8 @@ func (t *modelTier) SubmitLoad(job *offload.Job) {
 	t.held = append(t.held, job)
 }
 
-// complete answers held job i: outcome 0 success, 1 failure, 2 partial.
+// complete answers held job i: outcome 0 success, 1 failure, 2 partial
+// (a prefix), 3 partial (some keys).
 func (t *modelTier) complete(i, outcome, partial int) {
 	job := t.held[i]
 	t.held = slices.Delete(t.held, i, i+1)
@@ -168,30 +169,36 @@ func (t *modelTier) complete(i, outcome, partial int) {
 		t.results = append(t.results, r)
 		return
 	}
-	n := len(job.Keys)
-	switch outcome {
-	case 1:
-		n = 0
-	case 2:
-		n = partial % (len(job.Keys) + 1)
+	// Which keys arrive: all (0), none (1), a prefix (2), or every key
+	// whose index has bit partial%3 clear (3: a bad block fails alone).
+	want := func(i int) bool {
+		switch outcome {
+		case 1:
+			return false
+		case 2:
+			return i < partial%(len(job.Keys)+1)
+		case 3:
+			return i&(1<<(partial%3)) == 0
+		}
+		return true
 	}
-	done := 0
-	for i, k := range job.Keys[:n] {
+	var loaded []offload.Key
+	for i, k := range job.Keys {
 		data, ok := t.blocks[k]
-		if !ok {
-			break
+		if !ok || !want(i) {
+			continue
 		}
 		dst, err := job.Arena.Slot(job.Slots[i])
 		if err != nil {
 			t.check.violate("promotion slot: %v", err)
-			break
+			continue
 		}
 		copy(dst, data)
-		done++
+		loaded = append(loaded, k)
 	}
-	r.Success = done == len(job.Keys)
-	if !r.Success && done > 0 {
-		r.SuccessfulKeys = job.Keys[:done]
+	r.Success = len(loaded) == len(job.Keys)
+	if !r.Success {
+		r.SuccessfulKeys = loaded
 	}
 	t.results = append(t.results, r)
 }
@@ -690,13 +697,13 @@ func modelProperty(total *TierStats) func(*rapid.T) {
 					rt.Skip("no job held")
 				}
 				t.complete(rapid.IntRange(0, len(t.held)-1).Draw(rt, "job"),
-					rapid.IntRange(0, 2).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
+					rapid.IntRange(0, 3).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
 			},
 			"drive": func(rt *rapid.T) {
 				// Tiers answer everything; two steps apply it.
 				for _, t := range models {
 					for len(t.held) > 0 {
-						t.complete(0, rapid.IntRange(0, 2).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
+						t.complete(0, rapid.IntRange(0, 3).Draw(rt, "outcome"), rapid.IntRange(0, 5).Draw(rt, "partial"))
 					}
 				}
 				m.ScheduleEnd(offload.ScheduleEnd{})

@@ -28,10 +28,11 @@ type Driver interface {
 	// exactly once for every job PinCascade or PinAgain pinned, whatever
 	// its outcome, except for the jobs Forget drops.
 	CascadeDone(j *offload.Job)
-	// PromotionDone resolves a promotion's target slots: the first loaded
-	// keys of j arrived, the others did not. It is called exactly once per
-	// promotion submitted with Load, except for the jobs Forget drops.
-	PromotionDone(j *offload.Job, loaded int)
+	// PromotionDone resolves a promotion's target slots: the keys of
+	// loaded (a subsequence of j.Keys, all of them on success) arrived,
+	// the others did not. It is called exactly once per promotion
+	// submitted with Load.
+	PromotionDone(j *offload.Job, loaded []offload.Key)
 }
 
 // StackConfig configures a Stack.
@@ -117,8 +118,11 @@ type tier struct {
 
 	cascadesInFlight int
 	// pinned counts the slots this tier's cascades in flight read.
-	pinned      int
-	pressure    pressure
+	pinned   int
+	pressure pressure
+	// warnedAt and quiet rate-limit the tier's failure warnings.
+	warnedAt    time.Time
+	quiet       int
 	stats       TierStats
 	load, store histogram
 }
@@ -476,21 +480,18 @@ func (s *Stack) finishJob(jb *job, r offload.JobResult) {
 	keys := jb.j.Keys
 	if jb.j.Promotion {
 		ts.load.observe(s.latency(jb, r))
-		n := len(keys)
+		loaded := keys
 		if !r.Success {
-			n = 0
-			for n < len(r.SuccessfulKeys) && n < len(keys) && r.SuccessfulKeys[n] == keys[n] {
-				n++
-			}
+			loaded = Subsequence(keys, r.SuccessfulKeys)
 			ts.stats.PromotionsFailed++
-			ts.stats.PromotionBlocksFailed += uint64(len(keys) - n)
-			s.log.Debug("tiering: promotion failed", "tier", ts.name, "job", r.JobID, "keys", len(keys), "loaded", n, "err", r.Err)
+			ts.stats.PromotionBlocksFailed += uint64(len(keys) - len(loaded))
+			s.warn(ts, "tiering: promotion failed", "job", r.JobID, "keys", len(keys), "loaded", len(loaded), "err", r.Err)
 		} else {
 			ts.stats.PromotionsOK++
 		}
-		ts.stats.PromotedBlocks += uint64(n)
+		ts.stats.PromotedBlocks += uint64(len(loaded))
 		ts.stats.BytesIn += uint64(max(r.Bytes, 0))
-		s.drv.PromotionDone(&jb.j, n)
+		s.drv.PromotionDone(&jb.j, loaded)
 		return
 	}
 	s.endCascade(jb)
@@ -506,7 +507,7 @@ func (s *Stack) finishJob(jb *job, r offload.JobResult) {
 		ts.store.observe(s.latency(jb, r))
 		ts.stats.CascadesFailed++
 		// Disk full, EIO, a server error: the operator must see these.
-		s.log.Warn("tiering: cascade failed", "tier", ts.name, "job", r.JobID, "blocks", len(keys), "err", r.Err)
+		s.warn(ts, "tiering: cascade failed", "job", r.JobID, "blocks", len(keys), "err", r.Err)
 		return
 	}
 	d := s.latency(jb, r)
@@ -525,6 +526,44 @@ func (s *Stack) finishJob(jb *job, r offload.JobResult) {
 		s.log.Info("tiering: tier back-pressure "+state, "tier", ts.name, "index", ts.idx,
 			"ema", time.Duration(ts.pressure.ema*float64(time.Second)))
 	}
+}
+
+// Subsequence returns the keys of keys that appear, in order, in of: the
+// loaded keys of a partial load whose SuccessfulKeys may be any
+// subsequence of the job's keys (extras, or keys out of order, a tier
+// must not report, are ignored).
+func Subsequence(keys, of []offload.Key) []offload.Key {
+	if len(of) == 0 {
+		return nil
+	}
+	out := make([]offload.Key, 0, len(of))
+	j := 0
+	for _, k := range keys {
+		if j < len(of) && of[j] == k {
+			out = append(out, k)
+			j++
+		}
+	}
+	return out
+}
+
+// warnEvery bounds how often one tier's failures are logged: a failing
+// disk fails every cascade, and the log must say so without flooding.
+const warnEvery = 10 * time.Second
+
+// warn logs a tier failure at warning level, at most once per warnEvery
+// per tier, with the count of those it kept quiet since.
+func (s *Stack) warn(ts *tier, msg string, args ...any) {
+	now := time.Now()
+	if now.Sub(ts.warnedAt) < warnEvery {
+		ts.quiet++
+		return
+	}
+	if ts.quiet > 0 {
+		args = append(args, "similar_since_last", ts.quiet)
+	}
+	ts.warnedAt, ts.quiet = now, 0
+	s.log.Warn(msg, append([]any{"tier", ts.name}, args...)...)
 }
 
 // endCascade releases what a cascade job held: its pins (through the

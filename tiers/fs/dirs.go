@@ -70,11 +70,11 @@ func (t *Tier) openTemp(tmp string, flag int) (vfs.File, error) {
 			return nil, err
 		}
 	}
-	f, err := t.s.fs.OpenFile(tmp, flag, 0o644)
+	f, err := t.s.fs.OpenFile(tmp, flag, 0o600)
 	if known && errors.Is(err, iofs.ErrNotExist) {
 		t.dirs.forget(dir)
 		if err = t.makeDir(dir); err == nil {
-			f, err = t.s.fs.OpenFile(tmp, flag, 0o644)
+			f, err = t.s.fs.OpenFile(tmp, flag, 0o600)
 		}
 	}
 	return f, err
@@ -86,14 +86,14 @@ func (t *Tier) openTemp(tmp string, flag int) (vfs.File, error) {
 // (and the whole path when even the rank directory is gone).
 func (t *Tier) makeDir(dir string) error {
 	fs := t.s.fs
-	err := fs.Mkdir(dir, 0o755)
+	err := fs.Mkdir(dir, 0o700)
 	if errors.Is(err, iofs.ErrNotExist) {
-		err = fs.Mkdir(filepath.Dir(dir), 0o755)
+		err = fs.Mkdir(filepath.Dir(dir), 0o700)
 		switch {
 		case err == nil || errors.Is(err, iofs.ErrExist):
-			err = fs.Mkdir(dir, 0o755)
+			err = fs.Mkdir(dir, 0o700)
 		case errors.Is(err, iofs.ErrNotExist):
-			err = fs.MkdirAll(dir, 0o755)
+			err = fs.MkdirAll(dir, 0o700)
 		}
 	}
 	if err != nil && !errors.Is(err, iofs.ErrExist) {

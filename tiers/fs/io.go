@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -274,9 +275,10 @@ func (w *worker) writeBlock(f vfs.File, k offload.Key, payload []byte) error {
 }
 
 // load runs a promotion job: blocks are read into their slots in order
-// and verified; the first failure stops the job, reports the loaded
-// prefix in SuccessfulKeys and marks the rest Miss for the requests that
-// looked them up.
+// and verified. A block that fails (corrupt, foreign, gone, an I/O error)
+// fails alone: the others are still loaded, SuccessfulKeys lists them,
+// and the failed keys answer Miss for the requests that looked them up.
+// Closing the tier stops the job after its current block.
 func (w *worker) load(job *offload.Job, start time.Time) {
 	t := w.t
 	slots, err := t.slots(job)
@@ -285,22 +287,41 @@ func (w *worker) load(job *offload.Job, start time.Time) {
 		return
 	}
 	var bytes int64
+	var ok, failed []offload.Key
+	var firstErr error
 	for i, k := range job.Keys {
 		if t.closing.Load() {
-			err = ErrClosed
-		} else if err = w.loadBlock(k, slots[i]); err != nil {
-			err = fmt.Errorf("fs tier: load %s: %w", k, err)
-		}
-		if err != nil {
-			var ok []offload.Key
-			if i > 0 {
-				ok = append(ok, job.Keys[:i]...)
+			if ok == nil {
+				ok = append(make([]offload.Key, 0, i), job.Keys[:i]...)
 			}
-			t.lookups.MarkMiss(job.Keys[i:])
-			t.fail(job, false, ok, err, start)
-			return
+			failed = append(failed, job.Keys[i:]...)
+			firstErr = cmp.Or(firstErr, error(ErrClosed))
+			break
+		}
+		if err := w.loadBlock(k, slots[i]); err != nil {
+			failed = append(failed, k)
+			firstErr = cmp.Or(firstErr, fmt.Errorf("fs tier: load %s: %w", k, err))
+			if ok == nil {
+				ok = append(make([]offload.Key, 0, len(job.Keys)), job.Keys[:i]...)
+			}
+			continue
+		}
+		if ok != nil {
+			ok = append(ok, k)
 		}
 		bytes += int64(len(slots[i]))
+	}
+	if len(failed) > 0 {
+		t.lookups.MarkMiss(failed)
+		if len(failed) > 1 {
+			firstErr = fmt.Errorf("%w (and %d more blocks of the job)", firstErr, len(failed)-1)
+		}
+		if len(ok) == 0 {
+			ok = nil
+		}
+		t.st.loadFailed.Add(1)
+		t.finish(offload.JobResult{JobID: job.ID, SuccessfulKeys: ok, Bytes: bytes, Duration: time.Since(start), Err: firstErr})
+		return
 	}
 	t.st.loadOK.Add(1)
 	t.finish(offload.JobResult{JobID: job.ID, Success: true, Bytes: bytes, Duration: time.Since(start)})
@@ -375,6 +396,11 @@ func (w *worker) readFile(k offload.Key, name string, slot []byte) error {
 	if got := fi.Size(); got != want {
 		if t.s.format == FormatKVTier && got == n {
 			return fmt.Errorf("%w: %d bytes without a kvtier trailer", ErrForeignFormat, got)
+		}
+		if t.s.format == FormatVLLM {
+			// vLLM's directory has no block size in its name: another
+			// tier's blocks, or a short file; neither is ours to delete.
+			return fmt.Errorf("%w: file is %d bytes, this tier's blocks are %d (another block size in vLLM's directory, or a short file)", ErrForeignFormat, got, want)
 		}
 		return fmt.Errorf("%w: file is %d bytes, want %d", ErrCorrupt, got, want)
 	}

@@ -143,12 +143,20 @@ type layout struct {
 	rankDir string // <base>_r<rank>: holds the blocks
 }
 
-func newLayout(root string, ns Namespace) (layout, error) {
+// In kvtier's own format the base also names the block size,
+// <model>_<digest>_b<bytes>, so that tiers of two block sizes never share
+// files (vLLM's format must keep vLLM's directory; there a file of another
+// size is refused as foreign, not deleted).
+func newLayout(root string, ns Namespace, format Format) (layout, error) {
 	d, err := ns.Digest()
 	if err != nil {
 		return layout{}, err
 	}
-	base := filepath.Join(root, strings.ReplaceAll(ns.ModelName, "/", "_")+"_"+d)
+	name := strings.ReplaceAll(ns.ModelName, "/", "_") + "_" + d
+	if format == FormatKVTier && ns.BlockBytes > 0 {
+		name += "_b" + strconv.Itoa(ns.BlockBytes)
+	}
+	base := filepath.Join(root, name)
 	return layout{base: base, rankDir: base + "_r" + strconv.Itoa(ns.Rank)}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/asynclookup"
+	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -49,6 +50,8 @@ type Tier struct {
 	workers sync.WaitGroup
 	closing atomic.Bool
 
+	// lock keeps a second kvtier process off the namespace directory.
+	lock      *dirlock.Lock
 	tmpPrefix string
 	tmpSeq    atomic.Uint64
 	dirs      *dirCache
@@ -91,7 +94,7 @@ func New(cfg Config) (*Tier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs tier %q: %w", cfg.Name, err)
 	}
-	lay, err := newLayout(s.root, s.ns)
+	lay, err := newLayout(s.root, s.ns, s.format)
 	if err != nil {
 		return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
 	}
@@ -107,13 +110,18 @@ func New(cfg Config) (*Tier, error) {
 	}
 	t.evictCond = sync.NewCond(&t.mu)
 	t.lookups = asynclookup.New(s.name, t.exists, asynclookup.Options{MaxBatch: s.lookupBatch, Logger: s.logger})
-	for _, step := range []func() error{t.prepareDirs, t.probeDirect, t.scan} {
+	for _, step := range []func() error{t.prepareDirs, t.lockDir, t.probeDirect, t.scan} {
 		if err := step(); err != nil {
 			t.lookups.Close()
+			t.lock.Release()
 			return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
 		}
 	}
 	t.startTmpSweep()
+	if s.format == FormatVLLM {
+		s.logger.Warn("fs tier in vLLM's format: block files carry no checksum, so a file swapped for another key's or rewritten in place would be served as is; use format kvtier unless vLLM must read the directory",
+			"tier", s.name, "dir", t.lay.rankDir)
+	}
 	if s.eventsIgnored {
 		s.logger.Warn(fmt.Sprintf("events is set on secondary tier '%s' but KV cache events are disabled globally; the tier will not emit events.", s.name))
 	}
@@ -130,14 +138,26 @@ func New(cfg Config) (*Tier, error) {
 	return t, nil
 }
 
+// lockDir takes the namespace directory's lock before anything reads or
+// removes a file of it: a second kvtier process on the same root_dir and
+// namespace (another daemon, kvtier fsck --repair) fails here.
+func (t *Tier) lockDir() error {
+	l, err := dirlock.Acquire(t.lay.base, "fs tier "+t.s.name)
+	if err != nil {
+		return fmt.Errorf("root_dir %s: %w", t.s.root, err)
+	}
+	t.lock = l
+	return nil
+}
+
 // prepareDirs creates the namespace and rank directories and config.json,
 // and proves the rank directory writable.
 func (t *Tier) prepareDirs() error {
 	fs := t.s.fs
-	if err := fs.MkdirAll(t.lay.base, 0o755); err != nil {
+	if err := fs.MkdirAll(t.lay.base, 0o700); err != nil {
 		return fmt.Errorf("root_dir not writable: %w", err)
 	}
-	if err := fs.MkdirAll(t.lay.rankDir, 0o755); err != nil {
+	if err := fs.MkdirAll(t.lay.rankDir, 0o700); err != nil {
 		return fmt.Errorf("root_dir not writable: %w", err)
 	}
 	cfgPath := filepath.Join(t.lay.base, configFileName)
@@ -162,7 +182,7 @@ func (t *Tier) prepareDirs() error {
 // writeSmall writes a small file atomically (temp + rename).
 func (t *Tier) writeSmall(name string, data []byte) error {
 	tmp := name + t.tmpPrefix + ".tmp"
-	f, err := t.s.fs.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	f, err := t.s.fs.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
@@ -202,7 +222,7 @@ func (t *Tier) tryDirect() error {
 		return errors.New("O_DIRECT is not supported on this platform")
 	}
 	name := filepath.Join(t.lay.rankDir, ".odirect-probe"+t.tmpPrefix+".tmp")
-	f, err := t.s.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY|oDirect, 0o644)
+	f, err := t.s.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY|oDirect, 0o600)
 	if err != nil {
 		return err
 	}
@@ -275,14 +295,23 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 	return out, nil
 }
 
-// foreign reports a file of size bytes that a load would refuse, without
-// deleting it, as a block in the other format: a raw vLLM block where a
-// trailer is expected. Lookups answer Miss for it rather than promise a
-// block that every load fails on. Other wrong sizes stay hits: their
-// load deletes them as corrupt, after which a store can write the block.
+// foreign reports a file of size bytes that a load would refuse without
+// deleting it: in kvtier's format a raw vLLM block (no trailer); in
+// vLLM's, a file of another size (another block size shares vLLM's
+// directory, or the file is short). Lookups answer Miss for it rather
+// than promise a block that every load fails on. In kvtier's format other
+// wrong sizes stay hits: their load deletes them as corrupt (the
+// directory names the block size, so no other tier wrote them), after
+// which a store can write the block.
 func (t *Tier) foreign(size int64) bool {
-	bb := t.s.ns.BlockBytes
-	return t.s.format == FormatKVTier && bb > 0 && size == int64(bb)
+	bb := int64(t.s.ns.BlockBytes)
+	if bb <= 0 {
+		return false
+	}
+	if t.s.format == FormatVLLM {
+		return size != bb
+	}
+	return size == bb
 }
 
 // adopt indexes k's file if it exists on disk but not in the index; it
@@ -503,7 +532,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	t.lookups.Close()
 	t.stopTmpSweep()
 	done := make(chan struct{})
-	go func() { t.workers.Wait(); close(done) }()
+	go func() { t.workers.Wait(); t.lock.Release(); close(done) }()
 	select {
 	case <-done:
 		return nil

@@ -167,6 +167,7 @@ func TestTierWrittenDirectoryReadableByVLLM(t *testing.T) {
 	for _, f := range files {
 		switch {
 		case f == "org_model_bff676f2ecb7/config.json":
+		case f == "org_model_bff676f2ecb7/.kvtier.lock": // kvtier's own, next to vLLM's config.json
 		case strings.HasPrefix(f, fmt.Sprintf("org_model_bff676f2ecb7_r%d/", rank)) && strings.HasSuffix(f, ".bin"):
 			blocks++
 		default:

@@ -212,7 +212,7 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	if usable {
 		b.callLoad(ctx, job, slots, errs)
 	}
-	loaded, err := loadedPrefix(job.Keys, errs)
+	loaded, err := loadedKeys(job.Keys, errs)
 	res := offload.JobResult{Duration: time.Since(start)}
 	if len(loaded) > 0 {
 		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())

@@ -158,8 +158,9 @@ func TestBaseStoreLookupLoad(t *testing.T) {
 		t.Fatalf("lookup after store: %v", r)
 	}
 
-	// A partial load reports its prefix; the failed key is a Miss for the
-	// request without another probe, the bad slot fails only its key.
+	// A partial load reports the keys that arrived (a bad block fails
+	// alone); the failed key is a Miss for the request without another
+	// probe, the bad slot fails only its key.
 	f.bad[keys[1]] = true
 	for _, k := range keys {
 		resolve(t, b, k, req)
@@ -167,7 +168,7 @@ func TestBaseStoreLookupLoad(t *testing.T) {
 	b.SubmitLoad(&offload.Job{ID: 4, Keys: keys, Slots: []int64{3, 3, 3}, Arena: arena, Promotion: true, Req: req})
 	b.SubmitLoad(&offload.Job{ID: 5, Keys: keys[2:], Slots: []int64{9}, Arena: arena, Promotion: true, Req: req})
 	res = results(t, b, 2)
-	if r := res[4]; r.Success || len(r.SuccessfulKeys) != 1 || r.SuccessfulKeys[0] != keys[0] || r.Bytes != 2 {
+	if r := res[4]; r.Success || len(r.SuccessfulKeys) != 2 || r.SuccessfulKeys[0] != keys[0] || r.SuccessfulKeys[1] != keys[2] || r.Bytes != 4 {
 		t.Fatalf("partial load: %+v", r)
 	}
 	if r := res[5]; r.Success || !errors.Is(r.Err, offload.ErrSlotOutOfRange) || r.SuccessfulKeys != nil {

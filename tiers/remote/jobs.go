@@ -272,16 +272,28 @@ func ForEach(ctx context.Context, sem chan struct{}, n int, fn func(ctx context.
 	return errs
 }
 
-// loadedPrefix returns keys[:k] where k is the index of the first non-nil error
-// (nil when k is 0): the loaded prefix of a partially failed load.
-func loadedPrefix(keys []offload.Key, errs []error) ([]offload.Key, error) {
+// loadedKeys returns the keys whose error is nil, in order, and the first
+// error: a bad block fails only itself (nil when none loaded).
+func loadedKeys(keys []offload.Key, errs []error) ([]offload.Key, error) {
+	var first error
+	var loaded []offload.Key
 	for i, err := range errs {
 		if err != nil {
-			if i == 0 {
-				return nil, err
+			if first == nil {
+				first = err
+				loaded = append(make([]offload.Key, 0, len(keys)-1), keys[:i]...)
 			}
-			return keys[:i:i], err
+			continue
+		}
+		if first != nil {
+			loaded = append(loaded, keys[i])
 		}
 	}
-	return keys, nil
+	if first == nil {
+		return keys, nil
+	}
+	if len(loaded) == 0 {
+		loaded = nil
+	}
+	return loaded, first
 }

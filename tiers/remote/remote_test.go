@@ -227,13 +227,13 @@ func TestBackoffAndPrefix(t *testing.T) {
 	}
 	keys := []offload.Key{"a0000", "b0000", "c0000"}
 	e := errors.New("x")
-	if p, err := loadedPrefix(keys, []error{nil, e, nil}); len(p) != 1 || err != e {
+	if p, err := loadedKeys(keys, []error{nil, e, nil}); len(p) != 2 || p[0] != keys[0] || p[1] != keys[2] || err != e {
 		t.Fatal(p, err)
 	}
-	if p, err := loadedPrefix(keys, []error{e, nil, nil}); p != nil || err != e {
+	if p, err := loadedKeys(keys, []error{e, e, e}); p != nil || err != e {
 		t.Fatal(p, err)
 	}
-	if p, err := loadedPrefix(keys, make([]error, 3)); len(p) != 3 || err != nil {
+	if p, err := loadedKeys(keys, make([]error, 3)); len(p) != 3 || err != nil {
 		t.Fatal(p, err)
 	}
 }
