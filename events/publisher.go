@@ -62,6 +62,9 @@ type Config struct {
 	// HWM bounds each subscriber's queue in batches (default 100000); a
 	// subscriber that falls further behind loses its oldest batches.
 	HWM int
+	// MaxConns bounds the connections of each bound socket, PUB and
+	// replay (default zmtp.DefaultMaxConns).
+	MaxConns int
 	// MaxQueueSize bounds the batches waiting to be handed to the socket
 	// (default 100000); when full the oldest is dropped.
 	MaxQueueSize int
@@ -205,7 +208,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p.queue.init(cfg.MaxQueueSize)
 	p.replay.init(cfg.BufferSteps)
-	p.pub = zmtp.NewPub(zmtp.PubOptions{HWM: cfg.HWM, Logger: cfg.Logger})
+	p.pub = zmtp.NewPub(zmtp.PubOptions{HWM: cfg.HWM, MaxConns: cfg.MaxConns, Logger: cfg.Logger})
 	if bind {
 		p.addr, err = p.pub.Bind(endpoint)
 	} else {
@@ -213,12 +216,12 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if err != nil {
 		_ = p.pub.Close(context.Background())
-		return nil, fmt.Errorf("events: publisher endpoint: %w", err)
+		return nil, fmt.Errorf("events.endpoint %q: %w", cfg.Endpoint, err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		rep, err := OffsetEndpoint(cfg.ReplayEndpoint, cfg.DPRank)
 		if err == nil {
-			p.router = zmtp.NewRouter(p.serveReplay, zmtp.RouterOptions{Logger: cfg.Logger})
+			p.router = zmtp.NewRouter(p.serveReplay, zmtp.RouterOptions{MaxConns: cfg.MaxConns, Logger: cfg.Logger})
 			p.raddr, err = p.router.Bind(rep)
 		}
 		if err != nil {
@@ -226,7 +229,7 @@ func New(cfg Config) (*Publisher, error) {
 				_ = p.router.Close()
 			}
 			_ = p.pub.Close(context.Background())
-			return nil, fmt.Errorf("events: replay endpoint: %w", err)
+			return nil, fmt.Errorf("events.replay_endpoint %q: %w", cfg.ReplayEndpoint, err)
 		}
 	}
 	p.topic = []byte(cfg.Topic)

@@ -29,10 +29,21 @@ type PubOptions struct {
 	// (default 1 s). Closing first could turn a pending inbound segment
 	// into a reset that discards data still in flight.
 	Linger time.Duration
-	Logger *slog.Logger
+	// MaxConns bounds the connections of a bound socket, subscribers and
+	// handshakes in progress (default 256); one beyond it is closed at
+	// once, so a flood of idle connections cannot use up the process's
+	// file descriptors.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
+// DefaultMaxConns is the default bound on a bound socket's connections.
+const DefaultMaxConns = 256
+
 func (o *PubOptions) defaults() {
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
 	if o.HWM <= 0 {
 		o.HWM = 1000
 	}
@@ -94,6 +105,7 @@ type PubSocket struct {
 	peers     []*peer
 	goneSent  uint64
 	goneDrop  uint64
+	refused   atomic.Uint64
 }
 
 // NewPub returns a PUB socket with no endpoints.
@@ -147,18 +159,26 @@ func (p *PubSocket) Connect(endpoint string) error {
 
 func (p *PubSocket) acceptLoop(ln net.Listener) {
 	defer p.wg.Done()
+	var pause acceptPause
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || p.ctx.Err() != nil {
 				return
 			}
-			p.log.Warn("zmtp pub: accept", "err", err)
-			select {
-			case <-time.After(50 * time.Millisecond):
-			case <-p.ctx.Done():
+			if !pause.wait(p.ctx, p.log, "zmtp pub", err) {
 				return
 			}
+			continue
+		}
+		pause.ok()
+		p.mu.Lock()
+		full := len(p.pending)+len(p.peers) >= p.opts.MaxConns
+		p.mu.Unlock()
+		if full {
+			nc.Close()
+			p.refused.Add(1)
+			p.log.Warn("zmtp pub: connection refused: too many connections", "max", p.opts.MaxConns, "remote", nc.RemoteAddr())
 			continue
 		}
 		p.wg.Add(1)
@@ -168,6 +188,9 @@ func (p *PubSocket) acceptLoop(ln net.Listener) {
 		}()
 	}
 }
+
+// Refused returns the connections refused because MaxConns was reached.
+func (p *PubSocket) Refused() uint64 { return p.refused.Load() }
 
 func (p *PubSocket) dialLoop(endpoint string) {
 	defer p.wg.Done()

@@ -27,7 +27,13 @@ type RouterOptions struct {
 	// and what the handler replies with, forever. A long replay to a slow
 	// client that keeps reading is not cut short.
 	WriteTimeout time.Duration
-	Logger       *slog.Logger
+	// IdleTimeout closes a connection that sends nothing for this long
+	// (default 60 s): a replay client asks and reads, it does not sit.
+	IdleTimeout time.Duration
+	// MaxConns bounds the connections (default DefaultMaxConns); one
+	// beyond it is closed at once.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
 // RouterSocket is a ZMQ ROUTER socket that hands each inbound message to a
@@ -50,6 +56,12 @@ type RouterSocket struct {
 func NewRouter(h Handler, opts RouterOptions) *RouterSocket {
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = time.Minute
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
 	}
 	if opts.MaxFrame <= 0 {
 		opts.MaxFrame = 64 << 10
@@ -84,24 +96,27 @@ func (r *RouterSocket) Bind(endpoint string) (net.Addr, error) {
 
 func (r *RouterSocket) acceptLoop(ln net.Listener) {
 	defer r.wg.Done()
+	var pause acceptPause
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || r.ctx.Err() != nil {
 				return
 			}
-			r.opts.Logger.Warn("zmtp router: accept", "err", err)
-			select {
-			case <-time.After(50 * time.Millisecond):
-			case <-r.ctx.Done():
+			if !pause.wait(r.ctx, r.opts.Logger, "zmtp router", err) {
 				return
 			}
 			continue
 		}
+		pause.ok()
 		r.mu.Lock()
-		if r.closed {
+		if r.closed || len(r.conns) >= r.opts.MaxConns {
+			full := !r.closed
 			r.mu.Unlock()
 			nc.Close()
+			if full {
+				r.opts.Logger.Warn("zmtp router: connection refused: too many connections", "max", r.opts.MaxConns, "remote", nc.RemoteAddr())
+			}
 			continue
 		}
 		r.conns[nc] = struct{}{}
@@ -145,6 +160,7 @@ func (r *RouterSocket) serve(nc net.Conn, seq uint32) {
 		return werr
 	}
 	for {
+		_ = nc.SetReadDeadline(time.Now().Add(r.opts.IdleTimeout))
 		msg, cmd, err := c.Read()
 		if err != nil {
 			return
