@@ -26,6 +26,23 @@ type Server struct {
 	AuthTokenFile string `yaml:"auth_token_file"`
 	// ShutdownTimeout bounds the drain at SIGINT/SIGTERM (default 10s).
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// RequestIdleTimeout releases a request (its pins and reservations)
+	// that no call has named for this long (default 10m).
+	RequestIdleTimeout Duration `yaml:"request_idle_timeout"`
+	// MaxConnections bounds each listener's connections (default 1024,
+	// lowered to fit the file descriptor limit).
+	MaxConnections int `yaml:"max_connections"`
+	// ConnectionIdleTimeout closes a connection without calls (default
+	// 15m); the requests of its session are released.
+	ConnectionIdleTimeout Duration `yaml:"connection_idle_timeout"`
+	// KeepaliveTime and KeepaliveTimeout: a quiet connection is pinged
+	// every KeepaliveTime (default 30s) and closed when a ping goes
+	// unanswered for KeepaliveTimeout (default 10s).
+	KeepaliveTime    Duration `yaml:"keepalive_time"`
+	KeepaliveTimeout Duration `yaml:"keepalive_timeout"`
+	// AutoStep: when no engine has ended a step for this long and tier
+	// work is pending, the daemon ends one (default 100ms; negative: never).
+	AutoStep Duration `yaml:"auto_step"`
 }
 
 // Limits bound what one API client can ask for. Zero means the daemon's
@@ -44,6 +61,11 @@ type Limits struct {
 	MaxParamsBytes ByteSize `yaml:"max_params_bytes"`
 	// MaxWait caps GetBlocks' wait (default 10s).
 	MaxWait Duration `yaml:"max_wait"`
+	// MaxSessionParamsBytes and MaxParamsBytesTotal bound the
+	// kv_transfer_params the active requests hold, per client session
+	// (default 64MiB) and in all (default 256MiB).
+	MaxSessionParamsBytes ByteSize `yaml:"max_session_params_bytes"`
+	MaxParamsBytesTotal   ByteSize `yaml:"max_params_bytes_total"`
 }
 
 // Events configures KV event publishing (vLLM's KVEventsConfig, spec §6.5).
@@ -194,6 +216,13 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_requests", int64(c.Limits.MaxRequests)},
 		{"limits.max_params_bytes", int64(c.Limits.MaxParamsBytes)},
 		{"limits.max_wait", int64(c.Limits.MaxWait)},
+		{"limits.max_session_params_bytes", int64(c.Limits.MaxSessionParamsBytes)},
+		{"limits.max_params_bytes_total", int64(c.Limits.MaxParamsBytesTotal)},
+		{"server.request_idle_timeout", int64(c.Server.RequestIdleTimeout)},
+		{"server.max_connections", int64(c.Server.MaxConnections)},
+		{"server.connection_idle_timeout", int64(c.Server.ConnectionIdleTimeout)},
+		{"server.keepalive_time", int64(c.Server.KeepaliveTime)},
+		{"server.keepalive_timeout", int64(c.Server.KeepaliveTimeout)},
 		{"events.buffer_steps", int64(c.Events.BufferSteps)},
 		{"events.hwm", int64(c.Events.HWM)},
 		{"events.max_queue_size", int64(c.Events.MaxQueueSize)},

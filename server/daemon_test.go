@@ -109,6 +109,14 @@ var listenRE = regexp.MustCompile(`kvtier API listening.* tcp=(\S+)`)
 func startDaemon(t *testing.T, configPath string) *daemon {
 	t.Helper()
 	d := &daemon{cmd: exec.Command(kvtierBinary(t), "serve", "--config", configPath), done: make(chan error, 1)}
+	startDaemonCmd(t, d, configPath)
+	return d
+}
+
+// startDaemonCmd starts d's command (a kvtier serve of configPath) and
+// waits until it listens.
+func startDaemonCmd(t *testing.T, d *daemon, configPath string) {
+	t.Helper()
 	pipe, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +153,6 @@ func startDaemon(t *testing.T, configPath string) *daemon {
 			<-d.done
 		}
 	})
-	return d
 }
 
 func (d *daemon) log() string {

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvtier/kvtier/api/wire"
 )
 
 // listenUnix listens on a Unix socket at path with mode 0600. The socket
@@ -41,7 +43,7 @@ func listenUnix(path string) (net.Listener, error) {
 			return nil, fmt.Errorf("listen on %s: remove stale socket: %w", path, err)
 		}
 	}
-	dir, err := os.MkdirTemp(filepath.Dir(path), ".kvtier-sock-")
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".ks")
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
@@ -96,35 +98,63 @@ func tokenStream(token string) grpc.StreamServerInterceptor {
 	}
 }
 
-// decodeErrorsAreInvalid returns a copy of desc whose unary handlers
-// report a request that does not decode (malformed protobuf) as
-// INVALID_ARGUMENT: gRPC reports it as INTERNAL, which tells a client the
-// daemon is broken rather than its input.
-func decodeErrorsAreInvalid(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
+// decodeErrorsAreInvalid returns a copy of desc whose handlers answer a
+// request that does not decode (malformed protobuf) with
+// INVALID_ARGUMENT, naming the problem: codec records decoding errors
+// (wire.ServerCodec) rather than letting gRPC answer INTERNAL.
+func decodeErrorsAreInvalid(desc *grpc.ServiceDesc, codec wire.ServerCodec) *grpc.ServiceDesc {
 	d := *desc
 	d.Methods = make([]grpc.MethodDesc, len(desc.Methods))
 	for i, m := range desc.Methods {
 		h := m.Handler
 		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
 			return h(srv, ctx, func(v any) error {
-				err := dec(v)
-				if st, ok := status.FromError(err); ok && st.Code() == codes.Internal {
-					return status.Error(codes.InvalidArgument, "malformed request message: "+st.Message())
+				if err := dec(v); err != nil {
+					return err
 				}
-				return err
+				if err := codec.DecodeError(v); err != nil {
+					return status.Error(codes.InvalidArgument, "malformed request message: "+err.Error())
+				}
+				return nil
 			}, in)
 		}
 		d.Methods[i] = m
 	}
+	d.Streams = make([]grpc.StreamDesc, len(desc.Streams))
+	for i, sd := range desc.Streams {
+		h := sd.Handler
+		sd.Handler = func(srv any, ss grpc.ServerStream) error {
+			return h(srv, decodeCheckingStream{ss, codec})
+		}
+		d.Streams[i] = sd
+	}
 	return &d
 }
 
-// connectionLimit fits each listener's connection bound to the process's
+// decodeCheckingStream fails RecvMsg of a message that did not decode.
+type decodeCheckingStream struct {
+	grpc.ServerStream
+	codec wire.ServerCodec
+}
+
+func (s decodeCheckingStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := s.codec.DecodeError(m); err != nil {
+		return status.Error(codes.InvalidArgument, "malformed request message: "+err.Error())
+	}
+	return nil
+}
+
+// FitConnections fits each listener's connection bound to the process's
 // file descriptor limit, first raising the soft limit to the hard one, so
 // that a flood of connections on one listener (idle TCP clients that never
 // send a token) cannot use up the descriptors the other listeners, the
-// tiers and the arena need.
-func connectionLimit(limit int, log interface{ Info(string, ...any) }) int {
+// tiers and the arena need. It plans for four listeners: the API's Unix
+// socket and TCP port, and the event publisher's two ports, which take
+// the same bound (events.Config.MaxConns).
+func FitConnections(limit int, log interface{ Info(string, ...any) }) int {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		return limit
@@ -136,11 +166,11 @@ func connectionLimit(limit int, log interface{ Info(string, ...any) }) int {
 			rl = raised
 		}
 	}
-	// Two API listeners; keep a fifth of the descriptors, and at least
-	// 64, for everything else.
+	// Four listeners; keep a fifth of the descriptors, and at least 64,
+	// for everything else.
 	avail := int(min(rl.Cur, 1<<20))
 	per := limit
-	if fit := (avail - max(64, avail/5)) / 2; fit < per {
+	if fit := (avail - max(64, avail/5)) / 4; fit < per {
 		per = fit
 		log.Info("connections per listener bounded by the file descriptor limit", "max_connections", per, "nofile", avail)
 	}

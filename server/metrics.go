@@ -96,6 +96,11 @@ var (
 	descCascadePin = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
 	descCascadeBud = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
 	descRevoked    = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
+	descSessions   = prometheus.NewDesc("kvtier_sessions", "Client sessions (connections) holding requests.", []string{"namespace"}, nil)
+	descReleased   = prometheus.NewDesc("kvtier_requests_released_total", "Requests released without their client finishing them, by why: session_ended (disconnect, crash, keep-alive), idle (no call for the request idle timeout).", []string{"namespace", "why"}, nil)
+	descConns      = prometheus.NewDesc("kvtier_connections", "Client connections (sessions) open, over all listeners; compare with server.max_connections per listener.", nil, nil)
+	descSessEnded  = prometheus.NewDesc("kvtier_sessions_ended_total", "Client sessions ended (disconnect, crash, keep-alive failure).", nil, nil)
+	descAutoSteps  = prometheus.NewDesc("kvtier_auto_steps_total", "Steps the daemon ended itself because no engine did while tier work was pending.", []string{"namespace"}, nil)
 	descRequests   = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
 	descEventsPub  = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
 	descEventsDrp  = prometheus.NewDesc("kvtier_events_dropped_total", "Offloading events the publisher refused (closed).", []string{"namespace"}, nil)
@@ -113,7 +118,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
-		descCascadePin, descCascadeBud, descRevoked, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
 	}
@@ -126,6 +131,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	gauge(descConns, float64(c.s.sessions.count()))
+	counter(descSessEnded, c.s.sessions.ended.Load())
 	for _, ns := range c.s.order {
 		st, err := ns.Stats()
 		if err != nil {
@@ -147,6 +154,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descCascadePin, float64(st.CascadePinned), n)
 		gauge(descCascadeBud, float64(st.CascadeBudget), n)
 		counter(descRevoked, st.Revocations, n)
+		gauge(descSessions, float64(st.Sessions), n)
+		counter(descReleased, st.ReleasedRequests, n, "session_ended")
+		counter(descReleased, st.ExpiredRequests, n, "idle")
+		counter(descAutoSteps, st.AutoSteps, n)
 		counter(descEventsPub, st.EventsPublished, n)
 		counter(descEventsDrp, st.EventsDropped, n)
 		counter(descEventsSent, st.SinkEventsPublished, n)

@@ -145,6 +145,7 @@ func (s *Server) Namespace(name string) (*Namespace, bool) {
 }
 
 func (s *Server) grpcServer(auth bool) *grpc.Server {
+	codec := wire.NewServerCodec()
 	unary := []grpc.UnaryServerInterceptor{s.metrics.unaryInterceptor}
 	if auth && s.cfg.AuthToken != "" {
 		unary = append([]grpc.UnaryServerInterceptor{tokenUnary(s.cfg.AuthToken)}, unary...)
@@ -154,8 +155,8 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		grpc.MaxSendMsgSize(s.limits.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(unary...),
 		// A client that connects and says nothing must not hold a
-		// connection slot forever.
-		grpc.ConnectionTimeout(10 * time.Second),
+		// connection slot for long.
+		grpc.ConnectionTimeout(5 * time.Second),
 		experimental.BufferPool(wire.Pool),
 		// Blocks are megabytes: HTTP/2's default 64 KiB windows would
 		// stall every PutBlocks/GetBlocks on flow-control round trips.
@@ -163,7 +164,7 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		grpc.InitialConnWindowSize(wire.WindowSize),
 		grpc.ReadBufferSize(wire.IOBufferSize),
 		grpc.WriteBufferSize(wire.IOBufferSize),
-		grpc.ForceServerCodecV2(wire.Codec{}),
+		grpc.ForceServerCodecV2(codec),
 		// Every connection is a session (session.go); keep-alive pings
 		// find peers that vanished, and idle connections are closed.
 		grpc.StatsHandler(s.sessions),
@@ -178,8 +179,10 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))
 	}
 	g := grpc.NewServer(opts...)
-	g.RegisterService(decodeErrorsAreInvalid(&kvtierv1.KVTier_ServiceDesc), &service{s: s})
-	healthpb.RegisterHealthServer(g, s.health)
+	g.RegisterService(decodeErrorsAreInvalid(&kvtierv1.KVTier_ServiceDesc, codec), &service{s: s})
+	// Every service on this server decodes through codec (see
+	// decodeErrorsAreInvalid), the health service too.
+	g.RegisterService(decodeErrorsAreInvalid(&healthpb.Health_ServiceDesc, codec), s.health)
 	return g
 }
 
@@ -226,7 +229,7 @@ func (s *Server) Start() (err error) {
 		s.httpLn = ln
 	}
 
-	s.connLimit = connectionLimit(s.limits.MaxConnections, s.log)
+	s.connLimit = FitConnections(s.limits.MaxConnections, s.log)
 	if s.unixLn != nil {
 		s.unixSrv = s.grpcServer(false)
 		ln := netutil.LimitListener(s.unixLn, s.connLimit)
@@ -345,10 +348,19 @@ func (s *Server) shutdown(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	go func() { stopped.Wait(); close(done) }()
+	// In-flight calls get half of the time left; draining the tiers and
+	// flushing events the rest, so that connections a client never used
+	// (still in their handshake) cannot eat the drain.
+	gctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		gctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		defer cancel()
+	}
 	select {
 	case <-done:
-	case <-ctx.Done():
-		s.log.Warn("shutdown deadline reached; cancelling in-flight calls")
+	case <-gctx.Done():
+		s.log.Warn("shutdown: calls still in flight after half the shutdown timeout; cancelling them")
 		for _, g := range []*grpc.Server{s.unixSrv, s.tcpSrv} {
 			if g != nil {
 				g.Stop()

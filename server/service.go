@@ -404,6 +404,10 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 		CascadePinnedSlots: st.CascadePinned,
 		CascadePinBudget:   st.CascadeBudget,
 		CascadeRevocations: st.Revocations,
+		Sessions:           int64(st.Sessions),
+		ExpiredRequests:    st.ExpiredRequests,
+		ReleasedRequests:   st.ReleasedRequests,
+		AutoSteps:          st.AutoSteps,
 	}
 	for _, t := range st.Tiers {
 		dropped := make(map[string]uint64, len(t.DroppedBy))

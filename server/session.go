@@ -129,19 +129,32 @@ func (h *sessions) count() int {
 	return len(h.live)
 }
 
-// janitor expires idle requests until ctx ends.
+// janitor ends steps for idle engines (every AutoStepInterval) and
+// expires idle requests (every quarter of RequestIdleTimeout) until ctx
+// ends.
 func (srv *Server) janitor(ctx context.Context) {
 	idle := srv.limits.RequestIdleTimeout
-	tick := min(max(idle/4, 10*time.Millisecond), time.Minute)
+	sweepEvery := max(idle/4, 10*time.Millisecond)
+	tick := min(sweepEvery, time.Second)
+	if a := srv.limits.AutoStepInterval; a > 0 {
+		tick = min(tick, max(a/2, 5*time.Millisecond))
+	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	var swept time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			sweep := now.Sub(swept) >= sweepEvery
+			if sweep {
+				swept = now
+			}
 			for _, ns := range srv.order {
-				ns.expireIdle(now.Add(-idle))
+				if sweep {
+					ns.expireIdle(now.Add(-idle))
+				}
 				ns.autoStep(now)
 			}
 		}

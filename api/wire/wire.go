@@ -120,6 +120,10 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 // Unmarshal decodes data into v. proto.Unmarshal copies what it keeps, so
 // the buffer goes back to the pool at once.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	return unmarshal(data, v)
+}
+
+func unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("wire: unmarshal into %T: not a proto.Message", v)
@@ -127,4 +131,42 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(Pool)
 	defer buf.Free()
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// ServerCodec is Codec for a server that answers a request which does not
+// decode with INVALID_ARGUMENT: gRPC reports any Unmarshal error to the
+// client as INTERNAL before a handler runs, which tells the client the
+// daemon is broken rather than its input. ServerCodec's Unmarshal instead
+// records the error, leaves the message empty and succeeds; the server's
+// handlers ask DecodeError right after decoding and fail the call.
+// Use one value per server (NewServerCodec).
+type ServerCodec struct {
+	Codec
+	errs *sync.Map // proto.Message → error, until DecodeError takes it
+}
+
+// NewServerCodec returns a ServerCodec.
+func NewServerCodec() ServerCodec { return ServerCodec{errs: new(sync.Map)} }
+
+// Unmarshal decodes data into v, recording a decoding error for
+// DecodeError instead of returning it.
+func (c ServerCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if err := unmarshal(data, v); err != nil {
+		if m, ok := v.(proto.Message); ok {
+			proto.Reset(m)
+			c.errs.Store(m, err)
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+// DecodeError returns, and forgets, the error recorded when v was
+// decoded (nil when it decoded).
+func (c ServerCodec) DecodeError(v any) error {
+	if err, ok := c.errs.LoadAndDelete(v); ok {
+		return err.(error)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
@@ -63,6 +65,12 @@ server:
   # auth_token: secret            # required from TCP clients when set
   # auth_token_file: /etc/kvtier/token
   shutdown_timeout: 10s
+  # request_idle_timeout: 10m     # release requests no call names for this long
+  # max_connections: 1024         # per listener (lowered to fit the fd limit)
+  # connection_idle_timeout: 15m  # close connections without calls
+  # keepalive_time: 30s           # ping quiet clients; close on no answer
+  # keepalive_timeout: 10s
+  # auto_step: 100ms              # end a step for an idle engine with tier work pending
 
 # limits:                   # per API call; 0 = default
 #   max_keys_per_call: 65536
@@ -71,6 +79,8 @@ server:
 #   max_requests: 65536
 #   max_params_bytes: 64KiB
 #   max_wait: 10s
+#   max_session_params_bytes: 64MiB   # kv_transfer_params held per session
+#   max_params_bytes_total: 256MiB    # ... and by all requests
 
 events:
   enabled: false            # vLLM KV events over ZMQ
@@ -106,8 +116,12 @@ a 1GiB primary (--primary-bytes) on a memfd arena with 2MiB blocks, an FS tier
 under ./kvtier-data (local), events off, the API on ./kvtier.sock and
 127.0.0.1:7070, metrics on http://127.0.0.1:9464/metrics.
 
-SIGINT or SIGTERM stops accepting calls, drains in-flight transfers within
-server.shutdown_timeout, flushes events, removes the sockets and exits 0.`,
+SIGINT, SIGTERM or SIGHUP stops accepting calls, drains in-flight transfers
+within server.shutdown_timeout, flushes events, removes the sockets and exits
+0 (the configuration is read at start only; restart to change it).
+
+A second daemon on the same socket, file arena or fs tier directory refuses
+to start before it touches any of the first one's files.`,
 		Example: `  kvtier serve
   kvtier serve --primary-bytes 8GiB
   kvtier serve --print-default-config > kvtier.yaml
@@ -118,7 +132,10 @@ server.shutdown_timeout, flushes events, removes the sockets and exits 0.`,
 				_, err := fmt.Fprint(cmd.OutOrStdout(), defaultServeConfig)
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			// SIGHUP (the terminal went away, or an init system's
+			// reload) stops the daemon like SIGTERM: configuration is
+			// read only at start.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			return serve(ctx, f, cmd.ErrOrStderr())
 		},
@@ -172,6 +189,44 @@ func loadServeConfig(f serveFlags) (*config.Config, error) {
 	return cfg, nil
 }
 
+// maxSocketPath is the longest Unix socket path bind(2) takes.
+const maxSocketPath = 107
+
+// claimDaemon takes the daemon's lock (server.unix_socket + ".lock") and
+// checks that the TCP ports are free, naming the key of whatever is in
+// use.
+func claimDaemon(cfg *config.Config) (*dirlock.Lock, error) {
+	var lock *dirlock.Lock
+	if p := cfg.Server.UnixSocket; p != "" {
+		if len(p) > maxSocketPath-4 {
+			return nil, fmt.Errorf("server.unix_socket: %q is %d bytes long; Unix socket paths are limited to %d bytes (the arena side socket adds \".arena\"): use a shorter path", p, len(p), maxSocketPath-6)
+		}
+		l, err := dirlock.AcquireFile(p+".lock", "kvtier daemon")
+		if err != nil {
+			if errors.Is(err, dirlock.ErrLocked) {
+				return nil, fmt.Errorf("server.unix_socket %s: another kvtier daemon serves it (%v); stop it, or give this one another socket", p, err)
+			}
+			return nil, fmt.Errorf("server.unix_socket %s: %w", p, err)
+		}
+		lock = l
+	}
+	for _, a := range []struct{ key, addr string }{
+		{"server.tcp_addr", cfg.Server.TCPAddr},
+		{"server.metrics_addr", cfg.Server.MetricsAddr},
+	} {
+		if a.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			lock.Release()
+			return nil, fmt.Errorf("%s %s: %w", a.key, a.addr, err)
+		}
+		ln.Close()
+	}
+	return lock, nil
+}
+
 // checkListenAddrs rejects an unusable TCP address before any tier is
 // built, naming its key: a listen error later would not say which key
 // holds the bad value.
@@ -206,6 +261,14 @@ func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (i
 	if err != nil {
 		return err
 	}
+	// Claim the socket and the ports before building anything: a second
+	// daemon with this config must fail before it opens the arena or the
+	// tiers of the one that runs.
+	lock, err := claimDaemon(cfg)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	srv, err := buildDaemon(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -294,6 +357,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			BufferSteps:    ev.BufferSteps,
 			HWM:            ev.HWM,
 			MaxQueueSize:   ev.MaxQueueSize,
+			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
 			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
 			Mode:           string(ev.Mode),
 			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames)},
@@ -319,6 +383,15 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			MaxRequests:     cfg.Limits.MaxRequests,
 			MaxParamsBytes:  int(cfg.Limits.MaxParamsBytes),
 			MaxWait:         time.Duration(cfg.Limits.MaxWait),
+
+			MaxSessionParamsBytes: int64(cfg.Limits.MaxSessionParamsBytes),
+			MaxParamsBytesTotal:   int64(cfg.Limits.MaxParamsBytesTotal),
+			RequestIdleTimeout:    time.Duration(cfg.Server.RequestIdleTimeout),
+			AutoStepInterval:      time.Duration(cfg.Server.AutoStep),
+			MaxConnections:        cfg.Server.MaxConnections,
+			ConnectionIdleTimeout: time.Duration(cfg.Server.ConnectionIdleTimeout),
+			KeepaliveTime:         time.Duration(cfg.Server.KeepaliveTime),
+			KeepaliveTimeout:      time.Duration(cfg.Server.KeepaliveTimeout),
 		},
 		Logger: log,
 	})

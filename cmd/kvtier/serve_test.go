@@ -145,3 +145,34 @@ events:
 		t.Fatalf("event %v, want a BlockStored on medium DRAM", ev)
 	}
 }
+
+// Issue 11, finding 9: a port in use, a bad events.endpoint and an
+// over-long socket path gave errors that did not name the key.
+func TestServeStartErrorsNameTheKey(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	long := filepath.Join(dir, strings.Repeat("s", 110)+".sock")
+	for _, tc := range []struct{ extra, want string }{
+		{fmt.Sprintf(`server: {unix_socket: %s/a.sock, tcp_addr: %q, metrics_addr: ""}`, dir, busy.Addr()), "server.tcp_addr " + busy.Addr().String()},
+		{fmt.Sprintf(`server: {unix_socket: %s/b.sock, tcp_addr: "", metrics_addr: %q}`, dir, busy.Addr()), "server.metrics_addr " + busy.Addr().String()},
+		{fmt.Sprintf(`server: {unix_socket: %q, tcp_addr: "", metrics_addr: ""}`, long), "server.unix_socket"},
+		{fmt.Sprintf("server: {unix_socket: %s/c.sock, tcp_addr: \"\", metrics_addr: \"\"}\nevents: {enabled: true, endpoint: \"tcp://%s\", mode: bind}", dir, busy.Addr()), "events.endpoint"},
+		{fmt.Sprintf("server: {unix_socket: %s/d.sock, tcp_addr: \"\", metrics_addr: \"\"}\nevents: {enabled: true, endpoint: \"tcp://127.0.0.1:0\", mode: bind, replay_endpoint: \"tcp://%s\"}", dir, busy.Addr()), "events.replay_endpoint"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			cfg := writeFile(t, "kvtier.yaml", fmt.Sprintf("namespace: {bytes_per_block: 4KiB}\nprimary: {bytes: 64KiB, arena: {kind: anonymous}}\n%s\n", tc.extra))
+			code, _, stderr := runCLI(t, "", "serve", "--config", cfg)
+			if code != 1 || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 1 naming %q", code, stderr, tc.want)
+			}
+		})
+	}
+}

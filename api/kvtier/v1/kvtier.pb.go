@@ -2419,8 +2419,17 @@ type StatsResponse struct {
 	// cascades it withdrew (or tried to) rather than evict a more recent
 	// block: stores and promotions win over queued cascades.
 	CascadeRevocations uint64 `protobuf:"varint,7,opt,name=cascade_revocations,json=cascadeRevocations,proto3" json:"cascade_revocations,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Client sessions (connections) holding requests in the namespace.
+	Sessions int64 `protobuf:"varint,8,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	// Requests released because no call named them for the request idle
+	// timeout, and because their session ended (disconnect, crash).
+	ExpiredRequests  uint64 `protobuf:"varint,9,opt,name=expired_requests,json=expiredRequests,proto3" json:"expired_requests,omitempty"`
+	ReleasedRequests uint64 `protobuf:"varint,10,opt,name=released_requests,json=releasedRequests,proto3" json:"released_requests,omitempty"`
+	// Steps the daemon ended itself because no engine did while tier work
+	// was pending.
+	AutoSteps     uint64 `protobuf:"varint,11,opt,name=auto_steps,json=autoSteps,proto3" json:"auto_steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -2498,6 +2507,34 @@ func (x *StatsResponse) GetCascadePinBudget() int64 {
 func (x *StatsResponse) GetCascadeRevocations() uint64 {
 	if x != nil {
 		return x.CascadeRevocations
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetSessions() int64 {
+	if x != nil {
+		return x.Sessions
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetExpiredRequests() uint64 {
+	if x != nil {
+		return x.ExpiredRequests
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetReleasedRequests() uint64 {
+	if x != nil {
+		return x.ReleasedRequests
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetAutoSteps() uint64 {
+	if x != nil {
+		return x.AutoSteps
 	}
 	return 0
 }
@@ -3426,7 +3463,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x0ecorrupt_blocks\x18\x1b \x01(\x04R\rcorruptBlocks\x1aJ\n" +
 	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc6\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd9\x03\n" +
 	"\rStatsResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x121\n" +
 	"\aprimary\x18\x02 \x01(\v2\x17.kvtier.v1.PrimaryStatsR\aprimary\x12*\n" +
@@ -3434,7 +3471,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x0factive_requests\x18\x04 \x01(\x03R\x0eactiveRequests\x120\n" +
 	"\x14cascade_pinned_slots\x18\x05 \x01(\x03R\x12cascadePinnedSlots\x12,\n" +
 	"\x12cascade_pin_budget\x18\x06 \x01(\x03R\x10cascadePinBudget\x12/\n" +
-	"\x13cascade_revocations\x18\a \x01(\x04R\x12cascadeRevocations\"\\\n" +
+	"\x13cascade_revocations\x18\a \x01(\x04R\x12cascadeRevocations\x12\x1a\n" +
+	"\bsessions\x18\b \x01(\x03R\bsessions\x12)\n" +
+	"\x10expired_requests\x18\t \x01(\x04R\x0fexpiredRequests\x12+\n" +
+	"\x11released_requests\x18\n" +
+	" \x01(\x04R\x10releasedRequests\x12\x1d\n" +
+	"\n" +
+	"auto_steps\x18\v \x01(\x04R\tautoSteps\"\\\n" +
 	"\x0eExplainRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
 	"\x12kv_transfer_params\x18\x02 \x01(\tR\x10kvTransferParams\"\x80\x02\n" +
