@@ -25,6 +25,33 @@
 // work for it (Lookup, PrepareLoad, PrepareStore, PutBlocks, GetBlocks)
 // are FAILED_PRECONDITION: the tiers may have dropped its state already.
 //
+// # Sessions
+//
+// Every client connection is a session (a gRPC stats handler tags it), and
+// request ids are scoped to it: two engines may both call their request
+// "req-1". A session owns the requests it creates and, through them, the
+// pins (PrepareLoad) and reservations (PrepareStore) they hold. When the
+// connection ends — close, crash, or a keep-alive the peer misses — each
+// of its requests is released exactly once: pins dropped, reservations
+// abandoned (slots freed, nothing cascaded), the request finished. A
+// session's kv_transfer_params are bounded per session and in total
+// (limits.max_session_params_bytes, limits.max_params_bytes_total).
+//
+// A request no call has named for limits.request_idle_timeout expires.
+// One that holds nothing is released; one whose connected client still
+// holds pins or reservations is only finished (later calls that start work
+// say it expired): the client may still be reading or writing those slots
+// through the shared arena, so they are freed by its completions or by the
+// end of its session, never under it.
+//
+// # Reset
+//
+// Reset drops every block no one holds. A block a session has pinned or
+// reserved, and one a tier job is reading or writing, keeps its slot and
+// its claims, so a Reset under running clients never hands a slot in use
+// to another store and no stale write can land in someone else's block.
+// Requests survive a Reset; the tiers' queued jobs are answered as failed.
+//
 // # Arena side channel
 //
 // gRPC cannot carry file descriptors, so next to the API's Unix socket the

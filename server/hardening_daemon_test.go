@@ -212,6 +212,9 @@ func TestKilledClientsReleaseWhatTheyHeld(t *testing.T) {
 		h.Wait()
 	}
 	waitStats(t, c, func(s statsView) bool { return s.pending == 0 && s.pinned == 0 && s.active == 0 })
+	if st, err := c.Stats(ctxT(t)); err != nil || st.GetReleasedRequests() != 2 {
+		t.Fatalf("released requests %d (%v), want the helpers' 2", st.GetReleasedRequests(), err)
+	}
 	// Every slot is usable again.
 	putAll(t, c, keys(20000, 60))
 	d.stop(t)

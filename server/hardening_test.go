@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/status"
 
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
@@ -163,6 +164,54 @@ func TestRequestsExpireAndTheirMemoryIsBounded(t *testing.T) {
 	}
 }
 
+// A connected client's holds outlive its request's expiry: it may still be
+// writing the reserved slots, and freeing them could let that late write
+// land in a block another client stored.
+func TestExpiryKeepsWhatALiveClientHolds(t *testing.T) {
+	e := startEnv(t, envOptions{limits: server.Limits{RequestIdleTimeout: 100 * time.Millisecond}})
+	ctx := ctxT(t)
+	c := e.dial(t, e.unix)
+	if _, err := c.NewRequest(ctx, "slow", ""); err != nil {
+		t.Fatal(err)
+	}
+	ks := keys(7, 2)
+	res, err := c.PrepareStore(ctx, "slow", ks, nil)
+	if err != nil || len(res.Keys) != 2 {
+		t.Fatalf("prepare store: %v, %v", res, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetExpiredRequests() == 1 {
+			if p := st.GetPrimary().GetPendingSlots(); p != 2 {
+				t.Fatalf("expiry freed the slots a connected client reserved: %d pending, want 2", p)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("request never expired")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, _, err := c.Lookup(ctx, "slow", ks, false); !strings.Contains(fmt.Sprint(err), "expired") {
+		t.Fatalf("lookup on an expired request: %v, want an error that says it expired", err)
+	}
+	// The late store completes and is served.
+	if err := c.CompleteStore(ctx, "slow", res.Keys, true); err != nil {
+		t.Fatalf("complete store after expiry: %v", err)
+	}
+	st, err := c.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetPrimary().GetPendingSlots() != 0 || st.GetActiveRequests() != 0 {
+		t.Fatalf("after the late completion: %d pending, %d requests", st.GetPrimary().GetPendingSlots(), st.GetActiveRequests())
+	}
+}
+
 // A request costs its params' size, not twenty-five times it.
 func TestRequestMemoryIsItsParams(t *testing.T) {
 	e := startEnv(t, envOptions{})
@@ -236,11 +285,26 @@ func TestStoresWithoutScheduleEnd(t *testing.T) {
 	if _, err := c.NewRequest(ctx, "hog", ""); err != nil {
 		t.Fatal(err)
 	}
-	held := keys(1000+4*31, 16) // the last 16 stored blocks
+	// Pin every block the primary holds (the last ones stored, except
+	// any a cascade in service kept from eviction).
+	var held []offload.Key
+	all := keys(1000, 4*35)
+	res, _, err := c.Lookup(ctx, "hog", all, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r == kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+			held = append(held, all[i])
+		}
+	}
+	if len(held) != 16 {
+		t.Fatalf("%d blocks in a full 16-slot primary", len(held))
+	}
 	if _, err := c.PrepareLoad(ctx, "hog", held); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.PutBlocks(ctx, []client.Block{{Key: keys(5000, 1)[0], Data: content(keys(5000, 1)[0])}}, client.CallOptions{})
+	_, err = c.PutBlocks(ctx, []client.Block{{Key: keys(5000, 1)[0], Data: content(keys(5000, 1)[0])}}, client.CallOptions{})
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "16 are pinned by readers") || !strings.Contains(err.Error(), "1 active requests hold pins or reservations") {
 		t.Fatalf("store into a primary pinned by one reader: %v", err)
 	}

@@ -116,6 +116,9 @@ type request struct {
 	last     time.Time
 	params   int64 // kv_transfer_params bytes held
 	finished bool
+	// expired marks a request finished by the idle timeout while its
+	// live session still held pins or reservations.
+	expired bool
 	// internal marks the temporary request of a PutBlocks/GetBlocks call:
 	// it reserves its id but answers to no client call.
 	internal bool
@@ -358,14 +361,20 @@ func (ns *Namespace) releaseSession(s *session) int {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	m := ns.bySession[s]
+	n := len(m) // release unregisters: m shrinks as we go
 	for r := range m {
 		ns.release(r)
 	}
-	ns.released += uint64(len(m))
-	return len(m)
+	ns.released += uint64(n)
+	return n
 }
 
-// expireIdle releases the requests whose last call was before cutoff.
+// expireIdle ends the requests whose last call was before cutoff. A
+// request that holds nothing, or whose session has ended, is released; one
+// whose connected client still holds pins or reservations is finished
+// (marked expired) and keeps them: the client may still be reading or
+// writing those slots in the shared arena, and only its completions or the
+// end of its session make them safe to reuse.
 func (ns *Namespace) expireIdle(cutoff time.Time) {
 	if err := ns.lock(); err != nil {
 		return
@@ -373,8 +382,22 @@ func (ns *Namespace) expireIdle(cutoff time.Time) {
 	defer ns.mu.Unlock()
 	n := 0
 	for _, r := range ns.reqs {
-		if !r.internal && r.last.Before(cutoff) {
+		if r.internal || !r.last.Before(cutoff) {
+			continue
+		}
+		if r.sess == nil || r.sess.closed.Load() || r.idle() {
 			ns.release(r)
+			n++
+			continue
+		}
+		// The client is still connected and holds slots it may yet read
+		// or write through the shared arena: freeing them now could let
+		// a late write land in a block someone else stored. Finish the
+		// request (its tiers drop their state) and leave the holds to
+		// the client's completions or the end of its session.
+		if !r.finished {
+			r.finished, r.expired = true, true
+			ns.mgr.OnRequestFinished(r.ctx)
 			n++
 		}
 	}
@@ -426,6 +449,9 @@ func (ns *Namespace) liveReq(s *session, id, what string) (*request, error) {
 	r, err := ns.req(s, id)
 	if err != nil {
 		return nil, err
+	}
+	if r.expired {
+		return nil, fmt.Errorf("%w: %s for request %q, which expired after %v without a call (limits.request_idle_timeout); its pins and reservations stay until completed or the connection closes", ErrProtocol, what, id, ns.limits.RequestIdleTimeout)
 	}
 	if r.finished {
 		return nil, fmt.Errorf("%w: %s for finished request %q", ErrProtocol, what, id)
@@ -667,6 +693,11 @@ func (ns *Namespace) FinishRequest(s *session, id string) error {
 		return err
 	}
 	defer ns.mu.Unlock()
+	if r.expired {
+		r.expired = false // the client has noticed; finishing it is a no-op
+		ns.maybeDropLocked(r)
+		return nil
+	}
 	if r.finished {
 		return fmt.Errorf("%w: request %q already finished", ErrProtocol, id)
 	}
