@@ -61,7 +61,7 @@ func (t TierSpec) With(key, value string) TierSpec {
 	for i := 0; i+1 < len(t.params.Content); i += 2 {
 		kn, vn := t.params.Content[i], t.params.Content[i+1]
 		if kn.Value == key {
-			vn = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, Line: vn.Line, Column: vn.Column}
+			vn = &yaml.Node{Kind: yaml.ScalarNode, Value: value, Line: vn.Line, Column: vn.Column} // tag resolved from the value
 			set = true
 		}
 		out.params.Content = append(out.params.Content, kn, vn)
@@ -69,7 +69,7 @@ func (t TierSpec) With(key, value string) TierSpec {
 	if !set {
 		out.params.Content = append(out.params.Content,
 			&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key, Line: t.line},
-			&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, Line: t.line})
+			&yaml.Node{Kind: yaml.ScalarNode, Value: value, Line: t.line})
 	}
 	return out
 }

@@ -169,12 +169,13 @@ secondary_tiers:
 				t.Errorf("redis key for %s missing; keys %v", key, mr.Keys())
 			}
 
-			// Events: only when the tier opts in and events are on
-			// globally; otherwise one warning per opted-in tier.
+			// Events: when events are on globally, from every tier whose
+			// entry does not turn them off ("own" says nothing: on); with
+			// them off, one warning per tier that opted in.
 			for i, tier := range tiers {
 				evs := tier.TakeEvents()
 				optedIn := i != 1
-				if wantEvents := optedIn && global; (len(evs) > 0) != wantEvents {
+				if wantEvents := global; (len(evs) > 0) != wantEvents {
 					t.Errorf("%s: events %v, want some: %v", tier.Name(), evs, wantEvents)
 				}
 				warn := fmt.Sprintf("events is set on secondary tier '%s' but KV cache events are disabled globally; the tier will not emit events.", tier.Name())
@@ -304,4 +305,37 @@ secondary_tiers:
 			t.Errorf("explicit key_prefix not used; keys %v", mr.Keys())
 		}
 	})
+}
+
+// A tier's events follow the daemon's unless its entry says otherwise.
+func TestEventsDefaultToTheDaemons(t *testing.T) {
+	ctx := context.Background()
+	for _, global := range []bool{false, true} {
+		cfg := mustParse(t, fmt.Sprintf(`
+namespace: {model: m, bytes_per_block: 4KiB}
+primary: {bytes: 1MiB}
+events: {enabled: %v, endpoint: "tcp://127.0.0.1:1"}
+secondary_tiers:
+  - {name: silent, type: memory, medium: storage, locality: local, events: false}
+  - {name: default, type: memory, medium: storage, locality: local}
+  - {name: disk, type: fs, root_dir: %q}
+`, global, t.TempDir()))
+		tiers, err := Build(ctx, cfg, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		arena := rt.NewArena(4096, 1)
+		for i, tier := range tiers {
+			if res := rt.Run(t, tier, &offload.Job{ID: uint64(i + 1), Keys: []offload.Key{rt.Key(1)}, Slots: []int64{0}, Arena: arena}); !res.Success {
+				t.Fatalf("store to %s: %v", tier.Name(), res.Err)
+			}
+			want := global && tier.Name() != "silent"
+			if evs := tier.TakeEvents(); (len(evs) > 0) != want {
+				t.Errorf("events.enabled=%v: %s emitted %v, want events: %v", global, tier.Name(), evs, want)
+			}
+		}
+		if err := closeAll(ctx, tiers); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

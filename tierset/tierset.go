@@ -107,6 +107,11 @@ func planTiers(cfg *config.Config) ([]plan, error) {
 }
 
 func planTier(spec config.TierSpec, cfg *config.Config) (plan, error) {
+	// A tier emits events when the daemon does, unless its entry says
+	// otherwise.
+	if cfg.Events.Enabled && !spec.Has("events") {
+		spec = spec.With("events", "true")
+	}
 	for _, t := range tierTypes {
 		if t.name == spec.Type {
 			return t.plan(spec, cfg)

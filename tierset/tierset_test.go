@@ -175,15 +175,17 @@ namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 1MiB}
 secondary_tiers:
   - {name: ssd, type: fs, root_dir: %q, locality: LOCAL, max_bytes: 1MiB, namespace: {tp_size: 2}}
-  - {name: nfs, type: fs, root_dir: %q}
-`, filepath.Join(root, "a"), filepath.Join(root, "b")))
+  - {name: nfs, type: fs, root_dir: %q, locality: remote}
+  - {name: scratch, type: fs, root_dir: %q}
+`, filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")))
 	decls, err := Declare(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Declaration{
 		{"ssd", "fs", offload.MediumStorage, offload.LocalityLocal},
-		{"nfs", "fs", offload.MediumStorage, offload.LocalityUnspecified},
+		{"nfs", "fs", offload.MediumStorage, offload.LocalityRemote},
+		{"scratch", "fs", offload.MediumStorage, offload.LocalityLocal}, // fs defaults to local
 	}
 	if !slices.Equal(decls, want) {
 		t.Errorf("Declare = %v, want %v", decls, want)

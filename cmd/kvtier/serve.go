@@ -51,8 +51,11 @@ secondary_tiers:            # lookup order; each entry: name, type, type keys
   - name: local-disk
     type: fs
     root_dir: ./kvtier-data
-    locality: local         # local | remote (medium is STORAGE for fs)
-    # max_bytes: 100GiB     # LRU eviction above it (default unbounded)
+    locality: local         # local (the default for fs) | remote; medium STORAGE
+    max_bytes: 10GiB        # bound on block files (0 = unbounded: fills the disk)
+    high_watermark: 0.95    # above 95% of max_bytes, evict least recently used
+    low_watermark: 0.85     # ... down to 85%
+    # fsync: none           # none | block | batch (durability; see the README)
 
 # default_load_tiers: []    # used when a request omits kv_load_tiers
 # default_store_tiers: [{medium: storage}]
@@ -113,7 +116,8 @@ the arena side channel next to the Unix socket, and Prometheus metrics.
 
 Without --config it runs an embedded default that needs no outside service:
 a 1GiB primary (--primary-bytes) on a memfd arena with 2MiB blocks, an FS tier
-under ./kvtier-data (local), events off, the API on ./kvtier.sock and
+under ./kvtier-data (local, at most 10GiB: least recently used blocks are
+evicted above 95% down to 85%), events off, the API on ./kvtier.sock and
 127.0.0.1:7070, metrics on http://127.0.0.1:9464/metrics.
 
 SIGINT, SIGTERM or SIGHUP stops accepting calls, drains in-flight transfers
@@ -434,7 +438,8 @@ func capacityOf(t offload.SecondaryTier) string {
 		if st.MaxBytes == 0 {
 			return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, config.ByteSize(st.UsedBytes))
 		}
-		return fmt.Sprintf("%s (%d blocks, %s used)", config.ByteSize(st.MaxBytes), st.Files, config.ByteSize(st.UsedBytes))
+		return fmt.Sprintf("%s (%d blocks, %s used; evicts above %s down to %s)", config.ByteSize(st.MaxBytes), st.Files,
+			config.ByteSize(st.UsedBytes), config.ByteSize(st.HighBytes), config.ByteSize(st.LowBytes))
 	case *memory.Tier:
 		return fmt.Sprintf("%d blocks held", t.Len())
 	}

@@ -19,7 +19,9 @@ type Config struct {
 	// RootDir is the directory under which the namespace directories live
 	// (required). It is created if missing; an unwritable root is an error.
 	RootDir string `yaml:"root_dir"`
-	// Locality is "local" or "remote" (case-insensitive) or "" (unset).
+	// Locality is "local" (the default) or "remote" (case-insensitive):
+	// a directory on a network filesystem shared by several hosts is
+	// remote.
 	Locality string `yaml:"locality"`
 	// ReadThreads and WriteThreads size the load and store worker pools
 	// (default 8 each).
@@ -105,18 +107,19 @@ type settings struct {
 	logger        *slog.Logger
 }
 
-// ParseLocality maps a configured locality: "local" or "remote" in any
-// case, or "" for unset. Anything else is an error naming the value.
+// ParseLocality maps a configured locality: "local" (also the default,
+// for "") or "remote" in any case. Anything else is an error naming the
+// value. An fs tier is a directory of this host unless the configuration
+// says it is shared: a request that asks for remote tiers only must not
+// load from the local disk.
 func ParseLocality(s string) (offload.Locality, error) {
 	switch strings.ToLower(s) {
-	case "":
-		return offload.LocalityUnspecified, nil
-	case "local":
+	case "", "local":
 		return offload.LocalityLocal, nil
 	case "remote":
 		return offload.LocalityRemote, nil
 	}
-	return 0, fmt.Errorf("locality %q: want local or remote (or leave it unset)", s)
+	return 0, fmt.Errorf("locality %q: want local or remote", s)
 }
 
 func (c Config) settings() (settings, error) {

@@ -45,6 +45,9 @@ type Stats struct {
 	// UsedBytes and Files describe the indexed files; MaxBytes is the
 	// configured bound (0 = none).
 	UsedBytes, MaxBytes int64
+	// HighBytes and LowBytes are the watermarks in bytes (0 when
+	// unbounded): eviction starts above HighBytes and stops at LowBytes.
+	HighBytes, LowBytes int64
 	Files               int
 	Direct              bool
 }
@@ -65,7 +68,7 @@ func (t *Tier) Stats() Stats {
 		QueueFull: c.queueFull.Load(), Full: c.full.Load(), Cancelled: c.cancelled.Load(),
 		EvictedBlocks: c.evictedBlocks.Load(), EvictedBytes: c.evictedBytes.Load(),
 		TempFilesRemoved: c.tempRemoved.Load(),
-		UsedBytes:        used, MaxBytes: t.s.maxBytes, Files: files, Direct: t.direct,
+		UsedBytes:        used, MaxBytes: t.s.maxBytes, HighBytes: t.s.high, LowBytes: t.s.low, Files: files, Direct: t.direct,
 	}
 }
 

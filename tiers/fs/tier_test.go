@@ -134,11 +134,13 @@ func TestCase66StartupErrors(t *testing.T) {
 	}
 }
 
-// Case 67: locality from config, case-insensitive; unset is unspecified.
+// Case 67: locality from config, case-insensitive. Unset is local, where
+// vLLM leaves it unspecified (dynamic): a request asking for remote tiers
+// only must not load from this host's disk (issue 12).
 func TestCase67Locality(t *testing.T) {
 	for in, want := range map[string]offload.Locality{
 		"LOCAL": offload.LocalityLocal, "local": offload.LocalityLocal,
-		"Remote": offload.LocalityRemote, "": offload.LocalityUnspecified,
+		"Remote": offload.LocalityRemote, "": offload.LocalityLocal,
 	} {
 		tier := newTier(t, t.TempDir(), func(c *Config) { c.Locality = in })
 		if tier.Locality() != want || tier.Medium() != offload.MediumStorage || tier.Type() != "fs" || tier.Name() != "fs0" {
@@ -451,7 +453,7 @@ func TestCase76Events(t *testing.T) {
 		}
 	})
 	t.Run("locality on events", func(t *testing.T) {
-		for loc, want := range map[string]offload.Locality{"": offload.LocalityUnspecified, "REMOTE": offload.LocalityRemote} {
+		for loc, want := range map[string]offload.Locality{"": offload.LocalityLocal, "REMOTE": offload.LocalityRemote} {
 			tier := newTier(t, t.TempDir(), func(c *Config) { c.Events, c.Locality = true, loc })
 			run(t, tier, false, newArena(bs, 1, true), req("r"), []offload.Key{k(1)}, []int64{0})
 			if ev := tier.TakeEvents(); len(ev) != 1 || ev[0].Locality != want {
