@@ -245,25 +245,43 @@ func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
 // fsType is the configured type of filesystem tiers.
 const fsType = "fs"
 
-// planFS decodes an fs entry: its keys are fs.Config's yaml keys. The
+// FSTiers returns the configuration of every fs tier of cfg, in config
+// order, as Build would pass it to fs.New (without a logger or FS): tools
+// such as kvtier fsck work on a tier's directory without building it.
+func FSTiers(cfg *config.Config) ([]fs.Config, error) {
+	var out []fs.Config
+	var errs []error
+	for _, spec := range cfg.SecondaryTiers {
+		if spec.Type != fsType {
+			continue
+		}
+		fc, err := fsConfig(spec, cfg)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, fc)
+	}
+	return out, errors.Join(errs...)
+}
+
+// fsConfig decodes an fs entry: its keys are fs.Config's yaml keys. The
 // namespace fills the layout fields the entry leaves unset, and the
-// daemon-wide events switch gates the tier's events. Settings only fs.New
-// can judge (format, o_direct, thread counts) are checked by Build.
-func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
+// daemon-wide events switch gates the tier's events.
+func fsConfig(spec config.TierSpec, cfg *config.Config) (fs.Config, error) {
 	var fc fs.Config
 	if err := spec.Decode(&fc); err != nil {
-		return plan{}, err
+		return fc, err
 	}
 	var errs []error
 	if fc.RootDir == "" {
 		errs = append(errs, spec.Errorf("root_dir", "required (the directory that holds the tier's blocks)"))
 	}
-	loc, err := fs.ParseLocality(fc.Locality)
-	if err != nil {
+	if _, err := fs.ParseLocality(fc.Locality); err != nil {
 		errs = append(errs, spec.Errorf("locality", "invalid value %q (want local or remote)", fc.Locality))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return plan{}, err
+		return fc, err
 	}
 	fc.Name = spec.Name
 	if fc.Namespace.ModelName == "" {
@@ -273,6 +291,17 @@ func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
 	}
 	fc.GlobalEventsOff = !cfg.Events.Enabled
+	return fc, nil
+}
+
+// planFS plans an fs entry (fsConfig). Settings only fs.New can judge
+// (format, fsync, o_direct, thread counts) are checked by Build.
+func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
+	fc, err := fsConfig(spec, cfg)
+	if err != nil {
+		return plan{}, err
+	}
+	loc, _ := fs.ParseLocality(fc.Locality)
 	return plan{
 		decl: Declaration{Name: spec.Name, Type: fsType, Medium: offload.MediumStorage, Locality: loc},
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {

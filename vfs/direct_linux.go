@@ -31,3 +31,20 @@ func setDirect(f *os.File, on bool) error {
 	}
 	return ferr
 }
+
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Syncfs(int(fd)) }); err != nil {
+		return err
+	}
+	return serr
+}

@@ -8,3 +8,5 @@ import (
 )
 
 func setDirect(*os.File, bool) error { return errors.ErrUnsupported }
+
+func syncFS(string) error { return errors.ErrUnsupported }

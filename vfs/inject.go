@@ -228,6 +228,19 @@ func (in *Injector) Open(name string) (File, error) {
 	return in.wrap(f, err, name)
 }
 
+// SyncFS implements SyncFS (as OpSync on dir) when the wrapped FS does,
+// and fails with errors.ErrUnsupported otherwise.
+func (in *Injector) SyncFS(dir string) error {
+	if _, err := in.check(OpSync, dir); err != nil {
+		return err
+	}
+	s, ok := in.fs.(SyncFS)
+	if !ok {
+		return &iofs.PathError{Op: "syncfs", Path: dir, Err: errors.ErrUnsupported}
+	}
+	return s.SyncFS(dir)
+}
+
 // Rename implements FS; the rule sees the old name.
 func (in *Injector) Rename(oldname, newname string) error {
 	if _, err := in.check(OpRename, oldname); err != nil {

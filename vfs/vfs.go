@@ -69,6 +69,15 @@ func (osFS) MkdirAll(dir string, perm os.FileMode) error    { return os.MkdirAll
 func (osFS) ReadDir(name string) ([]os.DirEntry, error)     { return os.ReadDir(name) }
 func (osFS) WalkDir(root string, fn iofs.WalkDirFunc) error { return filepath.WalkDir(root, fn) }
 
+// SyncFS implements SyncFS with syncfs(2) (errors.ErrUnsupported off
+// Linux).
+func (osFS) SyncFS(dir string) error {
+	if err := syncFS(dir); err != nil {
+		return &iofs.PathError{Op: "syncfs", Path: dir, Err: err}
+	}
+	return nil
+}
+
 // osFile is an *os.File with SetDirect.
 type osFile struct{ *os.File }
 

@@ -270,3 +270,72 @@ func BenchmarkExistence1000(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFsync2MiB measures the cost of the fsync settings on stores of
+// 2 MiB blocks (jobs of 4, like BenchmarkThroughput2MiB) in the same run:
+// every round stores the same blocks once per setting, rotating the
+// order, into a fresh tier each time, and writes them raw into one file
+// followed by one fsync (the durable-write baseline). It reports each
+// setting's MB/s and its ratio to fsync none.
+func BenchmarkFsync2MiB(b *testing.B) {
+	for _, format := range []string{"kvtier", "vllm"} {
+		b.Run(format, func(b *testing.B) { benchFsync(b, format) })
+	}
+}
+
+func benchFsync(b *testing.B, format string) {
+	dir := benchDir(b)
+	a := newArena(benchBlock, benchBlocks, true)
+	for i := range benchBlocks {
+		a.fill(int64(i), uint64(i))
+	}
+	modes := []string{"none", "block", "batch"}
+	took := make([]time.Duration, len(modes))
+	var raw time.Duration
+	round := 0
+	b.SetBytes(benchBlocks * benchBlock)
+	for b.Loop() {
+		b.StopTimer()
+		round++
+		for j := range modes {
+			i := (j + round) % len(modes)
+			root := filepath.Join(dir, fmt.Sprint(round, modes[i]))
+			tier, err := New(testConfig(root, func(c *Config) { c.Format, c.Fsync = format, modes[i] }))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			took[i] += timeIt(func() { tierJobs(b, tier, a, false, round) })
+			b.StopTimer()
+			direct := tier.Direct()
+			tier.Close(context.Background())
+			if j == 0 {
+				name := filepath.Join(root, "raw.bin")
+				raw += timeIt(func() {
+					rawWrite(b, name, a, direct)
+					f, err := os.OpenFile(name, os.O_WRONLY, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := f.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					f.Close()
+				})
+			}
+			os.RemoveAll(root)
+			syncFS(b, dir)
+		}
+		b.StartTimer()
+	}
+	mbps := func(d time.Duration) float64 {
+		return float64(round*benchBlocks*benchBlock) / d.Seconds() / 1e6
+	}
+	b.ReportMetric(mbps(raw), "raw+fsync-MB/s")
+	for i, m := range modes {
+		b.ReportMetric(mbps(took[i]), m+"-MB/s")
+		if i > 0 {
+			b.ReportMetric(took[0].Seconds()/took[i].Seconds(), m+"/none")
+		}
+	}
+}

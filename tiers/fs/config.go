@@ -40,6 +40,13 @@ type Config struct {
 	// Format is "kvtier" (default: trailer with checksum) or "vllm" (raw
 	// vLLM layout, length check only).
 	Format string `yaml:"format"`
+	// Fsync is when block data is made durable before a file is renamed
+	// into place: "none" (never: after a power loss a block may read back
+	// as zeros or short), "block" (fsync each file before its rename) or
+	// "batch" (one syncfs per store job, then the renames). The default is
+	// "none" for format kvtier, whose checksum turns such a block into a
+	// miss, and "block" for format vllm, which has no checksum.
+	Fsync string `yaml:"fsync"`
 	// ODirect is "auto" (default: use O_DIRECT when the probe succeeds),
 	// "on" (fail start-up when it does not) or "off".
 	ODirect string `yaml:"o_direct"`
@@ -77,6 +84,19 @@ const (
 	DefaultStaleTmpAge   = 10 * time.Minute
 )
 
+// fsyncMode is the parsed fsync setting.
+type fsyncMode uint8
+
+const (
+	fsyncNone fsyncMode = iota
+	fsyncBlock
+	fsyncBatch
+)
+
+func (m fsyncMode) String() string {
+	return [...]string{"none", "block", "batch"}[m]
+}
+
 // oDirectMode is the parsed o_direct setting.
 type oDirectMode uint8
 
@@ -97,6 +117,7 @@ type settings struct {
 	maxBytes      int64
 	high, low     int64 // watermarks in bytes (0 when unbounded)
 	format        Format
+	fsync         fsyncMode
 	direct        oDirectMode
 	events        bool
 	eventsIgnored bool // opted in with events disabled globally
@@ -136,6 +157,20 @@ func (c Config) settings() (settings, error) {
 	}
 	if s.format, err = ParseFormat(c.Format); err != nil {
 		return s, err
+	}
+	switch strings.ToLower(c.Fsync) {
+	case "":
+		if s.format == FormatVLLM {
+			s.fsync = fsyncBlock
+		}
+	case "none", "off":
+		s.fsync = fsyncNone
+	case "block":
+		s.fsync = fsyncBlock
+	case "batch":
+		s.fsync = fsyncBatch
+	default:
+		return s, fmt.Errorf("fsync %q: want none, block or batch", c.Fsync)
 	}
 	switch strings.ToLower(c.ODirect) {
 	case "", "auto":

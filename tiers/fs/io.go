@@ -94,17 +94,28 @@ func (w *worker) store(job *offload.Job, start time.Time) {
 		return
 	}
 	var bytes int64
+	var batch []written // fsync batch: written, not yet synced and renamed
 	for i, k := range job.Keys {
 		if t.closing.Load() {
 			err = ErrClosed
 			break
 		}
-		var n int64
-		if n, err = w.storeBlock(k, slots[i]); err != nil {
+		var wr written
+		if wr, err = w.storeBlock(k, slots[i]); err != nil {
 			err = fmt.Errorf("fs tier: store %s: %w", k, err)
 			break
 		}
-		bytes += n
+		if wr.tmp != "" {
+			batch = append(batch, wr)
+		}
+		bytes += wr.size
+	}
+	if len(batch) > 0 {
+		if err == nil {
+			err = t.commitBatch(batch)
+		} else {
+			t.abandon(batch)
+		}
 	}
 	t.lookups.Forget(job.Keys)
 	if err != nil {
@@ -124,9 +135,17 @@ func (w *worker) store(job *offload.Job, start time.Time) {
 	t.finish(offload.JobResult{JobID: job.ID, Success: true, Bytes: bytes, Duration: time.Since(start)})
 }
 
-// storeBlock writes one block unless its file exists; it returns the
-// bytes written.
-func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
+// written is a block file written to its temp name. With fsync batch
+// the rename waits for the job's other blocks and one sync of them all;
+// otherwise tmp is "" (the file is in place) and size is what it added.
+type written struct {
+	k         offload.Key
+	tmp, dest string
+	size      int64
+}
+
+// storeBlock writes one block unless its file exists.
+func (w *worker) storeBlock(k offload.Key, payload []byte) (written, error) {
 	t := w.t
 	dest := t.lay.path(k)
 	t.mu.Lock()
@@ -138,7 +157,7 @@ func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
 		if t.idx.ents[i].state == stateLive {
 			t.mu.Unlock()
 			t.st.blocksSkipped.Add(1)
-			return 0, nil
+			return written{}, nil
 		}
 		// Being evicted: wait for the unlink so that our rename cannot be
 		// deleted by it.
@@ -147,16 +166,33 @@ func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
 	t.mu.Unlock()
 	if _, ok := t.adopt(k); ok { // written by another process (or vLLM) already
 		t.st.blocksSkipped.Add(1)
-		return 0, nil
+		return written{}, nil
 	}
 	size := t.s.format.fileSize(len(payload))
 	if err := t.reserve(size); err != nil {
-		return 0, err
+		return written{}, err
 	}
-	if err := w.writeFile(k, dest, payload); err != nil {
+	tmp, err := w.writeFile(k, dest, payload)
+	if err != nil {
 		t.unreserve(size)
-		return 0, err
+		return written{}, err
 	}
+	wr := written{k: k, tmp: tmp, dest: dest, size: size}
+	if t.s.fsync == fsyncBatch {
+		return wr, nil
+	}
+	if err := t.s.fs.Rename(tmp, dest); err != nil {
+		_ = t.s.fs.Remove(tmp)
+		t.unreserve(size)
+		return written{}, err
+	}
+	t.committed(k, size)
+	wr.tmp = ""
+	return wr, nil
+}
+
+// committed indexes a block file now in place.
+func (t *Tier) committed(k offload.Key, size int64) {
 	t.mu.Lock()
 	if t.s.maxBytes > 0 {
 		t.reserved -= size
@@ -167,36 +203,84 @@ func (w *worker) storeBlock(k offload.Key, payload []byte) (int64, error) {
 	t.mu.Unlock()
 	t.st.blocksStored.Add(1)
 	t.st.bytesWritten.Add(uint64(size))
-	return size, nil
+}
+
+// commitBatch makes a job's temp files durable with one syncfs (one fsync
+// per file where the filesystem cannot) and renames them into place.
+func (t *Tier) commitBatch(batch []written) error {
+	if err := t.syncBatch(batch); err != nil {
+		t.abandon(batch)
+		return fmt.Errorf("fs tier: fsync batch of %d blocks: %w", len(batch), err)
+	}
+	for i, wr := range batch {
+		if err := t.s.fs.Rename(wr.tmp, wr.dest); err != nil {
+			t.abandon(batch[i:])
+			return fmt.Errorf("fs tier: store %s: %w", wr.k, err)
+		}
+		t.committed(wr.k, wr.size)
+	}
+	return nil
+}
+
+func (t *Tier) syncBatch(batch []written) error {
+	if s, ok := t.s.fs.(vfs.SyncFS); ok {
+		err := s.SyncFS(t.lay.rankDir)
+		if err == nil || !errors.Is(err, errors.ErrUnsupported) {
+			return err
+		}
+	}
+	for _, wr := range batch {
+		f, err := t.s.fs.OpenFile(wr.tmp, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// abandon removes temp files that will not be renamed and returns their
+// reservations.
+func (t *Tier) abandon(batch []written) {
+	for _, wr := range batch {
+		_ = t.s.fs.Remove(wr.tmp)
+		t.unreserve(wr.size)
+	}
 }
 
 // writeFile writes payload (and the trailer) to a temp file next to dest
-// and renames it over dest; on any error the temp file is removed.
-func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (err error) {
+// and returns its name; with fsync block the file is synced before it is
+// closed. On any error the temp file is removed.
+func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (tmp string, err error) {
 	t := w.t
 	fs := t.s.fs
-	tmp := dest + t.tmpPrefix + strconv.FormatUint(t.tmpSeq.Add(1), 36) + ".tmp"
+	tmp = dest + t.tmpPrefix + strconv.FormatUint(t.tmpSeq.Add(1), 36) + ".tmp"
 	flag := os.O_CREATE | os.O_EXCL | os.O_WRONLY
 	if t.direct {
 		flag |= oDirect
 	}
 	f, err := t.openTemp(tmp, flag)
 	if err != nil {
-		return err
+		return "", err
 	}
-	defer func() {
-		if err != nil {
-			_ = fs.Remove(tmp)
-		}
-	}()
 	werr := w.writeBlock(f, k, payload)
+	if werr == nil && t.s.fsync == fsyncBlock {
+		werr = f.Sync()
+	}
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}
 	if werr != nil {
-		return werr
+		_ = fs.Remove(tmp)
+		return "", werr
 	}
-	return fs.Rename(tmp, dest)
+	return tmp, nil
 }
 
 // writeBlock writes the file contents. With O_DIRECT the aligned bulk
@@ -393,16 +477,8 @@ func (w *worker) readFile(k offload.Key, name string, slot []byte) error {
 	}
 	n := int64(len(slot))
 	want := t.s.format.fileSize(len(slot))
-	if got := fi.Size(); got != want {
-		if t.s.format == FormatKVTier && got == n {
-			return fmt.Errorf("%w: %d bytes without a kvtier trailer", ErrForeignFormat, got)
-		}
-		if t.s.format == FormatVLLM {
-			// vLLM's directory has no block size in its name: another
-			// tier's blocks, or a short file; neither is ours to delete.
-			return fmt.Errorf("%w: file is %d bytes, this tier's blocks are %d (another block size in vLLM's directory, or a short file)", ErrForeignFormat, got, want)
-		}
-		return fmt.Errorf("%w: file is %d bytes, want %d", ErrCorrupt, got, want)
+	if err := checkSize(t.s.format, fi.Size(), n); err != nil {
+		return err
 	}
 	withTrailer := t.s.format == FormatKVTier
 	if !t.direct || isAligned(slot) {
