@@ -187,6 +187,18 @@ func (c *Client) Lookup(ctx context.Context, id string, keys []offload.Key, pref
 	return resp.GetResults(), int(resp.GetHits()), nil
 }
 
+// LookupSources looks every key up for request id (no prefix scan) and
+// also returns where each block is: "primary", the secondary tier it is
+// being promoted from, or "" (see LookupResponse.sources).
+func (c *Client) LookupSources(ctx context.Context, id string, keys []offload.Key) ([]kvtierv1.LookupResult, []string, error) {
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.Lookup(ctx, &kvtierv1.LookupRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size, WantSources: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	return resp.GetResults(), resp.GetSources(), nil
+}
+
 // PrepareLoad pins keys and returns their arena slots (co-indexed).
 func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key) ([]int64, error) {
 	raw, packed, size := keyFields(keys)

@@ -89,6 +89,20 @@ func (b ByteSize) String() string {
 	return strconv.FormatInt(int64(b), 10) + "B"
 }
 
+// Approx renders b for people: with one decimal in the largest binary
+// unit not above it ("2.0MiB", "117.3GiB"), exact below 1KiB.
+func (b ByteSize) Approx() string {
+	for _, u := range []struct {
+		size ByteSize
+		name string
+	}{{TiB, "TiB"}, {GiB, "GiB"}, {MiB, "MiB"}, {KiB, "KiB"}} {
+		if b >= u.size || -b >= u.size {
+			return strconv.FormatFloat(float64(b)/float64(u.size), 'f', 1, 64) + u.name
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
+}
+
 // Int reports b as an int, false when it does not fit (32-bit platforms).
 func (b ByteSize) Int() (int, bool) {
 	if int64(b) > math.MaxInt {

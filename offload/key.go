@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // GroupSuffixLen is the length of the big-endian KV-group index appended to
@@ -86,5 +88,36 @@ func WireHash(h string) uint64 {
 // and object names.
 func (k Key) HexHash() string { return hex.EncodeToString([]byte(k.Hash())) }
 
-// String renders k for logs: hex hash and group.
-func (k Key) String() string { return fmt.Sprintf("%s/g%d", k.HexHash(), k.Group()) }
+// String renders k for logs and tools: the hex of all its bytes (the
+// engine hash followed by the 4-byte big-endian group), the form
+// ParseKey and `kvtier get KEY` accept.
+func (k Key) String() string { return hex.EncodeToString([]byte(k)) }
+
+// ParseKey parses a key written as String writes it (hex of the full key
+// bytes), or as "HASHHEX/gN" (hex of the hash, decimal group).
+func ParseKey(s string) (Key, error) {
+	if h, g, ok := strings.Cut(s, "/g"); ok {
+		raw, err := hex.DecodeString(h)
+		if err != nil {
+			return "", fmt.Errorf("key %q: hash is not hex: %w", s, err)
+		}
+		n, err := strconv.ParseUint(g, 10, 32)
+		if err != nil {
+			return "", fmt.Errorf("key %q: group %q is not a 32-bit number", s, g)
+		}
+		k := MakeKey(raw, uint32(n))
+		if !k.Valid() {
+			return "", fmt.Errorf("key %q: want 1 to %d hash bytes", s, MaxKeyLen-GroupSuffixLen)
+		}
+		return k, nil
+	}
+	raw, err := hex.DecodeString(s)
+	if err != nil {
+		return "", fmt.Errorf("key %q is not hex (want the hex of the engine hash bytes followed by the 4-byte big-endian group): %w", s, err)
+	}
+	k := Key(raw)
+	if !k.Valid() {
+		return "", fmt.Errorf("key %q is %d bytes: want %d to %d (engine hash bytes followed by the 4-byte group)", s, len(raw), GroupSuffixLen+1, MaxKeyLen)
+	}
+	return k, nil
+}

@@ -1,6 +1,7 @@
 package offload_test
 
 import (
+	"encoding/hex"
 	"errors"
 	"strconv"
 	"strings"
@@ -40,8 +41,13 @@ func TestKey(t *testing.T) {
 			if err != nil || k2 != k {
 				t.Fatalf("KeyFromBytes: %v %v", k2, err)
 			}
-			if !strings.HasSuffix(k.String(), "/g"+strconv.FormatUint(uint64(c.group), 10)) {
-				t.Fatalf("String %s", k)
+			if k.String() != hex.EncodeToString([]byte(k)) {
+				t.Fatalf("String %s, want the hex of the key's bytes", k)
+			}
+			for _, s := range []string{k.String(), strings.ToUpper(k.String()), k.HexHash() + "/g" + strconv.FormatUint(uint64(c.group), 10)} {
+				if p, err := offload.ParseKey(s); err != nil || p != k {
+					t.Fatalf("ParseKey(%q) = %v, %v", s, p, err)
+				}
 			}
 		})
 	}
@@ -55,4 +61,30 @@ func TestKey(t *testing.T) {
 			t.Errorf("invalid key %q: valid %v hash %q group %d", k, k.Valid(), k.Hash(), k.Group())
 		}
 	}
+}
+
+func TestParseKeyErrors(t *testing.T) {
+	for _, s := range []string{"", "zz", "0102", "abc", "01/gx", "/g1", "0102/g99999999999", strings.Repeat("00", offload.MaxKeyLen+1)} {
+		if k, err := offload.ParseKey(s); err == nil {
+			t.Errorf("ParseKey(%q) = %v, want an error", s, k)
+		}
+	}
+}
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{"0102030400000001", "01/g1", "", "zz/g"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := offload.ParseKey(s)
+		if err != nil {
+			return
+		}
+		if !k.Valid() {
+			t.Fatalf("ParseKey(%q) returned an invalid key", s)
+		}
+		if k2, err := offload.ParseKey(k.String()); err != nil || k2 != k {
+			t.Fatalf("round trip of %q: %v, %v", s, k2, err)
+		}
+	})
 }

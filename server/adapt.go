@@ -43,6 +43,10 @@ func (s sharedArena) File() *os.File { return s.a.File() }
 // occupancy is implemented by tiers that know how many blocks they hold.
 type occupancy interface{ Len() int }
 
+// evictionCounter is implemented by tiers that count the blocks they
+// evicted (memory).
+type evictionCounter interface{ Evictions() uint64 }
+
 // healthReporter is implemented by tiers that talk to a server and stop
 // using it while it is down (tiers/remote.Base: redis, s3).
 type healthReporter interface{ Healthy() bool }
@@ -81,10 +85,13 @@ func statsOf(m *tiering.Manager) Stats {
 			PinnedSlots:       int64(t.PinnedSlots), PinBudget: int64(t.PinBudget),
 			Queued: int64(t.Queued), QueueCapacity: int64(t.QueueCapacity),
 			LoadLatency: t.LoadLatency, StoreLatency: t.StoreLatency,
-			OccupancyBlocks: -1,
+			OccupancyBlocks: -1, OccupancyBytes: -1,
 		}
 		if i < len(tiers) {
 			tierDetails(&out, tiers[i])
+		}
+		if out.OccupancyBytes < 0 && out.OccupancyBlocks >= 0 {
+			out.OccupancyBytes = out.OccupancyBlocks * int64(p.SlotSize)
 		}
 		st.Tiers[i] = out
 	}
@@ -97,17 +104,23 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 	switch t := t.(type) {
 	case *fs.Tier:
 		fst := t.Stats()
-		out.OccupancyBlocks, out.Evictions = int64(fst.Files), fst.EvictedBlocks
+		out.OccupancyBlocks, out.OccupancyBytes, out.Evictions = int64(fst.Files), fst.UsedBytes, fst.EvictedBlocks
 		// The fs tier deletes every block file that fails verification.
 		out.CorruptBlocks, out.CorruptDeleted = fst.CorruptBlocks, fst.CorruptBlocks
 	case *redis.Tier:
-		s := t.Stats().Stats
-		rs = &s
+		full := t.Stats()
+		rs = &full.Stats
+		// Blocks the server itself evicted, expired or deleted (keyspace
+		// events): the tier's evictions.
+		out.Evictions = uint64(full.ServerRemoved)
 	case remoteStats:
 		s := t.Stats()
 		rs = &s
 	case occupancy:
 		out.OccupancyBlocks = int64(t.Len())
+	}
+	if e, ok := t.(evictionCounter); ok {
+		out.Evictions = e.Evictions()
 	}
 	if h, ok := t.(healthReporter); ok {
 		out.Remote = &RemoteTierStats{Healthy: h.Healthy()}

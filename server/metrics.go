@@ -80,6 +80,7 @@ var (
 	descTierBytes     = prometheus.NewDesc("kvtier_tier_bytes_total", "Bytes moved between the primary and the tier (in = promotions, out = cascades).", append(tierLabels, "direction"), nil)
 	descTierPressure  = prometheus.NewDesc("kvtier_tier_under_pressure", "1 while back-pressure drops cascades to the tier.", tierLabels, nil)
 	descTierBlocks    = prometheus.NewDesc("kvtier_tier_blocks", "Blocks held by the tier (occupancy).", tierLabels, nil)
+	descTierHeld      = prometheus.NewDesc("kvtier_tier_bytes_held", "Bytes the tier holds (tiers that know: fs, memory).", tierLabels, nil)
 	descTierEvictions = prometheus.NewDesc("kvtier_tier_evictions_total", "Blocks evicted by the tier.", tierLabels, nil)
 	descTierJobs      = prometheus.NewDesc("kvtier_tier_job_duration_seconds", "Tier job latency by kind (load = promotion, store = cascade).", append(tierLabels, "kind"), nil)
 	descTierHealthy   = prometheus.NewDesc("kvtier_tier_healthy", "0 while a remote tier's server (redis, s3) is considered down, its lookups missing and its jobs failing without being tried; else 1. Tiers without a server (fs, memory) always report 1.", tierLabels, nil)
@@ -115,7 +116,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
-		descTierPressure, descTierBlocks, descTierEvictions, descTierJobs,
+		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
@@ -192,6 +193,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descTierPressure, pressure, l...)
 			if t.OccupancyBlocks >= 0 {
 				gauge(descTierBlocks, float64(t.OccupancyBlocks), l...)
+			}
+			if t.OccupancyBytes >= 0 {
+				gauge(descTierHeld, float64(t.OccupancyBytes), l...)
 			}
 			counter(descTierEvictions, t.Evictions, l...)
 			counter(descTierCorrupt, t.CorruptBlocks, l...)

@@ -745,6 +745,26 @@ func (ns *Namespace) publishLocked() int {
 	return len(evs)
 }
 
+// sourcer is implemented by managers that can say where a block is coming
+// from (tiering.Manager.Source).
+type sourcer interface{ Source(offload.Key) string }
+
+// Sources names, for each key, where its block is (see
+// tiering.Manager.Source); all "" when the manager cannot tell.
+func (ns *Namespace) Sources(keys []offload.Key) ([]string, error) {
+	if err := ns.lock(); err != nil {
+		return nil, err
+	}
+	defer ns.mu.Unlock()
+	out := make([]string, len(keys))
+	if src, ok := ns.mgr.(sourcer); ok {
+		for i, k := range keys {
+			out[i] = src.Source(k)
+		}
+	}
+	return out, nil
+}
+
 // Reset drops every block of the primary tier that no client holds.
 // Blocks a client has pinned for reading or reserved for writing stay,
 // and so do the client's claims on them: a reset never frees a slot a

@@ -57,7 +57,13 @@ func (sv *service) Lookup(ctx context.Context, in *kvtierv1.LookupRequest) (*kvt
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &kvtierv1.LookupResponse{Results: resultsProto(res), Hits: uint32(hits)}, nil
+	out := &kvtierv1.LookupResponse{Results: resultsProto(res), Hits: uint32(hits)}
+	if in.GetWantSources() {
+		if out.Sources, err = ns.Sources(keys); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return out, nil
 }
 
 // keyed is a request carrying keys in either form.
@@ -428,7 +434,7 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 			QueuedJobs: t.Queued, QueueCapacity: t.QueueCapacity,
 			CascadeLatencyEmaSeconds: t.CascadeLatencyEMA.Seconds(),
 			Healthy:                  healthy,
-			Blocks:                   t.OccupancyBlocks, Evictions: t.Evictions,
+			Blocks:                   t.OccupancyBlocks, Bytes: t.OccupancyBytes, Evictions: t.Evictions,
 			CorruptBlocks: t.CorruptBlocks,
 		})
 	}

@@ -67,10 +67,11 @@ type TierStats struct {
 	// CascadeLatencyEMA is the cascade latency average behind
 	// back-pressure (submission to result).
 	CascadeLatencyEMA time.Duration
-	// OccupancyBlocks is the number of blocks the tier holds (-1 when the
-	// tier does not know); Evictions counts blocks it evicted.
-	OccupancyBlocks int64
-	Evictions       uint64
+	// OccupancyBlocks is the number of blocks the tier holds and
+	// OccupancyBytes their size (-1 when the tier does not know);
+	// Evictions counts blocks it evicted.
+	OccupancyBlocks, OccupancyBytes int64
+	Evictions                       uint64
 	// LoadLatency and StoreLatency are job latency histograms (promotions
 	// and cascades); nil when the manager does not record them.
 	LoadLatency, StoreLatency *Histogram

@@ -239,6 +239,30 @@ func (m *Manager) maybeFinalize(rs *reqState) {
 	delete(m.reqs, rs.req.ID)
 }
 
+// PrimaryName is what Source answers for a block ready in the primary.
+const PrimaryName = "primary"
+
+// Source names where key's block is coming from, for tools: PrimaryName
+// when it is ready in the primary, the secondary tier a promotion of it
+// is loading it from, or "" (absent, or pending for another reason). It
+// does not count as a lookup. It scans the step's promotions and the jobs
+// in flight: not for the hot path.
+func (m *Manager) Source(key offload.Key) string {
+	if ref, ok := m.primary.RefCount(key); ok && ref >= 0 {
+		return PrimaryName
+	}
+	for i := range m.promos {
+		q := &m.promos[i]
+		for _, b := range q.batches[:q.n] {
+			if slices.Contains(b.keys, key) {
+				return m.stack.tiers[i].name
+			}
+		}
+	}
+	name, _ := m.stack.PromotionSource(key)
+	return name
+}
+
 // Lookup answers whether key can be loaded for req (§4.3). The primary is
 // asked first and is never filtered; then each secondary tier the
 // request's load filter allows, in order; a tier the filter excludes is

@@ -222,6 +222,17 @@ func (s *Stack) describe(ts *tier) (err error) {
 // Len returns the number of tiers.
 func (s *Stack) Len() int { return len(s.tiers) }
 
+// PromotionSource returns the name of the tier a promotion job in flight
+// is loading key from. It scans the jobs: for tools, not the hot path.
+func (s *Stack) PromotionSource(key offload.Key) (string, bool) {
+	for _, j := range s.jobs {
+		if j.gid == 0 && j.j.Promotion && slices.Contains(j.j.Keys, key) {
+			return j.tier.name, true
+		}
+	}
+	return "", false
+}
+
 // Tiers returns the secondary tiers in lookup order.
 func (s *Stack) Tiers() []offload.SecondaryTier {
 	out := make([]offload.SecondaryTier, len(s.tiers))

@@ -56,7 +56,7 @@ func writePlot(name string, rep *benchReport) (err error) {
 	return nil
 }
 
-// progressLine shows a replay's progress on stderr: one line rewritten in
+// progressLine shows a long command's progress on stderr: one line rewritten in
 // place on a terminal, a line per report otherwise (when forced).
 type progressLine struct {
 	mu    sync.Mutex
@@ -81,20 +81,26 @@ func (p *progressLine) report(label string, total int) func(workload.Progress) {
 		return nil
 	}
 	return func(pr workload.Progress) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
 		line := fmt.Sprintf("%s%d/%d requests (%.0f%%), hit rate %.4f, %v elapsed", label, pr.Requests, total,
 			100*float64(pr.Requests)/float64(max(total, 1)), pr.HitRate, pr.Elapsed.Round(time.Second))
 		if pr.Behind > time.Second {
 			line += fmt.Sprintf(", %v behind the trace", pr.Behind.Round(time.Second))
 		}
-		if p.tty {
-			fmt.Fprintf(p.w, "\r%-100s", line)
-			p.shown = true
-			return
-		}
-		fmt.Fprintln(p.w, strings.TrimSpace(line))
+		p.show(line)
 	}
+}
+
+// show prints line: in place on a terminal, as a line of its own
+// otherwise.
+func (p *progressLine) show(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty {
+		fmt.Fprintf(p.w, "\r%-100s", line)
+		p.shown = true
+		return
+	}
+	fmt.Fprintln(p.w, strings.TrimSpace(line))
 }
 
 // done ends the line of a replay.

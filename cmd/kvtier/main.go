@@ -3,13 +3,16 @@
 //	kvtier serve [--config FILE]
 //	kvtier explain --config FILE --params JSON [--json]
 //	kvtier bench --trace FILE [--config FILE] [--json]
+//	kvtier put|get|lookup|stats [--target ADDR] ...
+//	kvtier fsck --config FILE [--tier NAME] [--repair]
 //	kvtier version
 //
 // serve runs the daemon (the embedded default configuration needs nothing
 // outside the process). explain prints, for a config file and a request's
 // kv_transfer_params, which secondary tiers the request would load from
 // and store to, and why. bench replays a request trace through the tiers
-// of a config and reports hit rates.
+// of a config and reports hit rates. put, get, lookup and stats talk to a
+// running daemon; fsck checks an fs tier's files offline.
 package main
 
 import (
@@ -36,7 +39,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdin, stdout, stderr)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
-		if !errors.Is(err, errReported) {
+		var ee *exitError
+		switch {
+		case errors.As(err, &ee):
+			if ee.msg != "" {
+				fmt.Fprintln(stderr, ee.msg)
+			}
+			return ee.code
+		case !errors.Is(err, errReported):
 			fmt.Fprintf(stderr, "kvtier: %v\n", err)
 		}
 		return 1
@@ -53,14 +63,16 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		Use:   "kvtier",
 		Short: "Multi-tier KV-cache offloading for LLM serving",
 		Long: `kvtier keeps KV-cache blocks offloaded by an inference engine in a CPU
-primary tier, cascades them to secondary tiers (disk, object storage, Redis,
-peers) and promotes them back, honouring per-request tier filters.`,
+primary tier, cascades them to secondary tiers (local disk, S3-compatible
+object storage, Redis) and promotes them back, honouring per-request tier
+filters.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd(), newBenchCmd())
+	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd(), newBenchCmd(),
+		newPutCmd(), newGetCmd(), newLookupCmd(), newStatsCmd(), newFsckCmd())
 	return root
 }

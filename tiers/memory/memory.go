@@ -65,8 +65,9 @@ type Tier struct {
 	nmissed  int // keys marked missed across all requests
 	results  []offload.JobResult
 	events   []offload.Event
-	inflight int // jobs without a result: in service or waiting
-	running  int // jobs in service (waiting out their latency)
+	evicted  uint64 // blocks evicted to make room
+	inflight int    // jobs without a result: in service or waiting
+	running  int    // jobs in service (waiting out their latency)
 	waiting  []waitingJob
 	// serving holds the jobs in service; a job's transfer happens when
 	// its latency has passed, so until then it can still be withdrawn.
@@ -460,6 +461,7 @@ func (t *Tier) evict(n int, removed []offload.Key) []offload.Key {
 		t.unlink(e)
 		delete(t.blocks, e.key)
 		t.spare = append(t.spare, e)
+		t.evicted++
 		if t.cfg.Events {
 			removed = append(removed, e.key)
 		}
@@ -647,6 +649,13 @@ func (t *Tier) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.blocks)
+}
+
+// Evictions returns the number of blocks evicted to make room.
+func (t *Tier) Evictions() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.evicted
 }
 
 // Contains reports whether the tier holds key (no recency update).

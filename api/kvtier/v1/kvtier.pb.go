@@ -766,8 +766,11 @@ type LookupRequest struct {
 	// case): the keys back to back, key_size bytes each. Decoding takes one
 	// allocation per call instead of one per key. Set keys or packed_keys,
 	// not both.
-	PackedKeys    []byte `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
-	KeySize       uint32 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	PackedKeys []byte `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// Also answer where each key's block is (LookupResponse.sources): for
+	// tools; it costs a scan of the jobs in flight.
+	WantSources   bool `protobuf:"varint,7,opt,name=want_sources,json=wantSources,proto3" json:"want_sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,13 +847,24 @@ func (x *LookupRequest) GetKeySize() uint32 {
 	return 0
 }
 
+func (x *LookupRequest) GetWantSources() bool {
+	if x != nil {
+		return x.WantSources
+	}
+	return false
+}
+
 // LookupResponse carries one result per key.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Co-indexed with the request's keys.
 	Results []LookupResult `protobuf:"varint,1,rep,packed,name=results,proto3,enum=kvtier.v1.LookupResult" json:"results,omitempty"`
 	// Number of leading keys that are HIT or HIT_PENDING (the usable prefix).
-	Hits          uint32 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	Hits uint32 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	// With want_sources, co-indexed with the keys: "primary" for a block
+	// ready in the primary, the secondary tier's name for one being
+	// promoted from it, "" otherwise.
+	Sources       []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -897,6 +911,13 @@ func (x *LookupResponse) GetHits() uint32 {
 		return x.Hits
 	}
 	return 0
+}
+
+func (x *LookupResponse) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
 }
 
 // PrepareLoadRequest pins keys for reading.
@@ -2173,12 +2194,16 @@ type TierStats struct {
 	// False while a remote tier's server is considered down (its lookups
 	// miss and its jobs are refused); tiers without a server are healthy.
 	Healthy bool `protobuf:"varint,24,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	// Blocks the tier holds (-1 when it cannot say) and blocks it evicted.
+	// Blocks the tier holds (-1 when it cannot say) and blocks it evicted
+	// (for redis: those the server evicted, expired or deleted, seen
+	// through keyspace events).
 	Blocks    int64  `protobuf:"varint,25,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	Evictions uint64 `protobuf:"varint,26,opt,name=evictions,proto3" json:"evictions,omitempty"`
 	// Blocks that failed verification when read (0 for tiers that do not
 	// verify, e.g. memory).
 	CorruptBlocks uint64 `protobuf:"varint,27,opt,name=corrupt_blocks,json=corruptBlocks,proto3" json:"corrupt_blocks,omitempty"`
+	// Bytes the tier holds (-1 when it cannot say).
+	Bytes         int64 `protobuf:"varint,28,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2398,6 +2423,13 @@ func (x *TierStats) GetEvictions() uint64 {
 func (x *TierStats) GetCorruptBlocks() uint64 {
 	if x != nil {
 		return x.CorruptBlocks
+	}
+	return 0
+}
+
+func (x *TierStats) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
 	}
 	return 0
 }
@@ -3318,7 +3350,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\fstore_filter\x18\x03 \x01(\v2\x15.kvtier.v1.TierFilterR\vstoreFilter\x12*\n" +
 	"\x11load_from_request\x18\x04 \x01(\bR\x0floadFromRequest\x12,\n" +
 	"\x12store_from_request\x18\x05 \x01(\bR\x10storeFromRequest\x124\n" +
-	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\xbd\x01\n" +
+	"\bwarnings\x18\x06 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\xe0\x01\n" +
 	"\rLookupRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
@@ -3328,10 +3360,12 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"prefixScan\x12\x1f\n" +
 	"\vpacked_keys\x18\x05 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
-	"\bkey_size\x18\x06 \x01(\rR\akeySize\"W\n" +
+	"\bkey_size\x18\x06 \x01(\rR\akeySize\x12!\n" +
+	"\fwant_sources\x18\a \x01(\bR\vwantSources\"q\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\rR\x04hits\"\xa1\x01\n" +
+	"\x04hits\x18\x02 \x01(\rR\x04hits\x12\x18\n" +
+	"\asources\x18\x03 \x03(\tR\asources\"\xa1\x01\n" +
 	"\x12PrepareLoadRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
@@ -3429,7 +3463,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tevictions\x18\t \x01(\x04R\tevictions\x12'\n" +
 	"\x0fstores_rejected\x18\n" +
 	" \x01(\x04R\x0estoresRejected\x12'\n" +
-	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\"\xee\b\n" +
+	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\"\x84\t\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12)\n" +
@@ -3460,7 +3494,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\ahealthy\x18\x18 \x01(\bR\ahealthy\x12\x16\n" +
 	"\x06blocks\x18\x19 \x01(\x03R\x06blocks\x12\x1c\n" +
 	"\tevictions\x18\x1a \x01(\x04R\tevictions\x12%\n" +
-	"\x0ecorrupt_blocks\x18\x1b \x01(\x04R\rcorruptBlocks\x1aJ\n" +
+	"\x0ecorrupt_blocks\x18\x1b \x01(\x04R\rcorruptBlocks\x12\x14\n" +
+	"\x05bytes\x18\x1c \x01(\x03R\x05bytes\x1aJ\n" +
 	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd9\x03\n" +
