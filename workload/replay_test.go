@@ -345,13 +345,12 @@ func TestReplayUnsettled(t *testing.T) {
 	}
 
 	cfg = mustConfig(t, "secondary_tiers:\n  - name: stuck\n    type: memory\n    latency: 1h\n")
-	start := time.Now()
+	// A lookup that never settles ends at the bound (were it ignored, the
+	// replay would wait an hour and the test binary's timeout would end
+	// it).
 	res = replay(t, reqs, Options{PrimaryBlocks: 64, BlockBytes: 64, Config: cfg, SettleTimeout: 20 * time.Millisecond})
 	if res.Tiers[0].CascadesOK != 0 || res.Tiers[0].CascadesFailed != 0 {
 		t.Errorf("cascades finished: %+v", res.Tiers[0])
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("replay took %v: the settle bound did not hold", d)
 	}
 }
 

@@ -442,7 +442,12 @@ func TestRouterGivesUpOnAClientThatDoesNotRead(t *testing.T) {
 // progress, so a replay that takes longer than it in total still reaches
 // a client that reads steadily.
 func TestRouterServesASlowClientThatKeepsReading(t *testing.T) {
-	const n = 40
+	// The write timeout bounds each write, not the whole answer: a client
+	// that keeps reading, if slowly, gets all of it. The answer takes
+	// twice the timeout in all, with a hundred times the timeout's margin
+	// on each pause, so a busy machine stretching the pauses cannot make
+	// one look like a stalled reader.
+	const n = 200
 	frame := make([]byte, 64<<10)
 	r := NewRouter(func(_ []byte, _ [][]byte, reply func(...[]byte) error) {
 		for range n {
@@ -450,7 +455,7 @@ func TestRouterServesASlowClientThatKeepsReading(t *testing.T) {
 				return
 			}
 		}
-	}, RouterOptions{WriteTimeout: 200 * time.Millisecond})
+	}, RouterOptions{WriteTimeout: time.Second})
 	defer r.Close()
 	ep := "ipc://" + filepath.Join(t.TempDir(), "replay.sock")
 	if _, err := r.Bind(ep); err != nil {
@@ -466,7 +471,7 @@ func TestRouterServesASlowClientThatKeepsReading(t *testing.T) {
 	}
 	start := time.Now()
 	for i := range n {
-		time.Sleep(20 * time.Millisecond) // 40 × 20 ms: four times the timeout in all
+		time.Sleep(10 * time.Millisecond) // 200 × 10 ms: twice the timeout in all
 		_ = d.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := d.Recv(); err != nil {
 			t.Fatalf("reply %d of %d after %v: %v", i+1, n, time.Since(start), err)

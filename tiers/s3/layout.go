@@ -27,8 +27,9 @@ type Layout struct {
 
 const defaultLayoutBase = "kvtier"
 
-// LayoutOf returns the layout of an FS tier with namespace ns: base
-// "<model name, / replaced by _>_<digest>" and ns's rank.
+// LayoutOf returns the layout of an FS tier (format kvtier) with
+// namespace ns: base "<model name, / replaced by _>_<digest>", followed
+// by "_b<block bytes>" when ns names its block size, and ns's rank.
 func LayoutOf(ns fs.Namespace) (Layout, error) {
 	if ns.ModelName == "" {
 		return Layout{}, fmt.Errorf("model_name is required")
@@ -40,7 +41,14 @@ func LayoutOf(ns fs.Namespace) (Layout, error) {
 	if err != nil {
 		return Layout{}, err
 	}
-	return Layout{Base: strings.ReplaceAll(ns.ModelName, "/", "_") + "_" + d, Rank: ns.Rank}, nil
+	base := strings.ReplaceAll(ns.ModelName, "/", "_") + "_" + d
+	if ns.BlockBytes > 0 {
+		// As in the fs tier's kvtier format: objects of two block sizes
+		// never share names, so neither is ever taken for a corrupt copy
+		// of the other and deleted.
+		base += "_b" + strconv.Itoa(ns.BlockBytes)
+	}
+	return Layout{Base: base, Rank: ns.Rank}, nil
 }
 
 // layoutOf resolves the layout c uses: Layout when set, else the one of
