@@ -53,6 +53,8 @@ type Namespace struct {
 // Primary configures the CPU primary tier.
 type Primary struct {
 	// Bytes is the capacity (default 1GiB); slots = Bytes / BytesPerBlock.
+	// 0 runs no primary: the daemon then serves only engines that bring
+	// their own CPU cache (vLLM tier mode).
 	Bytes ByteSize `yaml:"bytes"`
 	// Policy is the eviction policy (default lru).
 	Policy Policy `yaml:"policy"`
@@ -139,8 +141,8 @@ func (c *Config) check(d *decoder) {
 		d.errorf(nil, "namespace.bytes_per_block", "must be positive, got %d", c.Namespace.BytesPerBlock)
 	} else if _, ok := c.Namespace.BytesPerBlock.Int(); !ok {
 		d.errorf(nil, "namespace.bytes_per_block", "%s is too large", c.Namespace.BytesPerBlock)
-	} else if c.Primary.Bytes < c.Namespace.BytesPerBlock {
-		d.errorf(nil, "primary.bytes", "%s holds no block of namespace.bytes_per_block = %s",
+	} else if c.Primary.Bytes < 0 || (c.Primary.Bytes > 0 && c.Primary.Bytes < c.Namespace.BytesPerBlock) {
+		d.errorf(nil, "primary.bytes", "%s holds no block of namespace.bytes_per_block = %s (0 runs no primary: vLLM tier mode only)",
 			c.Primary.Bytes, c.Namespace.BytesPerBlock)
 	}
 	switch a := c.Primary.Arena; {
@@ -180,6 +182,10 @@ func (c *Config) Parser() *offload.Parser {
 		Mode:         c.Validation.Mode(),
 	}
 }
+
+// HasPrimary reports whether the daemon runs a primary tier (Primary.Bytes
+// is not 0).
+func (c *Config) HasPrimary() bool { return c.Primary.Bytes > 0 }
 
 // NumSlots is the number of primary slots: Primary.Bytes / BytesPerBlock.
 func (c *Config) NumSlots() int64 {

@@ -71,9 +71,17 @@ func statsOf(m *tiering.Manager) Stats {
 		CascadeBudget: int64(ts.CascadeBudget),
 		Revocations:   p.Revocations,
 	}
-	tiers := m.Tiers()
-	for i, t := range ts.Tiers {
-		out := TierStats{
+	st.Tiers = tierStatsOf(ts.Tiers, m.Tiers(), int64(p.SlotSize))
+	return st
+}
+
+// tierStatsOf converts a stack's tier counters, adding what only some
+// kinds of tier keep (tiers co-indexed with ts; slotSize sizes the blocks
+// of tiers that count blocks only).
+func tierStatsOf(ts []tiering.TierStats, tiers []offload.SecondaryTier, slotSize int64) []TierStats {
+	out := make([]TierStats, len(ts))
+	for i, t := range ts {
+		o := TierStats{
 			Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality,
 			Hits: t.Hits, Misses: t.Misses, Retries: t.Retries, SkippedByFilter: t.SkippedByFilter,
 			PromotionsOK: t.PromotionsOK, PromotionsFailed: t.PromotionsFailed,
@@ -88,14 +96,14 @@ func statsOf(m *tiering.Manager) Stats {
 			OccupancyBlocks: -1, OccupancyBytes: -1,
 		}
 		if i < len(tiers) {
-			tierDetails(&out, tiers[i])
+			tierDetails(&o, tiers[i])
 		}
-		if out.OccupancyBytes < 0 && out.OccupancyBlocks >= 0 {
-			out.OccupancyBytes = out.OccupancyBlocks * int64(p.SlotSize)
+		if o.OccupancyBytes < 0 && o.OccupancyBlocks >= 0 {
+			o.OccupancyBytes = o.OccupancyBlocks * slotSize
 		}
-		st.Tiers[i] = out
+		out[i] = o
 	}
-	return st
+	return out
 }
 
 // tierDetails adds to out the figures only some kinds of tier keep.

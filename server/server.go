@@ -24,6 +24,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/api/wire"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/region"
 )
 
 // Config configures a Server.
@@ -47,6 +48,10 @@ type Config struct {
 	Logger      *slog.Logger
 	// WarningLog tunes the rate-limited logging of filter warnings.
 	WarningLog offload.WarningLogOptions
+	// Regions, if set, serves vLLM tier mode: engines register their
+	// regions on UnixSocket + ".region" and call the Region RPCs. The
+	// server closes it at Shutdown.
+	Regions *region.Service
 }
 
 // Server is the kvtier daemon.
@@ -77,6 +82,11 @@ type Server struct {
 
 	wg           sync.WaitGroup
 	fdWG         sync.WaitGroup // side-channel exchanges; they read the arena's descriptor
+	regions      *region.Service
+	regionLn     *net.UnixListener
+	regionPath   string
+	regionWG     sync.WaitGroup // region connections
+	regionStop   chan struct{}  // closed at shutdown: every region closes
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -87,7 +97,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Namespaces) == 0 {
+	if len(cfg.Namespaces) == 0 && cfg.Regions == nil {
 		return nil, errors.New("server: no namespace configured")
 	}
 	if cfg.UnixSocket == "" && cfg.TCPAddr == "" {
@@ -103,6 +113,8 @@ func New(cfg Config) (*Server, error) {
 		log:        log,
 		namespaces: make(map[string]*Namespace),
 		metrics:    newMetrics(),
+		regions:    cfg.Regions,
+		regionStop: make(chan struct{}),
 	}
 	s.sessions = newSessions(s)
 	wopts := cfg.WarningLog
@@ -213,6 +225,14 @@ func (s *Server) Start() (err error) {
 			return fmt.Errorf("server: arena side channel: %w", err)
 		}
 		s.fdLn = fdl.(*net.UnixListener)
+		if s.regions != nil {
+			s.regionPath = abs + ".region"
+			rl, err := listenUnix(s.regionPath)
+			if err != nil {
+				return fmt.Errorf("server: region socket: %w", err)
+			}
+			s.regionLn = rl.(*net.UnixListener)
+		}
 	}
 	if s.cfg.TCPAddr != "" {
 		ln, err := net.Listen("tcp", s.cfg.TCPAddr)
@@ -243,6 +263,15 @@ func (s *Server) Start() (err error) {
 				s.log.Error("listener stopped", "listener", "arena", "err", err)
 			}
 		}()
+		if s.regionLn != nil {
+			s.regionWG.Add(1)
+			go func() {
+				defer s.regionWG.Done()
+				if err := s.serveRegions(s.regionLn); err != nil && !errors.Is(err, net.ErrClosed) {
+					s.log.Error("listener stopped", "listener", "region", "err", err)
+				}
+			}()
+		}
 	}
 	if s.tcpLn != nil {
 		s.tcpSrv = s.grpcServer(true)
@@ -335,6 +364,10 @@ func (s *Server) shutdown(ctx context.Context) error {
 	// Closing a namespace unmaps and closes its arena: no exchange may
 	// still be reading the descriptor.
 	s.fdWG.Wait()
+	if s.regionLn != nil {
+		s.regionLn.Close()
+		os.Remove(s.regionPath)
+	}
 	var stopped sync.WaitGroup
 	for _, g := range []*grpc.Server{s.unixSrv, s.tcpSrv} {
 		if g == nil {
@@ -369,6 +402,15 @@ func (s *Server) shutdown(ctx context.Context) error {
 		<-done
 	}
 	var errs []error
+	if s.regions != nil {
+		// Every region closes (waiting for its transfers) and its engine
+		// sees end-of-file; then the namespaces' tiers close.
+		close(s.regionStop)
+		s.regionWG.Wait()
+		if err := s.regions.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, ns := range s.order {
 		if err := ns.Close(ctx); err != nil {
 			errs = append(errs, err)
@@ -393,6 +435,10 @@ func (s *Server) closeListeners() {
 	if s.fdLn != nil {
 		s.fdLn.Close()
 		os.Remove(s.fdPath)
+	}
+	if s.regionLn != nil {
+		s.regionLn.Close()
+		os.Remove(s.regionPath)
 	}
 	if s.unixLn != nil {
 		os.Remove(s.cfg.UnixSocket)

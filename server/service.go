@@ -197,9 +197,12 @@ func (sv *service) Reset(ctx context.Context, in *kvtierv1.ResetRequest) (*kvtie
 	return &kvtierv1.ResetResponse{}, nil
 }
 
-func (sv *service) Stats(_ context.Context, in *kvtierv1.StatsRequest) (*kvtierv1.StatsResponse, error) {
+func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtierv1.StatsResponse, error) {
 	ns, err := sv.ns(in.GetNamespace())
 	if err != nil {
+		if st, ok := sv.regionStats(ctx, in.GetNamespace()); ok {
+			return statsProto(st), nil
+		}
 		return nil, toStatus(err)
 	}
 	st, err := ns.Stats()

@@ -277,8 +277,15 @@ func (s *Stack) Lookup(key offload.Key, req *offload.ReqContext) (offload.Lookup
 // which the driver has reserved, and returns its job id. Its outcome
 // reaches Driver.PromotionDone.
 func (s *Stack) Load(i int, keys []offload.Key, slots []int64, req *offload.ReqContext) uint64 {
+	return s.LoadInto(s.arena, i, keys, slots, req)
+}
+
+// LoadInto is Load into the slots of arena a instead of the stack's
+// arena: in tier mode each engine's jobs address its own region.
+func (s *Stack) LoadInto(a offload.Arena, i int, keys []offload.Key, slots []int64, req *offload.ReqContext) uint64 {
 	ts := s.tiers[i]
 	jb := s.initJob(new(job), ts, keys, slots, true, req, time.Now())
+	jb.j.Arena = a
 	if !s.tierSubmit(ts, &jb.j) {
 		s.failSubmitted(jb, "submit load panicked")
 	}
@@ -293,12 +300,22 @@ func (s *Stack) Load(i int, keys []offload.Key, slots []int64, req *offload.ReqC
 // read. It returns the number of jobs submitted; each one's outcome
 // reaches Driver.CascadeDone.
 func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64) int {
+	_, n := s.CascadeFrom(s.arena, keys, req, mask)
+	return n
+}
+
+// CascadeFrom is Cascade out of the slots of arena a instead of the
+// stack's arena. It also returns the id of the cascade's first job: its n
+// jobs have the ids first, first+1, …, first+n-1, so that a driver can
+// tell which cascade a CascadeDone belongs to even when it arrives during
+// the call (a submission that panicked).
+func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.ReqContext, mask uint64) (first uint64, n int) {
+	first = s.nextID
 	filter := req.StoreFilter
 	var now time.Time
 	var slots []int64
 	var block []job // the cascade's jobs, one allocation
 	var gid int32
-	n := 0
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 {
 			continue
@@ -332,7 +349,7 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 				continue
 			}
 			if len(pinned) == 0 {
-				return n
+				return first, n
 			}
 			keys = pinned
 		}
@@ -342,6 +359,7 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 		}
 		block = block[:len(block)+1] // within capacity: one job per tier left
 		jb := s.initJob(&block[len(block)-1], ts, keys, slots, false, req, now)
+		jb.j.Arena = a
 		if gid == 0 {
 			gid = s.newGroup(int32(len(keys)), jb.j.ID)
 		}
@@ -374,7 +392,7 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 			s.freeGroup(gid)
 		}
 	}
-	return n
+	return first, n
 }
 
 // freeGroup returns a cascade's entry to the free list.

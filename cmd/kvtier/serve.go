@@ -21,6 +21,7 @@ import (
 	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
@@ -297,85 +298,40 @@ func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (i
 // buildDaemon builds the primary, the tiers, the manager and the server,
 // and logs one line per tier.
 func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*server.Server, error) {
-	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
-	p, err := cpu.New(cpu.Config{
-		SlotSize: slotSize,
-		Capacity: int64(cfg.Primary.Bytes),
-		Policy:   string(cfg.Primary.Policy),
-		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
-		Events:   cfg.Events.Enabled,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("primary: %w", err)
-	}
-	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: log})
-	if err != nil {
-		p.Close()
-		return nil, err
-	}
-	closeTiers := func() {
-		for _, t := range tiers {
-			t.Close(ctx)
-		}
-		p.Close()
-	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
-	if err != nil {
-		closeTiers()
-		return nil, err
-	}
-	st := p.Stats()
-	log.Info("tier", "name", "primary", "type", "cpu", "medium", "CPU", "locality", "-",
-		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
-		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
-	for _, t := range tiers {
-		d := tierset.DeclarationOf(t)
-		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
-	}
-
 	token := cfg.Server.AuthToken
 	if cfg.Server.AuthTokenFile != "" {
 		b, err := os.ReadFile(cfg.Server.AuthTokenFile)
 		if err != nil {
-			closeTiers()
 			return nil, fmt.Errorf("server.auth_token_file: %w", err)
 		}
 		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
 		if token == "" {
-			closeTiers()
 			return nil, fmt.Errorf("server.auth_token_file %s: empty", cfg.Server.AuthTokenFile)
 		}
 	}
 	if token == "" && cfg.Server.TCPAddr != "" && !loopback(cfg.Server.TCPAddr) {
 		log.Warn("the TCP API listens beyond loopback without server.auth_token", "tcp_addr", cfg.Server.TCPAddr)
 	}
-	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
-	if cfg.Events.Enabled {
-		ev := cfg.Events
-		pub, err := events.New(events.Config{
-			Endpoint:       ev.Endpoint,
-			ReplayEndpoint: ev.ReplayEndpoint,
-			Topic:          ev.Topic,
-			Model:          cfg.Namespace.Model,
-			DPRank:         ev.DPRank,
-			BufferSteps:    ev.BufferSteps,
-			HWM:            ev.HWM,
-			MaxQueueSize:   ev.MaxQueueSize,
-			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
-			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
-			Mode:           string(ev.Mode),
-			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames)},
-			Logger:         log.With("component", "events"),
-		})
+	var namespaces []server.NamespaceConfig
+	var closeManager func()
+	if cfg.HasPrimary() {
+		nc, closeFn, err := buildManagerNamespace(ctx, cfg, log)
 		if err != nil {
-			m.Close(ctx)
-			return nil, fmt.Errorf("events: %w", err)
+			return nil, err
 		}
-		nc = server.WithPublisher(nc, pub)
-		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
+		namespaces, closeManager = []server.NamespaceConfig{nc}, closeFn
+	} else {
+		log.Info("no primary tier (primary.bytes: 0): serving vLLM tier mode only")
+		closeManager = func() {}
+	}
+	regions, err := buildRegions(cfg, log)
+	if err != nil {
+		closeManager()
+		return nil, err
 	}
 	srv, err := server.New(server.Config{
-		Namespaces:  []server.NamespaceConfig{nc},
+		Namespaces:  namespaces,
+		Regions:     regions,
 		UnixSocket:  cfg.Server.UnixSocket,
 		TCPAddr:     cfg.Server.TCPAddr,
 		AuthToken:   token,
@@ -400,10 +356,107 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		Logger: log,
 	})
 	if err != nil {
-		m.Close(ctx)
+		closeManager()
+		if regions != nil {
+			regions.Close(ctx)
+		}
 		return nil, err
 	}
 	return srv, nil
+}
+
+// buildManagerNamespace builds the primary, its tiers and the manager
+// over them (with the event publisher when events are on), and returns a
+// function that closes them for a start that fails later.
+func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Logger) (server.NamespaceConfig, func(), error) {
+	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
+	p, err := cpu.New(cpu.Config{
+		SlotSize: slotSize,
+		Capacity: int64(cfg.Primary.Bytes),
+		Policy:   string(cfg.Primary.Policy),
+		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
+		Events:   cfg.Events.Enabled,
+	})
+	if err != nil {
+		return server.NamespaceConfig{}, nil, fmt.Errorf("primary: %w", err)
+	}
+	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: log})
+	if err != nil {
+		p.Close()
+		return server.NamespaceConfig{}, nil, err
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
+	if err != nil {
+		for _, t := range tiers {
+			t.Close(ctx)
+		}
+		p.Close()
+		return server.NamespaceConfig{}, nil, err
+	}
+	closeFn := func() { m.Close(ctx) }
+	st := p.Stats()
+	log.Info("tier", "name", "primary", "type", "cpu", "medium", "CPU", "locality", "-",
+		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
+		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
+	for _, t := range tiers {
+		d := tierset.DeclarationOf(t)
+		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
+	}
+	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
+	if cfg.Events.Enabled {
+		ev := cfg.Events
+		pub, err := events.New(events.Config{
+			Endpoint:       ev.Endpoint,
+			ReplayEndpoint: ev.ReplayEndpoint,
+			Topic:          ev.Topic,
+			Model:          cfg.Namespace.Model,
+			DPRank:         ev.DPRank,
+			BufferSteps:    ev.BufferSteps,
+			HWM:            ev.HWM,
+			MaxQueueSize:   ev.MaxQueueSize,
+			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
+			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
+			Mode:           string(ev.Mode),
+			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames)},
+			Logger:         log.With("component", "events"),
+		})
+		if err != nil {
+			closeFn()
+			return server.NamespaceConfig{}, nil, fmt.Errorf("events: %w", err)
+		}
+		nc = server.WithPublisher(nc, pub)
+		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
+	}
+	return nc, closeFn, nil
+}
+
+// buildRegions builds the vLLM tier-mode service: every engine layout
+// gets the configured secondary tiers, laid out for it (the namespace
+// names their directories, prefixes and keys), with events on for the
+// engine to publish. It needs the Unix socket (regions come as file
+// descriptors); without one there is none.
+func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error) {
+	if cfg.Server.UnixSocket == "" {
+		return nil, nil
+	}
+	parser := cfg.Parser()
+	log = log.With("component", "region")
+	return region.New(region.Config{
+		Tiers: func(ctx context.Context, ns string, l region.Layout) ([]offload.SecondaryTier, error) {
+			c := *cfg
+			c.Namespace.Model = ns
+			c.Namespace.BytesPerBlock = config.ByteSize(l.RowStride)
+			c.Events.Enabled = true
+			return tierset.Build(ctx, &c, tierset.Options{Logger: log.With("namespace", ns)})
+		},
+		Parse: func(id string, params []byte) (*offload.ReqContext, error) {
+			if len(params) == 0 {
+				return parser.NewReqContext(id, nil)
+			}
+			return parser.NewReqContext(id, params)
+		},
+		Logger: log,
+	})
 }
 
 // wireMediumNames keys the configured names by canonical medium, as the

@@ -677,6 +677,25 @@ func (t *Tier) Get(key offload.Key) ([]byte, bool) {
 	return append([]byte(nil), e.data...), true
 }
 
+// Remove drops key directly, bypassing jobs (a block lost behind the
+// manager's back, for tests), and emits a removed event. It reports
+// whether the tier held key.
+func (t *Tier) Remove(key offload.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.blocks[key]
+	if !ok {
+		return false
+	}
+	t.unlink(e)
+	delete(t.blocks, key)
+	t.spare = append(t.spare, e)
+	if t.cfg.Events {
+		t.announce([]offload.Key{key}, true)
+	}
+	return true
+}
+
 // Put stores data under key directly, bypassing jobs: for seeding a tier
 // in tests and tools. It evicts like a store and emits a stored event.
 func (t *Tier) Put(key offload.Key, data []byte) {

@@ -386,6 +386,58 @@ func (ArenaKind) EnumDescriptor() ([]byte, []int) {
 	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{5}
 }
 
+// RegionFound is a lookup's answer for one key, as one byte.
+type RegionFound int32
+
+const (
+	// A tier the request may load from had not settled: ask again.
+	RegionFound_REGION_FOUND_UNKNOWN RegionFound = 0
+	RegionFound_REGION_FOUND_MISS    RegionFound = 1
+	// A tier holds it: a promotion for the request loads from that tier.
+	RegionFound_REGION_FOUND_HIT RegionFound = 2
+)
+
+// Enum value maps for RegionFound.
+var (
+	RegionFound_name = map[int32]string{
+		0: "REGION_FOUND_UNKNOWN",
+		1: "REGION_FOUND_MISS",
+		2: "REGION_FOUND_HIT",
+	}
+	RegionFound_value = map[string]int32{
+		"REGION_FOUND_UNKNOWN": 0,
+		"REGION_FOUND_MISS":    1,
+		"REGION_FOUND_HIT":     2,
+	}
+)
+
+func (x RegionFound) Enum() *RegionFound {
+	p := new(RegionFound)
+	*p = x
+	return p
+}
+
+func (x RegionFound) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RegionFound) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvtier_v1_kvtier_proto_enumTypes[6].Descriptor()
+}
+
+func (RegionFound) Type() protoreflect.EnumType {
+	return &file_kvtier_v1_kvtier_proto_enumTypes[6]
+}
+
+func (x RegionFound) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RegionFound.Descriptor instead.
+func (RegionFound) EnumDescriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{6}
+}
+
 // TierMatcher matches tiers by medium and locality; an unspecified field
 // matches anything (spec §1.4).
 type TierMatcher struct {
@@ -3319,6 +3371,853 @@ func (x *GetArenaResponse) GetFdSocket() string {
 	return ""
 }
 
+// RegionRegistration is the region socket's protocol (the Unix socket
+// path of the API with ".region" appended, 0600): the engine connects and
+// sends one message whose bytes are the JSON of its layout ({"num_blocks",
+// "row_stride", "blocks_per_chunk", "tokens_per_block", "tokens_per_hash",
+// "model", "dtype", "world_size", "tp", "pp", "pcp", "dcp",
+// "replicated_layout", "canonical_layout", "cpu_page_size",
+// "kv_cache_layout", "groups"}) and whose ancillary data carries the
+// region file's descriptor (SCM_RIGHTS). The daemon maps the file
+// (refusing one whose size is not num_blocks × row_stride) and answers one
+// line of JSON: {"region_id", "namespace"} or {"error"}. The region lives
+// as long as the connection: when the engine closes it (or dies), the
+// daemon answers or waits out the region's jobs in flight, unmaps it, and
+// then closes its end — so an engine that sees end-of-file knows no
+// transfer touches its region any more. This message is documentation;
+// nothing sends it.
+type RegionRegistration struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionRegistration) Reset() {
+	*x = RegionRegistration{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionRegistration) ProtoMessage() {}
+
+func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
+func (*RegionRegistration) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+}
+
+type RegionLookupRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RegionId string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// The engine's request id (scoped to the region).
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The request's kv_transfer_params (JSON), read the first time the
+	// region names the request; later calls may leave it empty.
+	KvTransferParams string `protobuf:"bytes,3,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	// The keys back to back, key_size bytes each.
+	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionLookupRequest) Reset() {
+	*x = RegionLookupRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionLookupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionLookupRequest) ProtoMessage() {}
+
+func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
+func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RegionLookupRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionLookupRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RegionLookupRequest) GetKvTransferParams() string {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return ""
+}
+
+func (x *RegionLookupRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *RegionLookupRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+type RegionLookupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One RegionFound per key, as bytes.
+	Found         []byte `protobuf:"bytes,1,opt,name=found,proto3" json:"found,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionLookupResponse) Reset() {
+	*x = RegionLookupResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionLookupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionLookupResponse) ProtoMessage() {}
+
+func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
+func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *RegionLookupResponse) GetFound() []byte {
+	if x != nil {
+		return x.Found
+	}
+	return nil
+}
+
+// RegionJob is one engine job: a store of the blocks in slots to the tiers
+// the request's store filter allows, or (promotion) a load of the keys
+// into slots from the tiers that answered HIT.
+type RegionJob struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	JobId            uint64                 `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	RequestId        string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	KvTransferParams string                 `protobuf:"bytes,3,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	Promotion        bool                   `protobuf:"varint,4,opt,name=promotion,proto3" json:"promotion,omitempty"`
+	PackedKeys       []byte                 `protobuf:"bytes,5,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize          uint32                 `protobuf:"varint,6,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// Region rows, co-indexed with the keys.
+	Slots         []int64 `protobuf:"varint,7,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionJob) Reset() {
+	*x = RegionJob{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionJob) ProtoMessage() {}
+
+func (x *RegionJob) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
+func (*RegionJob) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RegionJob) GetJobId() uint64 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *RegionJob) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RegionJob) GetKvTransferParams() string {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return ""
+}
+
+func (x *RegionJob) GetPromotion() bool {
+	if x != nil {
+		return x.Promotion
+	}
+	return false
+}
+
+func (x *RegionJob) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *RegionJob) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *RegionJob) GetSlots() []int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+type RegionSubmitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	Jobs          []*RegionJob           `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionSubmitRequest) Reset() {
+	*x = RegionSubmitRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionSubmitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionSubmitRequest) ProtoMessage() {}
+
+func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
+func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RegionSubmitRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionSubmitRequest) GetJobs() []*RegionJob {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+type RegionSubmitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionSubmitResponse) Reset() {
+	*x = RegionSubmitResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionSubmitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionSubmitResponse) ProtoMessage() {}
+
+func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
+func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+}
+
+type RegionResultsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionResultsRequest) Reset() {
+	*x = RegionResultsRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionResultsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionResultsRequest) ProtoMessage() {}
+
+func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
+func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *RegionResultsRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+type RegionJobResult struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	JobId   uint64                 `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Success bool                   `protobuf:"varint,2,opt,name=success,proto3" json:"success,omitempty"`
+	// For a promotion that loaded only some keys: their indexes in the
+	// job's keys, in order.
+	SuccessfulIndexes []uint32 `protobuf:"varint,3,rep,packed,name=successful_indexes,json=successfulIndexes,proto3" json:"successful_indexes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RegionJobResult) Reset() {
+	*x = RegionJobResult{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionJobResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionJobResult) ProtoMessage() {}
+
+func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
+func (*RegionJobResult) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RegionJobResult) GetJobId() uint64 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *RegionJobResult) GetSuccess() bool {
+	if x != nil {
+		return x.Success
+	}
+	return false
+}
+
+func (x *RegionJobResult) GetSuccessfulIndexes() []uint32 {
+	if x != nil {
+		return x.SuccessfulIndexes
+	}
+	return nil
+}
+
+type RegionResultsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*RegionJobResult     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionResultsResponse) Reset() {
+	*x = RegionResultsResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionResultsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionResultsResponse) ProtoMessage() {}
+
+func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
+func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type RegionTouch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PackedKeys    []byte                 `protobuf:"bytes,2,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32                 `protobuf:"varint,3,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionTouch) Reset() {
+	*x = RegionTouch{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionTouch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionTouch) ProtoMessage() {}
+
+func (x *RegionTouch) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
+func (*RegionTouch) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RegionTouch) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RegionTouch) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *RegionTouch) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+type RegionStepRequest struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	RegionId           string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	FinishedRequestIds []string               `protobuf:"bytes,2,rep,name=finished_request_ids,json=finishedRequestIds,proto3" json:"finished_request_ids,omitempty"`
+	Touches            []*RegionTouch         `protobuf:"bytes,3,rep,name=touches,proto3" json:"touches,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RegionStepRequest) Reset() {
+	*x = RegionStepRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionStepRequest) ProtoMessage() {}
+
+func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
+func (*RegionStepRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RegionStepRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionStepRequest) GetFinishedRequestIds() []string {
+	if x != nil {
+		return x.FinishedRequestIds
+	}
+	return nil
+}
+
+func (x *RegionStepRequest) GetTouches() []*RegionTouch {
+	if x != nil {
+		return x.Touches
+	}
+	return nil
+}
+
+// RegionEvent is a tier event for the engine to publish.
+type RegionEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PackedKeys    []byte                 `protobuf:"bytes,1,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32                 `protobuf:"varint,2,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	Medium        Medium                 `protobuf:"varint,3,opt,name=medium,proto3,enum=kvtier.v1.Medium" json:"medium,omitempty"`
+	Locality      Locality               `protobuf:"varint,4,opt,name=locality,proto3,enum=kvtier.v1.Locality" json:"locality,omitempty"`
+	Removed       bool                   `protobuf:"varint,5,opt,name=removed,proto3" json:"removed,omitempty"`
+	Tier          string                 `protobuf:"bytes,6,opt,name=tier,proto3" json:"tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionEvent) Reset() {
+	*x = RegionEvent{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionEvent) ProtoMessage() {}
+
+func (x *RegionEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
+func (*RegionEvent) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *RegionEvent) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *RegionEvent) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *RegionEvent) GetMedium() Medium {
+	if x != nil {
+		return x.Medium
+	}
+	return Medium_MEDIUM_UNSPECIFIED
+}
+
+func (x *RegionEvent) GetLocality() Locality {
+	if x != nil {
+		return x.Locality
+	}
+	return Locality_LOCALITY_UNSPECIFIED
+}
+
+func (x *RegionEvent) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *RegionEvent) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+type RegionStepResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*RegionEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionStepResponse) Reset() {
+	*x = RegionStepResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionStepResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionStepResponse) ProtoMessage() {}
+
+func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
+func (*RegionStepResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RegionStepResponse) GetEvents() []*RegionEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type RegionDrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	TimeoutMs     uint32                 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionDrainRequest) Reset() {
+	*x = RegionDrainRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionDrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionDrainRequest) ProtoMessage() {}
+
+func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
+func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *RegionDrainRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionDrainRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type RegionDrainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionDrainResponse) Reset() {
+	*x = RegionDrainResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionDrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionDrainResponse) ProtoMessage() {}
+
+func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
+func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+}
+
 var File_kvtier_v1_kvtier_proto protoreflect.FileDescriptor
 
 const file_kvtier_v1_kvtier_proto_rawDesc = "" +
@@ -3569,7 +4468,65 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tnum_slots\x18\x03 \x01(\x03R\bnumSlots\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04path\x18\x05 \x01(\tR\x04path\x12\x1b\n" +
-	"\tfd_socket\x18\x06 \x01(\tR\bfdSocket*\x94\x01\n" +
+	"\tfd_socket\x18\x06 \x01(\tR\bfdSocket\"\x14\n" +
+	"\x12RegionRegistration\"\xbb\x01\n" +
+	"\x13RegionLookupRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12,\n" +
+	"\x12kv_transfer_params\x18\x03 \x01(\tR\x10kvTransferParams\x12\x1f\n" +
+	"\vpacked_keys\x18\x04 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\",\n" +
+	"\x14RegionLookupResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\fR\x05found\"\xdf\x01\n" +
+	"\tRegionJob\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\x04R\x05jobId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12,\n" +
+	"\x12kv_transfer_params\x18\x03 \x01(\tR\x10kvTransferParams\x12\x1c\n" +
+	"\tpromotion\x18\x04 \x01(\bR\tpromotion\x12\x1f\n" +
+	"\vpacked_keys\x18\x05 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x06 \x01(\rR\akeySize\x12\x14\n" +
+	"\x05slots\x18\a \x03(\x03R\x05slots\"\\\n" +
+	"\x13RegionSubmitRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12(\n" +
+	"\x04jobs\x18\x02 \x03(\v2\x14.kvtier.v1.RegionJobR\x04jobs\"\x16\n" +
+	"\x14RegionSubmitResponse\"3\n" +
+	"\x14RegionResultsRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\"q\n" +
+	"\x0fRegionJobResult\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\x04R\x05jobId\x12\x18\n" +
+	"\asuccess\x18\x02 \x01(\bR\asuccess\x12-\n" +
+	"\x12successful_indexes\x18\x03 \x03(\rR\x11successfulIndexes\"M\n" +
+	"\x15RegionResultsResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.kvtier.v1.RegionJobResultR\aresults\"h\n" +
+	"\vRegionTouch\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vpacked_keys\x18\x02 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x03 \x01(\rR\akeySize\"\x94\x01\n" +
+	"\x11RegionStepRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x120\n" +
+	"\x14finished_request_ids\x18\x02 \x03(\tR\x12finishedRequestIds\x120\n" +
+	"\atouches\x18\x03 \x03(\v2\x16.kvtier.v1.RegionTouchR\atouches\"\xd3\x01\n" +
+	"\vRegionEvent\x12\x1f\n" +
+	"\vpacked_keys\x18\x01 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x02 \x01(\rR\akeySize\x12)\n" +
+	"\x06medium\x18\x03 \x01(\x0e2\x11.kvtier.v1.MediumR\x06medium\x12/\n" +
+	"\blocality\x18\x04 \x01(\x0e2\x13.kvtier.v1.LocalityR\blocality\x12\x18\n" +
+	"\aremoved\x18\x05 \x01(\bR\aremoved\x12\x12\n" +
+	"\x04tier\x18\x06 \x01(\tR\x04tier\"D\n" +
+	"\x12RegionStepResponse\x12.\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.kvtier.v1.RegionEventR\x06events\"P\n" +
+	"\x12RegionDrainRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"\x15\n" +
+	"\x13RegionDrainResponse*\x94\x01\n" +
 	"\fLookupResult\x12\x1d\n" +
 	"\x19LOOKUP_RESULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LOOKUP_RESULT_MISS\x10\x01\x12\x15\n" +
@@ -3596,7 +4553,11 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x16ARENA_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ARENA_KIND_ANONYMOUS\x10\x01\x12\x13\n" +
 	"\x0fARENA_KIND_FILE\x10\x02\x12\x14\n" +
-	"\x10ARENA_KIND_MEMFD\x10\x032\xc3\b\n" +
+	"\x10ARENA_KIND_MEMFD\x10\x03*T\n" +
+	"\vRegionFound\x12\x18\n" +
+	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
+	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xd4\v\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
@@ -3613,7 +4574,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\aExplain\x12\x19.kvtier.v1.ExplainRequest\x1a\x1a.kvtier.v1.ExplainResponse\x12F\n" +
 	"\tPutBlocks\x12\x1b.kvtier.v1.PutBlocksRequest\x1a\x1c.kvtier.v1.PutBlocksResponse\x12F\n" +
 	"\tGetBlocks\x12\x1b.kvtier.v1.GetBlocksRequest\x1a\x1c.kvtier.v1.GetBlocksResponse\x12C\n" +
-	"\bGetArena\x12\x1a.kvtier.v1.GetArenaRequest\x1a\x1b.kvtier.v1.GetArenaResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
+	"\bGetArena\x12\x1a.kvtier.v1.GetArenaRequest\x1a\x1b.kvtier.v1.GetArenaResponse\x12O\n" +
+	"\fRegionLookup\x12\x1e.kvtier.v1.RegionLookupRequest\x1a\x1f.kvtier.v1.RegionLookupResponse\x12O\n" +
+	"\fRegionSubmit\x12\x1e.kvtier.v1.RegionSubmitRequest\x1a\x1f.kvtier.v1.RegionSubmitResponse\x12T\n" +
+	"\rRegionResults\x12\x1f.kvtier.v1.RegionResultsRequest\x1a .kvtier.v1.RegionResultsResponse0\x01\x12I\n" +
+	"\n" +
+	"RegionStep\x12\x1c.kvtier.v1.RegionStepRequest\x1a\x1d.kvtier.v1.RegionStepResponse\x12L\n" +
+	"\vRegionDrain\x12\x1d.kvtier.v1.RegionDrainRequest\x1a\x1e.kvtier.v1.RegionDrainResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
 
 var (
 	file_kvtier_v1_kvtier_proto_rawDescOnce sync.Once
@@ -3627,8 +4594,8 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 	return file_kvtier_v1_kvtier_proto_rawDescData
 }
 
-var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -3636,107 +4603,139 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(Locality)(0),                 // 3: kvtier.v1.Locality
 	(PutStatus)(0),                // 4: kvtier.v1.PutStatus
 	(ArenaKind)(0),                // 5: kvtier.v1.ArenaKind
-	(*TierMatcher)(nil),           // 6: kvtier.v1.TierMatcher
-	(*TierFilter)(nil),            // 7: kvtier.v1.TierFilter
-	(*FilterWarning)(nil),         // 8: kvtier.v1.FilterWarning
-	(*NewRequestRequest)(nil),     // 9: kvtier.v1.NewRequestRequest
-	(*NewRequestResponse)(nil),    // 10: kvtier.v1.NewRequestResponse
-	(*LookupRequest)(nil),         // 11: kvtier.v1.LookupRequest
-	(*LookupResponse)(nil),        // 12: kvtier.v1.LookupResponse
-	(*PrepareLoadRequest)(nil),    // 13: kvtier.v1.PrepareLoadRequest
-	(*PrepareLoadResponse)(nil),   // 14: kvtier.v1.PrepareLoadResponse
-	(*CompleteLoadRequest)(nil),   // 15: kvtier.v1.CompleteLoadRequest
-	(*CompleteLoadResponse)(nil),  // 16: kvtier.v1.CompleteLoadResponse
-	(*TouchRequest)(nil),          // 17: kvtier.v1.TouchRequest
-	(*TouchResponse)(nil),         // 18: kvtier.v1.TouchResponse
-	(*BlockMetadata)(nil),         // 19: kvtier.v1.BlockMetadata
-	(*PrepareStoreRequest)(nil),   // 20: kvtier.v1.PrepareStoreRequest
-	(*PrepareStoreResponse)(nil),  // 21: kvtier.v1.PrepareStoreResponse
-	(*CompleteStoreRequest)(nil),  // 22: kvtier.v1.CompleteStoreRequest
-	(*CompleteStoreResponse)(nil), // 23: kvtier.v1.CompleteStoreResponse
-	(*FinishRequestRequest)(nil),  // 24: kvtier.v1.FinishRequestRequest
-	(*FinishRequestResponse)(nil), // 25: kvtier.v1.FinishRequestResponse
-	(*ScheduleEndRequest)(nil),    // 26: kvtier.v1.ScheduleEndRequest
-	(*ScheduleEndResponse)(nil),   // 27: kvtier.v1.ScheduleEndResponse
-	(*ResetRequest)(nil),          // 28: kvtier.v1.ResetRequest
-	(*ResetResponse)(nil),         // 29: kvtier.v1.ResetResponse
-	(*StatsRequest)(nil),          // 30: kvtier.v1.StatsRequest
-	(*PrimaryStats)(nil),          // 31: kvtier.v1.PrimaryStats
-	(*TierStats)(nil),             // 32: kvtier.v1.TierStats
-	(*StatsResponse)(nil),         // 33: kvtier.v1.StatsResponse
-	(*ExplainRequest)(nil),        // 34: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 35: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 36: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 37: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 38: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 39: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 40: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 41: kvtier.v1.GetBlocksResponse
-	(*GetArenaRequest)(nil),       // 42: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 43: kvtier.v1.GetArenaResponse
-	nil,                           // 44: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(RegionFound)(0),              // 6: kvtier.v1.RegionFound
+	(*TierMatcher)(nil),           // 7: kvtier.v1.TierMatcher
+	(*TierFilter)(nil),            // 8: kvtier.v1.TierFilter
+	(*FilterWarning)(nil),         // 9: kvtier.v1.FilterWarning
+	(*NewRequestRequest)(nil),     // 10: kvtier.v1.NewRequestRequest
+	(*NewRequestResponse)(nil),    // 11: kvtier.v1.NewRequestResponse
+	(*LookupRequest)(nil),         // 12: kvtier.v1.LookupRequest
+	(*LookupResponse)(nil),        // 13: kvtier.v1.LookupResponse
+	(*PrepareLoadRequest)(nil),    // 14: kvtier.v1.PrepareLoadRequest
+	(*PrepareLoadResponse)(nil),   // 15: kvtier.v1.PrepareLoadResponse
+	(*CompleteLoadRequest)(nil),   // 16: kvtier.v1.CompleteLoadRequest
+	(*CompleteLoadResponse)(nil),  // 17: kvtier.v1.CompleteLoadResponse
+	(*TouchRequest)(nil),          // 18: kvtier.v1.TouchRequest
+	(*TouchResponse)(nil),         // 19: kvtier.v1.TouchResponse
+	(*BlockMetadata)(nil),         // 20: kvtier.v1.BlockMetadata
+	(*PrepareStoreRequest)(nil),   // 21: kvtier.v1.PrepareStoreRequest
+	(*PrepareStoreResponse)(nil),  // 22: kvtier.v1.PrepareStoreResponse
+	(*CompleteStoreRequest)(nil),  // 23: kvtier.v1.CompleteStoreRequest
+	(*CompleteStoreResponse)(nil), // 24: kvtier.v1.CompleteStoreResponse
+	(*FinishRequestRequest)(nil),  // 25: kvtier.v1.FinishRequestRequest
+	(*FinishRequestResponse)(nil), // 26: kvtier.v1.FinishRequestResponse
+	(*ScheduleEndRequest)(nil),    // 27: kvtier.v1.ScheduleEndRequest
+	(*ScheduleEndResponse)(nil),   // 28: kvtier.v1.ScheduleEndResponse
+	(*ResetRequest)(nil),          // 29: kvtier.v1.ResetRequest
+	(*ResetResponse)(nil),         // 30: kvtier.v1.ResetResponse
+	(*StatsRequest)(nil),          // 31: kvtier.v1.StatsRequest
+	(*PrimaryStats)(nil),          // 32: kvtier.v1.PrimaryStats
+	(*TierStats)(nil),             // 33: kvtier.v1.TierStats
+	(*StatsResponse)(nil),         // 34: kvtier.v1.StatsResponse
+	(*ExplainRequest)(nil),        // 35: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 36: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 37: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 38: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 39: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 40: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 41: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 42: kvtier.v1.GetBlocksResponse
+	(*GetArenaRequest)(nil),       // 43: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 44: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 45: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 46: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 47: kvtier.v1.RegionLookupResponse
+	(*RegionJob)(nil),             // 48: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 49: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 50: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 51: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 52: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 53: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 54: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 55: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 56: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 57: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 58: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 59: kvtier.v1.RegionDrainResponse
+	nil,                           // 60: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
 	3,  // 1: kvtier.v1.TierMatcher.locality:type_name -> kvtier.v1.Locality
-	6,  // 2: kvtier.v1.TierFilter.matchers:type_name -> kvtier.v1.TierMatcher
+	7,  // 2: kvtier.v1.TierFilter.matchers:type_name -> kvtier.v1.TierMatcher
 	1,  // 3: kvtier.v1.NewRequestResponse.policy:type_name -> kvtier.v1.OffloadPolicy
-	7,  // 4: kvtier.v1.NewRequestResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	7,  // 5: kvtier.v1.NewRequestResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 6: kvtier.v1.NewRequestResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	8,  // 4: kvtier.v1.NewRequestResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 5: kvtier.v1.NewRequestResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 6: kvtier.v1.NewRequestResponse.warnings:type_name -> kvtier.v1.FilterWarning
 	0,  // 7: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
-	19, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
+	20, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	44, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
-	31, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	32, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	60, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	32, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	33, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
 	2,  // 14: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
 	3,  // 15: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	7,  // 16: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	7,  // 17: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 18: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	35, // 19: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	37, // 20: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	8,  // 16: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 17: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 18: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	36, // 19: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	38, // 20: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
 	4,  // 21: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	37, // 22: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	38, // 22: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
 	0,  // 23: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
 	5,  // 24: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	9,  // 25: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	11, // 26: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	13, // 27: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	15, // 28: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	17, // 29: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	20, // 30: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	22, // 31: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	24, // 32: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	26, // 33: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	28, // 34: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	30, // 35: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	34, // 36: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	38, // 37: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	40, // 38: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	42, // 39: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	10, // 40: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	12, // 41: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	14, // 42: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	16, // 43: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	18, // 44: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	21, // 45: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	23, // 46: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	25, // 47: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	27, // 48: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	29, // 49: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	33, // 50: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	36, // 51: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	39, // 52: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	41, // 53: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	43, // 54: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	48, // 25: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	52, // 26: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	54, // 27: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 28: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 29: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	56, // 30: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 31: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 32: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	14, // 33: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	16, // 34: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	18, // 35: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	21, // 36: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	23, // 37: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	25, // 38: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	27, // 39: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	29, // 40: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	31, // 41: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	35, // 42: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	39, // 43: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	41, // 44: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	43, // 45: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	46, // 46: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	49, // 47: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	51, // 48: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	55, // 49: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	58, // 50: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	11, // 51: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	13, // 52: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 53: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	17, // 54: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	19, // 55: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	22, // 56: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	24, // 57: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	26, // 58: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	28, // 59: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	30, // 60: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	34, // 61: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	37, // 62: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	40, // 63: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	42, // 64: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	44, // 65: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	47, // 66: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	50, // 67: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	53, // 68: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	57, // 69: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	59, // 70: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -3750,8 +4749,8 @@ func file_kvtier_v1_kvtier_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   39,
+			NumEnums:      7,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

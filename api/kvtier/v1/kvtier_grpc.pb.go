@@ -71,6 +71,11 @@ const (
 	KVTier_PutBlocks_FullMethodName     = "/kvtier.v1.KVTier/PutBlocks"
 	KVTier_GetBlocks_FullMethodName     = "/kvtier.v1.KVTier/GetBlocks"
 	KVTier_GetArena_FullMethodName      = "/kvtier.v1.KVTier/GetArena"
+	KVTier_RegionLookup_FullMethodName  = "/kvtier.v1.KVTier/RegionLookup"
+	KVTier_RegionSubmit_FullMethodName  = "/kvtier.v1.KVTier/RegionSubmit"
+	KVTier_RegionResults_FullMethodName = "/kvtier.v1.KVTier/RegionResults"
+	KVTier_RegionStep_FullMethodName    = "/kvtier.v1.KVTier/RegionStep"
+	KVTier_RegionDrain_FullMethodName   = "/kvtier.v1.KVTier/RegionDrain"
 )
 
 // KVTierClient is the client API for KVTier service.
@@ -131,6 +136,23 @@ type KVTierClient interface {
 	// GetArena describes the primary tier's slot memory so that an engine on
 	// the same host can map it and read and write slots directly.
 	GetArena(ctx context.Context, in *GetArenaRequest, opts ...grpc.CallOption) (*GetArenaResponse, error)
+	// vLLM tier mode (package region): kvtier as one secondary tier of
+	// vLLM's own tiering manager, over the engine's region. An engine first
+	// registers its region on the region socket (see RegionRegistration);
+	// every call below names it by the region id that gave.
+	//
+	// RegionLookup answers, per key, whether a tier the request may load
+	// from holds it, waiting for tiers that check asynchronously.
+	RegionLookup(ctx context.Context, in *RegionLookupRequest, opts ...grpc.CallOption) (*RegionLookupResponse, error)
+	// RegionSubmit hands the engine's store and promotion jobs to the tiers.
+	RegionSubmit(ctx context.Context, in *RegionSubmitRequest, opts ...grpc.CallOption) (*RegionSubmitResponse, error)
+	// RegionResults streams the outcome of every submitted job, once each.
+	RegionResults(ctx context.Context, in *RegionResultsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RegionResultsResponse], error)
+	// RegionStep ends an engine step: finished requests, touches, and the
+	// tier events to publish.
+	RegionStep(ctx context.Context, in *RegionStepRequest, opts ...grpc.CallOption) (*RegionStepResponse, error)
+	// RegionDrain returns once none of the region's jobs is in flight.
+	RegionDrain(ctx context.Context, in *RegionDrainRequest, opts ...grpc.CallOption) (*RegionDrainResponse, error)
 }
 
 type kVTierClient struct {
@@ -291,6 +313,65 @@ func (c *kVTierClient) GetArena(ctx context.Context, in *GetArenaRequest, opts .
 	return out, nil
 }
 
+func (c *kVTierClient) RegionLookup(ctx context.Context, in *RegionLookupRequest, opts ...grpc.CallOption) (*RegionLookupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionLookupResponse)
+	err := c.cc.Invoke(ctx, KVTier_RegionLookup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) RegionSubmit(ctx context.Context, in *RegionSubmitRequest, opts ...grpc.CallOption) (*RegionSubmitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionSubmitResponse)
+	err := c.cc.Invoke(ctx, KVTier_RegionSubmit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) RegionResults(ctx context.Context, in *RegionResultsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RegionResultsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVTier_ServiceDesc.Streams[0], KVTier_RegionResults_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RegionResultsRequest, RegionResultsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTier_RegionResultsClient = grpc.ServerStreamingClient[RegionResultsResponse]
+
+func (c *kVTierClient) RegionStep(ctx context.Context, in *RegionStepRequest, opts ...grpc.CallOption) (*RegionStepResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionStepResponse)
+	err := c.cc.Invoke(ctx, KVTier_RegionStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) RegionDrain(ctx context.Context, in *RegionDrainRequest, opts ...grpc.CallOption) (*RegionDrainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionDrainResponse)
+	err := c.cc.Invoke(ctx, KVTier_RegionDrain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVTierServer is the server API for KVTier service.
 // All implementations must embed UnimplementedKVTierServer
 // for forward compatibility.
@@ -349,6 +430,23 @@ type KVTierServer interface {
 	// GetArena describes the primary tier's slot memory so that an engine on
 	// the same host can map it and read and write slots directly.
 	GetArena(context.Context, *GetArenaRequest) (*GetArenaResponse, error)
+	// vLLM tier mode (package region): kvtier as one secondary tier of
+	// vLLM's own tiering manager, over the engine's region. An engine first
+	// registers its region on the region socket (see RegionRegistration);
+	// every call below names it by the region id that gave.
+	//
+	// RegionLookup answers, per key, whether a tier the request may load
+	// from holds it, waiting for tiers that check asynchronously.
+	RegionLookup(context.Context, *RegionLookupRequest) (*RegionLookupResponse, error)
+	// RegionSubmit hands the engine's store and promotion jobs to the tiers.
+	RegionSubmit(context.Context, *RegionSubmitRequest) (*RegionSubmitResponse, error)
+	// RegionResults streams the outcome of every submitted job, once each.
+	RegionResults(*RegionResultsRequest, grpc.ServerStreamingServer[RegionResultsResponse]) error
+	// RegionStep ends an engine step: finished requests, touches, and the
+	// tier events to publish.
+	RegionStep(context.Context, *RegionStepRequest) (*RegionStepResponse, error)
+	// RegionDrain returns once none of the region's jobs is in flight.
+	RegionDrain(context.Context, *RegionDrainRequest) (*RegionDrainResponse, error)
 	mustEmbedUnimplementedKVTierServer()
 }
 
@@ -403,6 +501,21 @@ func (UnimplementedKVTierServer) GetBlocks(context.Context, *GetBlocksRequest) (
 }
 func (UnimplementedKVTierServer) GetArena(context.Context, *GetArenaRequest) (*GetArenaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetArena not implemented")
+}
+func (UnimplementedKVTierServer) RegionLookup(context.Context, *RegionLookupRequest) (*RegionLookupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionLookup not implemented")
+}
+func (UnimplementedKVTierServer) RegionSubmit(context.Context, *RegionSubmitRequest) (*RegionSubmitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionSubmit not implemented")
+}
+func (UnimplementedKVTierServer) RegionResults(*RegionResultsRequest, grpc.ServerStreamingServer[RegionResultsResponse]) error {
+	return status.Error(codes.Unimplemented, "method RegionResults not implemented")
+}
+func (UnimplementedKVTierServer) RegionStep(context.Context, *RegionStepRequest) (*RegionStepResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionStep not implemented")
+}
+func (UnimplementedKVTierServer) RegionDrain(context.Context, *RegionDrainRequest) (*RegionDrainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionDrain not implemented")
 }
 func (UnimplementedKVTierServer) mustEmbedUnimplementedKVTierServer() {}
 func (UnimplementedKVTierServer) testEmbeddedByValue()                {}
@@ -695,6 +808,89 @@ func _KVTier_GetArena_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVTier_RegionLookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionLookupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).RegionLookup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_RegionLookup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).RegionLookup(ctx, req.(*RegionLookupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_RegionSubmit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionSubmitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).RegionSubmit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_RegionSubmit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).RegionSubmit(ctx, req.(*RegionSubmitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_RegionResults_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(RegionResultsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVTierServer).RegionResults(m, &grpc.GenericServerStream[RegionResultsRequest, RegionResultsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTier_RegionResultsServer = grpc.ServerStreamingServer[RegionResultsResponse]
+
+func _KVTier_RegionStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).RegionStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_RegionStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).RegionStep(ctx, req.(*RegionStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_RegionDrain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionDrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).RegionDrain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_RegionDrain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).RegionDrain(ctx, req.(*RegionDrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVTier_ServiceDesc is the grpc.ServiceDesc for KVTier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -762,7 +958,29 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetArena",
 			Handler:    _KVTier_GetArena_Handler,
 		},
+		{
+			MethodName: "RegionLookup",
+			Handler:    _KVTier_RegionLookup_Handler,
+		},
+		{
+			MethodName: "RegionSubmit",
+			Handler:    _KVTier_RegionSubmit_Handler,
+		},
+		{
+			MethodName: "RegionStep",
+			Handler:    _KVTier_RegionStep_Handler,
+		},
+		{
+			MethodName: "RegionDrain",
+			Handler:    _KVTier_RegionDrain_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "RegionResults",
+			Handler:       _KVTier_RegionResults_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "kvtier/v1/kvtier.proto",
 }

@@ -90,6 +90,31 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.FromString,
                 )
+        self.RegionLookup = channel.unary_unary(
+                '/kvtier.v1.KVTier/RegionLookup',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupResponse.FromString,
+                )
+        self.RegionSubmit = channel.unary_unary(
+                '/kvtier.v1.KVTier/RegionSubmit',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitResponse.FromString,
+                )
+        self.RegionResults = channel.unary_stream(
+                '/kvtier.v1.KVTier/RegionResults',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionResultsRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionResultsResponse.FromString,
+                )
+        self.RegionStep = channel.unary_unary(
+                '/kvtier.v1.KVTier/RegionStep',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionStepRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionStepResponse.FromString,
+                )
+        self.RegionDrain = channel.unary_unary(
+                '/kvtier.v1.KVTier/RegionDrain',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.FromString,
+                )
 
 
 class KVTierServicer(object):
@@ -223,6 +248,48 @@ class KVTierServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegionLookup(self, request, context):
+        """vLLM tier mode (package region): kvtier as one secondary tier of
+        vLLM's own tiering manager, over the engine's region. An engine first
+        registers its region on the region socket (see RegionRegistration);
+        every call below names it by the region id that gave.
+
+        RegionLookup answers, per key, whether a tier the request may load
+        from holds it, waiting for tiers that check asynchronously.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegionSubmit(self, request, context):
+        """RegionSubmit hands the engine's store and promotion jobs to the tiers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegionResults(self, request, context):
+        """RegionResults streams the outcome of every submitted job, once each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegionStep(self, request, context):
+        """RegionStep ends an engine step: finished requests, touches, and the
+        tier events to publish.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegionDrain(self, request, context):
+        """RegionDrain returns once none of the region's jobs is in flight.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +367,31 @@ def add_KVTierServicer_to_server(servicer, server):
                     servicer.GetArena,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.SerializeToString,
+            ),
+            'RegionLookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegionLookup,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupResponse.SerializeToString,
+            ),
+            'RegionSubmit': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegionSubmit,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitResponse.SerializeToString,
+            ),
+            'RegionResults': grpc.unary_stream_rpc_method_handler(
+                    servicer.RegionResults,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionResultsRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionResultsResponse.SerializeToString,
+            ),
+            'RegionStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegionStep,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionStepRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionStepResponse.SerializeToString,
+            ),
+            'RegionDrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegionDrain,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -564,5 +656,90 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/GetArena',
             kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegionLookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionLookup',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionLookupResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegionSubmit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionSubmit',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegionResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/kvtier.v1.KVTier/RegionResults',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionResultsRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionResultsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegionStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionStep',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionStepRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionStepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegionDrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionDrain',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

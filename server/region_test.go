@@ -1,0 +1,145 @@
+package server_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/region"
+	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiers/memory"
+)
+
+// A daemon serving tier mode only (no primary namespace), with one
+// in-memory storage tier per region namespace.
+func startRegionDaemon(t *testing.T) (sock string, svc *region.Service) {
+	t.Helper()
+	svc, err := region.New(region.Config{
+		Tiers: func(context.Context, string, region.Layout) ([]offload.SecondaryTier, error) {
+			m, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Events: true})
+			return []offload.SecondaryTier{m}, err
+		},
+		Parse: func(id string, params []byte) (*offload.ReqContext, error) {
+			var p offload.Parser
+			if len(params) == 0 {
+				return p.NewReqContext(id, nil)
+			}
+			return p.NewReqContext(id, params)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := shortTempDir(t)
+	sock = filepath.Join(dir, "k.sock")
+	srv, err := server.New(server.Config{Regions: svc, UnixSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return sock, svc
+}
+
+type layoutJSON struct {
+	NumBlocks      int    `json:"num_blocks"`
+	RowStride      int    `json:"row_stride"`
+	BlocksPerChunk int    `json:"blocks_per_chunk"`
+	Model          string `json:"model"`
+	DType          string `json:"dtype"`
+	WorldSize      int    `json:"world_size"`
+}
+
+func regionFile(t *testing.T, size int64) (*os.File, []byte) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "vllm_offload_*.mmap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return f, mem
+}
+
+func TestRegionSocketAndRPCs(t *testing.T) {
+	sock, svc := startRegionDaemon(t)
+	c, err := client.Dial(sock, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	l := layoutJSON{NumBlocks: 4, RowStride: 4096, BlocksPerChunk: 1, Model: "m", DType: "float16", WorldSize: 1}
+	f, mem := regionFile(t, 4*4096)
+
+	// A layout that does not match the file is refused, naming both sizes.
+	wrong := l
+	wrong.NumBlocks = 5
+	if _, err := c.RegisterRegion(ctx, wrong, f); err == nil || !strings.Contains(err.Error(), "the region file is 16384 bytes") {
+		t.Fatalf("a region of the wrong size: %v", err)
+	}
+	r, err := c.RegisterRegion(ctx, l, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem[4096:8192], strings.Repeat("k", 4096))
+	k := offload.MakeKey([]byte("hash-of-block-1"), 0)
+	results, err := r.Results(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Submit(ctx, []client.RegionJob{{ID: 1, RequestID: "a", Keys: []offload.Key{k}, Slots: []int64{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := results.Recv()
+	if err != nil || len(res.GetResults()) != 1 || !res.GetResults()[0].GetSuccess() {
+		t.Fatalf("store result %v, %v", res, err)
+	}
+	found, err := r.Lookup(ctx, "b", `{"kv_load_tiers":[{"medium":"storage"}]}`, []offload.Key{k, offload.MakeKey([]byte("hash-of-block-2"), 0)})
+	if err != nil || found[0] != kvtierv1.RegionFound_REGION_FOUND_HIT || found[1] != kvtierv1.RegionFound_REGION_FOUND_MISS {
+		t.Fatalf("lookup %v, %v", found, err)
+	}
+	if err := r.Submit(ctx, []client.RegionJob{{ID: 2, RequestID: "b", Keys: []offload.Key{k}, Slots: []int64{3}, Promotion: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := results.Recv(); err != nil || !res.GetResults()[0].GetSuccess() {
+		t.Fatalf("promotion result %v, %v", res, err)
+	}
+	if string(mem[3*4096:4*4096]) != strings.Repeat("k", 4096) {
+		t.Fatal("the promotion did not write the stored bytes into the region")
+	}
+	ev, err := r.Step(ctx, []string{"a", "b"})
+	if err != nil || len(ev) != 1 || ev[0].GetMedium() != kvtierv1.Medium_MEDIUM_STORAGE {
+		t.Fatalf("step events %v, %v", ev, err)
+	}
+	st, err := c.WithNamespace(r.Namespace).Stats(ctx)
+	if err != nil || len(st.GetTiers()) != 1 || st.GetTiers()[0].GetHits() != 1 {
+		t.Fatalf("stats of the region namespace: %v, %v", st, err)
+	}
+	// Closing the registration releases the region.
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := svc.Stats(ctx); len(st) != 1 || st[0].Regions != 0 {
+		t.Fatalf("after close: %+v", st)
+	}
+	if _, err := r.Lookup(ctx, "c", "", []offload.Key{k}); err == nil {
+		t.Fatal("a closed region still answers")
+	}
+}
