@@ -19,10 +19,10 @@ type group struct {
 	name      string
 	rowStride int
 	svc       *Service
-	stack *tiering.Stack
-	cmds  chan func()
-	quit  chan struct{}
-	done  chan struct{}
+	stack     *tiering.Stack
+	cmds      chan func()
+	quit      chan struct{}
+	done      chan struct{}
 
 	// Executor-owned from here on.
 	regions map[*Region]struct{}
@@ -57,17 +57,17 @@ type reqState struct {
 // vjob is an engine job: one or several stack jobs (a promotion splits by
 // the tier each key hit in; a store fans out to every allowed tier).
 type vjob struct {
-	r       *Region
-	rq      *reqState
-	id      uint64
-	keys    []offload.Key
-	slots   []int64
-	promo   bool
-	total   int  // stack jobs submitted
-	done    int  // stack jobs answered
-	open    bool // still submitting
-	loaded  []offload.Key
-	failed  int // promotion keys no tier could serve
+	r      *Region
+	rq     *reqState
+	id     uint64
+	keys   []offload.Key
+	slots  []int64
+	promo  bool
+	total  int  // stack jobs submitted
+	done   int  // stack jobs answered
+	open   bool // still submitting
+	loaded []offload.Key
+	failed int // promotion keys no tier could serve
 }
 
 type lookupWait struct {
