@@ -1,0 +1,31 @@
+"""kvtier for vLLM.
+
+Tier mode: kvtier as one out-of-tree secondary tier of vLLM's
+TieringOffloadingSpec (``KvtierSecondaryTier``)::
+
+    {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+     "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+       "cpu_bytes_to_use": 34359738368,
+       "secondary_tiers": [{"type": "kvtier", "target": "unix:///run/kvtier/kvtier.sock"}]}}
+
+``"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm"`` works without
+the entry point.
+
+Importing this package imports nothing of vLLM (vLLM's API server imports
+tier modules only to read metric definitions): the classes load on first
+attribute access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KvtierSecondaryTier"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KvtierSecondaryTier":
+        from kvtier.vllm.tier import KvtierSecondaryTier
+
+        return KvtierSecondaryTier
+    raise AttributeError(f"module 'kvtier.vllm' has no attribute {name!r}")

@@ -1,0 +1,331 @@
+"""The daemon side of tier mode: a registered region and its threads.
+
+A RegionLink registers the engine's region on the daemon's region socket
+(the descriptor travels with SCM_RIGHTS) and talks to the daemon on
+threads of its own, so that the scheduler thread never waits on a round
+trip:
+
+* the lookup thread sends one RegionLookup per request per step;
+* the job thread sends submits and step ends, in the order they were made;
+* the results thread reads the RegionResults stream.
+
+The region lives as long as the registration socket. The daemon closes its
+end only after every transfer into or out of the region has finished, so
+end-of-file on that socket is the signal that no job of the link can still
+touch vLLM's memory: only then are the jobs still outstanding reported
+failed to vLLM (which may then reuse their slots).
+
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import grpc
+
+from kvtier.v1 import kvtier_pb2 as pb
+from kvtier.v1 import kvtier_pb2_grpc as pb_grpc
+
+log = logging.getLogger("kvtier.vllm")
+
+#: Answers of RegionLookup, one byte per key.
+UNKNOWN, MISS, HIT = pb.REGION_FOUND_UNKNOWN, pb.REGION_FOUND_MISS, pb.REGION_FOUND_HIT
+
+
+class DaemonUnavailable(ConnectionError):
+    """The kvtier daemon cannot be reached at the configured target."""
+
+
+def unix_path(target: str) -> str:
+    """The socket path of a target: unix://PATH, unix:PATH or a path."""
+    for prefix in ("unix://", "unix:"):
+        if target.startswith(prefix):
+            return target[len(prefix):]
+    if "/" in target or target.endswith(".sock"):
+        return target
+    raise ValueError(
+        f"kvtier tier mode needs the daemon's Unix socket (the region travels as a file "
+        f"descriptor); target {target!r} is not one (want unix:///path/kvtier.sock)"
+    )
+
+
+def _pack(keys: list[bytes]) -> tuple[bytes, int]:
+    if not keys:
+        return b"", 0
+    size = len(keys[0])
+    for k in keys:
+        if len(k) != size:
+            raise ValueError(f"kvtier: keys of different lengths ({size} and {len(k)}) in one batch")
+    return b"".join(keys), size
+
+
+@dataclass
+class Job:
+    job_id: int
+    request_id: str
+    params: str
+    keys: list[bytes]
+    slots: list[int]
+    promotion: bool
+
+
+@dataclass
+class Result:
+    job_id: int
+    success: bool
+    loaded: list[int] | None = None  # indexes of a partial promotion
+
+
+@dataclass
+class Event:
+    keys: list[bytes]
+    medium: int
+    locality: int
+    removed: bool
+    tier: str
+
+
+@dataclass
+class _Step:
+    finished: list[str] = field(default_factory=list)
+    touches: list[tuple[str, list[bytes]]] = field(default_factory=list)
+
+
+def register(path: str, layout: dict[str, Any], fd: int, timeout: float) -> tuple[socket.socket, str, str]:
+    """Registers a region on the daemon's region socket; returns the held
+    socket, the region id and its namespace."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path + ".region")
+        socket.send_fds(s, [json.dumps(layout).encode()], [fd])
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                raise DaemonUnavailable(f"kvtier daemon at {path} closed the region socket without answering")
+            line += chunk
+    except OSError as e:
+        s.close()
+        raise DaemonUnavailable(f"kvtier daemon at {path}: cannot register the region ({e}); is `kvtier serve` running with server.unix_socket: {path}?") from e
+    rep = json.loads(line)
+    if rep.get("error"):
+        s.close()
+        raise ValueError(f"kvtier daemon at {path} refused the region: {rep['error']}")
+    s.settimeout(None)
+    return s, rep["region_id"], rep["namespace"]
+
+
+class RegionLink:
+    """One registration of the region and the threads that serve it.
+
+    Calls from the scheduler thread (lookup, submit, step) only enqueue.
+    Answers come back through the queues the owner drains: lookups into
+    on_lookup, job results into results. dead is set once the region
+    socket has reached end-of-file (the daemon released the region)."""
+
+    def __init__(
+        self,
+        path: str,
+        layout: dict[str, Any],
+        fd: int,
+        *,
+        token: str | None,
+        timeout: float,
+        on_lookup: Callable[[str, list[bytes], bytes | None], None],
+        results: "queue.SimpleQueue[Result]",
+        events: "queue.SimpleQueue[list[Event]]",
+    ) -> None:
+        self.path = path
+        self._sock, self.region_id, self.namespace = register(path, layout, fd, timeout)
+        self._timeout = timeout
+        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        self._channel = grpc.insecure_channel("unix://" + path, options=opts)
+        self._md = (("authorization", "Bearer " + token),) if token else None
+        self._api = pb_grpc.KVTierStub(self._channel)
+        self._on_lookup = on_lookup
+        self._results = results
+        self._events = events
+        self._lookups: "queue.SimpleQueue[list[tuple[str, str, list[bytes]]] | None]" = queue.SimpleQueue()
+        self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.dead = threading.Event()
+        self._stopping = threading.Event()
+        self._stream: Any = None
+        self._threads = [
+            threading.Thread(target=self._lookup_loop, name="kvtier-lookup", daemon=True),
+            threading.Thread(target=self._job_loop, name="kvtier-jobs", daemon=True),
+            threading.Thread(target=self._results_loop, name="kvtier-results", daemon=True),
+            threading.Thread(target=self._watch_loop, name="kvtier-region", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- called from the scheduler thread --------------------------------
+
+    def lookup(self, batch: list[tuple[str, str, list[bytes]]]) -> None:
+        """Posts one step's lookups: (request id, params, keys) per request."""
+        self._lookups.put(batch)
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    def step(self, finished: list[str], touches: list[tuple[str, list[bytes]]]) -> None:
+        self._jobs.put(_Step(finished, touches))
+
+    # -- threads ----------------------------------------------------------
+
+    def _call(self, rpc: Any, req: Any, timeout: float | None = None) -> Any:
+        return rpc(req, timeout=timeout or self._timeout, metadata=self._md)
+
+    def _lookup_loop(self) -> None:
+        while True:
+            batch = self._lookups.get()
+            if batch is None:
+                return
+            for req_id, params, keys in batch:
+                found: bytes | None = None
+                if not self.dead.is_set():
+                    try:
+                        packed, size = _pack(keys)
+                        rep = self._call(
+                            self._api.RegionLookup,
+                            pb.RegionLookupRequest(region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size),
+                        )
+                        found = rep.found
+                    except (grpc.RpcError, ValueError) as e:
+                        log.warning("kvtier: lookup of %d keys for request %s failed: %s", len(keys), req_id, _rpc_msg(e))
+                self._on_lookup(req_id, keys, found)
+
+    def _job_loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            # Take everything queued so far: consecutive jobs go in one
+            # RegionSubmit, step ends in order between them.
+            items = [item]
+            while True:
+                try:
+                    nxt = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._jobs.put(None)
+                    break
+                items.append(nxt)
+            jobs: list[Job] = []
+            for it in items:
+                if isinstance(it, Job):
+                    jobs.append(it)
+                    continue
+                self._send_jobs(jobs)
+                jobs = []
+                self._send_step(it)
+            self._send_jobs(jobs)
+
+    def _send_jobs(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        if self.dead.is_set():
+            for j in jobs:
+                self._results.put(Result(j.job_id, False))
+            return
+        req = pb.RegionSubmitRequest(region_id=self.region_id)
+        for j in jobs:
+            packed, size = _pack(j.keys)
+            req.jobs.add(job_id=j.job_id, request_id=j.request_id, kv_transfer_params=j.params, promotion=j.promotion, packed_keys=packed, key_size=size, slots=j.slots)
+        try:
+            self._call(self._api.RegionSubmit, req)
+        except grpc.RpcError as e:
+            # The daemon did not take them: no transfer touches their
+            # slots, so they fail now.
+            log.warning("kvtier: %d jobs not submitted: %s", len(jobs), _rpc_msg(e))
+            for j in jobs:
+                self._results.put(Result(j.job_id, False))
+
+    def _send_step(self, st: _Step) -> None:
+        if self.dead.is_set():
+            return
+        req = pb.RegionStepRequest(region_id=self.region_id, finished_request_ids=st.finished)
+        for rid, keys in st.touches:
+            packed, size = _pack(keys)
+            req.touches.add(request_id=rid, packed_keys=packed, key_size=size)
+        try:
+            rep = self._call(self._api.RegionStep, req)
+        except grpc.RpcError as e:
+            log.warning("kvtier: step end failed: %s", _rpc_msg(e))
+            return
+        if rep.events:
+            evs = []
+            for e in rep.events:
+                keys = [e.packed_keys[i : i + e.key_size] for i in range(0, len(e.packed_keys), e.key_size)] if e.key_size else []
+                evs.append(Event(keys, e.medium, e.locality, e.removed, e.tier))
+            self._events.put(evs)
+
+    def _results_loop(self) -> None:
+        try:
+            self._stream = self._api.RegionResults(pb.RegionResultsRequest(region_id=self.region_id), metadata=self._md)
+            for rep in self._stream:
+                for r in rep.results:
+                    self._results.put(Result(r.job_id, r.success, list(r.successful_indexes) if not r.success else None))
+        except grpc.RpcError as e:
+            if not self._stopping.is_set():
+                log.warning("kvtier: the results stream of region %s ended: %s", self.region_id, _rpc_msg(e))
+
+    def _watch_loop(self) -> None:
+        """Waits for the region socket's end-of-file: the daemon released
+        the region (it closed it, or died)."""
+        try:
+            while self._sock.recv(4096):
+                pass
+        except OSError:
+            pass
+        self.dead.set()
+
+    # -- teardown ---------------------------------------------------------
+
+    def close(self, timeout: float) -> bool:
+        """Ends the registration; returns True once the daemon has
+        released the region (no transfer touches it) within timeout."""
+        self._stopping.set()
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        released = self.dead.wait(timeout)
+        self._lookups.put(None)
+        self._jobs.put(None)
+        if self._stream is not None:
+            self._stream.cancel()
+        self._channel.close()
+        self._sock.close()
+        return released
+
+
+def _rpc_msg(e: BaseException) -> str:
+    if isinstance(e, grpc.RpcError):
+        try:
+            return f"{e.code().name}: {e.details()}"  # type: ignore[attr-defined]
+        except Exception:  # pragma: no cover
+            pass
+    return str(e)
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+def close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

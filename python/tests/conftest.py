@@ -1,0 +1,149 @@
+"""Fixtures: a real `kvtier serve` built from this tree, and vLLM specs.
+
+KVTIER_BIN names a built kvtier binary (scripts/test.sh builds one); else
+the session builds it with `go build`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def kvtier_bin() -> str:
+    if b := os.environ.get("KVTIER_BIN"):
+        return b
+    out = pathlib.Path(tempfile.mkdtemp(prefix="kvtier-bin")) / "kvtier"
+    subprocess.run(["go", "build", "-o", str(out), "./cmd/kvtier"], cwd=ROOT, check=True)
+    return str(out)
+
+
+class Daemon:
+    """A running `kvtier serve`."""
+
+    def __init__(self, binary: str, dir: pathlib.Path, config: str) -> None:
+        self.dir = dir
+        self.sock = str(dir / "k.sock")
+        self.config_path = dir / "kvtier.yaml"
+        self.config_path.write_text(config)
+        self.binary = binary
+        self.log: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> "Daemon":
+        self.log = []
+        self.proc = subprocess.Popen(
+            [self.binary, "serve", "--config", str(self.config_path)],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        )
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if "kvtier API listening" in line:
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(30):
+            self.kill()
+            raise RuntimeError("kvtier serve did not start:\n" + "".join(self.log))
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self, namespace: str = "") -> Any:
+        import kvtier
+
+        return kvtier.Client(self.sock, namespace=namespace)
+
+    def tier_stats(self, namespace: str) -> dict[str, Any]:
+        """Per-tier counters of a namespace, by tier name."""
+        with self.client(namespace) as c:
+            st = c.stats()
+        return {t.name: t for t in st.tiers}
+
+
+def daemon_config(dir: pathlib.Path, extra_tiers: str = "") -> str:
+    return f"""
+namespace: {{model: unused, bytes_per_block: 4KiB}}
+primary: {{bytes: 0}}
+secondary_tiers:
+  - {{name: disk, type: fs, root_dir: {dir}/data, locality: local}}
+  - {{name: dram, type: memory, medium: cpu, locality: remote}}
+{extra_tiers}
+server: {{unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
+"""
+
+
+@pytest.fixture
+def daemon(kvtier_bin: str) -> Iterator[Daemon]:
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))  # short: socket paths are limited
+    dm = Daemon(kvtier_bin, d, daemon_config(d)).start()
+    yield dm
+    dm.stop()
+
+
+def offloading_config(extra: dict[str, Any], *, kv_bytes_per_block: int = 4096, engine_id: str | None = None,
+                      events: bool = True) -> Any:
+    """vLLM's normalized OffloadingConfig for a one-layer model on one
+    worker, built as build_offloading_config would."""
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.self_attn",), group_id=0),),
+        worker_kv_bytes_per_block=kv_bytes_per_block,
+        enable_kv_cache_events=events,
+        extra_config=extra,
+        engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
+        model=OffloadingModelConfig(name="tiny-llama", dtype="float16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+
+
+def wait_until(cond: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
