@@ -9,7 +9,9 @@ TieringOffloadingSpec (``KvtierSecondaryTier``)::
        "secondary_tiers": [{"type": "kvtier", "target": "unix:///run/kvtier/kvtier.sock"}]}}
 
 ``"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm"`` works without
-the entry point.
+the entry point. On vLLM's CPU backend, where vLLM's spec builds no worker,
+``"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path":
+"kvtier.vllm"`` is TieringOffloadingSpec with a host-copy worker.
 
 Importing this package imports nothing of vLLM (vLLM's API server imports
 tier modules only to read metric definitions): the classes load on first
@@ -20,12 +22,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KvtierSecondaryTier"]
+__all__ = ["KvtierSecondaryTier", "KvtierTieringOffloadingSpec", "HostCopyWorker"]
+
+_LAZY = {
+    "KvtierSecondaryTier": "kvtier.vllm.tier",
+    "KvtierTieringOffloadingSpec": "kvtier.vllm.worker",
+    "HostCopyWorker": "kvtier.vllm.worker",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "KvtierSecondaryTier":
-        from kvtier.vllm.tier import KvtierSecondaryTier
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'kvtier.vllm' has no attribute {name!r}")
+    import importlib
 
-        return KvtierSecondaryTier
-    raise AttributeError(f"module 'kvtier.vllm' has no attribute {name!r}")
+    return getattr(importlib.import_module(mod), name)

@@ -63,7 +63,21 @@ try:
 except ImportError as e:  # pragma: no cover
     raise _fail("vLLM's tiering API (vllm.v1.kv_offload.tiering, vLLM PR #51007)", e) from e
 
+try:
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_offload.base import OffloadingSpec, OffloadingWorker, TransferResult
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+except ImportError as e:  # pragma: no cover
+    raise _fail("vLLM's offloading spec and worker API", e) from e
+
 __all__ = [
+    "OffloadingSpec",
+    "OffloadingWorker",
+    "SharedOffloadRegion",
+    "TieringOffloadingSpec",
+    "TransferResult",
+    "current_platform",
     "JobResult",
     "Locality",
     "LookupResult",
