@@ -3,8 +3,9 @@
 # (.ci/run). On a fresh Debian 12 machine (as root, or with sudo) it
 # installs what the tests need, starts real redis-server and versitygw
 # (S3) on free loopback ports, runs gofmt, go vet, staticcheck, `kvtier
-# explain` over every examples/*.yaml and `go test -race -tags libzmq`
-# over every package, and stops the servers on exit. The tests find the servers and
+# explain` over every examples/*.yaml, `go test -race -tags libzmq` over
+# every package and pytest over python/tests (kvtier.vllm against the
+# pinned vLLM in .venv), and stops the servers on exit. The tests find the servers and
 # Debian's python3 (KVTIER_TEST_PYTHON) through the KVTIER_TEST_*
 # variables, and fail rather than skip (KVTIER_REQUIRE_INTEGRATION=1).
 #
@@ -26,9 +27,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
+VLLM=vllm==0.33.0 # the vLLM release kvtier.vllm is tested against (python/tests/test_compat.py)
+VENV="$root/.venv"
 VERSITYGW=github.com/versity/versitygw/cmd/versitygw@v1.8.0
 DEB_PACKAGES=(libzmq3-dev protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
-  python3-zmq python3-grpcio python3-protobuf python3-cbor2 python3-xxhash)
+  python3-zmq python3-grpcio python3-protobuf python3-cbor2 python3-xxhash python3-venv)
 PYTHON=/usr/bin/python3 # Debian's: it sees the python3-* packages above
 TOOLS="$root/.tools/bin"
 
@@ -91,6 +94,28 @@ install_tool versitygw "$VERSITYGW" "the first build takes about 2 minutes"
 section "setup: Go modules"
 go mod download
 echo "ok"
+
+section "setup: Python environment with vLLM"
+# A virtual environment (gitignored) with the pinned vLLM from PyPI and the
+# kvtier package from the tree. vLLM pulls several GB (torch, CUDA
+# libraries): the first run takes minutes, later runs reuse it and pip's
+# cache. KVTIER_VENV_PYTHON picks the interpreter that creates it.
+venv_python=${KVTIER_VENV_PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "creating $VENV with $("$venv_python" --version 2>&1)"
+  "$venv_python" -m venv "$VENV" || /usr/bin/python3 -m venv "$VENV" ||
+    die "cannot create a virtual environment: install python3-venv or set KVTIER_VENV_PYTHON"
+fi
+if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null)" != "${VLLM#vllm==}" ]; then
+  echo "installing $VLLM and pytest into .venv (several GB the first time)"
+  t0=$SECONDS
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "$VLLM" pytest
+  echo "installed in $((SECONDS - t0))s"
+fi
+"$VENV/bin/pip" install -q -e "$root/python"
+"$VENV/bin/python" -c 'import vllm, kvtier.vllm, pytest' || die "the .venv cannot import vllm, kvtier.vllm and pytest"
+echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), kvtier from python/"
 
 section "setup: test servers"
 tmp_dirs=()
@@ -228,6 +253,17 @@ if (($# == 0)); then
   step examples check_examples
 fi
 step "go test" go test -race -tags libzmq -count=1 -timeout 15m "${pkgs[@]}"
+# run_pytest: kvtier.vllm against the real vLLM, with a kvtier binary built
+# from the tree.
+run_pytest() {
+  local bin
+  new_tmp bin pybin
+  go build -o "$bin/kvtier" ./cmd/kvtier || return 1
+  (cd python && KVTIER_BIN="$bin/kvtier" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+}
+if (($# == 0)); then
+  step pytest run_pytest
+fi
 
 section "summary"
 printf '%s\n' "${timings[@]}"

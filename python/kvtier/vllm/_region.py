@@ -297,13 +297,16 @@ class RegionLink:
         """Ends the registration; returns True once the daemon has
         released the region (no transfer touches it) within timeout."""
         self._stopping.set()
+        # Let what is queued reach the daemon before the region goes.
+        self._lookups.put(None)
+        self._jobs.put(None)
+        for t in self._threads[:2]:
+            t.join(min(timeout, self._timeout))
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         released = self.dead.wait(timeout)
-        self._lookups.put(None)
-        self._jobs.put(None)
         if self._stream is not None:
             self._stream.cancel()
         self._channel.close()

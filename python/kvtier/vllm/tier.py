@@ -37,6 +37,7 @@ from kvtier.vllm import _region
 log = logging.getLogger("kvtier.vllm")
 
 _ABSENT = object()
+_HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
 
 
 class KvtierSecondaryTier(vc.SecondaryTierManager):
@@ -90,8 +91,9 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         self._events: queue.SimpleQueue[list[_region.Event]] = queue.SimpleQueue()
 
         # Scheduler-thread state.
-        self._state: dict[tuple[str, bytes], bool | None] = {}  # None: being looked up
-        self._req_keys: dict[str, set[bytes]] = {}
+        # Per request: key -> None (being looked up) | found. A key's
+        # requests, to turn a lost block into a miss for all of them.
+        self._state: dict[str, dict[bytes, bool | None]] = {}
         self._key_reqs: dict[bytes, set[str]] = {}
         self._batch: dict[str, list[bytes]] = {}
         self._inflight_lookups = 0
@@ -135,9 +137,9 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
             link.close(0)
             for job_id in list(self._outstanding):
                 self._results.put(_region.Result(job_id, False))
-            for k in list(self._state):
-                if self._state[k] is None:
-                    del self._state[k]
+            for st in self._state.values():
+                for k in [k for k, v in st.items() if v is None]:
+                    del st[k]
             self._inflight_lookups = 0
         if self._link is None and not self._closed:
             if self._next_link is not None:
@@ -167,63 +169,79 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         return p
 
     def _drain_answers(self) -> None:
-        while True:
-            try:
-                rid, keys, found = self._answers.get_nowait()
-            except queue.Empty:
-                return
+        answers = self._answers
+        while not answers.empty():
+            rid, keys, found = answers.get_nowait()
             self._inflight_lookups -= 1
+            st = self._state.get(rid)
+            if st is None:
+                continue  # the request finished meanwhile
             for i, k in enumerate(keys):
-                sk = (rid, k)
-                if sk not in self._state or self._state[sk] is not None:
-                    continue  # the request finished meanwhile
+                if k not in st or st[k] is not None:
+                    continue
                 f = found[i] if found is not None and i < len(found) else _region.UNKNOWN
                 if f == _region.HIT:
-                    self._state[sk] = True
+                    st[k] = True
                 elif f == _region.MISS:
-                    self._state[sk] = False
+                    st[k] = False
                 else:
                     self._forget(rid, k)  # ask again
 
     def _forget(self, rid: str, k: bytes) -> None:
-        self._state.pop((rid, k), None)
-        if ks := self._req_keys.get(rid):
-            ks.discard(k)
+        st = self._state.get(rid)
+        if st is not None:
+            st.pop(k, None)
         if rs := self._key_reqs.get(k):
             rs.discard(rid)
             if not rs:
                 del self._key_reqs[k]
 
     def lookup(self, key: Any, req_context: Any) -> Any:
-        self._drain_answers()
-        self._check_link()
+        # The hot path: vLLM calls it for every key of every waiting
+        # request, every step.
+        if not self._answers.empty():
+            self._drain_answers()
+        link = self._link
+        if link is None or link.dead.is_set():
+            self._check_link()
+            link = self._link
         rid = req_context.req_id
-        k = bytes(key)
-        st = self._state.get((rid, k), _ABSENT)
-        if st is _ABSENT:
-            if self._link is None:
-                return vc.LookupResult.MISS
-            self._params_of(req_context)
-            self._state[(rid, k)] = None
-            self._req_keys.setdefault(rid, set()).add(k)
-            self._key_reqs.setdefault(k, set()).add(rid)
-            self._batch.setdefault(rid, []).append(k)
-            return vc.LookupResult.RETRY
+        st = self._state.get(rid)
         if st is None:
-            return vc.LookupResult.RETRY
-        return vc.LookupResult.HIT if st else vc.LookupResult.MISS
+            st = self._state[rid] = {}
+        found = st.get(key, _ABSENT)
+        if found is True:
+            return _HIT
+        if found is False:
+            return _MISS
+        if found is None:
+            return _RETRY
+        if link is None:
+            return _MISS
+        st[key] = None
+        if (rs := self._key_reqs.get(key)) is None:
+            self._key_reqs[key] = {rid}
+        else:
+            rs.add(rid)
+        if (b := self._batch.get(rid)) is None:
+            self._params_of(req_context)
+            self._batch[rid] = [key]
+        else:
+            b.append(key)
+        return _RETRY
 
     def _mark_miss(self, keys: Iterable[bytes]) -> None:
         for k in keys:
             for rid in self._key_reqs.get(k, ()):
-                if self._state.get((rid, k)) is True:
-                    self._state[(rid, k)] = False
+                st = self._state.get(rid)
+                if st is not None and st.get(k) is True:
+                    st[k] = False
 
     # -- jobs -------------------------------------------------------------
 
     def _submit(self, job: Any, promotion: bool) -> None:
         self._check_link()
-        keys = [bytes(k) for k in job.keys]
+        keys = list(job.keys)
         self._outstanding[job.job_id] = job
         if self._link is None:
             self._results.put(_region.Result(job.job_id, False))
@@ -305,8 +323,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     def on_request_finished(self, req_context: Any) -> None:
         rid = req_context.req_id
-        for k in self._req_keys.pop(rid, ()):
-            self._state.pop((rid, k), None)
+        for k in self._state.pop(rid, {}):
             if rs := self._key_reqs.get(k):
                 rs.discard(rid)
                 if not rs:
