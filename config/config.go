@@ -37,6 +37,8 @@ type Config struct {
 	Server Server `yaml:"server"`
 	Limits Limits `yaml:"limits"`
 	Events Events `yaml:"events"`
+	// Engines configures vLLM manager mode.
+	Engines Engines `yaml:"engines"`
 }
 
 // Namespace describes the blocks kvtier stores.
@@ -144,6 +146,12 @@ func (c *Config) check(d *decoder) {
 	} else if c.Primary.Bytes < 0 || (c.Primary.Bytes > 0 && c.Primary.Bytes < c.Namespace.BytesPerBlock) {
 		d.errorf(nil, "primary.bytes", "%s holds no block of namespace.bytes_per_block = %s (0 runs no primary: vLLM tier mode only)",
 			c.Primary.Bytes, c.Namespace.BytesPerBlock)
+	}
+	if c.Engines.PrimaryBytes < 0 {
+		d.errorf(nil, "engines.primary_bytes", "must not be negative, got %d", c.Engines.PrimaryBytes)
+	}
+	if c.Engines.MaxNamespaces < 0 {
+		d.errorf(nil, "engines.max_namespaces", "must not be negative, got %d", c.Engines.MaxNamespaces)
 	}
 	switch a := c.Primary.Arena; {
 	case a.Kind == ArenaFile && a.Path == "":

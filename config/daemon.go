@@ -45,6 +45,22 @@ type Server struct {
 	AutoStep Duration `yaml:"auto_step"`
 }
 
+// Engines configures vLLM manager mode: engines that attach (their spec
+// KvtierOffloadingSpec) get a namespace per engine layout whose primary is
+// their shared CPU cache.
+type Engines struct {
+	// Enabled lets engines attach (default true; needs the Unix socket).
+	Enabled *bool `yaml:"enabled"`
+	// PrimaryBytes is the CPU cache of each engine namespace (default:
+	// primary.bytes, or 1GiB when that is 0).
+	PrimaryBytes ByteSize `yaml:"primary_bytes"`
+	// MaxNamespaces bounds the engine namespaces (distinct layouts; default 4).
+	MaxNamespaces int `yaml:"max_namespaces"`
+}
+
+// On reports whether engines may attach.
+func (e Engines) On() bool { return e.Enabled == nil || *e.Enabled }
+
 // Limits bound what one API client can ask for. Zero means the daemon's
 // default.
 type Limits struct {

@@ -16,6 +16,9 @@ var (
 	ErrUnknownKey = errors.New("key not in primary tier")
 	ErrNotReady   = errors.New("block not ready (store in flight)")
 	ErrNotPinned  = errors.New("block not pinned")
+	// ErrNotLeased reports a slot Bind or Unlease was given that is not
+	// leased.
+	ErrNotLeased = errors.New("slot not leased")
 	// ErrSlotOutOfRange is offload.ErrSlotOutOfRange: PinSlots or
 	// UnpinSlots was given a slot outside the arena.
 	ErrSlotOutOfRange = offload.ErrSlotOutOfRange
@@ -58,6 +61,7 @@ type Primary struct {
 	numBlocks    int // keys present (pending or ready)
 	numPending   int // ref == -1
 	numEvictable int // ref == 0
+	numLeased    int // ref == refLeased: leased, no key (lease.go)
 	// numRevocable counts ready blocks held by soft pins only (ref ==
 	// soft > 0): listed, and evictable once the Revoker releases them.
 	numRevocable int

@@ -29,6 +29,8 @@ type Stats struct {
 	// Revocable counts the pinned blocks held by soft pins only: eviction
 	// may take them once the Revoker releases the pins.
 	Revocable int
+	// Leased counts slots leased to an engine (no key yet).
+	Leased    int
 	FreeSlots int
 
 	// Usage is the fraction of slots that cannot be evicted (pending or
@@ -71,8 +73,9 @@ func (p *Primary) Stats() Stats {
 		Pending:        p.numPending,
 		Evictable:      p.numEvictable,
 		Revocable:      p.numRevocable,
+		Leased:         p.numLeased,
 		Pinned:         p.numBlocks - p.numPending - p.numEvictable,
-		FreeSlots:      n - p.numBlocks,
+		FreeSlots:      n - p.numBlocks - p.numLeased,
 		Lookups:        p.ctr.lookups,
 		Hits:           p.ctr.hits,
 		Misses:         p.ctr.misses,
@@ -86,8 +89,8 @@ func (p *Primary) Stats() Stats {
 		AllocSizes:     p.allocHist,
 	}
 	if n > 0 {
-		st.Usage = float64(st.Pending+st.Pinned) / float64(n)
-		st.WriteUsage = float64(st.Pending) / float64(n)
+		st.Usage = float64(st.Pending+st.Pinned+st.Leased) / float64(n)
+		st.WriteUsage = float64(st.Pending+st.Leased) / float64(n)
 		st.ReadUsage = max(st.Usage-st.WriteUsage, 0)
 	}
 	return st

@@ -57,15 +57,25 @@ const (
 var ErrLayout = errors.New("region layout")
 
 // ParseLayout decodes a layout from JSON (unknown fields are errors: a
-// newer client's field this daemon ignores could name different bytes).
+// newer client's field this daemon ignores could name different bytes) and
+// validates it.
 func ParseLayout(data []byte) (Layout, error) {
+	l, err := DecodeLayout(data)
+	if err != nil {
+		return l, err
+	}
+	return l, l.Validate()
+}
+
+// DecodeLayout decodes a layout from JSON without validating it.
+func DecodeLayout(data []byte) (Layout, error) {
 	var l Layout
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&l); err != nil {
 		return l, fmt.Errorf("%w: %v", ErrLayout, err)
 	}
-	return l, l.Validate()
+	return l, nil
 }
 
 // Validate checks that the layout is one vLLM can produce and the daemon

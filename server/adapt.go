@@ -62,8 +62,8 @@ func statsOf(m *tiering.Manager) Stats {
 		Primary: PrimaryStats{
 			SlotSize: int64(p.SlotSize), NumSlots: int64(p.NumSlots),
 			UsedSlots: int64(p.Blocks), PendingSlots: int64(p.Pending), PinnedSlots: int64(p.Pinned),
-			RevocableSlots: int64(p.Revocable),
-			Lookups:        p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
+			RevocableSlots: int64(p.Revocable), LeasedSlots: int64(p.Leased),
+			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
 			StoresRejected: p.RejectedStores,
 		},
 		Tiers:         make([]TierStats, len(ts.Tiers)),

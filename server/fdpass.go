@@ -66,7 +66,7 @@ func (s *Server) answerFD(c *net.UnixConn) error {
 	name := strings.TrimSuffix(line, "\n")
 	reply := arenaReply{Namespace: name}
 	var rights []byte
-	ns, ok := s.namespaces[name]
+	ns, ok := s.Namespace(name)
 	switch {
 	case !ok:
 		reply.Error = fmt.Sprintf("%v %q", ErrUnknownNamespace, name)

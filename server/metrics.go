@@ -134,7 +134,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descConns, float64(c.s.sessions.count()))
 	counter(descSessEnded, c.s.sessions.ended.Load())
-	for _, ns := range c.s.order {
+	for _, ns := range c.s.allNamespaces() {
 		st, err := ns.Stats()
 		if err != nil {
 			continue // shutting down
@@ -146,6 +146,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPrimarySlots, float64(p.PendingSlots), n, "pending")
 		gauge(descPrimarySlots, float64(p.PinnedSlots), n, "pinned")
 		gauge(descPrimarySlots, float64(p.RevocableSlots), n, "revocable")
+		gauge(descPrimarySlots, float64(p.LeasedSlots), n, "leased")
 		gauge(descPrimarySlot, float64(p.SlotSize), n)
 		counter(descPrimaryLook, p.Hits, n, "hit")
 		counter(descPrimaryLook, p.Misses, n, "miss")

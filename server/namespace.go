@@ -140,6 +140,9 @@ func (r *request) idle() bool { return len(r.pins) == 0 && len(r.reserved) == 0 
 type Namespace struct {
 	name   string
 	limits Limits
+	// leases are the free slots leased to each engine session (manager
+	// mode, engine.go); guarded by mu.
+	leases map[*session]map[int64]struct{}
 	arena  offload.Arena
 	share  SharedArena
 	// sharePath is share's path made absolute.
@@ -250,6 +253,15 @@ func (ns *Namespace) checkParams(params []byte) error {
 // kv_transfer_params (JSON). The request belongs to s: its id is s's own,
 // and it ends with s.
 func (ns *Namespace) NewRequest(s *session, id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
+	if err := ns.lock(); err != nil {
+		return nil, 0, err
+	}
+	defer ns.mu.Unlock()
+	return ns.newRequestLocked(s, id, params)
+}
+
+// newRequestLocked is NewRequest with the mutex held.
+func (ns *Namespace) newRequestLocked(s *session, id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
 	if id == "" {
 		return nil, 0, fmt.Errorf("%w: empty request id", ErrInvalidArgument)
 	}
@@ -259,10 +271,6 @@ func (ns *Namespace) NewRequest(s *session, id string, params []byte) (*offload.
 	if err := ns.checkParams(params); err != nil {
 		return nil, 0, err
 	}
-	if err := ns.lock(); err != nil {
-		return nil, 0, err
-	}
-	defer ns.mu.Unlock()
 	if s != nil && s.closed.Load() {
 		return nil, 0, fmt.Errorf("%w: %s has ended", ErrClosed, s)
 	}
@@ -360,6 +368,7 @@ func (ns *Namespace) release(r *request) {
 func (ns *Namespace) releaseSession(s *session) int {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
+	ns.releaseLeases(s)
 	m := ns.bySession[s]
 	n := len(m) // release unregisters: m shrinks as we go
 	for r := range m {
@@ -599,6 +608,11 @@ func (ns *Namespace) CompleteLoad(s *session, id string, keys []offload.Key) err
 		return err
 	}
 	defer ns.mu.Unlock()
+	return ns.completeLoadLocked(r, id, keys)
+}
+
+// completeLoadLocked unpins keys r pinned; the caller holds the mutex.
+func (ns *Namespace) completeLoadLocked(r *request, id string, keys []offload.Key) error {
 	// Check the whole batch first (a key may repeat) so that a bad call
 	// changes nothing.
 	seen := make(map[offload.Key]int32, len(keys))
@@ -693,6 +707,11 @@ func (ns *Namespace) FinishRequest(s *session, id string) error {
 		return err
 	}
 	defer ns.mu.Unlock()
+	return ns.finishLocked(r, id)
+}
+
+// finishLocked finishes r; the caller holds the mutex.
+func (ns *Namespace) finishLocked(r *request, id string) error {
 	if r.expired {
 		r.expired = false // the client has noticed; finishing it is a no-op
 		ns.maybeDropLocked(r)

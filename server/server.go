@@ -48,6 +48,12 @@ type Config struct {
 	Logger      *slog.Logger
 	// WarningLog tunes the rate-limited logging of filter warnings.
 	WarningLog offload.WarningLogOptions
+	// Engines, if set, lets vLLM engines attach in manager mode
+	// (EngineAttach): it builds the namespace of an engine layout the
+	// first time one attaches. MaxNamespaces bounds the namespaces in all
+	// (default 8 plus the configured ones).
+	Engines       EngineFactory
+	MaxNamespaces int
 	// Regions, if set, serves vLLM tier mode: engines register their
 	// regions on UnixSocket + ".region" and call the Region RPCs. The
 	// server closes it at Shutdown.
@@ -59,6 +65,7 @@ type Server struct {
 	cfg        Config
 	limits     Limits
 	log        *slog.Logger
+	nsMu       sync.RWMutex // namespaces and order grow when engines attach
 	namespaces map[string]*Namespace
 	order      []*Namespace
 	metrics    *metrics
@@ -82,6 +89,7 @@ type Server struct {
 
 	wg           sync.WaitGroup
 	fdWG         sync.WaitGroup // side-channel exchanges; they read the arena's descriptor
+	attachMu     sync.Mutex     // serialises creating engine namespaces
 	regions      *region.Service
 	regionLn     *net.UnixListener
 	regionPath   string
@@ -97,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Namespaces) == 0 && cfg.Regions == nil {
+	if len(cfg.Namespaces) == 0 && cfg.Regions == nil && cfg.Engines == nil {
 		return nil, errors.New("server: no namespace configured")
 	}
 	if cfg.UnixSocket == "" && cfg.TCPAddr == "" {
@@ -137,13 +145,17 @@ func New(cfg Config) (*Server, error) {
 		s.namespaces[nc.Name] = ns
 		s.order = append(s.order, ns)
 	}
+	if s.cfg.MaxNamespaces <= 0 {
+		s.cfg.MaxNamespaces = len(cfg.Namespaces) + 8
+	}
 	s.metrics.register(s)
 	return s, nil
 }
 
 func (s *Server) namespaceNames() []string {
-	names := make([]string, 0, len(s.order))
-	for _, ns := range s.order {
+	all := s.allNamespaces()
+	names := make([]string, 0, len(all))
+	for _, ns := range all {
 		names = append(names, fmt.Sprintf("%q", ns.name))
 	}
 	slices.Sort(names)
@@ -152,8 +164,17 @@ func (s *Server) namespaceNames() []string {
 
 // Namespace returns the namespace called name.
 func (s *Server) Namespace(name string) (*Namespace, bool) {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
 	ns, ok := s.namespaces[name]
 	return ns, ok
+}
+
+// allNamespaces returns the namespaces in the order they were added.
+func (s *Server) allNamespaces() []*Namespace {
+	s.nsMu.RLock()
+	defer s.nsMu.RUnlock()
+	return slices.Clone(s.order)
 }
 
 func (s *Server) grpcServer(auth bool) *grpc.Server {
@@ -411,7 +432,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, ns := range s.order {
+	for _, ns := range s.allNamespaces() {
 		if err := ns.Close(ctx); err != nil {
 			errs = append(errs, err)
 		}

@@ -18,7 +18,7 @@ type service struct {
 }
 
 func (sv *service) ns(name string) (*Namespace, error) {
-	ns, ok := sv.s.namespaces[name]
+	ns, ok := sv.s.Namespace(name)
 	if !ok {
 		if name == "" {
 			return nil, fmt.Errorf("%w: no default namespace; name one of %v", ErrUnknownNamespace, sv.s.namespaceNames())
@@ -407,7 +407,7 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 			SlotSize: p.SlotSize, NumSlots: p.NumSlots,
 			UsedSlots: p.UsedSlots, PendingSlots: p.PendingSlots, PinnedSlots: p.PinnedSlots,
 			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
-			StoresRejected: p.StoresRejected, RevocableSlots: p.RevocableSlots,
+			StoresRejected: p.StoresRejected, RevocableSlots: p.RevocableSlots, LeasedSlots: p.LeasedSlots,
 		},
 		ActiveRequests:     int64(st.ActiveRequests),
 		CascadePinnedSlots: st.CascadePinned,

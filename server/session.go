@@ -112,7 +112,7 @@ func (h *sessions) end(s *session, why string) {
 	delete(h.live, s)
 	h.mu.Unlock()
 	n := 0
-	for _, ns := range h.srv.order {
+	for _, ns := range h.srv.allNamespaces() {
 		n += ns.releaseSession(s)
 	}
 	h.ended.Add(1)
@@ -151,7 +151,7 @@ func (srv *Server) janitor(ctx context.Context) {
 			if sweep {
 				swept = now
 			}
-			for _, ns := range srv.order {
+			for _, ns := range srv.allNamespaces() {
 				if sweep {
 					ns.expireIdle(now.Add(-idle))
 				}

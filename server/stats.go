@@ -39,7 +39,7 @@ type Stats struct {
 type PrimaryStats struct {
 	SlotSize, NumSlots                   int64
 	UsedSlots, PendingSlots, PinnedSlots int64
-	RevocableSlots                       int64
+	RevocableSlots, LeasedSlots          int64
 	Lookups, Hits, Misses, Evictions     uint64
 	StoresRejected                       uint64
 }

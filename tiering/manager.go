@@ -569,6 +569,68 @@ func (m *Manager) CompleteStore(keys []offload.Key, req *offload.ReqContext, suc
 	return nil
 }
 
+// Lease reserves up to n primary slots for an engine that assigns its
+// store slots itself (vLLM manager mode): see cpu.Primary.Lease. Finished
+// jobs are polled first, so that their pins do not keep blocks from being
+// evicted for the lease.
+func (m *Manager) Lease(n int) (slots []int64, evicted []offload.Key, err error) {
+	if m.closed {
+		return nil, nil, ErrClosed
+	}
+	if !m.polled {
+		m.poll()
+	}
+	slots, evicted = m.primary.Lease(n)
+	return slots, evicted, nil
+}
+
+// Bind commits an engine's stores into its leased slots: with success,
+// each slots[i] becomes keys[i]'s ready block (a copy of a key already
+// present is dropped and its slot freed) and the blocks bound cascade to
+// the secondary tiers the request's store filter allows, as CompleteStore
+// cascades; without success the slots go back to the free list. It
+// returns the number of blocks bound.
+func (m *Manager) Bind(keys []offload.Key, slots []int64, req *offload.ReqContext, success bool) (int, error) {
+	if m.closed {
+		return 0, ErrClosed
+	}
+	if len(keys) != len(slots) {
+		return 0, fmt.Errorf("tiering: bind %d keys to %d slots", len(keys), len(slots))
+	}
+	for _, s := range slots {
+		if !m.primary.Leased(s) {
+			return 0, fmt.Errorf("tiering: bind: slot %d: %w", s, cpu.ErrNotLeased)
+		}
+	}
+	if !success {
+		return 0, m.primary.Unlease(slots)
+	}
+	req = m.ctx(req)
+	var bound []offload.Key
+	for i, s := range slots {
+		ok, err := m.primary.Bind(s, keys[i])
+		if err != nil {
+			// Checked above: cannot happen; the slots left stay leased.
+			return len(bound), err
+		}
+		if ok {
+			bound = append(bound, keys[i])
+		}
+	}
+	if len(bound) > 0 && m.stack.Len() > 0 {
+		m.stack.Cascade(bound, req, ^uint64(0))
+	}
+	return len(bound), nil
+}
+
+// Unlease gives leased slots back (cpu.Primary.Unlease).
+func (m *Manager) Unlease(slots []int64) error {
+	if m.closed {
+		return ErrClosed
+	}
+	return m.primary.Unlease(slots)
+}
+
 func (m *Manager) readyKeys(keys []offload.Key) []offload.Key {
 	var out []offload.Key
 	for _, k := range keys {

@@ -329,9 +329,12 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		closeManager()
 		return nil, err
 	}
+	engines, maxEngines := buildEngines(cfg, log)
 	srv, err := server.New(server.Config{
-		Namespaces:  namespaces,
-		Regions:     regions,
+		Namespaces:    namespaces,
+		Regions:       regions,
+		Engines:       engines,
+		MaxNamespaces: len(namespaces) + maxEngines,
 		UnixSocket:  cfg.Server.UnixSocket,
 		TCPAddr:     cfg.Server.TCPAddr,
 		AuthToken:   token,
@@ -428,6 +431,51 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
 	}
 	return nc, closeFn, nil
+}
+
+// buildEngines returns the factory of vLLM manager-mode namespaces: each
+// engine layout gets a primary of engines.primary_bytes on a memfd arena
+// (the engines map it) with rows of the layout's size, the configured
+// secondary tiers laid out for it, and events on (returned to the engines
+// to publish). Nil when engines may not attach.
+func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, int) {
+	if !cfg.Engines.On() || cfg.Server.UnixSocket == "" {
+		return nil, 0
+	}
+	capacity := int64(cmp.Or(cfg.Engines.PrimaryBytes, cfg.Primary.Bytes, config.GiB))
+	parser := *cfg.Parser()
+	log = log.With("component", "engines")
+	return func(ctx context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
+		if capacity < int64(l.RowStride) {
+			return server.NamespaceConfig{}, fmt.Errorf("engines.primary_bytes %s holds no %d-byte row", config.ByteSize(capacity), l.RowStride)
+		}
+		p, err := cpu.New(cpu.Config{
+			SlotSize: l.RowStride, Capacity: capacity, Policy: string(cfg.Primary.Policy),
+			Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true,
+		})
+		if err != nil {
+			return server.NamespaceConfig{}, fmt.Errorf("primary: %w", err)
+		}
+		c := *cfg
+		c.Namespace.Model = name
+		c.Namespace.BytesPerBlock = config.ByteSize(l.RowStride)
+		c.Events.Enabled = true
+		tiers, err := tierset.Build(ctx, &c, tierset.Options{Logger: log.With("namespace", name)})
+		if err != nil {
+			p.Close()
+			return server.NamespaceConfig{}, err
+		}
+		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log.With("namespace", name)})
+		if err != nil {
+			for _, t := range tiers {
+				t.Close(ctx)
+			}
+			p.Close()
+			return server.NamespaceConfig{}, err
+		}
+		log.Info("engine namespace", "namespace", name, "slots", p.NumSlots(), "slot_size", l.RowStride, "tiers", len(tiers))
+		return server.ManagerNamespace(name, m, p, parser), nil
+	}, cmp.Or(cfg.Engines.MaxNamespaces, 4)
 }
 
 // buildRegions builds the vLLM tier-mode service: every engine layout

@@ -2092,8 +2092,10 @@ type PrimaryStats struct {
 	// Slots held only by cascades (soft pins): they keep their place in the
 	// eviction order.
 	RevocableSlots int64 `protobuf:"varint,11,opt,name=revocable_slots,json=revocableSlots,proto3" json:"revocable_slots,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Free slots leased to engines (manager mode) for their stores.
+	LeasedSlots   int64 `protobuf:"varint,12,opt,name=leased_slots,json=leasedSlots,proto3" json:"leased_slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrimaryStats) Reset() {
@@ -2199,6 +2201,13 @@ func (x *PrimaryStats) GetStoresRejected() uint64 {
 func (x *PrimaryStats) GetRevocableSlots() int64 {
 	if x != nil {
 		return x.RevocableSlots
+	}
+	return 0
+}
+
+func (x *PrimaryStats) GetLeasedSlots() int64 {
+	if x != nil {
+		return x.LeasedSlots
 	}
 	return 0
 }
@@ -4218,6 +4227,581 @@ func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
 	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
+type EngineAttachRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The engine's layout as JSON, with the fields of RegionRegistration
+	// (num_blocks is ignored: the daemon sizes the namespace).
+	Layout        string `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineAttachRequest) Reset() {
+	*x = EngineAttachRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineAttachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineAttachRequest) ProtoMessage() {}
+
+func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
+func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *EngineAttachRequest) GetLayout() string {
+	if x != nil {
+		return x.Layout
+	}
+	return ""
+}
+
+type EngineAttachResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	SlotSize  int64                  `protobuf:"varint,2,opt,name=slot_size,json=slotSize,proto3" json:"slot_size,omitempty"`
+	NumSlots  int64                  `protobuf:"varint,3,opt,name=num_slots,json=numSlots,proto3" json:"num_slots,omitempty"`
+	// The arena side channel (GetArenaResponse.fd_socket).
+	FdSocket      string `protobuf:"bytes,4,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineAttachResponse) Reset() {
+	*x = EngineAttachResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineAttachResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineAttachResponse) ProtoMessage() {}
+
+func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
+func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *EngineAttachResponse) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EngineAttachResponse) GetSlotSize() int64 {
+	if x != nil {
+		return x.SlotSize
+	}
+	return 0
+}
+
+func (x *EngineAttachResponse) GetNumSlots() int64 {
+	if x != nil {
+		return x.NumSlots
+	}
+	return 0
+}
+
+func (x *EngineAttachResponse) GetFdSocket() string {
+	if x != nil {
+		return x.FdSocket
+	}
+	return ""
+}
+
+type EngineNewRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	RequestId        string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	KvTransferParams string                 `protobuf:"bytes,2,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EngineNewRequest) Reset() {
+	*x = EngineNewRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineNewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineNewRequest) ProtoMessage() {}
+
+func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
+func (*EngineNewRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *EngineNewRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EngineNewRequest) GetKvTransferParams() string {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return ""
+}
+
+// EngineKeys are keys of one request, back to back, key_size bytes each.
+type EngineKeys struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PackedKeys    []byte                 `protobuf:"bytes,2,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32                 `protobuf:"varint,3,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineKeys) Reset() {
+	*x = EngineKeys{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineKeys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineKeys) ProtoMessage() {}
+
+func (x *EngineKeys) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
+func (*EngineKeys) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *EngineKeys) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EngineKeys) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *EngineKeys) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+// EngineStore commits an engine's writes into leased slots (success), or
+// gives the slots back.
+type EngineStore struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PackedKeys    []byte                 `protobuf:"bytes,2,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32                 `protobuf:"varint,3,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	Slots         []int64                `protobuf:"varint,4,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	Success       bool                   `protobuf:"varint,5,opt,name=success,proto3" json:"success,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineStore) Reset() {
+	*x = EngineStore{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineStore) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineStore) ProtoMessage() {}
+
+func (x *EngineStore) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
+func (*EngineStore) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *EngineStore) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EngineStore) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *EngineStore) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *EngineStore) GetSlots() []int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+func (x *EngineStore) GetSuccess() bool {
+	if x != nil {
+		return x.Success
+	}
+	return false
+}
+
+type EngineStepRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Namespace   string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	NewRequests []*EngineNewRequest    `protobuf:"bytes,2,rep,name=new_requests,json=newRequests,proto3" json:"new_requests,omitempty"`
+	// Unpins: loads completed, and lookup leases the engine drops unused.
+	Unpins             []*EngineKeys  `protobuf:"bytes,3,rep,name=unpins,proto3" json:"unpins,omitempty"`
+	Stores             []*EngineStore `protobuf:"bytes,4,rep,name=stores,proto3" json:"stores,omitempty"`
+	Touches            []*EngineKeys  `protobuf:"bytes,5,rep,name=touches,proto3" json:"touches,omitempty"`
+	Lookups            []*EngineKeys  `protobuf:"bytes,6,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	FinishedRequestIds []string       `protobuf:"bytes,7,rep,name=finished_request_ids,json=finishedRequestIds,proto3" json:"finished_request_ids,omitempty"`
+	// Leased slots the engine gives back unused.
+	ReturnSlots []int64 `protobuf:"varint,8,rep,packed,name=return_slots,json=returnSlots,proto3" json:"return_slots,omitempty"`
+	// The free leased slots the engine wants to hold after the step.
+	WantFreeSlots uint32 `protobuf:"varint,9,opt,name=want_free_slots,json=wantFreeSlots,proto3" json:"want_free_slots,omitempty"`
+	// Drop every block no one holds (vLLM's reset_cache).
+	ResetCache          bool     `protobuf:"varint,10,opt,name=reset_cache,json=resetCache,proto3" json:"reset_cache,omitempty"`
+	ScheduledRequestIds []string `protobuf:"bytes,11,rep,name=scheduled_request_ids,json=scheduledRequestIds,proto3" json:"scheduled_request_ids,omitempty"`
+	PreemptedRequestIds []string `protobuf:"bytes,12,rep,name=preempted_request_ids,json=preemptedRequestIds,proto3" json:"preempted_request_ids,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *EngineStepRequest) Reset() {
+	*x = EngineStepRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineStepRequest) ProtoMessage() {}
+
+func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
+func (*EngineStepRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *EngineStepRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EngineStepRequest) GetNewRequests() []*EngineNewRequest {
+	if x != nil {
+		return x.NewRequests
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetUnpins() []*EngineKeys {
+	if x != nil {
+		return x.Unpins
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetStores() []*EngineStore {
+	if x != nil {
+		return x.Stores
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetTouches() []*EngineKeys {
+	if x != nil {
+		return x.Touches
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetLookups() []*EngineKeys {
+	if x != nil {
+		return x.Lookups
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetFinishedRequestIds() []string {
+	if x != nil {
+		return x.FinishedRequestIds
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetReturnSlots() []int64 {
+	if x != nil {
+		return x.ReturnSlots
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetWantFreeSlots() uint32 {
+	if x != nil {
+		return x.WantFreeSlots
+	}
+	return 0
+}
+
+func (x *EngineStepRequest) GetResetCache() bool {
+	if x != nil {
+		return x.ResetCache
+	}
+	return false
+}
+
+func (x *EngineStepRequest) GetScheduledRequestIds() []string {
+	if x != nil {
+		return x.ScheduledRequestIds
+	}
+	return nil
+}
+
+func (x *EngineStepRequest) GetPreemptedRequestIds() []string {
+	if x != nil {
+		return x.PreemptedRequestIds
+	}
+	return nil
+}
+
+type EngineLookupResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// One RegionFound per key, as bytes (UNKNOWN: looked up again later).
+	Found []byte `protobuf:"bytes,2,opt,name=found,proto3" json:"found,omitempty"`
+	// The slot of each HIT, in key order.
+	Slots         []int64 `protobuf:"varint,3,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineLookupResult) Reset() {
+	*x = EngineLookupResult{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineLookupResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineLookupResult) ProtoMessage() {}
+
+func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
+func (*EngineLookupResult) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *EngineLookupResult) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EngineLookupResult) GetFound() []byte {
+	if x != nil {
+		return x.Found
+	}
+	return nil
+}
+
+func (x *EngineLookupResult) GetSlots() []int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+type EngineStepResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Lookups []*EngineLookupResult  `protobuf:"bytes,1,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	// Slots newly leased to the engine.
+	GrantedSlots []int64        `protobuf:"varint,2,rep,packed,name=granted_slots,json=grantedSlots,proto3" json:"granted_slots,omitempty"`
+	Events       []*RegionEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	// Problems with entries of the request that did not fail the step
+	// (an unknown request, a slot not leased to the engine).
+	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineStepResponse) Reset() {
+	*x = EngineStepResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineStepResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineStepResponse) ProtoMessage() {}
+
+func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
+func (*EngineStepResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
+	if x != nil {
+		return x.Lookups
+	}
+	return nil
+}
+
+func (x *EngineStepResponse) GetGrantedSlots() []int64 {
+	if x != nil {
+		return x.GrantedSlots
+	}
+	return nil
+}
+
+func (x *EngineStepResponse) GetEvents() []*RegionEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *EngineStepResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 var File_kvtier_v1_kvtier_proto protoreflect.FileDescriptor
 
 const file_kvtier_v1_kvtier_proto_rawDesc = "" +
@@ -4348,7 +4932,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x0f\n" +
 	"\rResetResponse\",\n" +
 	"\fStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe5\x02\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x88\x03\n" +
 	"\fPrimaryStats\x12\x1b\n" +
 	"\tslot_size\x18\x01 \x01(\x03R\bslotSize\x12\x1b\n" +
 	"\tnum_slots\x18\x02 \x01(\x03R\bnumSlots\x12\x1d\n" +
@@ -4362,7 +4946,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tevictions\x18\t \x01(\x04R\tevictions\x12'\n" +
 	"\x0fstores_rejected\x18\n" +
 	" \x01(\x04R\x0estoresRejected\x12'\n" +
-	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\"\x84\t\n" +
+	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\x12!\n" +
+	"\fleased_slots\x18\f \x01(\x03R\vleasedSlots\"\x84\t\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12)\n" +
@@ -4526,7 +5111,58 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"\x15\n" +
-	"\x13RegionDrainResponse*\x94\x01\n" +
+	"\x13RegionDrainResponse\"-\n" +
+	"\x13EngineAttachRequest\x12\x16\n" +
+	"\x06layout\x18\x01 \x01(\tR\x06layout\"\x8b\x01\n" +
+	"\x14EngineAttachResponse\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
+	"\tslot_size\x18\x02 \x01(\x03R\bslotSize\x12\x1b\n" +
+	"\tnum_slots\x18\x03 \x01(\x03R\bnumSlots\x12\x1b\n" +
+	"\tfd_socket\x18\x04 \x01(\tR\bfdSocket\"_\n" +
+	"\x10EngineNewRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12,\n" +
+	"\x12kv_transfer_params\x18\x02 \x01(\tR\x10kvTransferParams\"g\n" +
+	"\n" +
+	"EngineKeys\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vpacked_keys\x18\x02 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x03 \x01(\rR\akeySize\"\x98\x01\n" +
+	"\vEngineStore\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vpacked_keys\x18\x02 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x03 \x01(\rR\akeySize\x12\x14\n" +
+	"\x05slots\x18\x04 \x03(\x03R\x05slots\x12\x18\n" +
+	"\asuccess\x18\x05 \x01(\bR\asuccess\"\xb8\x04\n" +
+	"\x11EngineStepRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12>\n" +
+	"\fnew_requests\x18\x02 \x03(\v2\x1b.kvtier.v1.EngineNewRequestR\vnewRequests\x12-\n" +
+	"\x06unpins\x18\x03 \x03(\v2\x15.kvtier.v1.EngineKeysR\x06unpins\x12.\n" +
+	"\x06stores\x18\x04 \x03(\v2\x16.kvtier.v1.EngineStoreR\x06stores\x12/\n" +
+	"\atouches\x18\x05 \x03(\v2\x15.kvtier.v1.EngineKeysR\atouches\x12/\n" +
+	"\alookups\x18\x06 \x03(\v2\x15.kvtier.v1.EngineKeysR\alookups\x120\n" +
+	"\x14finished_request_ids\x18\a \x03(\tR\x12finishedRequestIds\x12!\n" +
+	"\freturn_slots\x18\b \x03(\x03R\vreturnSlots\x12&\n" +
+	"\x0fwant_free_slots\x18\t \x01(\rR\rwantFreeSlots\x12\x1f\n" +
+	"\vreset_cache\x18\n" +
+	" \x01(\bR\n" +
+	"resetCache\x122\n" +
+	"\x15scheduled_request_ids\x18\v \x03(\tR\x13scheduledRequestIds\x122\n" +
+	"\x15preempted_request_ids\x18\f \x03(\tR\x13preemptedRequestIds\"_\n" +
+	"\x12EngineLookupResult\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05found\x18\x02 \x01(\fR\x05found\x12\x14\n" +
+	"\x05slots\x18\x03 \x03(\x03R\x05slots\"\xbe\x01\n" +
+	"\x12EngineStepResponse\x127\n" +
+	"\alookups\x18\x01 \x03(\v2\x1d.kvtier.v1.EngineLookupResultR\alookups\x12#\n" +
+	"\rgranted_slots\x18\x02 \x03(\x03R\fgrantedSlots\x12.\n" +
+	"\x06events\x18\x03 \x03(\v2\x16.kvtier.v1.RegionEventR\x06events\x12\x1a\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings*\x94\x01\n" +
 	"\fLookupResult\x12\x1d\n" +
 	"\x19LOOKUP_RESULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LOOKUP_RESULT_MISS\x10\x01\x12\x15\n" +
@@ -4557,7 +5193,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xd4\v\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xf0\f\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
@@ -4580,7 +5216,10 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\rRegionResults\x12\x1f.kvtier.v1.RegionResultsRequest\x1a .kvtier.v1.RegionResultsResponse0\x01\x12I\n" +
 	"\n" +
 	"RegionStep\x12\x1c.kvtier.v1.RegionStepRequest\x1a\x1d.kvtier.v1.RegionStepResponse\x12L\n" +
-	"\vRegionDrain\x12\x1d.kvtier.v1.RegionDrainRequest\x1a\x1e.kvtier.v1.RegionDrainResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
+	"\vRegionDrain\x12\x1d.kvtier.v1.RegionDrainRequest\x1a\x1e.kvtier.v1.RegionDrainResponse\x12O\n" +
+	"\fEngineAttach\x12\x1e.kvtier.v1.EngineAttachRequest\x1a\x1f.kvtier.v1.EngineAttachResponse\x12I\n" +
+	"\n" +
+	"EngineStep\x12\x1c.kvtier.v1.EngineStepRequest\x1a\x1d.kvtier.v1.EngineStepResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
 
 var (
 	file_kvtier_v1_kvtier_proto_rawDescOnce sync.Once
@@ -4595,7 +5234,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -4657,7 +5296,15 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*RegionStepResponse)(nil),    // 57: kvtier.v1.RegionStepResponse
 	(*RegionDrainRequest)(nil),    // 58: kvtier.v1.RegionDrainRequest
 	(*RegionDrainResponse)(nil),   // 59: kvtier.v1.RegionDrainResponse
-	nil,                           // 60: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*EngineAttachRequest)(nil),   // 60: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 61: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 62: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 63: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 64: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 65: kvtier.v1.EngineStepRequest
+	(*EngineLookupResult)(nil),    // 66: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 67: kvtier.v1.EngineStepResponse
+	nil,                           // 68: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -4671,7 +5318,7 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	20, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	60, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	68, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 	32, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
 	33, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
 	2,  // 14: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
@@ -4691,51 +5338,62 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 28: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
 	3,  // 29: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
 	56, // 30: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 31: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 32: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	14, // 33: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	16, // 34: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	18, // 35: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	21, // 36: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	23, // 37: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	25, // 38: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	27, // 39: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	29, // 40: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	31, // 41: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	35, // 42: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	39, // 43: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	41, // 44: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	43, // 45: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	46, // 46: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	49, // 47: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	51, // 48: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	55, // 49: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	58, // 50: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	11, // 51: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	13, // 52: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 53: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	17, // 54: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	19, // 55: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	22, // 56: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	24, // 57: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	26, // 58: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	28, // 59: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	30, // 60: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	34, // 61: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	37, // 62: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	40, // 63: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	42, // 64: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	44, // 65: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	47, // 66: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	50, // 67: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	53, // 68: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	57, // 69: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	59, // 70: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	62, // 31: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	63, // 32: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	64, // 33: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	63, // 34: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	63, // 35: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	66, // 36: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	56, // 37: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 38: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 39: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	14, // 40: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	16, // 41: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	18, // 42: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	21, // 43: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	23, // 44: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	25, // 45: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	27, // 46: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	29, // 47: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	31, // 48: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	35, // 49: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	39, // 50: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	41, // 51: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	43, // 52: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	46, // 53: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	49, // 54: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	51, // 55: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	55, // 56: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	58, // 57: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	60, // 58: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	65, // 59: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	11, // 60: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	13, // 61: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 62: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	17, // 63: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	19, // 64: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	22, // 65: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	24, // 66: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	26, // 67: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	28, // 68: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	30, // 69: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	34, // 70: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	37, // 71: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	40, // 72: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	42, // 73: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	44, // 74: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	47, // 75: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	50, // 76: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	53, // 77: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	57, // 78: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	59, // 79: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	61, // 80: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	67, // 81: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	60, // [60:82] is the sub-list for method output_type
+	38, // [38:60] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -4750,7 +5408,7 @@ func file_kvtier_v1_kvtier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   54,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

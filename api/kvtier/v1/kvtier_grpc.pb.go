@@ -76,6 +76,8 @@ const (
 	KVTier_RegionResults_FullMethodName = "/kvtier.v1.KVTier/RegionResults"
 	KVTier_RegionStep_FullMethodName    = "/kvtier.v1.KVTier/RegionStep"
 	KVTier_RegionDrain_FullMethodName   = "/kvtier.v1.KVTier/RegionDrain"
+	KVTier_EngineAttach_FullMethodName  = "/kvtier.v1.KVTier/EngineAttach"
+	KVTier_EngineStep_FullMethodName    = "/kvtier.v1.KVTier/EngineStep"
 )
 
 // KVTierClient is the client API for KVTier service.
@@ -153,6 +155,21 @@ type KVTierClient interface {
 	RegionStep(ctx context.Context, in *RegionStepRequest, opts ...grpc.CallOption) (*RegionStepResponse, error)
 	// RegionDrain returns once none of the region's jobs is in flight.
 	RegionDrain(ctx context.Context, in *RegionDrainRequest, opts ...grpc.CallOption) (*RegionDrainResponse, error)
+	// vLLM manager mode: kvtier's primary is vLLM's CPU cache, shared by
+	// every engine attached to the namespace.
+	//
+	// EngineAttach returns the namespace whose slots fit an engine's layout,
+	// creating it (its primary on a shareable arena, and the configured
+	// tiers laid out for it) on first use; the engine then maps the arena
+	// (GetArena, fd_socket).
+	EngineAttach(ctx context.Context, in *EngineAttachRequest, opts ...grpc.CallOption) (*EngineAttachResponse, error)
+	// EngineStep is everything an engine step has for the daemon, in one
+	// call: new requests, the completions, stores and finishes of the step,
+	// the lookups of keys the engine saw for the first time, and how many
+	// free slots the engine wants leased to it; it answers the lookups (a HIT
+	// is a lease: the block is pinned for the request until the engine
+	// unpins it), grants slots and returns the step's events.
+	EngineStep(ctx context.Context, in *EngineStepRequest, opts ...grpc.CallOption) (*EngineStepResponse, error)
 }
 
 type kVTierClient struct {
@@ -372,6 +389,26 @@ func (c *kVTierClient) RegionDrain(ctx context.Context, in *RegionDrainRequest, 
 	return out, nil
 }
 
+func (c *kVTierClient) EngineAttach(ctx context.Context, in *EngineAttachRequest, opts ...grpc.CallOption) (*EngineAttachResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EngineAttachResponse)
+	err := c.cc.Invoke(ctx, KVTier_EngineAttach_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) EngineStep(ctx context.Context, in *EngineStepRequest, opts ...grpc.CallOption) (*EngineStepResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EngineStepResponse)
+	err := c.cc.Invoke(ctx, KVTier_EngineStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVTierServer is the server API for KVTier service.
 // All implementations must embed UnimplementedKVTierServer
 // for forward compatibility.
@@ -447,6 +484,21 @@ type KVTierServer interface {
 	RegionStep(context.Context, *RegionStepRequest) (*RegionStepResponse, error)
 	// RegionDrain returns once none of the region's jobs is in flight.
 	RegionDrain(context.Context, *RegionDrainRequest) (*RegionDrainResponse, error)
+	// vLLM manager mode: kvtier's primary is vLLM's CPU cache, shared by
+	// every engine attached to the namespace.
+	//
+	// EngineAttach returns the namespace whose slots fit an engine's layout,
+	// creating it (its primary on a shareable arena, and the configured
+	// tiers laid out for it) on first use; the engine then maps the arena
+	// (GetArena, fd_socket).
+	EngineAttach(context.Context, *EngineAttachRequest) (*EngineAttachResponse, error)
+	// EngineStep is everything an engine step has for the daemon, in one
+	// call: new requests, the completions, stores and finishes of the step,
+	// the lookups of keys the engine saw for the first time, and how many
+	// free slots the engine wants leased to it; it answers the lookups (a HIT
+	// is a lease: the block is pinned for the request until the engine
+	// unpins it), grants slots and returns the step's events.
+	EngineStep(context.Context, *EngineStepRequest) (*EngineStepResponse, error)
 	mustEmbedUnimplementedKVTierServer()
 }
 
@@ -516,6 +568,12 @@ func (UnimplementedKVTierServer) RegionStep(context.Context, *RegionStepRequest)
 }
 func (UnimplementedKVTierServer) RegionDrain(context.Context, *RegionDrainRequest) (*RegionDrainResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionDrain not implemented")
+}
+func (UnimplementedKVTierServer) EngineAttach(context.Context, *EngineAttachRequest) (*EngineAttachResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EngineAttach not implemented")
+}
+func (UnimplementedKVTierServer) EngineStep(context.Context, *EngineStepRequest) (*EngineStepResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EngineStep not implemented")
 }
 func (UnimplementedKVTierServer) mustEmbedUnimplementedKVTierServer() {}
 func (UnimplementedKVTierServer) testEmbeddedByValue()                {}
@@ -891,6 +949,42 @@ func _KVTier_RegionDrain_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVTier_EngineAttach_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineAttachRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).EngineAttach(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_EngineAttach_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).EngineAttach(ctx, req.(*EngineAttachRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_EngineStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).EngineStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_EngineStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).EngineStep(ctx, req.(*EngineStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVTier_ServiceDesc is the grpc.ServiceDesc for KVTier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -973,6 +1067,14 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegionDrain",
 			Handler:    _KVTier_RegionDrain_Handler,
+		},
+		{
+			MethodName: "EngineAttach",
+			Handler:    _KVTier_EngineAttach_Handler,
+		},
+		{
+			MethodName: "EngineStep",
+			Handler:    _KVTier_EngineStep_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

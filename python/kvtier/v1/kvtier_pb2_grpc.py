@@ -115,6 +115,16 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.FromString,
                 )
+        self.EngineAttach = channel.unary_unary(
+                '/kvtier.v1.KVTier/EngineAttach',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineAttachRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineAttachResponse.FromString,
+                )
+        self.EngineStep = channel.unary_unary(
+                '/kvtier.v1.KVTier/EngineStep',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.FromString,
+                )
 
 
 class KVTierServicer(object):
@@ -290,6 +300,31 @@ class KVTierServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EngineAttach(self, request, context):
+        """vLLM manager mode: kvtier's primary is vLLM's CPU cache, shared by
+        every engine attached to the namespace.
+
+        EngineAttach returns the namespace whose slots fit an engine's layout,
+        creating it (its primary on a shareable arena, and the configured
+        tiers laid out for it) on first use; the engine then maps the arena
+        (GetArena, fd_socket).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EngineStep(self, request, context):
+        """EngineStep is everything an engine step has for the daemon, in one
+        call: new requests, the completions, stores and finishes of the step,
+        the lookups of keys the engine saw for the first time, and how many
+        free slots the engine wants leased to it; it answers the lookups (a HIT
+        is a lease: the block is pinned for the request until the engine
+        unpins it), grants slots and returns the step's events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -392,6 +427,16 @@ def add_KVTierServicer_to_server(servicer, server):
                     servicer.RegionDrain,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.SerializeToString,
+            ),
+            'EngineAttach': grpc.unary_unary_rpc_method_handler(
+                    servicer.EngineAttach,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineAttachRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineAttachResponse.SerializeToString,
+            ),
+            'EngineStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.EngineStep,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -741,5 +786,39 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionDrain',
             kvtier_dot_v1_dot_kvtier__pb2.RegionDrainRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.RegionDrainResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EngineAttach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/EngineAttach',
+            kvtier_dot_v1_dot_kvtier__pb2.EngineAttachRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.EngineAttachResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EngineStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/EngineStep',
+            kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,149 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/region"
+	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiering"
+)
+
+// A daemon whose engines attach in manager mode, each layout getting a
+// 16-slot primary.
+func startEngineDaemon(t *testing.T) (string, *server.Server) {
+	t.Helper()
+	dir := shortTempDir(t)
+	sock := filepath.Join(dir, "k.sock")
+	srv, err := server.New(server.Config{
+		UnixSocket: sock,
+		Engines: func(_ context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
+			p, err := cpu.New(cpu.Config{SlotSize: l.RowStride, Capacity: int64(16 * l.RowStride), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
+			if err != nil {
+				return server.NamespaceConfig{}, err
+			}
+			m, err := tiering.New(tiering.Config{Primary: p})
+			if err != nil {
+				return server.NamespaceConfig{}, err
+			}
+			return server.ManagerNamespace(name, m, p, offload.Parser{}), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return sock, srv
+}
+
+func engineLayout() string {
+	b, _ := json.Marshal(map[string]any{"row_stride": 4096, "blocks_per_chunk": 1, "model": "m", "dtype": "float16", "world_size": 1})
+	return string(b)
+}
+
+func pack(keys ...offload.Key) ([]byte, uint32) {
+	var b []byte
+	for _, k := range keys {
+		b = append(b, k...)
+	}
+	return b, uint32(len(keys[0]))
+}
+
+func TestEngineAttachLeaseStoreLookup(t *testing.T) {
+	sock, _ := startEngineDaemon(t)
+	ctx := ctxT(t)
+	dial := func() *client.Client {
+		c, err := client.Dial(sock, client.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	e1, e2 := dial(), dial()
+	att, err := e1.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+	if err != nil || att.GetSlotSize() != 4096 || att.GetNumSlots() != 16 {
+		t.Fatalf("attach: %v %v", att, err)
+	}
+	att2, err := e2.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+	if err != nil || att2.GetNamespace() != att.GetNamespace() {
+		t.Fatalf("second engine of the layout: %v %v", att2, err)
+	}
+	ns := att.GetNamespace()
+	arena, err := e1.WithNamespace(ns).MapArena(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+
+	// Step 1: a request, and four slots leased.
+	r1, err := e1.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns,
+		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 4})
+	if err != nil || len(r1.GetGrantedSlots()) != 4 || len(r1.GetWarnings()) != 0 {
+		t.Fatalf("step 1: %v %v", r1, err)
+	}
+	slots := r1.GetGrantedSlots()
+	k1, k2 := offload.MakeKey([]byte("engine-block-1"), 0), offload.MakeKey([]byte("engine-block-2"), 0)
+	for i, s := range slots[:2] {
+		b, _ := arena.Slot(s)
+		copy(b, strings.Repeat(string(rune('a'+i)), 4096))
+	}
+	// Step 2: the engine stored two blocks locally; it commits them, and a
+	// slot it does not hold is refused with a warning.
+	packed, size := pack(k1, k2)
+	r2, err := e1.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns,
+		Stores: []*kvtierv1.EngineStore{
+			{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: slots[:2], Success: true},
+			{RequestId: "a", PackedKeys: packed[:size], KeySize: size, Slots: []int64{15}, Success: true},
+		},
+		FinishedRequestIds: []string{"a"}, WantFreeSlots: 2})
+	if err != nil || len(r2.GetWarnings()) != 1 || !strings.Contains(r2.GetWarnings()[0], "not leased to this engine") {
+		t.Fatalf("step 2: %v %v", r2, err)
+	}
+	if len(r2.GetEvents()) != 2 || r2.GetEvents()[0].GetRemoved() || r2.GetEvents()[1].GetRemoved() {
+		t.Fatalf("step 2 events %v, want the stored blocks", r2.GetEvents())
+	}
+	// Engine 2 looks them up: a HIT pins the block for it and names its slot.
+	packed2, size2 := pack(k1, offload.MakeKey([]byte("engine-block-9"), 0))
+	r3, err := e2.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns,
+		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, // the same id: per engine
+		Lookups:     []*kvtierv1.EngineKeys{{RequestId: "a", PackedKeys: packed2, KeySize: size2}}})
+	if err != nil || len(r3.GetLookups()) != 1 {
+		t.Fatalf("step 3: %v %v", r3, err)
+	}
+	lk := r3.GetLookups()[0]
+	if lk.GetFound()[0] != byte(kvtierv1.RegionFound_REGION_FOUND_HIT) || lk.GetFound()[1] != byte(kvtierv1.RegionFound_REGION_FOUND_MISS) || len(lk.GetSlots()) != 1 || lk.GetSlots()[0] != slots[0] {
+		t.Fatalf("lookup answer %v (slots %v)", lk, slots)
+	}
+	st, err := e2.WithNamespace(ns).Stats(ctx)
+	if err != nil || st.GetPrimary().GetPinnedSlots() != 1 {
+		t.Fatalf("the lookup lease does not pin: %v %v", st.GetPrimary(), err)
+	}
+	// Engine 1 dies: its leased slots come back; engine 2's lease stays.
+	e1.Close()
+	for i := 0; ; i++ {
+		st, err := e2.WithNamespace(ns).Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := st.GetPrimary()
+		if p.GetLeasedSlots() == 0 && p.GetPinnedSlots() == 1 && p.GetUsedSlots() == 2 {
+			break
+		}
+		if i > 2000 {
+			t.Fatalf("after engine 1 ended: %v (want its 4 leased slots back, engine 2's pin kept)", p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
