@@ -139,3 +139,48 @@ def test_load_filter_decisions_match_vllms(kvtier_bin: str, raw: object) -> None
     f = TierFilter.ALL if raw is None else _parse_tier_filter(raw)
     vllm_allows = {n for n, (m, loc) in decls.items() if f.allows(vc.Medium[m], vc.Locality[loc])}
     assert kvtier_allows == vllm_allows, (kvtier_allows, vllm_allows)
+
+
+def test_manager_mode_symbols() -> None:
+    assert {"lookup", "prepare_load", "prepare_store", "on_new_request"} <= vc.OffloadingManager.__abstractmethods__
+    for name in ("touch", "complete_load", "complete_store", "on_request_finished", "take_events",
+                 "on_schedule_end", "has_pending_work", "reset_cache", "shutdown", "lock"):
+        assert hasattr(vc.OffloadingManager, name), name
+    assert [f.name for f in dataclasses.fields(vc.PrepareStoreOutput)] == ["keys_to_store", "store_spec", "evicted_keys"]
+    assert hasattr(vc.CPULoadStoreSpec([1]), "chunk_ids")
+    assert list(inspect.signature(vc.CPUOffloadingWorker.__init__).parameters) == [
+        "self", "kv_caches", "blocks_per_chunk", "num_cpu_chunks", "mmap_region", "canonical_layout"]
+    assert {"get_manager", "get_worker"} <= vc.OffloadingSpec.__abstractmethods__
+    from kvtier.vllm.manager import KvtierProxyManager
+    from kvtier.vllm.spec import KvtierOffloadingSpec
+
+    assert not KvtierProxyManager.__abstractmethods__ and not KvtierOffloadingSpec.__abstractmethods__
+
+
+def test_arena_region_sets_every_field_vllms_region_has() -> None:
+    """ArenaRegion skips SharedOffloadRegion.__init__: it must set every
+    instance field a real region has (vLLM's worker and region methods read
+    them), and its views must address the rows as vLLM's do."""
+    import os
+
+    import torch
+
+    from kvtier.vllm.spec import ArenaRegion
+
+    real = vc.SharedOffloadRegion(engine_id="kvtier-compat-" + os.urandom(4).hex(), num_chunks=4, rank=1,
+                                  kv_bytes_per_chunk=8192, cpu_page_size=4096)
+    fd = os.memfd_create("kvtier-compat")
+    os.ftruncate(fd, 4 * 8192)
+    ours = ArenaRegion(fd, 4, 8192, 4096, 1)
+    try:
+        missing = set(vars(real)) - set(vars(ours))
+        assert not missing, f"ArenaRegion lacks {sorted(missing)}"
+        v_real, v_ours = real.create_next_worker_view(1024), ours.create_next_worker_view(1024)
+        assert v_real.shape == v_ours.shape and v_real.stride() == v_ours.stride()
+        assert v_real.storage_offset() == v_ours.storage_offset() == 4096
+        v_ours[2].fill_(7)
+        assert int(ours.base_tensor[2 * 8192 + 4096]) == 7 and int(ours.base_tensor[2 * 8192 + 4095]) == 0
+        assert isinstance(ours.base_tensor, torch.Tensor)
+    finally:
+        real.cleanup()
+        ours.cleanup()

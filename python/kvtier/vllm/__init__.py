@@ -13,6 +13,13 @@ the entry point. On vLLM's CPU backend, where vLLM's spec builds no worker,
 ``"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path":
 "kvtier.vllm"`` is TieringOffloadingSpec with a host-copy worker.
 
+Manager mode: kvtier as vLLM's whole offloading spec, its primary the CPU
+cache every engine on the node shares (``KvtierOffloadingSpec``)::
+
+    {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+     "kv_connector_extra_config": {"spec_name": "KvtierOffloadingSpec",
+       "kvtier": {"target": "unix:///run/kvtier/kvtier.sock"}}}
+
 Importing this package imports nothing of vLLM (vLLM's API server imports
 tier modules only to read metric definitions): the classes load on first
 attribute access.
@@ -22,9 +29,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KvtierSecondaryTier", "KvtierTieringOffloadingSpec", "HostCopyWorker"]
+__all__ = ["KvtierSecondaryTier", "KvtierTieringOffloadingSpec", "KvtierOffloadingSpec", "KvtierProxyManager", "HostCopyWorker"]
 
 _LAZY = {
+    "KvtierOffloadingSpec": "kvtier.vllm.spec",
+    "KvtierProxyManager": "kvtier.vllm.manager",
     "KvtierSecondaryTier": "kvtier.vllm.tier",
     "KvtierTieringOffloadingSpec": "kvtier.vllm.worker",
     "HostCopyWorker": "kvtier.vllm.worker",

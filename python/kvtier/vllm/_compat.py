@@ -59,19 +59,32 @@ try:
         SecondaryTierManager,
         TransferJob,
     )
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 except ImportError as e:  # pragma: no cover
     raise _fail("vLLM's tiering API (vllm.v1.kv_offload.tiering, vLLM PR #51007)", e) from e
 
 try:
     from vllm.platforms import current_platform
-    from vllm.v1.kv_offload.base import OffloadingSpec, OffloadingWorker, TransferResult
+    from vllm.v1.kv_offload.base import (
+        OffloadingManager,
+        OffloadingSpec,
+        OffloadingWorker,
+        PrepareStoreOutput,
+        TransferResult,
+    )
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 except ImportError as e:  # pragma: no cover
     raise _fail("vLLM's offloading spec and worker API", e) from e
 
 __all__ = [
+    "CPULoadStoreSpec",
+    "CPUOffloadingWorker",
+    "OffloadingManager",
+    "PrepareStoreOutput",
     "OffloadingSpec",
     "OffloadingWorker",
     "SharedOffloadRegion",
@@ -87,6 +100,7 @@ __all__ = [
     "ReqContext",
     "RequestOffloadingContext",
     "ScheduleEndContext",
+    "OffloadingSpecFactory",
     "SecondaryTierFactory",
     "SecondaryTierManager",
     "TESTED_VLLM",

@@ -13,6 +13,8 @@ log = logging.getLogger("kvtier.vllm")
 
 #: The secondary tier type users write in ``secondary_tiers``.
 TIER_TYPE = "kvtier"
+#: The offloading spec of manager mode (``spec_name``).
+SPEC_NAME = "KvtierOffloadingSpec"
 
 
 def register() -> None:
@@ -22,3 +24,6 @@ def register() -> None:
     if TIER_TYPE not in registry:
         vc.SecondaryTierFactory.register_tier(TIER_TYPE, "kvtier.vllm", "KvtierSecondaryTier")
         log.debug("kvtier: registered secondary tier type %r", TIER_TYPE)
+    for name in (SPEC_NAME, "KvtierTieringOffloadingSpec"):
+        if name not in getattr(vc.OffloadingSpecFactory, "_registry", {}):
+            vc.OffloadingSpecFactory.register_spec(name, "kvtier.vllm", name)

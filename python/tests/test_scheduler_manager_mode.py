@@ -1,0 +1,66 @@
+"""Manager mode through vLLM's real scheduler: kvtier's primary is the CPU
+cache of two engines attached to one daemon. Engine 2 hits the prefix
+engine 1 stored; blocks reloaded after a prefix-cache reset are the bytes
+the "model" computed; kvtier's Stats show the hits."""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from conftest import Daemon
+from engine_harness import BLOCK, Engine, tiny_model_dir
+
+PROMPT = list(range(300, 300 + 4 * BLOCK + 5))
+
+
+@pytest.fixture
+def engine_daemon(kvtier_bin: str) -> Iterator[Daemon]:
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    cfg = f"""
+namespace: {{model: unused, bytes_per_block: 4KiB}}
+primary: {{bytes: 0}}
+engines: {{primary_bytes: 1MiB}}
+secondary_tiers:
+  - {{name: disk, type: fs, root_dir: {d}/data, locality: local}}
+server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
+"""
+    dm = Daemon(kvtier_bin, d, cfg).start()
+    yield dm
+    dm.stop()
+
+
+def engine(daemon: Daemon, model: str) -> Engine:
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # registers spec_name KvtierOffloadingSpec
+    return Engine({"spec_name": "KvtierOffloadingSpec", "kvtier": {"target": "unix://" + daemon.sock}}, model=model)
+
+
+def test_two_engines_share_one_cpu_cache(engine_daemon: Daemon) -> None:
+    model = tiny_model_dir()  # one model: the engines' layouts match
+    e1, e2 = engine(engine_daemon, model), engine(engine_daemon, model)
+    try:
+        ns = e1.manager._ns
+        assert e2.manager._ns == ns
+        e1.add("a", PROMPT)
+        e1.run()
+        # Engine 2 never computed this prefix: it loads it from the shared cache.
+        e2.add("a", PROMPT)  # the same request id: ids are per engine
+        e2.run()
+        assert e2.reused["a"] == (4, 4), e2.reused["a"]
+        with engine_daemon.client(ns) as c:
+            st = c.stats()
+        assert st.primary.hits >= 4, st.primary
+        # After engine 1 forgets its prefix cache, the prefix comes back
+        # from kvtier, byte for byte.
+        e1.reset_prefix_cache()
+        e1.add("b", PROMPT, {"kv_load_tiers": []})  # the primary is never filtered
+        e1.run()
+        assert e1.reused["b"] == (4, 4), e1.reused["b"]
+    finally:
+        e1.shutdown()
+        e2.shutdown()
