@@ -10,8 +10,10 @@ import (
 // what current vLLM publishes: map-encoded events and uint64 hashes.
 type Format struct {
 	// Positional encodes events as the arrays of vLLM ≤ 0.23
-	// (["BlockStored", f1, f2, ...], trailing defaults omitted) instead of
-	// maps tagged by "type".
+	// (["BlockStored", f1, ..., f11], every field of that release's
+	// schema, byte-identical to its msgspec encoder) instead of maps tagged
+	// by "type". Locality and ownership do not exist in that schema and
+	// are not written. llm-d-kv-cache main decodes only this form.
 	Positional bool
 	// RawHashes writes hashes as msgpack bin with the engine's full hash
 	// bytes, like vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, instead
@@ -85,7 +87,10 @@ func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	n := uint32(8)
 	n += b2u(ev.HasGroupIdx) + b2u(ev.SpecKind != "") + b2u(ev.SlidingWindow != 0) +
 		b2u(ev.Locality != "") + b2u(ev.Ownership != "")
-	dst = msgp.AppendMapHeader(dst, n)
+	// msgspec sizes a struct's map header for all its fields before it
+	// knows how many omit_defaults leaves out: BlockStored has more than
+	// 15 (with the tag), so vLLM writes map16 even for 9 entries.
+	dst = append(dst, 0xde, byte(n>>8), byte(n))
 	dst = append(dst, kType...)
 	dst = append(dst, tagStored...)
 	dst = append(dst, kBlockHashes...)
@@ -125,26 +130,14 @@ func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	return dst
 }
 
-// appendStoredArray writes the pre-#42892 positional form: the tag, then
-// the fields in declaration order, cut after the last field that differs
-// from its default (msgspec array_like + omit_defaults).
+// appendStoredArray writes the array form of vLLM ≤ 0.23 (before #42892):
+// the tag, then all eleven fields of that release's BlockStored in
+// declaration order. msgspec's array_like structs write every field, even
+// with omit_defaults, and that schema has no locality or ownership, so
+// neither is written: a positional consumer would read them as fields it
+// does not have.
 func (f Format) appendStoredArray(dst []byte, ev *BlockEvent) []byte {
-	// Positions after the tag: 1 hashes … 7 lora_name, 8 extra_keys,
-	// 9 group_idx, 10 kind, 11 window, 12 locality, 13 ownership.
-	n := 8
-	switch {
-	case ev.Ownership != "":
-		n = 14
-	case ev.Locality != "":
-		n = 13
-	case ev.SlidingWindow != 0:
-		n = 12
-	case ev.SpecKind != "":
-		n = 11
-	case ev.HasGroupIdx:
-		n = 10
-	}
-	dst = msgp.AppendArrayHeader(dst, uint32(n))
+	dst = msgp.AppendArrayHeader(dst, 12)
 	dst = append(dst, tagStored...)
 	dst = f.appendHashes(dst, ev.BlockHashes)
 	dst = f.appendOptHash(dst, ev.ParentHash)
@@ -153,30 +146,10 @@ func (f Format) appendStoredArray(dst []byte, ev *BlockEvent) []byte {
 	dst = appendOptInt(dst, ev.LoraID)
 	dst = appendOptString(dst, ev.Medium)
 	dst = appendOptString(dst, ev.LoraName)
-	if n <= 8 {
-		return dst
-	}
 	dst = msgp.AppendNil(dst) // extra_keys
-	if n <= 9 {
-		return dst
-	}
 	dst = appendOptGroup(dst, ev)
-	if n <= 10 {
-		return dst
-	}
 	dst = appendOptString(dst, ev.SpecKind)
-	if n <= 11 {
-		return dst
-	}
-	dst = appendOptInt(dst, ev.SlidingWindow)
-	if n <= 12 {
-		return dst
-	}
-	dst = appendOptString(dst, ev.Locality)
-	if n <= 13 {
-		return dst
-	}
-	return appendOptString(dst, ev.Ownership)
+	return appendOptInt(dst, ev.SlidingWindow)
 }
 
 func (f Format) appendRemovedMap(dst []byte, ev *BlockEvent) []byte {
@@ -203,34 +176,14 @@ func (f Format) appendRemovedMap(dst []byte, ev *BlockEvent) []byte {
 	return dst
 }
 
+// appendRemovedArray writes vLLM ≤ 0.23's BlockRemoved: the tag,
+// block_hashes, medium and group_idx, every field present.
 func (f Format) appendRemovedArray(dst []byte, ev *BlockEvent) []byte {
-	// Positions after the tag: 1 hashes, 2 medium, 3 group_idx,
-	// 4 locality, 5 ownership.
-	n := 3
-	switch {
-	case ev.Ownership != "":
-		n = 6
-	case ev.Locality != "":
-		n = 5
-	case ev.HasGroupIdx:
-		n = 4
-	}
-	dst = msgp.AppendArrayHeader(dst, uint32(n))
+	dst = msgp.AppendArrayHeader(dst, 4)
 	dst = append(dst, tagRemoved...)
 	dst = f.appendHashes(dst, ev.BlockHashes)
 	dst = appendOptString(dst, ev.Medium)
-	if n <= 3 {
-		return dst
-	}
-	dst = appendOptGroup(dst, ev)
-	if n <= 4 {
-		return dst
-	}
-	dst = appendOptString(dst, ev.Locality)
-	if n <= 5 {
-		return dst
-	}
-	return appendOptString(dst, ev.Ownership)
+	return appendOptGroup(dst, ev)
 }
 
 func (f Format) appendHashes(dst []byte, hs []string) []byte {

@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -28,13 +29,15 @@ func unhex(t *testing.T, listing string) []byte {
 	return b
 }
 
-// The example of spec §6.4, byte by byte. Python's msgpack.packb of the
-// same value gives the identical bytes.
+// The example of spec §6.4, byte by byte, as vLLM's msgspec encoder writes
+// it (testdata/vllm_golden.json has the same batch). Python's msgpack.packb
+// of the same value would write a fixmap header: msgspec sizes the header
+// for every field BlockStored has.
 const goldenSpecExample = `
 93                                   # batch: array of 3
 cb 41daa8dbe0351eb8                  # ts 1789095808.83 as float64
 91                                   # events: array of 1
-89                                   # map of 9
+de 0009                              # map16 of 9
 a4 74797065                          # "type"
 ab 426c6f636b53746f726564            # "BlockStored"
 ac 626c6f636b5f686173686573          # "block_hashes"
@@ -105,10 +108,10 @@ func TestGoldenPositionalRawHashes(t *testing.T) {
 	got := Format{Positional: true, RawHashes: true}.AppendBatch(nil, 1<<30, evs, 0)
 	want := unhex(t, `
 93 cb 41d0000000000000 92
-9a ab 426c6f636b53746f726564       # ["BlockStored",
+9c ab 426c6f636b53746f726564       # ["BlockStored",
 91 c4 01 05                        #  [bin 05],
 c0 90 00 c0 a3 435055 c0           #  nil, [], 0, nil, "CPU", nil,
-c0 00                              #  extra_keys nil, group_idx 0]
+c0 00 c0 c0                        #  extra_keys nil, group_idx 0, kind nil, window nil]
 94 ac 426c6f636b52656d6f766564     # ["BlockRemoved",
 91 c4 08 0000000000000006          #  [bin 8 bytes],
 c0 01                              #  medium nil, group_idx 1]
@@ -118,8 +121,11 @@ c0 01                              #  medium nil, group_idx 1]
 	}
 }
 
-// llm-d's structs (pkg/kvevents): the batch is a positional array whose
-// events stay raw until the tag is known; hashes may be uint64 or bytes.
+// The shapes of llm-d-kv-cache with map-event support (its PR #661): the
+// batch is a positional array whose events stay raw until the tag is
+// known, events are decoded as maps; hashes may be uint64 or bytes.
+// llm-d main (7be76e1) decodes events positionally instead, see
+// decodeLLMDMain.
 type llmdBatch struct {
 	_                struct{} `msgpack:",array"`
 	TS               float64
@@ -183,6 +189,71 @@ func decodeLLMD(t testing.TB, payload []byte) (llmdBatch, []any) {
 		}
 	}
 	return b, out
+}
+
+// decodeLLMDMain decodes payload the way llm-d-kv-cache main (7be76e1,
+// pkg/kvevents/engineadapter) does: each event is decoded as an array of
+// values, the tag first, fields by position with a length guard, so that
+// an event in map form is an error. It returns the same shapes as
+// decodeLLMD (without locality, which the array schema does not have).
+func decodeLLMDMain(payload []byte) (llmdBatch, []any, error) {
+	var b llmdBatch
+	if err := msgpack.Unmarshal(payload, &b); err != nil {
+		return b, nil, fmt.Errorf("decode batch: %w", err)
+	}
+	var out []any
+	for _, raw := range b.Events {
+		var f []any
+		if err := msgpack.Unmarshal(raw, &f); err != nil {
+			return b, nil, fmt.Errorf("decode event: %w", err)
+		}
+		at := func(i int) any {
+			if i < len(f) {
+				return f[i]
+			}
+			return nil
+		}
+		str := func(i int) *string {
+			if s, ok := at(i).(string); ok {
+				return &s
+			}
+			return nil
+		}
+		num := func(i int) *int {
+			if at(i) == nil {
+				return nil
+			}
+			n := int(normaliseOne(at(i)).(uint64))
+			return &n
+		}
+		tag, _ := at(0).(string)
+		switch tag {
+		case "BlockStored":
+			if len(f) < 5 {
+				return b, nil, fmt.Errorf("BlockStored: %d fields", len(f))
+			}
+			ev := &llmdStored{Type: tag, ParentBlockHash: at(2), BlockSize: *num(4), LoraID: num(5),
+				Medium: str(6), LoraName: str(7), GroupIdx: num(9), SpecKind: str(10)}
+			ev.BlockHashes, _ = at(1).([]any)
+			toks, _ := at(3).([]any)
+			for _, t := range toks {
+				ev.TokenIDs = append(ev.TokenIDs, uint32(normaliseOne(t).(uint64)))
+			}
+			out = append(out, ev)
+		case "BlockRemoved":
+			if len(f) < 2 {
+				return b, nil, fmt.Errorf("BlockRemoved: %d fields", len(f))
+			}
+			ev := &llmdRemoved{Type: tag, Medium: str(2), GroupIdx: num(3)}
+			ev.BlockHashes, _ = at(1).([]any)
+			out = append(out, ev)
+		case "AllBlocksCleared":
+			out = append(out, tag)
+		default:
+			return b, nil, fmt.Errorf("unknown event tag %q", tag)
+		}
+	}
+	return b, out, nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -125,8 +125,11 @@ func stepEvents(i int) []offload.Event {
 	}
 }
 
-func TestGoSubscriberDecodesLikeLLMD(t *testing.T) {
-	p := newPublisher(t, Config{DPRank: 0, Tracker: TrackerConfig{SelfDescribing: true}})
+// llm-d main decodes the array form only: a publisher configured with
+// positional: true is indexed by it, the default map form is refused (the
+// README's consumer table says so).
+func TestGoSubscriberDecodesLikeLLMDMain(t *testing.T) {
+	p := newPublisher(t, Config{DPRank: 0, Format: Format{Positional: true}, Tracker: TrackerConfig{SelfDescribing: true}})
 	if p.Topic() != fmt.Sprintf("kv@h:%d@m", p.Addr().(*net.TCPAddr).Port) {
 		t.Fatalf("topic %q", p.Topic())
 	}
@@ -145,12 +148,15 @@ func TestGoSubscriberDecodesLikeLLMD(t *testing.T) {
 	if b.topic != p.Topic() || b.seq != 0 {
 		t.Fatalf("first batch topic %q seq %d", b.topic, b.seq)
 	}
-	batch, evs := decodeLLMD(t, b.payload)
+	batch, evs, err := decodeLLMDMain(b.payload)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if batch.TS != 1789095808.83 || *batch.DataParallelRank != 0 || len(evs) != 1 {
 		t.Fatalf("batch %+v with %d events", batch, len(evs))
 	}
 	st := evs[0].(*llmdStored)
-	if st.BlockSize != 4 || !slices.Equal(st.TokenIDs, []uint32{1, 2, 3, 4}) || *st.Medium != "CPU" {
+	if st.BlockSize != 4 || !slices.Equal(st.TokenIDs, []uint32{1, 2, 3, 4}) || *st.Medium != "CPU" || *st.SpecKind != SpecKindFullAttention {
 		t.Errorf("self-describing event %+v", st)
 	}
 	for i := range 3 {
@@ -158,22 +164,30 @@ func TestGoSubscriberDecodesLikeLLMD(t *testing.T) {
 		if b.seq != uint64(i+1) {
 			t.Fatalf("seq %d, want %d", b.seq, i+1)
 		}
-		_, evs := decodeLLMD(t, b.payload)
+		_, evs, err := decodeLLMDMain(b.payload)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if len(evs) != 3 {
 			t.Fatalf("batch %d: %d events, want 3", i, len(evs))
 		}
 		s0, s1, r := evs[0].(*llmdStored), evs[1].(*llmdStored), evs[2].(*llmdRemoved)
 		if normaliseOne(s0.BlockHashes[0]) != uint64(10*i+1) || normaliseOne(s1.BlockHashes[0]) != uint64(10*i+2) ||
-			*s0.Medium != "CPU" || s0.Locality != nil || s0.BlockSize != 0 {
+			*s0.Medium != "CPU" || s0.BlockSize != 0 || *s0.GroupIdx != 0 {
 			t.Errorf("stored events %+v %+v", s0, s1)
 		}
-		if normaliseOne(r.BlockHashes[0]) != uint64(10*i+3) || *r.Medium != "STORAGE" || *r.Locality != "LOCAL" || *r.GroupIdx != 1 {
+		if normaliseOne(r.BlockHashes[0]) != uint64(10*i+3) || *r.Medium != "STORAGE" || *r.GroupIdx != 1 {
 			t.Errorf("removed event %+v", r)
 		}
 	}
 	st2 := p.Stats()
 	if st2.BatchesPublished != 4 || st2.EventsPublished != 10 || st2.NextSeq != 4 {
 		t.Errorf("stats %+v", st2)
+	}
+	var mb Batch
+	p.Tracker().Translate(&mb, stepEvents(0))
+	if _, _, err := decodeLLMDMain(Format{}.AppendBatch(nil, 1, mb.Events, 0)); err == nil {
+		t.Error("llm-d main's decoding accepted a map-form batch")
 	}
 }
 

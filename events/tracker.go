@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kvtier/kvtier/offload"
@@ -43,16 +44,20 @@ type TokenMeta struct {
 	// LoraID (0 = none) and LoraName ("" = none) identify the adapter.
 	LoraID   int
 	LoraName string
-	// SpecKind is the KV group's kind; "" means full attention. Only full
-	// attention groups get self-describing events: vLLM sends placeholders
-	// for sliding-window and SSM groups, whose blocks do not form a prefix.
+	// SpecKind is the KV group's kind as vLLM names it
+	// (KVCacheSpecKind: "full_attention", "mla_attention", ...); "" means
+	// full attention. Full-attention variants (MLA, sink) get
+	// self-describing events carrying their kind, as vLLM sends them;
+	// groups whose blocks do not form a prefix (sliding window, chunked
+	// local attention, SSM) get placeholders.
 	SpecKind string
 	// SlidingWindow is the group's window in tokens, 0 for none; a group
 	// with a window gets placeholders.
 	SlidingWindow int
 }
 
-// meta is the immutable, validated copy of a TokenMeta kept per key.
+// meta is the validated copy of a TokenMeta kept per key. Only holders
+// changes after Record, under Tracker.mu.
 type meta struct {
 	seq       uint64 // Record order, matches one fifo entry
 	hashes    []string
@@ -61,6 +66,35 @@ type meta struct {
 	blockSize int
 	loraID    int
 	loraName  string
+	specKind  string
+	// holders are the residencies that announced the key stored and have
+	// not announced its removal. The metadata lives until the last of
+	// them removes the key: a removal from one medium must carry the same
+	// hashes as the store on every other, or a consumer indexing by
+	// (hash, medium) keeps the chunk's blocks forever.
+	holders []residency
+}
+
+// residency is one place that holds a key: the emitting tier and its
+// medium (vLLM keys it by medium and ownership).
+type residency struct {
+	tier   string
+	medium offload.Medium
+}
+
+// SelfDescribingKind reports whether vLLM sends self-describing events for
+// a KV group of kind (KVCacheSpecKind, "" for full attention) and sliding
+// window: the full-attention family does, groups whose blocks do not form
+// a prefix get placeholders.
+func SelfDescribingKind(kind string, slidingWindow int) bool {
+	if slidingWindow != 0 {
+		return false
+	}
+	switch kind {
+	case "", SpecKindFullAttention, SpecKindMLA, SpecKindSinkFullAttention:
+		return true
+	}
+	return false
 }
 
 // TrackerConfig configures translation.
@@ -105,7 +139,8 @@ type Tracker struct {
 	seq     uint64
 	evicted uint64
 	bytes   int64
-	groups  []uint32 // scratch for grouping removals
+	groups  []uint32      // scratch for grouping removals
+	removed []offload.Key // scratch: keys removed in the batch being translated
 }
 
 // metaOverhead approximates the fixed cost of one entry: the meta struct,
@@ -168,7 +203,7 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	if !t.selfDescribing {
 		return false, nil
 	}
-	if (tm.SpecKind != "" && tm.SpecKind != SpecKindFullAttention) || tm.SlidingWindow != 0 {
+	if !SelfDescribingKind(tm.SpecKind, tm.SlidingWindow) {
 		return false, nil
 	}
 	m, err := newMeta(key, tm)
@@ -179,6 +214,11 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	defer t.mu.Unlock()
 	t.seq++
 	m.seq = t.seq
+	if old := t.metas[key]; old != nil {
+		// A re-record (a new request storing the same chunk) must not
+		// forget where the key already is.
+		m.holders = append(m.holders, old.holders...)
+	}
 	t.drop(key)
 	t.metas[key] = m
 	t.bytes += m.size()
@@ -239,6 +279,10 @@ func newMeta(key offload.Key, tm TokenMeta) (*meta, error) {
 		blockSize: tm.BlockSize,
 		loraID:    tm.LoraID,
 		loraName:  tm.LoraName,
+		specKind:  tm.SpecKind,
+	}
+	if m.specKind == "" {
+		m.specKind = SpecKindFullAttention
 	}
 	for i, h := range tm.BlockHashes {
 		if len(h) == 0 || len(h) > offload.MaxKeyLen {
@@ -308,11 +352,15 @@ func localityName(l offload.Locality) string {
 // Translate appends the wire events of evs to dst in order (spec §6.3):
 // one BlockStored per stored key, and per removal event one BlockRemoved
 // per KV group (groups in order of first appearance) carrying the
-// concatenated hashes. A removal drops the metadata of its keys after
-// using it. Events without keys produce nothing.
+// concatenated hashes. A key's metadata is dropped once every residency
+// that announced it has removed it, checked at the end of the batch: a
+// primary removal may precede, in the same batch, the store of a cascade
+// that still holds the key. Events without keys produce nothing.
 func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.removed = t.removed[:0]
+	defer t.dropUnheld()
 	for i := range evs {
 		ev := &evs[i]
 		if len(ev.Keys) == 0 {
@@ -325,9 +373,10 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 			owner = ev.Tier
 		}
 		if ev.Removed {
-			t.translateRemoved(dst, ev.Keys, medium, locality, owner)
+			t.translateRemoved(dst, ev, medium, locality, owner)
 			continue
 		}
+		res := residency{ev.Tier, ev.Medium}
 		for _, k := range ev.Keys {
 			we := BlockEvent{
 				Type:        BlockStored,
@@ -344,7 +393,10 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 				we.BlockSize = m.blockSize
 				we.LoraID = m.loraID
 				we.LoraName = m.loraName
-				we.SpecKind = SpecKindFullAttention
+				we.SpecKind = m.specKind
+				if !slices.Contains(m.holders, res) {
+					m.holders = append(m.holders, res)
+				}
 			} else {
 				start := len(dst.hashes)
 				dst.hashes = append(dst.hashes, k.Hash())
@@ -355,7 +407,9 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 	}
 }
 
-func (t *Tracker) translateRemoved(dst *Batch, keys []offload.Key, medium, locality, owner string) {
+func (t *Tracker) translateRemoved(dst *Batch, ev *offload.Event, medium, locality, owner string) {
+	keys := ev.Keys
+	res := residency{ev.Tier, ev.Medium}
 	groups := t.groups[:0]
 	for _, k := range keys {
 		g := k.Group()
@@ -379,7 +433,10 @@ func (t *Tracker) translateRemoved(dst *Batch, keys []offload.Key, medium, local
 			}
 			if m := t.metas[k]; m != nil {
 				dst.hashes = append(dst.hashes, m.hashes...)
-				t.drop(k)
+				if i := slices.Index(m.holders, res); i >= 0 {
+					m.holders = slices.Delete(m.holders, i, i+1)
+				}
+				t.removed = append(t.removed, k)
 			} else {
 				dst.hashes = append(dst.hashes, k.Hash())
 			}
@@ -394,4 +451,15 @@ func (t *Tracker) translateRemoved(dst *Batch, keys []offload.Key, medium, local
 			Ownership:   owner,
 		})
 	}
+}
+
+// dropUnheld drops the metadata of the keys removed in this batch that no
+// residency holds any more; t.mu is held.
+func (t *Tracker) dropUnheld() {
+	for _, k := range t.removed {
+		if m := t.metas[k]; m != nil && len(m.holders) == 0 {
+			t.drop(k)
+		}
+	}
+	t.removed = t.removed[:0]
 }

@@ -393,3 +393,39 @@ func TestRecordBoundedInBytes(t *testing.T) {
 		t.Fatalf("%d bytes after Reset", tr.bytes)
 	}
 }
+
+// Full-attention variants get self-describing events with their own kind,
+// as vLLM sends them (get_kv_cache_spec_kind); groups without a prefix
+// structure get placeholders.
+func TestSpecKinds(t *testing.T) {
+	for _, tc := range []struct {
+		kind, wire string
+		window     int
+		rich       bool
+	}{
+		{"", SpecKindFullAttention, 0, true},
+		{"full_attention", "full_attention", 0, true},
+		{"mla_attention", "mla_attention", 0, true},
+		{"sink_full_attention", "sink_full_attention", 0, true},
+		{"sliding_window", "", 128, false},
+		{"sliding_window_mla", "", 128, false},
+		{"sliding_window_mla", "", 0, false},
+		{"chunked_local_attention", "", 0, false},
+		{"mamba", "", 0, false},
+		{"mla_attention", "", 64, false},
+	} {
+		tr := mustTracker(t, TrackerConfig{SelfDescribing: true})
+		k, m := chunkMeta(0, 1, 4)
+		m.SpecKind, m.SlidingWindow = tc.kind, tc.window
+		ok, err := tr.Record(k, m)
+		if err != nil || ok != tc.rich {
+			t.Errorf("Record(kind %q, window %d) = %v, %v; want %v", tc.kind, tc.window, ok, err, tc.rich)
+			continue
+		}
+		got := translate(tr, stored(offload.MediumCPU, k))
+		if got[0].SpecKind != tc.wire || (got[0].BlockSize != 0) != tc.rich {
+			t.Errorf("kind %q: event kind %q block size %d; want kind %q, self-describing %v",
+				tc.kind, got[0].SpecKind, got[0].BlockSize, tc.wire, tc.rich)
+		}
+	}
+}

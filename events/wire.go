@@ -39,9 +39,14 @@ const (
 	LocalityRemote = "REMOTE"
 )
 
-// SpecKindFullAttention is the kv_cache_spec_kind of a full-attention KV
-// group, the only kind for which self-describing events are produced.
-const SpecKindFullAttention = "full_attention"
+// kv_cache_spec_kind values of the full-attention family (vLLM's
+// KVCacheSpecKind), the kinds for which self-describing events are
+// produced; see SelfDescribingKind.
+const (
+	SpecKindFullAttention     = "full_attention"
+	SpecKindMLA               = "mla_attention"
+	SpecKindSinkFullAttention = "sink_full_attention"
+)
 
 // BlockEvent is one wire event before encoding. Optional fields use their
 // zero value for "absent" (msgpack nil, or omitted when vLLM's field has a
