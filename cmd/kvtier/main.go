@@ -73,6 +73,6 @@ filters.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd(), newBenchCmd(),
-		newPutCmd(), newGetCmd(), newLookupCmd(), newStatsCmd(), newFsckCmd())
+		newPutCmd(), newGetCmd(), newLookupCmd(), newStatsCmd(), newFsckCmd(), newFSLayoutCmd())
 	return root
 }

@@ -33,17 +33,34 @@ type KVCacheGroup struct {
 // blocks exactly when every digest field matches; Rank only selects the
 // `_r<rank>` sibling. The daemon fills it from the engine's registration.
 type Namespace struct {
-	ModelName     string         `yaml:"model_name"`
-	TokensPerHash int            `yaml:"tokens_per_hash"`
-	BlocksPerFile int            `yaml:"blocks_per_file"` // 0 means 1
-	TPSize        int            `yaml:"tp_size"`         // 0 means 1
-	PPSize        int            `yaml:"pp_size"`         // 0 means 1
-	PCPSize       int            `yaml:"pcp_size"`        // 0 means 1
-	DCPSize       int            `yaml:"dcp_size"`        // 0 means 1
+	ModelName     string `yaml:"model_name"`
+	TokensPerHash int    `yaml:"tokens_per_hash"`
+	BlocksPerFile int    `yaml:"blocks_per_file"` // 0 means 1
+	TPSize        int    `yaml:"tp_size"`         // 0 means 1
+	PPSize        int    `yaml:"pp_size"`         // 0 means 1
+	PCPSize       int    `yaml:"pcp_size"`        // 0 means 1
+	DCPSize       int    `yaml:"dcp_size"`        // 0 means 1
+	// DType is hashed as given. vLLM 0.33 records the KV cache dtype
+	// without "torch." ("bfloat16"); earlier releases wrote str(dtype)
+	// ("torch.bfloat16"). `kvtier fs-layout` shows the directory either way.
 	DType         string         `yaml:"dtype"`
 	KVCacheGroups []KVCacheGroup `yaml:"kv_cache_groups"`
 	// InferenceEngine is part of the digest; "" means "vllm".
 	InferenceEngine string `yaml:"inference_engine"`
+	// ParallelAgnostic is vLLM FileMapper's parallel_agnostic. vLLM's fs
+	// tier asks for it and gets it when the model's KV blocks do not
+	// depend on the parallel layout (one full-attention, non-MLA group
+	// with head-sharded pages): true forces tp/pp/pcp/dcp to 1 and rank
+	// to 0, as vLLM does; false adds "parallel_agnostic": false to the
+	// digest, as vLLM does for every other model. Unset keeps the sizes as
+	// given without the field, which equals true for tp 1 / rank 0.
+	ParallelAgnostic *bool `yaml:"parallel_agnostic"`
+	// ReplicatedLayout is FileMapper's replicated_layout (MLA under tensor
+	// parallelism with parallel_agnostic): adds "replicated_layout": true.
+	ReplicatedLayout bool `yaml:"replicated_layout"`
+	// CanonicalFormat is FileMapper's canonical_format (vLLM's
+	// canonical_layout option); "" means the direct layout.
+	CanonicalFormat string `yaml:"canonical_format"`
 	// Extra holds further digest fields that some vLLM versions add (for
 	// example parallel_agnostic: false); they are hashed as given.
 	Extra map[string]any `yaml:"extra_fields"`
@@ -65,6 +82,9 @@ func (ns Namespace) withDefaults() Namespace {
 	one(&ns.PPSize)
 	one(&ns.PCPSize)
 	one(&ns.DCPSize)
+	if ns.ParallelAgnostic != nil && *ns.ParallelAgnostic {
+		ns.TPSize, ns.PPSize, ns.PCPSize, ns.DCPSize, ns.Rank = 1, 1, 1, 1, 0
+	}
 	if ns.InferenceEngine == "" {
 		ns.InferenceEngine = "vllm"
 	}
@@ -89,6 +109,13 @@ func (ns Namespace) validate() error {
 		case "model_name", "tokens_per_hash", "blocks_per_file", "tp_size", "pp_size",
 			"pcp_size", "dcp_size", "dtype", "kv_cache_groups", "inference_engine":
 			return fmt.Errorf("namespace.extra_fields: %q duplicates a namespace field", k)
+		case "parallel_agnostic", "replicated_layout", "canonical_format":
+			// Accepted for configs written before these keys existed, but
+			// not both ways at once.
+			if (k == "parallel_agnostic" && ns.ParallelAgnostic != nil) || (k == "replicated_layout" && ns.ReplicatedLayout) ||
+				(k == "canonical_format" && ns.CanonicalFormat != "") {
+				return fmt.Errorf("namespace: %s is given both as a key and in extra_fields", k)
+			}
 		}
 	}
 	return nil
@@ -118,6 +145,15 @@ func (ns Namespace) Fields() map[string]any {
 		"kv_cache_groups":  groups,
 		"inference_engine": ns.InferenceEngine,
 	}
+	if ns.ParallelAgnostic != nil && !*ns.ParallelAgnostic {
+		f["parallel_agnostic"] = false
+	}
+	if ns.ReplicatedLayout {
+		f["replicated_layout"] = true
+	}
+	if ns.CanonicalFormat != "" {
+		f["canonical_format"] = ns.CanonicalFormat
+	}
 	for k, v := range ns.Extra {
 		f[k] = v
 	}
@@ -135,6 +171,15 @@ func (ns Namespace) Digest() (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:digestLen], nil
+}
+
+// Dirs returns where a tier of format with namespace ns under root keeps
+// its files: base holds config.json, blocks holds the block files
+// (base_r<rank>). In format vllm these are the directories vLLM's own fs
+// tier uses for the same fields.
+func (ns Namespace) Dirs(root string, format Format) (base, blocks string, err error) {
+	l, err := newLayout(root, ns.withDefaults(), format)
+	return l.base, l.rankDir, err
 }
 
 // layout maps keys to paths under one namespace.
@@ -210,8 +255,46 @@ func parsePath(rel string) (offload.Key, bool) {
 }
 
 // appendPyJSON appends v rendered like Python's json.dumps with
-// sort_keys=True, separators=(",", ":") and the default ensure_ascii=True.
+// sort_keys=True, separators=(",", ":") and the default ensure_ascii=True:
+// the form vLLM hashes into the directory name.
 func appendPyJSON(b []byte, v any) ([]byte, error) {
+	return pyJSON{}.append(b, v, 0)
+}
+
+// ConfigJSON returns the content vLLM writes to config.json for ns:
+// json.dump(fields, f, indent=2, sort_keys=True), so non-ASCII as \uXXXX,
+// no HTML escaping and no trailing newline. A directory shared with vLLM
+// then holds the same file whoever created it.
+func (ns Namespace) ConfigJSON() ([]byte, error) {
+	return pyJSON{indent: 2}.append(nil, ns.Fields(), 0)
+}
+
+// pyJSON renders values as Python's json module does with sort_keys=True
+// and ensure_ascii=True; indent > 0 is json.dump's indent (separators ","
+// and ": "), 0 the compact separators "," and ":".
+type pyJSON struct{ indent int }
+
+// item writes what precedes item i of a non-empty container at depth.
+func (p pyJSON) item(b []byte, i, depth int) []byte {
+	if i > 0 {
+		b = append(b, ',')
+	}
+	if p.indent > 0 {
+		b = append(b, '\n')
+		b = append(b, strings.Repeat(" ", p.indent*(depth+1))...)
+	}
+	return b
+}
+
+func (p pyJSON) close(b []byte, depth int, c byte) []byte {
+	if p.indent > 0 {
+		b = append(b, '\n')
+		b = append(b, strings.Repeat(" ", p.indent*depth)...)
+	}
+	return append(b, c)
+}
+
+func (p pyJSON) append(b []byte, v any, depth int) ([]byte, error) {
 	switch x := v.(type) {
 	case nil:
 		return append(b, "null"...), nil
@@ -230,46 +313,48 @@ func appendPyJSON(b []byte, v any) ([]byte, error) {
 		return strconv.AppendUint(b, x, 10), nil
 	case float64:
 		return appendPyFloat(b, x)
+	case []string:
+		items := make([]any, len(x))
+		for i, e := range x {
+			items[i] = e
+		}
+		return p.append(b, items, depth)
 	case []any:
 		b = append(b, '[')
+		if len(x) == 0 {
+			return append(b, ']'), nil
+		}
 		for i, e := range x {
-			if i > 0 {
-				b = append(b, ',')
-			}
+			b = p.item(b, i, depth)
 			var err error
-			if b, err = appendPyJSON(b, e); err != nil {
+			if b, err = p.append(b, e, depth+1); err != nil {
 				return nil, err
 			}
 		}
-		return append(b, ']'), nil
-	case []string:
-		b = append(b, '[')
-		for i, e := range x {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendPyString(b, e)
-		}
-		return append(b, ']'), nil
+		return p.close(b, depth, ']'), nil
 	case map[string]any:
+		b = append(b, '{')
+		if len(x) == 0 {
+			return append(b, '}'), nil
+		}
 		keys := make([]string, 0, len(x))
 		for k := range x {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys) // UTF-8 byte order = code point order, as Python
-		b = append(b, '{')
 		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
+			b = p.item(b, i, depth)
 			b = appendPyString(b, k)
 			b = append(b, ':')
+			if p.indent > 0 {
+				b = append(b, ' ')
+			}
 			var err error
-			if b, err = appendPyJSON(b, x[k]); err != nil {
+			if b, err = p.append(b, x[k], depth+1); err != nil {
 				return nil, err
 			}
 		}
-		return append(b, '}'), nil
+		return p.close(b, depth, '}'), nil
 	}
 	return nil, fmt.Errorf("unsupported value of type %T", v)
 }

@@ -73,6 +73,11 @@ func TestLayoutDirsAndConfig(t *testing.T) {
 	if got["model_name"] != "org/model" || got["inference_engine"] != "vllm" || got["tp_size"] != 1.0 {
 		t.Fatalf("config.json = %s", b)
 	}
+	// Byte for byte what vLLM writes (python/tests/test_fs_layout.py
+	// compares ConfigJSON with vLLM's own json.dump).
+	if want, _ := ns.ConfigJSON(); string(b) != string(want) {
+		t.Fatalf("config.json = %q, want %q", b, want)
+	}
 	// An existing config.json is left as is.
 	os.WriteFile(tier.ConfigPath(), []byte("{}"), 0o644)
 	tier.Close(t.Context())
@@ -126,4 +131,45 @@ func FuzzParsePath(f *testing.F) {
 			t.Fatalf("parsePath(%q) = %v, whose path is %q", rel, key, got)
 		}
 	})
+}
+
+// vLLM's json.dump(fields, indent=2, sort_keys=True): \uXXXX for non-ASCII,
+// no HTML escaping, nested indentation, empty containers inline, no
+// trailing newline.
+func TestConfigJSONIsPythonsIndentedDump(t *testing.T) {
+	f := false
+	ns := Namespace{ModelName: "org/modèle<&>", TokensPerHash: 16, DType: "torch.float16", ParallelAgnostic: &f,
+		KVCacheGroups: []KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"a", "b"}}, {TokensPerBlock: 32}}}
+	got, err := ns.ConfigJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{
+  "blocks_per_file": 1,
+  "dcp_size": 1,
+  "dtype": "torch.float16",
+  "inference_engine": "vllm",
+  "kv_cache_groups": [
+    {
+      "layer_names": [
+        "a",
+        "b"
+      ],
+      "tokens_per_block": 16
+    },
+    {
+      "layer_names": [],
+      "tokens_per_block": 32
+    }
+  ],
+  "model_name": "org/mod\u00e8le<&>",
+  "parallel_agnostic": false,
+  "pcp_size": 1,
+  "pp_size": 1,
+  "tokens_per_hash": 16,
+  "tp_size": 1
+}`
+	if string(got) != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -162,11 +161,11 @@ func (t *Tier) prepareDirs() error {
 	}
 	cfgPath := filepath.Join(t.lay.base, configFileName)
 	if _, err := fs.Stat(cfgPath); errors.Is(err, iofs.ErrNotExist) {
-		b, err := json.MarshalIndent(t.s.ns.Fields(), "", "  ")
+		b, err := t.s.ns.ConfigJSON()
 		if err != nil {
 			return fmt.Errorf("config.json: %w", err)
 		}
-		if err := t.writeSmall(cfgPath, append(b, '\n')); err != nil {
+		if err := t.writeSmall(cfgPath, b); err != nil {
 			return fmt.Errorf("root_dir not writable: config.json: %w", err)
 		}
 	} else if err != nil {
