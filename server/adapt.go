@@ -141,6 +141,7 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 	}
 	out.Remote.LookupsUnhealthy = uint64(rs.LookupsUnhealthy)
 	out.Remote.LoadJobsSkipped, out.Remote.StoreJobsSkipped = uint64(rs.LoadJobsSkipped), uint64(rs.StoreJobsSkipped)
+	out.Remote.ReconciledRemovals, out.Remote.ReconcileFailures = uint64(rs.ReconciledRemovals), uint64(rs.ReconcileFailures)
 	out.CorruptBlocks, out.CorruptDeleted = uint64(rs.Corrupted), uint64(rs.Deleted)
 }
 

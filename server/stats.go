@@ -97,6 +97,11 @@ type RemoteTierStats struct {
 	// submission without any I/O: server down, tier closed, or too many
 	// jobs in flight.
 	LoadJobsSkipped, StoreJobsSkipped uint64
+	// ReconciledRemovals counts removals published late, by a
+	// reconciliation pass, for blocks the server dropped unseen (a
+	// subscription down, a restart that lost the data, a lifecycle rule);
+	// ReconcileFailures the passes that could not finish.
+	ReconciledRemovals, ReconcileFailures uint64
 }
 
 // Histogram is a cumulative histogram in seconds, Prometheus style.

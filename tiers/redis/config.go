@@ -77,6 +77,13 @@ type Config struct {
 	// and removed events for blocks the server dropped (keyspace events)
 	// or the tier deleted as corrupt.
 	Events bool `yaml:"events"`
+	// ReconcileInterval is how often, with events on, the tier checks the
+	// blocks it announced stored against the server and publishes the
+	// removals it missed (default 10m); a pass also follows every recovery
+	// from an outage and every resubscription of the keyspace events.
+	// ReconcileRate bounds the keys checked per second (default 5000).
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	ReconcileRate     int           `yaml:"reconcile_rate"`
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `yaml:"-"`
@@ -95,6 +102,9 @@ const (
 	DefaultMaxInflight   = 256
 	DefaultProbeInterval = time.Second
 	DefaultLookupBatch   = 1024
+	// DefaultReconcileInterval and DefaultReconcileRate pace reconciliation.
+	DefaultReconcileInterval = 10 * time.Minute
+	DefaultReconcileRate     = 5000
 )
 
 // DefaultConfig returns a Config with every default filled in; decode the
@@ -150,6 +160,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LookupBatch == 0 {
 		c.LookupBatch = d.LookupBatch
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.ReconcileRate == 0 {
+		c.ReconcileRate = DefaultReconcileRate
 	}
 	return c
 }

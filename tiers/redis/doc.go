@@ -67,10 +67,22 @@
 // lookup verdict. Where CONFIG is not allowed (many managed services) the
 // tier logs that keyspace events are off; configure the flags on the
 // service instead. Without notifications, blocks the server drops are not
-// reported and the next lookup of them answers Miss. A FLUSHDB or
-// FLUSHALL, and a restart of a server without persistence, drop blocks
-// without per-key events, so those go unreported even with
-// notifications.
+// reported by notifications and the next lookup of them answers Miss. A
+// FLUSHDB or FLUSHALL, a restart of a server without persistence and a
+// subscription that is down for a while drop blocks without per-key
+// events.
+//
+// Reconciliation closes those gaps: the tier remembers the keys it
+// announced stored (bounded; beyond the bound the oldest are published as
+// removed) and, after every recovery from an outage, every
+// (re)subscription of the keyspace events and every reconcile_interval
+// (default 10m), checks them against the server with pipelined EXISTS at
+// most reconcile_rate keys per second (default 5000), publishing the
+// removal of each key the server no longer holds. What the tier announced
+// is what the server holds again after any outage. Only announced keys'
+// removals are published, once each. Checking the announced keys rather
+// than SCANning the server costs in proportion to what this tier wrote,
+// not to what a shared server holds.
 //
 // Events (when enabled): one stored event per fully successful store job,
 // removed events as above, and a removed event for a corrupt value the

@@ -239,14 +239,11 @@ func TestIntegrationKeyspaceRemovals(t *testing.T) {
 	}
 
 	// Expiry is reported.
-	cfg2 := itConfig(p.addr)
-	cfg2.KeyPrefix = cfg.KeyPrefix // same namespace, short TTL
-	cfg2.TTL = 100 * time.Millisecond
-	short := newTier(t, cfg2)
 	k := rt.Key(1000)
-	if res := rt.Run(t, short, rt.StoreJob(1, rt.NewArena(1024, 1), []offload.Key{k}, []int64{0})); !res.Success {
+	if res := rt.Run(t, tier, rt.StoreJob(2, rt.NewArena(1024, 1), []offload.Key{k}, []int64{0})); !res.Success {
 		t.Fatal(res)
 	}
+	raw.PExpire(ctx, tier.redisKey(k), 100*time.Millisecond)
 	time.Sleep(200 * time.Millisecond)
 	raw.Exists(ctx, tier.redisKey(k)) // an access expires the key at once
 	waitRemoved(t, tier, map[offload.Key]bool{k: true}, 5*time.Second)
@@ -340,4 +337,56 @@ func TestIntegrationManagerOutage(t *testing.T) {
 func TestIntegrationThroughManager(t *testing.T) {
 	tier := newTier(t, sharedRedisConfig(t))
 	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"medium": "storage"}]}`})
+}
+
+// A server that restarts empty loses its blocks without a keyspace event:
+// the reconciliation pass that follows the recovery publishes their
+// removals, once each, and announced = present holds again. A key deleted
+// while the subscriber is disconnected is reported too, by the keyspace
+// event or by the pass that follows the resubscription.
+func TestIntegrationReconcileAfterRestartAndResubscribe(t *testing.T) {
+	p := startRedis(t)
+	cfg := itConfig(p.addr)
+	cfg.KeyspaceEvents = true
+	cfg.ReconcileInterval = time.Hour // only the triggered passes
+	tier := newTier(t, cfg)
+	raw := p.client()
+	ctx := context.Background()
+	arena := rt.NewArena(4096, 8)
+	keys := rt.Keys(0, 8)
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, rt.Slots(0, 8))); !res.Success {
+		t.Fatal(res)
+	}
+	tier.TakeEvents()
+
+	// Subscriber connection killed, a key deleted at once.
+	if err := raw.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	raw.Del(ctx, tier.redisKey(keys[0]))
+	waitRemoved(t, tier, map[offload.Key]bool{keys[0]: true}, 15*time.Second)
+
+	// Restart without persistence: every block is gone.
+	p.Stop()
+	rt.StoreUntilDown(t, tier, arena, 0, 100, 10*time.Second)
+	tier.TakeEvents()
+	p.Start()
+	rt.Eventually(t, 10*time.Second, "healthy after restart", tier.Healthy)
+	want := map[offload.Key]bool{}
+	for _, k := range keys[1:] {
+		want[k] = true
+	}
+	waitRemoved(t, tier, want, 15*time.Second)
+	if st := tier.Stats(); st.ReconciledRemovals < 7 {
+		t.Fatalf("reconciled removals %d, want >= 7 (stats %+v)", st.ReconciledRemovals, st)
+	}
+	// Nothing is announced any more, so nothing is removed twice.
+	if _, removed, err := tier.Reconcile(ctx); err != nil || removed != 0 {
+		t.Fatalf("second pass removed %d (%v)", removed, err)
+	}
+	for _, ev := range tier.TakeEvents() {
+		if ev.Removed {
+			t.Fatalf("removal published twice: %+v", ev)
+		}
+	}
 }

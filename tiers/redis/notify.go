@@ -65,7 +65,9 @@ func keyEventChannels(db int) []string {
 }
 
 // startSubscriber follows the key-event channels. The client reconnects
-// and resubscribes by itself after a server restart.
+// and resubscribes by itself after a server restart; removals published
+// while it was away are lost (pub/sub keeps nothing), so every
+// (re)subscription triggers a reconciliation pass.
 func (t *Tier) startSubscriber() {
 	ps := t.client.Subscribe(t.ctx, keyEventChannels(t.cfg.DB)...)
 	// Wait for the server's confirmation so that removals right after New
@@ -75,7 +77,7 @@ func (t *Tier) startSubscriber() {
 		t.log.Warn("keyspace event subscription not confirmed yet", "err", err)
 	}
 	cancel()
-	ch := ps.Channel(goredis.WithChannelSize(4096))
+	ch := ps.ChannelWithSubscriptions(goredis.WithChannelSize(4096))
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
@@ -94,23 +96,32 @@ func (t *Tier) startSubscriber() {
 	}()
 }
 
-// drainBatch collects msg and whatever else is already queued (up to a
-// bound), so that a burst of evictions becomes one event.
-func (t *Tier) drainBatch(first *goredis.Message, ch <-chan *goredis.Message) []offload.Key {
+// drainBatch collects the keys of first and of whatever else is already
+// queued (up to a bound), so that a burst of evictions becomes one event.
+// A subscription confirmation (a reconnection) triggers reconciliation.
+func (t *Tier) drainBatch(first any, ch <-chan any) []offload.Key {
 	const maxBatch = 512
 	keys := make([]offload.Key, 0, 8)
-	if k, ok := t.parseKey(first.Payload); ok {
-		keys = append(keys, k)
+	add := func(m any) {
+		switch m := m.(type) {
+		case *goredis.Message:
+			if k, ok := t.parseKey(m.Payload); ok {
+				keys = append(keys, k)
+			}
+		case *goredis.Subscription:
+			if m.Kind == "subscribe" {
+				t.recon.Trigger()
+			}
+		}
 	}
+	add(first)
 	for len(keys) < maxBatch {
 		select {
 		case m, ok := <-ch:
 			if !ok {
 				return keys
 			}
-			if k, ok := t.parseKey(m.Payload); ok {
-				keys = append(keys, k)
-			}
+			add(m)
 		default:
 			return keys
 		}

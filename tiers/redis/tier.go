@@ -55,7 +55,8 @@ type Tier struct {
 	probeRetry *remote.Retrier
 	ioSem      chan struct{} // bounds concurrent transfer pipelines
 
-	events        *remote.Events // nil when events are off
+	events        *remote.Events     // nil when events are off
+	recon         *remote.Reconciler // nil when events are off
 	c             remote.Counters
 	serverRemoved atomic.Int64
 	// notify is set while the server is known to publish the key events
@@ -139,6 +140,8 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 			if cfg.KeyspaceEvents {
 				t.enableNotifications(ctx)
 			}
+			// It may also have forgotten the data, without a word.
+			t.recon.Trigger()
 		},
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
@@ -158,6 +161,14 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Logger:        t.log,
 		Store:         t.store,
 		Load:          t.load,
+	})
+	t.recon = remote.StartReconciler(t.ctx, &t.wg, remote.ReconcilerConfig{
+		Events:   t.events,
+		Check:    t.exists,
+		Options:  remote.ReconcileOptions{Batch: cfg.LookupBatch, Rate: cfg.ReconcileRate},
+		Interval: cfg.ReconcileInterval,
+		Healthy:  t.health.Healthy,
+		Logger:   t.log,
 	})
 	if cfg.KeyspaceEvents {
 		t.enableNotifications(ctx)
@@ -194,9 +205,18 @@ func classify(err error) remote.Class {
 // Type returns "redis".
 func (t *Tier) Type() string { return Type }
 
+// Reconcile runs one reconciliation pass now (see remote.Events.Reconcile)
+// and returns how many keys it checked and removals it published.
+func (t *Tier) Reconcile(ctx context.Context) (checked, removed int, err error) {
+	return t.events.Reconcile(ctx, t.exists, remote.ReconcileOptions{Batch: t.cfg.LookupBatch, Rate: t.cfg.ReconcileRate})
+}
+
 // Stats returns the tier's counters and gauges.
 func (t *Tier) Stats() Stats {
-	return Stats{Stats: t.Base.Stats(), ServerRemoved: t.serverRemoved.Load(), KeyspaceEvents: t.notify.Load()}
+	st := t.Base.Stats()
+	rs := t.recon.Stats()
+	st.Reconciles, st.ReconcileFailures, st.ReconciledRemovals = rs.Runs, rs.Failed, rs.Removed
+	return Stats{Stats: st, ServerRemoved: t.serverRemoved.Load(), KeyspaceEvents: t.notify.Load()}
 }
 
 // Stats adds the Redis-specific figures to the common remote tier stats.

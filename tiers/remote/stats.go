@@ -45,6 +45,10 @@ type Stats struct {
 
 	EventsDropped int64 // events lost because nobody took them in time
 
+	// Reconciliation (events on): passes run, passes that failed, and the
+	// removals they published for blocks the server no longer held.
+	Reconciles, ReconcileFailures, ReconciledRemovals int64
+
 	InFlightJobs int // gauge
 }
 
@@ -88,6 +92,7 @@ type Events struct {
 	buf     []offload.Event
 	max     int
 	dropped atomic.Int64
+	ann     announced
 }
 
 // NewEvents returns a buffer for the events of the tier named tier, which
@@ -97,21 +102,39 @@ func NewEvents(tier string, m offload.Medium, l offload.Locality, max int) *Even
 	if max <= 0 {
 		max = DefaultMaxEvents
 	}
-	return &Events{tier: tier, medium: m, locality: l, max: max}
+	return &Events{tier: tier, medium: m, locality: l, max: max, ann: announced{max: DefaultMaxAnnounced}}
 }
 
-// Stored records that the tier now holds keys.
-func (e *Events) Stored(keys []offload.Key) { e.add(keys, false) }
+// Stored records that the tier now holds keys and remembers them as
+// announced (see Reconcile). When the announced set is full its oldest
+// keys are published as removed.
+func (e *Events) Stored(keys []offload.Key) {
+	if e == nil || len(keys) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.appendLocked(keys, false)
+	if out := e.ann.add(keys); len(out) > 0 {
+		e.appendLocked(out, true)
+	}
+}
 
-// Removed records that the tier no longer holds keys.
-func (e *Events) Removed(keys []offload.Key) { e.add(keys, true) }
-
-func (e *Events) add(keys []offload.Key, removed bool) {
+// Removed records that the tier no longer holds keys. Only keys it
+// announced are published: a removal the index never saw a store for
+// (another daemon's block on a shared server) tells a router nothing.
+func (e *Events) Removed(keys []offload.Key) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if out := e.ann.remove(keys); len(out) > 0 {
+		e.appendLocked(out, true)
+	}
+}
+
+func (e *Events) appendLocked(keys []offload.Key, removed bool) {
 	if len(e.buf) >= e.max {
 		e.dropped.Add(1)
 		return

@@ -75,6 +75,13 @@ type Config struct {
 	// Events makes the tier emit a stored event per successful store job
 	// and a removed event per corrupted object it deletes.
 	Events bool `yaml:"events"`
+	// ReconcileInterval is how often, with events on, the tier checks the
+	// blocks it announced stored against the server and publishes the
+	// removals it missed (default 10m); a pass also follows every recovery
+	// from an outage.
+	// ReconcileRate bounds the keys checked per second (default 5000).
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	ReconcileRate     int           `yaml:"reconcile_rate"`
 
 	// Namespace holds the FS layout's digest fields and rank (the same
 	// `namespace` block as an fs entry; the daemon fills model_name from
@@ -100,6 +107,9 @@ const (
 	DefaultRetryBackoff  = 50 * time.Millisecond
 	DefaultProbeInterval = time.Second
 	DefaultLookupBatch   = 1024
+	// DefaultReconcileInterval and DefaultReconcileRate pace reconciliation.
+	DefaultReconcileInterval = 10 * time.Minute
+	DefaultReconcileRate     = 5000
 )
 
 // DefaultConfig returns a Config with every default filled in; decode the
@@ -158,6 +168,12 @@ func (c Config) withDefaults() Config {
 		if c.SessionToken == "" {
 			c.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
 		}
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.ReconcileRate == 0 {
+		c.ReconcileRate = DefaultReconcileRate
 	}
 	return c
 }

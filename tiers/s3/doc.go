@@ -70,9 +70,13 @@
 //	  "Filter":{"Prefix":"cluster-a/"},"Expiration":{"Days":1}}]}
 //
 // (`aws s3api put-bucket-lifecycle-configuration`, or the equivalent of
-// the service in use). Objects expired by the service produce no removed
-// events, since S3 does not tell the tier; a router's view of this tier
-// can therefore be stale for up to the lookup of an expired block, which
-// then answers Miss. Keep the lifecycle generous relative to cache reuse
-// and prefer one prefix per model namespace so rules can differ.
+// the service in use). S3 does not tell the tier about objects its rules
+// expire or other clients delete, so with events on the tier reconciles:
+// it remembers the keys it announced stored (bounded; beyond the bound the
+// oldest are published as removed) and every reconcile_interval (default
+// 10m) and after every outage HEADs them, at most reconcile_rate per
+// second (default 5000), publishing the removal of each vanished object.
+// A router's view of this tier is thus stale for at most about one
+// interval. Keep the lifecycle generous relative to cache reuse and prefer
+// one prefix per model namespace so rules can differ.
 package s3

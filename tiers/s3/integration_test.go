@@ -293,3 +293,47 @@ func TestIntegrationStartupErrors(t *testing.T) {
 		t.Fatal("tier on a created bucket unhealthy")
 	}
 }
+
+// Objects deleted behind the tier's back (another client, a lifecycle
+// rule) are published as removed by a reconciliation pass — the periodic
+// one and an explicit one — and only those.
+func TestIntegrationReconcileVanishedObjects(t *testing.T) {
+	cfg := realS3Config(t)
+	cfg.ReconcileInterval = 50 * time.Millisecond
+	tier := newTier(t, cfg)
+	raw := rawClient(cfg)
+	ctx := context.Background()
+	arena := rt.NewArena(4096, 6)
+	keys := rt.Keys(0, 6)
+	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, rt.Slots(0, 6))); !res.Success {
+		t.Fatal(res)
+	}
+	deleted := map[offload.Key]bool{}
+	for _, k := range keys[:3] {
+		if _, err := raw.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(objectKey(cfg.Prefix, cfg.Layout, k))}); err != nil {
+			t.Fatal(err)
+		}
+		deleted[k] = true
+	}
+	got := map[offload.Key]bool{}
+	rt.Eventually(t, 20*time.Second, "removals of the deleted objects", func() bool {
+		for _, ev := range tier.TakeEvents() {
+			if ev.Removed {
+				for _, k := range ev.Keys {
+					if !deleted[k] || got[k] {
+						t.Fatalf("removal of %s (deleted %v, reported before %v)", k, deleted[k], got[k])
+					}
+					got[k] = true
+				}
+			}
+		}
+		return len(got) == len(deleted)
+	})
+	// The rest are still there: an explicit pass removes nothing.
+	if checked, removed, err := tier.Reconcile(ctx); err != nil || removed != 0 || checked != 3 {
+		t.Fatalf("pass checked %d removed %d (%v); want 3, 0", checked, removed, err)
+	}
+	if st := tier.Stats(); st.ReconciledRemovals != 3 || st.Reconciles == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

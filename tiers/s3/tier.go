@@ -51,7 +51,11 @@ type Tier struct {
 	// so that probes are not stuck behind bulk transfers.
 	ioSem, headSem chan struct{}
 
-	events     *remote.Events // nil when events are off
+	events     *remote.Events     // nil when events are off
+	recon      *remote.Reconciler // nil when events are off
+	ctx        context.Context    // ends at Close: background loops
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 	c          remote.Counters
 	retry      *remote.Retrier // transfers
 	probeRetry *remote.Retrier // existence checks: shorter timeout
@@ -107,6 +111,8 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Interval:  cfg.ProbeInterval,
 		Timeout:   min(cfg.Timeout, 5*time.Second),
 		Logger:    t.log,
+		// Objects may have gone while the service was away.
+		OnRecover: func(context.Context) { t.recon.Trigger() },
 	})
 	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
 	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
@@ -126,7 +132,51 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Store:         t.store,
 		Load:          t.load,
 	})
+	// Lifecycle rules and other clients delete objects without telling
+	// anyone: a periodic pass publishes those removals.
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.recon = remote.StartReconciler(t.ctx, &t.wg, remote.ReconcilerConfig{
+		Events:   t.events,
+		Check:    t.present,
+		Options:  remote.ReconcileOptions{Batch: cfg.LookupBatch, Rate: cfg.ReconcileRate},
+		Interval: cfg.ReconcileInterval,
+		Healthy:  t.health.Healthy,
+		Logger:   t.log,
+	})
 	return t, nil
+}
+
+// Stats returns the tier's counters and gauges.
+func (t *Tier) Stats() remote.Stats {
+	st := t.Base.Stats()
+	rs := t.recon.Stats()
+	st.Reconciles, st.ReconcileFailures, st.ReconciledRemovals = rs.Runs, rs.Failed, rs.Removed
+	return st
+}
+
+// Reconcile runs one reconciliation pass now (see remote.Events.Reconcile)
+// and returns how many keys it checked and removals it published.
+func (t *Tier) Reconcile(ctx context.Context) (checked, removed int, err error) {
+	return t.events.Reconcile(ctx, t.present, remote.ReconcileOptions{Batch: t.cfg.LookupBatch, Rate: t.cfg.ReconcileRate})
+}
+
+// present is the reconciliation check: like exists, but any failed HEAD
+// fails the batch, because reconciliation must not take an error for a
+// vanished object.
+func (t *Tier) present(ctx context.Context, keys []offload.Key) ([]bool, error) {
+	if !t.health.Healthy() {
+		return nil, fmt.Errorf("%s: %w", t.label(), remote.ErrUnavailable)
+	}
+	found := make([]bool, len(keys))
+	errs := remote.ForEach(ctx, t.headSem, len(keys), func(ctx context.Context, i int) error {
+		ok, err := t.head(ctx, t.probeRetry, keys[i], 0)
+		found[i] = ok
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return found, nil
 }
 
 func (t *Tier) label() string { return fmt.Sprintf("s3 tier %q", t.cfg.Name) }
@@ -228,6 +278,8 @@ func (t *Tier) Touch([]offload.Key, *offload.ReqContext) {}
 func (t *Tier) Close(ctx context.Context) error {
 	t.closeOnce.Do(func() {
 		t.closeErr = t.Base.Close(ctx)
+		t.cancel()
+		t.wg.Wait()
 		t.httpc.CloseIdleConnections()
 	})
 	return t.closeErr
