@@ -190,6 +190,32 @@ server_pids+=($!)
 wait_for redis-server "$!" "$redis_dir/redis.log" redis-cli -h 127.0.0.1 -p "$redis_port" ping
 echo "redis-server $(redis-server --version | awk '{sub("v=", "", $3); print $3}') on 127.0.0.1:$redis_port"
 
+# A Redis Cluster of three masters and three replicas (the redis tier's
+# cluster mode is tested against it as well as against the single server).
+new_tmp cluster_dir redis-cluster
+cluster_addrs=()
+for i in 0 1 2 3 4 5; do
+  port=$(free_port)
+  bus=$(free_port)
+  mkdir -p "$cluster_dir/$port"
+  (cd "$cluster_dir/$port" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --cluster-enabled yes --cluster-port "$bus" --cluster-node-timeout 2000 \
+    --cluster-config-file nodes.conf --daemonize no >redis.log 2>&1) &
+  server_pids+=($!)
+  wait_for "redis-server (cluster node $i)" "$!" "$cluster_dir/$port/redis.log" redis-cli -h 127.0.0.1 -p "$port" ping
+  cluster_addrs+=("127.0.0.1:$port")
+done
+redis-cli --cluster create "${cluster_addrs[@]}" --cluster-replicas 1 --cluster-yes >"$cluster_dir/create.log" 2>&1 ||
+  { cat "$cluster_dir/create.log" >&2; die "redis-cli --cluster create failed"; }
+cluster_ok() {
+  local a
+  for a in "${cluster_addrs[@]}"; do
+    redis-cli -h 127.0.0.1 -p "${a##*:}" cluster info | grep -q '^cluster_state:ok' || return 1
+  done
+}
+wait_for "Redis Cluster" "${server_pids[-1]}" "$cluster_dir/create.log" cluster_ok
+echo "Redis Cluster (3 masters, 3 replicas) on ${cluster_addrs[*]}"
+
 new_tmp s3_dir s3
 s3_port=$(free_port)
 s3_access=kvtiertest
@@ -202,6 +228,8 @@ wait_for versitygw "$!" "$s3_dir/versitygw.log" tcp_open "$s3_port"
 echo "versitygw on http://127.0.0.1:$s3_port"
 
 export KVTIER_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
+KVTIER_TEST_REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${cluster_addrs[*]}")
+export KVTIER_TEST_REDIS_CLUSTER_ADDRS
 export KVTIER_TEST_S3_ENDPOINT="http://127.0.0.1:$s3_port"
 export KVTIER_TEST_S3_ACCESS_KEY="$s3_access"
 export KVTIER_TEST_S3_SECRET_KEY="$s3_secret"

@@ -142,6 +142,11 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 	out.Remote.LookupsUnhealthy = uint64(rs.LookupsUnhealthy)
 	out.Remote.LoadJobsSkipped, out.Remote.StoreJobsSkipped = uint64(rs.LoadJobsSkipped), uint64(rs.StoreJobsSkipped)
 	out.Remote.ReconciledRemovals, out.Remote.ReconcileFailures = uint64(rs.ReconciledRemovals), uint64(rs.ReconcileFailures)
+	if rt, ok := t.(*redis.Tier); ok {
+		for _, n := range rt.Nodes() {
+			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: n.Addr, Healthy: n.Healthy})
+		}
+	}
 	out.CorruptBlocks, out.CorruptDeleted = uint64(rs.Corrupted), uint64(rs.Deleted)
 }
 

@@ -88,6 +88,7 @@ var (
 	descTierJobsSkip  = prometheus.NewDesc("kvtier_tier_jobs_skipped_total", "Jobs a remote tier refused at submission without any I/O (server down, tier closed, or too many jobs in flight), by kind (load = promotion, store = cascade); remote tiers only.", append(tierLabels, "kind"), nil)
 	descTierReconRm   = prometheus.NewDesc("kvtier_tier_reconciled_removals_total", "Removed events a remote tier published late, after a reconciliation pass found blocks it had announced gone from the server (a keyspace subscription down, a server restarted empty, an object lifecycle rule); remote tiers with events only.", tierLabels, nil)
 	descTierReconErr  = prometheus.NewDesc("kvtier_tier_reconcile_failures_total", "Reconciliation passes of a remote tier that could not finish (the server failed a check); they are retried.", tierLabels, nil)
+	descTierNode      = prometheus.NewDesc("kvtier_tier_node_healthy", "1 while a node of a clustered remote tier (a Redis Cluster master) answers its probe, else 0.", append(tierLabels, "node"), nil)
 	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
 	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks).", append(tierLabels, "reason"), nil)
 	descTierPinned    = prometheus.NewDesc("kvtier_tier_cascade_pinned_slots", "Primary slots pinned by the tier's cascades in flight.", tierLabels, nil)
@@ -119,7 +120,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
-		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierCorrupt, descTierCorrDel,
+		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
@@ -213,6 +214,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
 				counter(descTierReconRm, r.ReconciledRemovals, l...)
 				counter(descTierReconErr, r.ReconcileFailures, l...)
+				for _, nd := range r.Nodes {
+					v := 0.0
+					if nd.Healthy {
+						v = 1
+					}
+					gauge(descTierNode, v, with(nd.Addr)...)
+				}
 			}
 			gauge(descTierHealthy, healthy, l...)
 			for kind, h := range map[string]*Histogram{"load": t.LoadLatency, "store": t.StoreLatency} {

@@ -102,6 +102,15 @@ type RemoteTierStats struct {
 	// subscription down, a restart that lost the data, a lifecycle rule);
 	// ReconcileFailures the passes that could not finish.
 	ReconciledRemovals, ReconcileFailures uint64
+	// Nodes are a cluster's masters (Redis Cluster) and whether each
+	// answered the last probe; empty for a single server.
+	Nodes []NodeHealth
+}
+
+// NodeHealth is one node of a clustered remote tier.
+type NodeHealth struct {
+	Addr    string
+	Healthy bool
 }
 
 // Histogram is a cumulative histogram in seconds, Prometheus style.

@@ -101,3 +101,83 @@ func BenchmarkThroughput(b *testing.B) {
 		})
 	}
 }
+
+// The same against a Redis Cluster ($KVTIER_TEST_REDIS_CLUSTER_ADDRS, or a
+// three-master cluster the benchmark starts): the tier's pipeline against
+// go-redis' own cluster pipeline, both split per node by the client. The
+// eight keys of a job spread over the masters.
+//
+//	go test -run '^$' -bench ClusterThroughput -benchtime=40x ./tiers/redis/
+func BenchmarkClusterThroughput(b *testing.B) {
+	addrs := clusterAddrs(b)
+	cfg := clusterConfig(addrs)
+	cfg.Name = "bench"
+	cfg.Events = false
+	tier, err := New(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tier.Close(context.Background())
+	bare := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: cfg.PoolSize})
+	defer bare.Close()
+	ctx := context.Background()
+	const width = 8
+	arena := rt.NewArena(benchBlock, width)
+	for i := 0; i < width; i++ {
+		arena.Fill(int64(i), uint64(i))
+	}
+	keys := rt.Keys(0, width)
+	bareKey := func(j int) string { return cfg.KeyPrefix + "bare:" + strconv.Itoa(j) }
+	b.Cleanup(func() {
+		for j := range width {
+			bare.Del(ctx, bareKey(j), tier.redisKey(keys[j]))
+		}
+	})
+	dst := rt.NewArena(benchBlock, width)
+	b.Run("tier_set_x8", func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
+				b.Fatal(res.Err)
+			}
+		}
+	})
+	b.Run("bare_set_x8", func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			pipe := bare.Pipeline()
+			for j := 0; j < width; j++ {
+				slot, _ := arena.Slot(int64(j))
+				pipe.Set(ctx, bareKey(j), slot, 0)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("tier_get_x8", func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: dst, Promotion: true, Req: offload.Background("b")}); !res.Success {
+				b.Fatal(res.Err)
+			}
+		}
+	})
+	b.Run("bare_get_x8", func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			pipe := bare.Pipeline()
+			cmds := make([]*goredis.StringCmd, width)
+			for j := 0; j < width; j++ {
+				cmds[j] = pipe.Get(ctx, bareKey(j))
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+			for j, c := range cmds {
+				slot, _ := dst.Slot(int64(j))
+				copy(slot, c.Val())
+			}
+		}
+	})
+}

@@ -18,8 +18,15 @@ type Config struct {
 	// Name is the tier name in its stack (the config entry's name).
 	Name string `yaml:"-"`
 
-	// Addr is the server's host:port (required).
+	// Addr is the server's host:port (required unless Cluster).
 	Addr string `yaml:"addr"`
+	// Cluster makes the tier a Redis Cluster (or Valkey cluster) client:
+	// Addrs are seed nodes (host:port; Addr counts as one more), keys
+	// spread over the cluster's slots, pipelines are split per node, MOVED
+	// and ASK redirections and failovers are followed by the client, and
+	// keyspace events are subscribed on every master.
+	Cluster bool     `yaml:"cluster"`
+	Addrs   []string `yaml:"addrs"`
 	// Username (Redis 6 ACL) and Password authenticate; DB selects the
 	// logical database (0..15 on a default server).
 	Username string `yaml:"username"`
@@ -178,6 +185,22 @@ func (c Config) shared() remote.Shared {
 	}
 }
 
+// seeds returns the addresses to dial: Addr, then Addrs.
+func (c Config) seeds() []string {
+	var out []string
+	if c.Addr != "" {
+		out = append(out, c.Addr)
+	}
+	return append(out, c.Addrs...)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Validate checks c as New would (zero sizing and timing fields take
 // their defaults) without connecting; errors name the offending key.
 func (c Config) Validate() error {
@@ -185,11 +208,24 @@ func (c Config) Validate() error {
 	bad := func(key string, format string, args ...any) error {
 		return fmt.Errorf("redis tier %q: %s: %s", c.Name, key, fmt.Sprintf(format, args...))
 	}
-	if c.Addr == "" {
+	switch {
+	case c.Cluster && c.Addr == "" && len(c.Addrs) == 0:
+		return bad("addrs", "required with cluster: true (seed nodes, host:port)")
+	case !c.Cluster && len(c.Addrs) > 0:
+		return bad("addrs", "needs cluster: true (a single server takes addr)")
+	case !c.Cluster && c.Addr == "":
 		return bad("addr", "required (host:port)")
+	case c.Cluster && c.DB != 0:
+		return bad("db", "must be 0 with cluster: true (a cluster has one database), got %d", c.DB)
 	}
-	if _, port, err := net.SplitHostPort(c.Addr); err != nil || port == "" {
-		return bad("addr", "%q is not host:port", c.Addr)
+	for i, a := range c.seeds() {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			key := "addr"
+			if c.Cluster && (c.Addr == "" || i > 0) {
+				key = fmt.Sprintf("addrs[%d]", i-b2i(c.Addr != ""))
+			}
+			return bad(key, "%q is not host:port", a)
+		}
 	}
 	if c.DB < 0 {
 		return bad("db", "must be >= 0, got %d", c.DB)

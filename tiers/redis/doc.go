@@ -26,6 +26,29 @@
 // Invalid values are errors naming the key. New pings the server: an
 // unreachable server (ErrUnreachable) or a refused login fails startup.
 //
+// # Redis Cluster and Valkey cluster
+//
+//	    cluster: true
+//	    addrs: [10.0.0.7:7000, 10.0.0.8:7000, 10.0.0.9:7000]   # seed nodes
+//
+// With cluster: true the tier is a go-redis cluster client: keys spread
+// over the 16384 slots (no hash tags, so one job's blocks land on several
+// masters), a job's pipeline is split per node and sent to the nodes
+// concurrently, MOVED and ASK redirections are followed, and the slot map
+// is reloaded after a failover. db must be 0. Keyspace notifications are
+// local to the node that holds a key, so with keyspace_events the tier
+// sets the flags on every node (replicas included, so that a promoted
+// replica already publishes) and subscribes on every master; every probe
+// interval it reads the slot map (CLUSTER SLOTS), pings each master —
+// kvtier_tier_node_healthy{node} in /metrics — subscribes on new masters
+// (and reconciles, since removals during the failover were not seen) and
+// drops subscriptions of former ones. During a failover, jobs whose keys
+// live on the dead master fail (transient errors count toward
+// unhealthy_after) or finish; a load never exposes bytes that fail the
+// envelope check. Production clusters keep the default
+// cluster-replica-validity-factor; an idle test cluster needs 0 to fail
+// over.
+//
 // # Keys and values
 //
 // A block is stored under <key_prefix><hex hash>:<group> as a 32-byte

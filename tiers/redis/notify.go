@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -14,32 +15,54 @@ import (
 // E (key-event channels), g (generic: DEL), x (expired), e (evicted).
 const neededNotifyFlags = "Egxe"
 
-// enableNotifications makes sure the server publishes the key events the
-// tier subscribes to, adding the missing flags with CONFIG SET. Managed
-// services often forbid CONFIG; the tier then logs that removals from the
-// server go unreported (unless the operator configured the flags).
+// enableNotifications makes sure the server (every node of a cluster)
+// publishes the key events the tier subscribes to, adding the missing
+// flags with CONFIG SET. Managed services often forbid CONFIG; the tier
+// then logs that removals from the server go unreported (unless the
+// operator configured the flags).
 func (t *Tier) enableNotifications(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
-	cur, err := t.client.ConfigGet(ctx, "notify-keyspace-events").Result()
+	var err error
+	if cc, ok := t.client.(*goredis.ClusterClient); ok {
+		// Replicas too: a promoted replica must already publish them.
+		var mu sync.Mutex
+		err = cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error {
+			e := t.enableOn(ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if e != nil {
+				return fmt.Errorf("%s: %w", c.Options().Addr, e)
+			}
+			return nil
+		})
+	} else {
+		err = t.enableOn(ctx, t.client)
+	}
 	if err != nil {
 		t.notify.Store(false)
-		t.log.Warn("keyspace events are off: cannot read notify-keyspace-events; blocks the server evicts or expires will not be reported as removed unless it is configured with notify-keyspace-events "+neededNotifyFlags, "err", err)
+		t.log.Warn("keyspace events are off: cannot read or set notify-keyspace-events (CONFIG not allowed?); blocks the server evicts or expires will not be reported as removed unless it is configured with notify-keyspace-events "+neededNotifyFlags, "err", err)
 		return
+	}
+	t.notify.Store(true)
+}
+
+// enableOn adds the missing notification flags on one server.
+func (t *Tier) enableOn(ctx context.Context, c goredis.Cmdable) error {
+	cur, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil {
+		return err
 	}
 	flags := cur["notify-keyspace-events"]
 	missing := missingFlags(flags)
 	if missing == "" {
-		t.notify.Store(true)
-		return
+		return nil
 	}
-	if err := t.client.ConfigSet(ctx, "notify-keyspace-events", flags+missing).Err(); err != nil {
-		t.notify.Store(false)
-		t.log.Warn("keyspace events are off: CONFIG SET notify-keyspace-events not allowed; blocks the server evicts or expires will not be reported as removed", "current", flags, "err", err)
-		return
+	if err := c.ConfigSet(ctx, "notify-keyspace-events", flags+missing).Err(); err != nil {
+		return err
 	}
-	t.notify.Store(true)
 	t.log.Info("enabled keyspace events", "notify-keyspace-events", flags+missing)
+	return nil
 }
 
 // missingFlags returns the needed flags that flags lacks. 'A' stands for
@@ -64,27 +87,45 @@ func keyEventChannels(db int) []string {
 	}
 }
 
-// startSubscriber follows the key-event channels. The client reconnects
-// and resubscribes by itself after a server restart; removals published
+// keyEventSub follows the key-event channels of one server.
+type keyEventSub struct {
+	ps     *goredis.PubSub
+	own    *goredis.Client // a cluster node's client, closed with the subscription
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop ends the subscription and waits for its goroutine.
+func (s *keyEventSub) stop() {
+	s.cancel()
+	_ = s.ps.Close()
+	<-s.done
+	if s.own != nil {
+		_ = s.own.Close()
+	}
+}
+
+// subscribe follows the key-event channels on c (a single server or one
+// cluster master; node names it in logs). The client reconnects and
+// resubscribes by itself after a server restart; removals published
 // while it was away are lost (pub/sub keeps nothing), so every
 // (re)subscription triggers a reconciliation pass.
-func (t *Tier) startSubscriber() {
-	ps := t.client.Subscribe(t.ctx, keyEventChannels(t.cfg.DB)...)
+func (t *Tier) subscribe(c goredis.UniversalClient, node string) *keyEventSub {
+	ctx, cancel := context.WithCancel(t.ctx)
+	s := &keyEventSub{ps: c.Subscribe(ctx, keyEventChannels(t.cfg.DB)...), cancel: cancel, done: make(chan struct{})}
 	// Wait for the server's confirmation so that removals right after New
 	// are not missed; on failure the channel below keeps reconnecting.
-	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
-	if _, err := ps.Receive(ctx); err != nil {
-		t.log.Warn("keyspace event subscription not confirmed yet", "err", err)
+	rctx, rcancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	if _, err := s.ps.Receive(rctx); err != nil {
+		t.log.Warn("keyspace event subscription not confirmed yet", "node", node, "err", err)
 	}
-	cancel()
-	ch := ps.ChannelWithSubscriptions(goredis.WithChannelSize(4096))
-	t.wg.Add(1)
+	rcancel()
+	ch := s.ps.ChannelWithSubscriptions(goredis.WithChannelSize(4096))
 	go func() {
-		defer t.wg.Done()
-		defer ps.Close()
+		defer close(s.done)
 		for {
 			select {
-			case <-t.ctx.Done():
+			case <-ctx.Done():
 				return
 			case msg, ok := <-ch:
 				if !ok {
@@ -94,6 +135,7 @@ func (t *Tier) startSubscriber() {
 			}
 		}
 	}()
+	return s
 }
 
 // drainBatch collects the keys of first and of whatever else is already

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
@@ -48,9 +47,13 @@ type Tier struct {
 	cfg Config
 	log *slog.Logger
 
-	client *goredis.Client
+	client goredis.UniversalClient // *goredis.Client, or *goredis.ClusterClient with Cluster
 	health *remote.Health
-	retry  *remote.Retrier // transfers
+	// nodes tracks a cluster's masters: their keyspace subscriptions and
+	// health (nil for a single server).
+	nodes *clusterNodes
+	sub   *keyEventSub    // a single server's keyspace subscription
+	retry *remote.Retrier // transfers
 	// probeRetry runs existence checks with the shorter lookup timeout.
 	probeRetry *remote.Retrier
 	ioSem      chan struct{} // bounds concurrent transfer pipelines
@@ -98,24 +101,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if cfg.Events {
 		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
 	}
-	t.client = goredis.NewClient(&goredis.Options{
-		Addr:                  cfg.Addr,
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-		DB:                    cfg.DB,
-		PoolSize:              cfg.PoolSize,
-		DialTimeout:           cfg.DialTimeout,
-		DialerRetries:         1,
-		ReadTimeout:           cfg.Timeout,
-		WriteTimeout:          cfg.Timeout,
-		PoolTimeout:           cfg.Timeout,
-		ContextTimeoutEnabled: true,
-		// The tier retries itself so that it stops as soon as the server
-		// is marked down.
-		MaxRetries:               -1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
+	t.client = newClient(cfg)
 
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout+cfg.Timeout)
 	err := t.client.Ping(pctx).Err()
@@ -124,9 +110,9 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		t.client.Close()
 		var re goredis.Error
 		if errors.As(err, &re) {
-			return nil, fmt.Errorf("%s: %s: %w", t.label(), cfg.Addr, err)
+			return nil, fmt.Errorf("%s: %s: %w", t.label(), strings.Join(cfg.seeds(), ","), err)
 		}
-		return nil, fmt.Errorf("%s: %s: %w: %w", t.label(), cfg.Addr, ErrUnreachable, err)
+		return nil, fmt.Errorf("%s: %s: %w: %w", t.label(), strings.Join(cfg.seeds(), ","), ErrUnreachable, err)
 	}
 
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -170,9 +156,18 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Healthy:  t.health.Healthy,
 		Logger:   t.log,
 	})
-	if cfg.KeyspaceEvents {
+	switch {
+	case cfg.Cluster:
+		t.nodes = &clusterNodes{subs: map[string]*keyEventSub{}, healthy: map[string]bool{}}
+		if cfg.KeyspaceEvents {
+			t.enableNotifications(ctx)
+		}
+		t.refreshNodes(ctx, true)
+		t.wg.Add(1)
+		go t.watchNodes()
+	case cfg.KeyspaceEvents:
 		t.enableNotifications(ctx)
-		t.startSubscriber()
+		t.sub = t.subscribe(t.client, "")
 	}
 	t.wg.Add(1)
 	go t.touchLoop()
@@ -308,6 +303,9 @@ func (t *Tier) Close(ctx context.Context) error {
 		t.closeErr = t.Base.Close(ctx)
 		t.cancel()
 		t.wg.Wait()
+		if t.sub != nil {
+			t.sub.stop()
+		}
 		if err := t.client.Close(); err != nil && t.closeErr == nil {
 			t.closeErr = fmt.Errorf("%s: close: %w", t.label(), err)
 		}
@@ -361,6 +359,7 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 			}
 		}
 	}()
+	slots := make([][]byte, len(job.Keys))
 	for i, k := range job.Keys {
 		if !k.Valid() {
 			return fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey)
@@ -369,10 +368,13 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 		if err != nil {
 			return fmt.Errorf("%s: store %s: %w", t.label(), k, err)
 		}
-		b := sealPool.Get().(*[]byte)
-		*b = remote.Seal(*b, k, slot)
-		bufs[i] = b
+		slots[i] = slot
+		bufs[i] = sealPool.Get().(*[]byte)
 	}
+	// Sealing (checksum and copy) is the tier's own cost per byte: spread
+	// a job's blocks over the cores, as the transfer to several cluster
+	// nodes is.
+	remote.Parallel(len(job.Keys), func(i int) { *bufs[i] = remote.Seal(*bufs[i], job.Keys[i], slots[i]) })
 	select {
 	case t.ioSem <- struct{}{}:
 	case <-ctx.Done():

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
 
@@ -132,4 +135,33 @@ func OpenString(key offload.Key, value string, dst []byte) error {
 	}
 	copy(dst, payload)
 	return nil
+}
+
+// Parallel runs fn(0) … fn(n-1) on up to GOMAXPROCS goroutines (the
+// caller's included) and returns when all have. For per-block CPU work
+// (sealing, verifying) of a multi-block job.
+func Parallel(n int, fn func(i int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	work := func() {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= n {
+				return
+			}
+			fn(i)
+		}
+	}
+	for range workers - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
 }
