@@ -28,8 +28,8 @@
 //
 // # Redis Cluster and Valkey cluster
 //
-//	    cluster: true
-//	    addrs: [10.0.0.7:7000, 10.0.0.8:7000, 10.0.0.9:7000]   # seed nodes
+//	cluster: true
+//	addrs: [10.0.0.7:7000, 10.0.0.8:7000, 10.0.0.9:7000]   # seed nodes
 //
 // With cluster: true the tier is a go-redis cluster client: keys spread
 // over the 16384 slots (no hash tags, so one job's blocks land on several
