@@ -135,7 +135,7 @@ func parseGroup(s string) (fs.KVCacheGroup, error) {
 	tok, names, ok := strings.Cut(s, ":")
 	n, err := strconv.Atoi(tok)
 	if !ok || err != nil || n <= 0 || names == "" {
-		return fs.KVCacheGroup{}, errors.New("want TOKENS_PER_BLOCK:LAYER,LAYER,...")
+		return fs.KVCacheGroup{}, errors.New("want TOKENS_PER_BLOCK:LAYER[,LAYER]")
 	}
 	return fs.KVCacheGroup{TokensPerBlock: n, LayerNames: strings.Split(names, ",")}, nil
 }
