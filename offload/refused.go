@@ -67,3 +67,11 @@ type JobQueue interface {
 	// that has started, has finished or is unknown.
 	CancelQueued(id uint64) bool
 }
+
+// ReadOnly is implemented by tiers that take no stores (a peer tier that
+// only serves what other daemons hold): when ReadOnly reports true the
+// manager sends them no cascades and their share of the cascade pin
+// budget goes to the other tiers.
+type ReadOnly interface {
+	ReadOnly() bool
+}

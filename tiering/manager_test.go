@@ -527,3 +527,53 @@ func TestMemoryTierThroughManager(t *testing.T) {
 		t.Error(diff)
 	}
 }
+
+// readOnlyTier is a memory tier that declares it takes no stores.
+type readOnlyTier struct{ *memory.Tier }
+
+func (readOnlyTier) ReadOnly() bool { return true }
+
+// A read-only tier (a peer tier without push) is looked up and promoted
+// from, but never sent a cascade; the other tiers still are.
+func TestReadOnlyTierGetsNoCascades(t *testing.T) {
+	p := newPrimary(t, 5)
+	ro, err := memory.New(memory.Config{Name: "peer", Medium: offload.MediumCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{Primary: p, Tiers: []offload.SecondaryTier{readOnlyTier{ro}, rw}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	out, ok, err := m.PrepareStore(keyRange(0, 3), req)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
+		t.Fatal(err)
+	}
+	for m.HasPendingWork() {
+		m.ScheduleEnd(offload.ScheduleEnd{})
+	}
+	st := m.Stats()
+	if ro.Len() != 0 || st.Tiers[0].CascadesOK+st.Tiers[0].CascadesDropped+st.Tiers[0].CascadesSkippedByFilter != 0 {
+		t.Errorf("read-only tier got cascades: holds %d, stats %+v", ro.Len(), st.Tiers[0])
+	}
+	if rw.Len() != 3 || st.Tiers[1].CascadedBlocks != 3 {
+		t.Errorf("writable tier holds %d, stats %+v", rw.Len(), st.Tiers[1])
+	}
+	// It still serves lookups.
+	ro.Put(K(9), make([]byte, testSlotSize))
+	m.Lookup(K(9), req)
+	m.ScheduleEnd(offload.ScheduleEnd{})
+	if got := m.Lookup(K(9), req); got == offload.Miss {
+		t.Errorf("read-only tier not looked up: %v", got)
+	}
+}

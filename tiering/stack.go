@@ -110,6 +110,7 @@ type Stack struct {
 type tier struct {
 	t        offload.SecondaryTier
 	queue    offload.JobQueue // nil unless the tier queues jobs
+	readOnly bool             // offload.ReadOnly: never cascaded to
 	idx      int
 	name     string
 	typ      string
@@ -178,7 +179,13 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 	if cfg.Arena != nil {
 		slots = cfg.Arena.NumSlots()
 	}
-	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, len(cfg.Tiers))
+	writable := 0
+	for _, t := range cfg.Tiers {
+		if ro, ok := t.(offload.ReadOnly); !ok || !ro.ReadOnly() {
+			writable++
+		}
+	}
+	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, writable)
 	if cfg.Revocable && len(cfg.Tiers) > 0 {
 		s.bySlot = make([]int32, slots)
 		s.readers = make([]uint16, slots)
@@ -199,6 +206,9 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 		}
 		names[ts.name] = true
 		ts.queue, _ = t.(offload.JobQueue)
+		if ro, ok := t.(offload.ReadOnly); ok {
+			ts.readOnly = ro.ReadOnly()
+		}
 		ts.stats.Name, ts.stats.Type = ts.name, ts.typ
 		ts.stats.Medium, ts.stats.Locality = ts.medium, ts.locality
 		s.tiers = append(s.tiers, ts)
@@ -317,7 +327,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 	var block []job // the cascade's jobs, one allocation
 	var gid int32
 	for _, ts := range s.tiers {
-		if mask&(1<<ts.idx) == 0 {
+		if mask&(1<<ts.idx) == 0 || ts.readOnly {
 			continue
 		}
 		if !filter.Allows(ts.medium, ts.locality) {

@@ -395,6 +395,9 @@ type driver struct {
 	evictions map[string]uint64
 	lastProg  time.Time
 	start     time.Time
+	// onEvents, when set, sees every batch of the manager's events (a
+	// fleet replay's router indexes the primary's).
+	onEvents func([]offload.Event)
 }
 
 func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.ReqContext) *driver {
@@ -625,10 +628,14 @@ func (d *driver) attribute(n uint64) {
 	}
 }
 
-// takeEvents counts the blocks tiers reported removed. The primary is
-// built without events; its evictions come from its stats.
+// takeEvents counts the blocks tiers reported removed. The primary's
+// evictions come from its stats (a plain replay builds it without events).
 func (d *driver) takeEvents() {
-	for _, ev := range d.m.TakeEvents() {
+	evs := d.m.TakeEvents()
+	if d.onEvents != nil {
+		d.onEvents(evs)
+	}
+	for _, ev := range evs {
 		if ev.Removed && ev.Tier != "" {
 			d.evictions[ev.Tier] += uint64(len(ev.Keys))
 		}

@@ -43,6 +43,12 @@ type benchFlags struct {
 	plotSizes     string
 	progress      bool
 	warm          bool
+	// fleet replay
+	nodes        int
+	routing      string
+	seed         uint64
+	peers        bool
+	sharedBlocks int
 }
 
 func newBenchCmd() *cobra.Command {
@@ -83,15 +89,39 @@ flight may pin (default 0.25, "off" for none).
 
 --plot FILE.png draws the hit rate split by source and, replaying once per
 size of --plot-sizes, hit rate against primary size next to plain LRU. A
-progress line is shown on a terminal (--progress forces it).`,
+progress line is shown on a terminal (--progress forces it).
+
+--nodes N replays the trace over a fleet of N simulated nodes, each with its
+own primary of --primary-blocks and its own tiers of --config (fs tiers in
+scratch directories of their own), routing each request by --routing:
+round-robin, random (drawn from --seed) or prefix-aware (to the node whose
+primary holds the longest leading run of the request's blocks, from the
+nodes' KV events; ties to the least-loaded node); a comma-separated list
+compares policies. --peers gives every node a peer tier over the other
+nodes' primaries (read-only, remote), --shared-blocks N one remote store of
+N blocks shared by all nodes (a model of a fleet's Redis Cluster). It
+reports the fleet's hit rate split by source (own DRAM, own disk, own other
+tiers, peer, shared); --plot draws it. The same flags and seed give the same
+figures.`,
 		Example: `  kvtier bench --trace mooncake_conversation_trace.jsonl --primary-blocks 1000
   kvtier bench --trace trace.jsonl --config tiers.yaml --timed --speedup 60 --plot hits.png
   kvtier bench --trace trace.jsonl --config tiers.yaml --params '{"kv_load_tiers":[]}'
-  kvtier bench --trace trace.jsonl.gz --policy arc --limit 2000 --json`,
+  kvtier bench --trace trace.jsonl.gz --policy arc --limit 2000 --json
+  kvtier bench --trace trace.jsonl --nodes 4 --routing round-robin,prefix-aware --peers --shared-blocks 20000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if f.fleetMode() {
+				rep, err := benchFleetCmd(ctx, f, cmd.InOrStdin(), cmd.ErrOrStderr())
+				if f.json {
+					return writeFleetJSON(cmd.OutOrStdout(), rep, err)
+				}
+				if err != nil {
+					return err
+				}
+				return writeFleetText(cmd.OutOrStdout(), rep)
+			}
 			rep, err := bench(ctx, f, cmd.InOrStdin(), cmd.ErrOrStderr())
 			if f.json {
 				return writeBenchJSON(cmd.OutOrStdout(), rep, err)
@@ -119,6 +149,11 @@ progress line is shown on a terminal (--progress forces it).`,
 	fl.StringVar(&f.plotSizes, "plot-sizes", "", "with --plot: comma-separated primary sizes in blocks to sweep (default: ¼, ½, 1, 2 and 4 × --primary-blocks)")
 	fl.BoolVar(&f.progress, "progress", false, "print progress on stderr even when it is not a terminal")
 	fl.BoolVar(&f.warm, "warm-tiers", false, "run fs tiers in their root_dir as configured, keeping what they hold (default: a scratch directory under it per replay)")
+	fl.IntVar(&f.nodes, "nodes", 1, "replay over a fleet of this many simulated nodes")
+	fl.StringVar(&f.routing, "routing", workload.RouteRoundRobin, "with a fleet: round-robin, random or prefix-aware (comma-separated to compare)")
+	fl.Uint64Var(&f.seed, "seed", 1, "with --routing random: the seed")
+	fl.BoolVar(&f.peers, "peers", false, "with a fleet: a peer tier on every node over the other nodes' primaries")
+	fl.IntVar(&f.sharedBlocks, "shared-blocks", 0, "with a fleet: one remote store of this many blocks shared by all nodes")
 	_ = cmd.MarkFlagRequired("trace") // only fails for an unknown flag name
 	return cmd
 }
@@ -143,57 +178,54 @@ type sweepPoint struct {
 	LRUHitRate    float64 `json:"lru_hit_rate"`
 }
 
-func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer) (*benchReport, error) {
+// benchInputs parses the flags every replay needs: the trace, the config,
+// the params and the per-node options.
+func benchInputs(f benchFlags, stdin io.Reader, stderr io.Writer) ([]workload.Request, workload.Options, error) {
+	var opts workload.Options
 	if f.trace == "-" && f.params == "-" {
-		return nil, errors.New("--trace - and --params - cannot both read stdin")
+		return nil, opts, errors.New("--trace - and --params - cannot both read stdin")
 	}
 	if f.primaryBlocks <= 0 {
-		return nil, fmt.Errorf("--primary-blocks %d: want > 0", f.primaryBlocks)
+		return nil, opts, fmt.Errorf("--primary-blocks %d: want > 0", f.primaryBlocks)
 	}
 	if f.limit < 0 {
-		return nil, fmt.Errorf("--limit %d: want >= 0", f.limit)
+		return nil, opts, fmt.Errorf("--limit %d: want >= 0", f.limit)
 	}
 	bb, err := config.ParseByteSize(f.blockBytes)
 	if err != nil {
-		return nil, fmt.Errorf("--block-bytes: %w", err)
+		return nil, opts, fmt.Errorf("--block-bytes: %w", err)
 	}
 	blockBytes, ok := bb.Int()
 	if !ok || blockBytes <= 0 {
-		return nil, fmt.Errorf("--block-bytes %s: want a positive size", f.blockBytes)
+		return nil, opts, fmt.Errorf("--block-bytes %s: want a positive size", f.blockBytes)
 	}
 	switch strings.ToLower(f.policy) {
 	case "lru", "arc":
 	default:
-		return nil, fmt.Errorf("--policy %q: want lru or arc", f.policy)
+		return nil, opts, fmt.Errorf("--policy %q: want lru or arc", f.policy)
 	}
 	params, err := readParams(f.params, stdin)
 	if err != nil {
-		return nil, err
+		return nil, opts, err
 	}
 	var cfg *config.Config
 	if f.config != "" {
 		if cfg, err = config.Load(f.config); err != nil {
-			return nil, err
+			return nil, opts, err
 		}
 	}
 	reqs, err := readTrace(f.trace, f.limit, stdin)
 	if err != nil {
-		return nil, err
+		return nil, opts, err
 	}
-
 	budget, err := parseBudget(f.budget)
 	if err != nil {
-		return nil, err
+		return nil, opts, err
 	}
 	if !f.timed && (f.speedup != 1 || f.step != workload.DefaultStep) {
-		return nil, errors.New("--speedup and --step need --timed")
+		return nil, opts, errors.New("--speedup and --step need --timed")
 	}
-	sizes, err := plotSizes(f)
-	if err != nil {
-		return nil, err
-	}
-
-	opts := workload.Options{
+	return reqs, workload.Options{
 		PrimaryBlocks: f.primaryBlocks,
 		BlockBytes:    blockBytes,
 		Policy:        strings.ToLower(f.policy),
@@ -205,6 +237,25 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 		Step:          f.step,
 		Budget:        budget,
 		FreshTiers:    !f.warm,
+	}, nil
+}
+
+func benchFleetCmd(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer) (*fleetReport, error) {
+	reqs, opts, err := benchInputs(f, stdin, stderr)
+	if err != nil {
+		return nil, err
+	}
+	return benchFleet(ctx, f, reqs, opts)
+}
+
+func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer) (*benchReport, error) {
+	reqs, opts, err := benchInputs(f, stdin, stderr)
+	if err != nil {
+		return nil, err
+	}
+	sizes, err := plotSizes(f)
+	if err != nil {
+		return nil, err
 	}
 	prog := newProgressLine(stderr, f.progress)
 	run := func(o workload.Options, label string) (*workload.Result, error) {
@@ -220,7 +271,7 @@ func bench(ctx context.Context, f benchFlags, stdin io.Reader, stderr io.Writer)
 	rep := &benchReport{
 		Trace:      f.trace,
 		ConfigFile: f.config,
-		Params:     params,
+		Params:     opts.Params,
 		Opts:       opts,
 		Result:     res,
 		RefLRU:     workload.ReferenceHitRate(reqs, f.primaryBlocks),

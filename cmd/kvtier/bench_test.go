@@ -205,6 +205,10 @@ func TestBenchErrors(t *testing.T) {
 		{"params not an object", "", []string{"--trace", trace, "--params", "[1]"}, "params"},
 		{"strict rejects", "", []string{"--trace", trace, "--config", strict, "--params", `{"kv_load_tiers": [{"medium": "tape"}]}`}, "tape"},
 		{"bad config", "", []string{"--trace", trace, "--config", badCfg}, "tape"},
+		{"fleet timed", "", []string{"--trace", trace, "--nodes", "2", "--timed"}, "drop --timed"},
+		{"fleet bad routing", "", []string{"--trace", trace, "--nodes", "2", "--routing", "sticky"}, `routing "sticky"`},
+		{"fleet sweep", "", []string{"--trace", trace, "--nodes", "2", "--plot", "x.png", "--plot-sizes", "4"}, "--plot-sizes"},
+		{"fleet too many", "", []string{"--trace", trace, "--nodes", "100"}, "100 nodes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,5 +225,49 @@ func TestBenchErrors(t *testing.T) {
 				t.Errorf("--json: exit %d, stdout %q; want 1 and {\"error\": ...%s...}", code, stdout, tc.substr)
 			}
 		})
+	}
+}
+
+// A fleet replay reports one row per routing policy, split by source, and
+// the same figures twice for the same seed.
+func TestBenchFleet(t *testing.T) {
+	trace := writeFile(t, "trace.jsonl", evictTrace())
+	args := []string{"bench", "--trace", trace, "--primary-blocks", "16", "--block-bytes", "64", "--nodes", "2",
+		"--routing", "round-robin,random,prefix-aware", "--peers", "--shared-blocks", "8"}
+	code, stdout, stderr := runCLI(t, "", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, re := range []string{
+		`10 requests on 2 nodes of 16 primary blocks, peer tiers, a shared store of 8 blocks`,
+		`routing +hit rate +own DRAM +own disk +own other +peer +shared`,
+		`round-robin \+peers \+shared +0\.\d{4}`,
+		`prefix-aware \+peers \+shared +0\.\d{4}`,
+		`random \+peers \+shared, requests per node: \d+ \d+`,
+	} {
+		if !regexp.MustCompile(re).MatchString(stdout) {
+			t.Errorf("output does not match %q:\n%s", re, stdout)
+		}
+	}
+	code, a, _ := runCLI(t, "", append(args, "--json", "--seed", "3")...)
+	_, b, _ := runCLI(t, "", append(args, "--json", "--seed", "3")...)
+	var ra, rb struct {
+		Fleets []struct {
+			HitBlocks int             `json:"hit_blocks"`
+			Split     json.RawMessage `json:"split"`
+		} `json:"fleets"`
+	}
+	if code != 0 || json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil || len(ra.Fleets) != 3 {
+		t.Fatalf("json: exit %d\n%s", code, a)
+	}
+	for i := range ra.Fleets {
+		if ra.Fleets[i].HitBlocks != rb.Fleets[i].HitBlocks || string(ra.Fleets[i].Split) != string(rb.Fleets[i].Split) {
+			t.Errorf("fleet %d differs between two runs with the same seed", i)
+		}
+	}
+	// Round-robin alternates A's two visits over the nodes; with peers,
+	// the second visit hits in the other node's DRAM.
+	if !strings.Contains(a, `"peer": 3`) {
+		t.Errorf("no peer hits for the revisit:\n%s", a)
 	}
 }

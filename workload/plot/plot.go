@@ -176,3 +176,68 @@ func sweepPlot(r Report) (*plot.Plot, error) {
 	p.Add(plotter.NewGrid())
 	return p, nil
 }
+
+// FleetBar is one bar of the fleet chart: a configuration (routing policy,
+// peers, shared store) and its hit rate split by source.
+type FleetBar struct {
+	Label  string
+	Splits []Split // the same sources, in the same order, on every bar
+}
+
+// WriteFleetPNG draws the fleet chart into w: one stacked bar per
+// configuration, with the single-node maximum as a horizontal line.
+func WriteFleetPNG(w io.Writer, title string, bars []FleetBar, maxHitRate float64, width, height vg.Length) error {
+	if len(bars) == 0 {
+		return fmt.Errorf("plot: no bars")
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = "fleet prefix hit rate"
+	p.Y.Min = 0
+	var stacked []*plotter.BarChart
+	top := maxHitRate
+	totals := make([]float64, len(bars))
+	for s := range bars[0].Splits {
+		vals := make(plotter.Values, len(bars))
+		for i, b := range bars {
+			if s < len(b.Splits) {
+				vals[i] = b.Splits[s].Rate
+				totals[i] += b.Splits[s].Rate
+			}
+		}
+		bc, err := plotter.NewBarChart(vals, vg.Points(40))
+		if err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		bc.Color = palette[s%len(palette)]
+		bc.LineStyle.Width = 0
+		if s > 0 {
+			bc.StackOn(stacked[s-1])
+		}
+		stacked = append(stacked, bc)
+		p.Add(bc)
+		p.Legend.Add(bars[0].Splits[s].Label, bc)
+	}
+	labels := make([]string, len(bars))
+	for i, b := range bars {
+		labels[i] = fmt.Sprintf("%s\n%.4f", b.Label, totals[i])
+		top = math.Max(top, totals[i])
+	}
+	if maxHitRate > 0 {
+		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: maxHitRate}, {X: float64(len(bars)) - 0.5, Y: maxHitRate}})
+		if err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		l.Color = color.Gray{Y: 100}
+		p.Add(l)
+		p.Legend.Add(fmt.Sprintf("maximum (unbounded) %.4f", maxHitRate), l)
+	}
+	p.NominalX(labels...)
+	p.Y.Max = top * 1.6 // room for the legend above the bars
+	p.Legend.Top = true
+	img := vgimg.New(width, height)
+	p.Draw(draw.New(img))
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
