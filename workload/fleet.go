@@ -13,8 +13,6 @@ import (
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tierset"
 )
 
 // Routing policies of a fleet replay.
@@ -240,45 +238,24 @@ func ReplayFleet(ctx context.Context, src Source, o FleetOptions) (*FleetResult,
 }
 
 func newFleetNode(ctx context.Context, i int, cfg *config.Config, o FleetOptions, primaries *[]*cpu.Primary, shared *sharedStore) (*fleetNode, error) {
-	tmpl, err := cfg.Parser().NewReqContext("params", o.Params)
-	if err != nil {
-		return nil, fmt.Errorf("params: %w", err)
-	}
-	primary, err := cpu.New(cpu.Config{
-		SlotSize: o.BlockBytes,
-		Capacity: int64(o.PrimaryBlocks) * int64(o.BlockBytes),
-		Policy:   o.Policy,
-		Events:   true, // the router's index
+	d, err := newNode(ctx, cfg, o.Options, nodeExtras{
+		primaryEvents: true, // the router's index
+		tiers: func() []offload.SecondaryTier {
+			var extra []offload.SecondaryTier
+			if o.Peers && o.Nodes > 1 {
+				extra = append(extra, newPeerTier(i, primaries))
+			}
+			if shared != nil {
+				extra = append(extra, newSharedView(shared))
+			}
+			return extra
+		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("primary: %w", err)
+		return nil, err
 	}
-	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: o.Logger, FS: o.FS})
-	if err != nil {
-		return nil, errors.Join(err, primary.Close())
-	}
-	if o.Peers && o.Nodes > 1 {
-		tiers = append(tiers, newPeerTier(i, primaries))
-	}
-	if shared != nil {
-		tiers = append(tiers, newSharedView(shared))
-	}
-	m, err := tiering.New(tiering.Config{
-		Primary:               primary,
-		Tiers:                 tiers,
-		Logger:                o.Logger,
-		HitPendingOnPromotion: o.HitPendingOnPromotion,
-		Budget:                o.Budget,
-	})
-	if err != nil {
-		for _, t := range tiers {
-			err = errors.Join(err, t.Close(ctx))
-		}
-		return nil, errors.Join(err, primary.Close())
-	}
-	n := &fleetNode{primary: primary, held: make(map[offload.Key]struct{})}
-	n.d = newDriver(m, primary.Policy(), o.Options, tmpl)
-	n.d.onEvents = n.index
+	n := &fleetNode{d: d, primary: d.primary, held: make(map[offload.Key]struct{})}
+	d.onEvents = n.index
 	return n, nil
 }
 

@@ -300,23 +300,57 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		warnings = w
 	}
 
-	parser := cfg.Parser()
-	tmpl, err := parser.NewReqContext("params", opts.Params)
+	d, err := newNode(ctx, cfg, opts, nodeExtras{})
 	if err != nil {
-		return nil, fmt.Errorf("workload: params: %w", err)
+		return nil, fmt.Errorf("workload: %w", err)
 	}
+	m := d.m
+	d.res.Warnings = append(d.res.Warnings, warnings...)
+	run := d.run
+	if opts.Timed {
+		run = d.runTimed
+	}
+	res, err := run(ctx, src)
+	if cerr := m.Close(context.WithoutCancel(ctx)); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("workload: close: %w", cerr))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
 
+// nodeExtras is what a fleet node adds to a replay node.
+type nodeExtras struct {
+	// primaryEvents makes the primary report its stores and evictions
+	// (a fleet router indexes them).
+	primaryEvents bool
+	// tiers come after the config's tiers in lookup order.
+	tiers func() []offload.SecondaryTier
+}
+
+// newNode builds one replay node — a primary, cfg's secondary tiers (and
+// extra's), a manager — and its driver.
+func newNode(ctx context.Context, cfg *config.Config, opts Options, extra nodeExtras) (*driver, error) {
+	tmpl, err := cfg.Parser().NewReqContext("params", opts.Params)
+	if err != nil {
+		return nil, fmt.Errorf("params: %w", err)
+	}
 	primary, err := cpu.New(cpu.Config{
 		SlotSize: opts.BlockBytes,
 		Capacity: int64(opts.PrimaryBlocks) * int64(opts.BlockBytes),
 		Policy:   opts.Policy,
+		Events:   extra.primaryEvents,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("workload: primary: %w", err)
+		return nil, fmt.Errorf("primary: %w", err)
 	}
 	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: opts.Logger, FS: opts.FS})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("workload: %w", err), primary.Close())
+		return nil, errors.Join(err, primary.Close())
+	}
+	if extra.tiers != nil {
+		tiers = append(tiers, extra.tiers()...)
 	}
 	m, err := tiering.New(tiering.Config{
 		Primary:               primary,
@@ -331,21 +365,9 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		}
 		return nil, errors.Join(err, primary.Close())
 	}
-
 	d := newDriver(m, primary.Policy(), opts, tmpl)
-	d.res.Warnings = append(d.res.Warnings, warnings...)
-	run := d.run
-	if opts.Timed {
-		run = d.runTimed
-	}
-	res, err := run(ctx, src)
-	if cerr := m.Close(context.WithoutCancel(ctx)); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("workload: close: %w", cerr))
-	}
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
+	d.primary = primary
+	return d, nil
 }
 
 // freshTiers points each fs tier of cfg (a copy) at a new directory under
@@ -398,6 +420,7 @@ type driver struct {
 	// onEvents, when set, sees every batch of the manager's events (a
 	// fleet replay's router indexes the primary's).
 	onEvents func([]offload.Event)
+	primary  *cpu.Primary
 }
 
 func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.ReqContext) *driver {

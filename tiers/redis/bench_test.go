@@ -41,65 +41,75 @@ func BenchmarkThroughput(b *testing.B) {
 	defer tier.Close(context.Background())
 	bare := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: cfg.PoolSize})
 	defer bare.Close()
-	ctx := context.Background()
-
 	for _, width := range []int{1, 8} {
-		arena := rt.NewArena(benchBlock, width)
-		for i := 0; i < width; i++ {
-			arena.Fill(int64(i), uint64(i))
-		}
-		keys := rt.Keys(0, width)
-		bareKey := func(j int) string { return cfg.KeyPrefix + "bare:" + strconv.Itoa(j) }
-		suffix := "_x" + strconv.Itoa(width)
-
-		b.Run("tier_set"+suffix, func(b *testing.B) {
-			b.SetBytes(int64(width * benchBlock))
-			for i := 0; i < b.N; i++ {
-				if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
-					b.Fatal(res.Err)
-				}
-			}
-		})
-		b.Run("bare_set"+suffix, func(b *testing.B) {
-			b.SetBytes(int64(width * benchBlock))
-			for i := 0; i < b.N; i++ {
-				pipe := bare.Pipeline()
-				for j := 0; j < width; j++ {
-					slot, _ := arena.Slot(int64(j))
-					pipe.Set(ctx, bareKey(j), slot, 0)
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		dst := rt.NewArena(benchBlock, width)
-		b.Run("tier_get"+suffix, func(b *testing.B) {
-			b.SetBytes(int64(width * benchBlock))
-			for i := 0; i < b.N; i++ {
-				if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: dst, Promotion: true, Req: offload.Background("b")}); !res.Success {
-					b.Fatal(res.Err)
-				}
-			}
-		})
-		b.Run("bare_get"+suffix, func(b *testing.B) {
-			b.SetBytes(int64(width * benchBlock))
-			for i := 0; i < b.N; i++ {
-				pipe := bare.Pipeline()
-				cmds := make([]*goredis.StringCmd, width)
-				for j := 0; j < width; j++ {
-					cmds[j] = pipe.Get(ctx, bareKey(j))
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					b.Fatal(err)
-				}
-				for j, c := range cmds {
-					slot, _ := dst.Slot(int64(j))
-					copy(slot, c.Val())
-				}
-			}
-		})
+		throughput(b, tier, bare, cfg.KeyPrefix, width)
 	}
+}
+
+// throughput runs the four loops — the tier's store and load jobs of width
+// blocks, the bare client's pipeline of SET and of GET — as sub-benchmarks
+// suffixed _x<width>.
+func throughput(b *testing.B, tier *Tier, bare goredis.UniversalClient, prefix string, width int) {
+	ctx := context.Background()
+	arena := rt.NewArena(benchBlock, width)
+	for i := 0; i < width; i++ {
+		arena.Fill(int64(i), uint64(i))
+	}
+	keys := rt.Keys(0, width)
+	bareKey := func(j int) string { return prefix + "bare:" + strconv.Itoa(j) }
+	suffix := "_x" + strconv.Itoa(width)
+	b.Cleanup(func() {
+		for j := range width {
+			bare.Del(ctx, bareKey(j), tier.redisKey(keys[j]))
+		}
+	})
+	b.Run("tier_set"+suffix, func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
+				b.Fatal(res.Err)
+			}
+		}
+	})
+	b.Run("bare_set"+suffix, func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			pipe := bare.Pipeline()
+			for j := 0; j < width; j++ {
+				slot, _ := arena.Slot(int64(j))
+				pipe.Set(ctx, bareKey(j), slot, 0)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	dst := rt.NewArena(benchBlock, width)
+	b.Run("tier_get"+suffix, func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: dst, Promotion: true, Req: offload.Background("b")}); !res.Success {
+				b.Fatal(res.Err)
+			}
+		}
+	})
+	b.Run("bare_get"+suffix, func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		for i := 0; i < b.N; i++ {
+			pipe := bare.Pipeline()
+			cmds := make([]*goredis.StringCmd, width)
+			for j := 0; j < width; j++ {
+				cmds[j] = pipe.Get(ctx, bareKey(j))
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+			for j, c := range cmds {
+				slot, _ := dst.Slot(int64(j))
+				copy(slot, c.Val())
+			}
+		}
+	})
 }
 
 // The same against a Redis Cluster ($KVTIER_TEST_REDIS_CLUSTER_ADDRS, or a
@@ -120,64 +130,5 @@ func BenchmarkClusterThroughput(b *testing.B) {
 	defer tier.Close(context.Background())
 	bare := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: cfg.PoolSize})
 	defer bare.Close()
-	ctx := context.Background()
-	const width = 8
-	arena := rt.NewArena(benchBlock, width)
-	for i := 0; i < width; i++ {
-		arena.Fill(int64(i), uint64(i))
-	}
-	keys := rt.Keys(0, width)
-	bareKey := func(j int) string { return cfg.KeyPrefix + "bare:" + strconv.Itoa(j) }
-	b.Cleanup(func() {
-		for j := range width {
-			bare.Del(ctx, bareKey(j), tier.redisKey(keys[j]))
-		}
-	})
-	dst := rt.NewArena(benchBlock, width)
-	b.Run("tier_set_x8", func(b *testing.B) {
-		b.SetBytes(int64(width * benchBlock))
-		for i := 0; i < b.N; i++ {
-			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
-				b.Fatal(res.Err)
-			}
-		}
-	})
-	b.Run("bare_set_x8", func(b *testing.B) {
-		b.SetBytes(int64(width * benchBlock))
-		for i := 0; i < b.N; i++ {
-			pipe := bare.Pipeline()
-			for j := 0; j < width; j++ {
-				slot, _ := arena.Slot(int64(j))
-				pipe.Set(ctx, bareKey(j), slot, 0)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("tier_get_x8", func(b *testing.B) {
-		b.SetBytes(int64(width * benchBlock))
-		for i := 0; i < b.N; i++ {
-			if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: dst, Promotion: true, Req: offload.Background("b")}); !res.Success {
-				b.Fatal(res.Err)
-			}
-		}
-	})
-	b.Run("bare_get_x8", func(b *testing.B) {
-		b.SetBytes(int64(width * benchBlock))
-		for i := 0; i < b.N; i++ {
-			pipe := bare.Pipeline()
-			cmds := make([]*goredis.StringCmd, width)
-			for j := 0; j < width; j++ {
-				cmds[j] = pipe.Get(ctx, bareKey(j))
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				b.Fatal(err)
-			}
-			for j, c := range cmds {
-				slot, _ := dst.Slot(int64(j))
-				copy(slot, c.Val())
-			}
-		}
-	})
+	throughput(b, tier, bare, cfg.KeyPrefix, 8)
 }
