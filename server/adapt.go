@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/peer"
 	"github.com/kvtier/kvtier/tiers/redis"
 	"github.com/kvtier/kvtier/tiers/remote"
 )
@@ -115,6 +116,14 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 		out.OccupancyBlocks, out.OccupancyBytes, out.Evictions = int64(fst.Files), fst.UsedBytes, fst.EvictedBlocks
 		// The fs tier deletes every block file that fails verification.
 		out.CorruptBlocks, out.CorruptDeleted = fst.CorruptBlocks, fst.CorruptBlocks
+	case *peer.Tier:
+		// Healthy while some peer answers; each peer is a node in /metrics.
+		out.Remote = &RemoteTierStats{}
+		for _, p := range t.Peers() {
+			out.Remote.Healthy = out.Remote.Healthy || p.Healthy
+			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: p.Name, Healthy: p.Healthy})
+		}
+		return
 	case *redis.Tier:
 		full := t.Stats()
 		rs = &full.Stats

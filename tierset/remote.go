@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/peer"
 	"github.com/kvtier/kvtier/tiers/redis"
 	"github.com/kvtier/kvtier/tiers/remote"
 	"github.com/kvtier/kvtier/tiers/s3"
@@ -154,8 +155,12 @@ func keyPathError(spec config.TierSpec, tierConfig any, err error) error {
 	return spec.Errorf("", "%s", msg)
 }
 
-// hasYAMLKey reports whether the struct v has a field with yaml key key.
+// hasYAMLKey reports whether the struct v has a field with yaml key key
+// (or, for a path such as peers[0].addr, its first element).
 func hasYAMLKey(v any, key string) bool {
+	if i := strings.IndexAny(key, "[."); i > 0 {
+		key = key[:i]
+	}
 	t := reflect.TypeOf(v)
 	for i := range t.NumField() {
 		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
@@ -164,4 +169,29 @@ func hasYAMLKey(v any, key string) bool {
 		}
 	}
 	return false
+}
+
+func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
+	var c peer.Config
+	if err := spec.Decode(&c); err != nil {
+		return plan{}, err
+	}
+	c.Name = spec.Name
+	if err := c.Validate(); err != nil {
+		return plan{}, keyPathError(spec, c, err)
+	}
+	return plan{
+		// Dynamic on both axes: the tier applies each request's filter
+		// per peer.
+		decl: Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
+			c := c
+			c.Logger = opts.Logger
+			t, err := peer.New(c)
+			if err != nil {
+				return nil, err
+			}
+			return t, nil
+		},
+	}, nil
 }

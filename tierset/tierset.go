@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
+	"github.com/kvtier/kvtier/tiers/peer"
 	"github.com/kvtier/kvtier/tiers/redis"
 	"github.com/kvtier/kvtier/tiers/s3"
 	"github.com/kvtier/kvtier/vfs"
@@ -76,6 +77,7 @@ var tierTypes = []struct {
 }{
 	{fsType, planFS},
 	{memory.Type, planMemory},
+	{peer.Type, planPeer},
 	{redis.Type, planRedis},
 	{s3.Type, planS3},
 }

@@ -59,7 +59,7 @@ func TestDeclareErrors(t *testing.T) {
 		want []string
 	}{
 		{"unknown type", "secondary_tiers: [{type: memory}, {name: disk, type: floppy}]\n",
-			[]string{`secondary_tiers[1].type: unknown tier type "floppy" (supported: fs, memory, redis, s3)`}},
+			[]string{`secondary_tiers[1].type: unknown tier type "floppy" (supported: fs, memory, peer, redis, s3)`}},
 		{"bad medium", "secondary_tiers: [{type: memory, medium: moon}]\n",
 			[]string{`secondary_tiers[0].medium: invalid value "moon" (want cpu or storage)`}},
 		{"bad locality", "secondary_tiers: [{type: memory}, {type: memory, locality: moon}]\n",
@@ -222,7 +222,7 @@ secondary_tiers:
 }
 
 func TestTypes(t *testing.T) {
-	if got := Types(); !slices.Equal(got, []string{"fs", "memory", "redis", "s3"}) || !slices.IsSorted(got) {
+	if got := Types(); !slices.Equal(got, []string{"fs", "memory", "peer", "redis", "s3"}) || !slices.IsSorted(got) {
 		t.Errorf("Types = %v", got)
 	}
 }

@@ -234,7 +234,7 @@ func TestExplainConfigErrors(t *testing.T) {
 		{"default filter not a list", "default_store_tiers: {medium: storage}\n",
 			`:1: default_store_tiers: want a list of matchers such as [{medium: storage}], got a mapping`},
 		{"unknown type", "secondary_tiers:\n  - name: disk\n    type: floppy\n",
-			`:2: secondary_tiers[0].type: unknown tier type "floppy" (supported: fs, memory, redis, s3)`},
+			`:2: secondary_tiers[0].type: unknown tier type "floppy" (supported: fs, memory, peer, redis, s3)`},
 		{"unknown memory key", "secondary_tiers:\n  - type: memory\n    size: 1GiB\n",
 			`:3: secondary_tiers[0].size: unknown key (want one of: name, type, medium, locality, capacity_blocks, latency, block_latency, concurrency, queue_depth, fail_rate, async_lookup, events, seed)`},
 	}

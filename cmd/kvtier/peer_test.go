@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
+)
+
+// Three daemons built as `kvtier serve` builds them, on loopback TCP: A and
+// C serve their DRAM; B's only tier is a peer tier over them.
+
+type peerDaemon struct {
+	name, dir, tcp string
+	srv            *server.Server
+	c              *client.Client
+}
+
+func startPeerDaemon(t *testing.T, name, tiers string) *peerDaemon {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	d := &peerDaemon{name: name, dir: dir, tcp: freeTCP(t)}
+	d.start(t, tiers)
+	return d
+}
+
+func (d *peerDaemon) start(t *testing.T, tiers string) {
+	t.Helper()
+	doc := fmt.Sprintf(`
+namespace: {model: m, bytes_per_block: 4KiB}
+primary: {bytes: 256KiB}
+secondary_tiers: %s
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: ""}
+`, tiers, d.dir, d.tcp)
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.srv, err = buildDaemon(context.Background(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.stop)
+	if d.c, err = client.Dial(filepath.Join(d.dir, "k.sock"), client.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.c.Close() })
+}
+
+func (d *peerDaemon) stop() {
+	if d.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d.srv.Shutdown(ctx)
+		d.srv = nil
+	}
+}
+
+func (d *peerDaemon) primaryLookups(t *testing.T) uint64 {
+	t.Helper()
+	st, err := d.c.Stats(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.GetPrimary().GetLookups()
+}
+
+func (d *peerDaemon) get(t *testing.T, key offload.Key, params string) ([]byte, bool) {
+	t.Helper()
+	got, err := d.c.GetBlocks(ctxFor(t), []offload.Key{key}, client.GetOptions{CallOptions: client.CallOptions{Params: params}, Wait: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("%s: get: %v", d.name, err)
+	}
+	if got.Results[0] != kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+		return nil, false
+	}
+	return got.Data[0], true
+}
+
+func TestPeerTierAcrossThreeDaemons(t *testing.T) {
+	a := startPeerDaemon(t, "A", "[]")
+	c := startPeerDaemon(t, "C", "[]")
+	// A is configured remote (as if on another host), C local (loopback).
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, timeout: 1s, probe_interval: 100ms, peers: [
+  {name: a, addr: %q, locality: remote}, {name: c, addr: %q}]}]`, a.tcp, c.tcp))
+
+	block := bytes.Repeat([]byte{0xa5, 1, 2, 3}, 1024)
+	key := offload.MakeKey([]byte("peer-block-0001"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A request that allows only local tiers: A is remote, so B does not
+	// ask it, and C does not hold the block.
+	before := a.primaryLookups(t)
+	if _, ok := b.get(t, key, `{"kv_load_tiers":[{"locality":"local"}]}`); ok {
+		t.Fatal("local-only request loaded from the remote peer")
+	}
+	if got := a.primaryLookups(t); got != before {
+		t.Errorf("the remote peer was asked %d times for a local-only request", got-before)
+	}
+	// Storage only: a peer's blocks are in its DRAM.
+	if _, ok := b.get(t, key, `{"kv_load_tiers":[{"medium":"storage"}]}`); ok {
+		t.Fatal("storage-only request loaded a peer's DRAM block")
+	}
+	// Any tier: B promotes the block from A, byte for byte.
+	got, ok := b.get(t, key, "")
+	if !ok || !bytes.Equal(got, block) {
+		t.Fatalf("B's load through the peer tier: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
+	}
+	// C loads nothing from B's copy: C has no peer tier, and a peer read
+	// of B never reaches B's own tiers (no forwarding).
+	other := offload.MakeKey([]byte("peer-block-0002"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: other, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.get(t, other, ""); ok {
+		t.Fatal("C found a block only A holds")
+	}
+
+	// A dies: B's lookups of A's blocks miss, never fail.
+	a.stop()
+	third := offload.MakeKey([]byte("peer-block-0003"), 0)
+	if _, ok := b.get(t, third, ""); ok {
+		t.Fatal("hit for a block no live peer holds")
+	}
+	// A comes back (empty): B asks it again.
+	a.start(t, "[]")
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: third, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		got, ok := b.get(t, third, "")
+		return ok && bytes.Equal(got, block)
+	})
+}
+
+// A peer with another block size is a miss, never a torn or padded block;
+// the operator commands work against a daemon whose only tier is a peer
+// tier.
+func TestPeerTierBlockSizeAndCLI(t *testing.T) {
+	a := startPeerDaemon(t, "A", "[]")
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, a.tcp))
+	block := bytes.Repeat([]byte{7, 1, 2, 9}, 1024)
+	key := offload.MakeKey([]byte("peer-cli-0001"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(b.dir, "out.bin")
+	code, _, stderr := runCLI(t, "", "get", "--target="+filepath.Join(b.dir, "k.sock"), "-o", out, key.String())
+	if code != 0 {
+		t.Fatalf("kvtier get through B: exit %d: %s", code, stderr)
+	}
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, block) {
+		t.Fatal("kvtier get through B: other bytes")
+	}
+	code, stdout, _ := runCLI(t, "", "lookup", "--target="+filepath.Join(b.dir, "k.sock"), key.String())
+	if code != 0 || stdout == "" {
+		t.Fatalf("kvtier lookup through B: exit %d, %q", code, stdout)
+	}
+
+	// D holds 8 KiB blocks: B (4 KiB) must miss, not copy part of one.
+	d := &peerDaemon{name: "D", tcp: freeTCP(t)}
+	var err error
+	if d.dir, err = os.MkdirTemp("", "kvp"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d.dir) })
+	cfg, err := config.Parse([]byte(fmt.Sprintf("namespace: {model: m, bytes_per_block: 8KiB}\nprimary: {bytes: 256KiB}\nserver: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: \"\"}\n", d.dir, d.tcp)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.srv, err = buildDaemon(context.Background(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.stop)
+	if d.c, err = client.Dial(filepath.Join(d.dir, "k.sock"), client.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.c.Close() })
+	big := offload.MakeKey([]byte("peer-big-0001"), 0)
+	if _, err := d.c.PutBlocks(ctxFor(t), []client.Block{{Key: big, Data: bytes.Repeat([]byte{3}, 8192)}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := startPeerDaemon(t, "E", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: d, addr: %q}]}]`, d.tcp))
+	if _, ok := e.get(t, big, ""); ok {
+		t.Fatal("a 4 KiB daemon loaded an 8 KiB peer block")
+	}
+}

@@ -1,0 +1,534 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/asynclookup"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// Type is the configured type name of the tier.
+const Type = "peer"
+
+// peerParams restricts a peer's answers to its primary: a peer read never
+// reaches the peer's secondary tiers, and so never another peer.
+const peerParams = `{"kv_load_tiers":[]}`
+
+// MaxPeers bounds the peers of one tier.
+const MaxPeers = 64
+
+// PeerConfig is one peer daemon.
+type PeerConfig struct {
+	Name string `yaml:"name"`
+	// Addr is the peer's API address (host:port, its server.tcp_addr).
+	Addr string `yaml:"addr"`
+	// Locality is local or remote; empty derives it: loopback is local.
+	Locality string `yaml:"locality"`
+	// Token is the peer's auth_token, if it has one.
+	Token string `yaml:"token"`
+}
+
+// Config configures a peer tier; the yaml tags are the keys of a `type:
+// peer` entry of secondary_tiers.
+type Config struct {
+	Name  string       `yaml:"-"`
+	Peers []PeerConfig `yaml:"peers"`
+	// Namespace is the daemon namespace asked for on every peer (the
+	// daemon's own; set by the program).
+	Namespace string `yaml:"-"`
+	// Timeout bounds one call to a peer (default 2s).
+	Timeout time.Duration `yaml:"timeout"`
+	// LookupBatch bounds the keys of one existence call (default 1024).
+	LookupBatch int `yaml:"lookup_batch"`
+	// UnhealthyAfter failed calls in a row mark a peer down for
+	// ProbeInterval (defaults 3 and 1s): its keys miss without a call.
+	UnhealthyAfter int           `yaml:"unhealthy_after"`
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+
+	Logger *slog.Logger `yaml:"-"`
+}
+
+func (c Config) withDefaults() Config {
+	if c.Timeout == 0 {
+		c.Timeout = 2 * time.Second
+	}
+	if c.LookupBatch == 0 {
+		c.LookupBatch = 1024
+	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = 3
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = time.Second
+	}
+	return c
+}
+
+// Validate checks c without connecting; errors name the key.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(key, format string, args ...any) error {
+		return fmt.Errorf("peer tier %q: %s: %s", c.Name, key, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(c.Peers) == 0:
+		return bad("peers", "required: at least one {name, addr}")
+	case len(c.Peers) > MaxPeers:
+		return bad("peers", "%d peers, at most %d", len(c.Peers), MaxPeers)
+	case c.Timeout < 0:
+		return bad("timeout", "must be > 0, got %v", c.Timeout)
+	case c.LookupBatch < 0:
+		return bad("lookup_batch", "must be > 0, got %d", c.LookupBatch)
+	case c.UnhealthyAfter < 0:
+		return bad("unhealthy_after", "must be > 0, got %d", c.UnhealthyAfter)
+	case c.ProbeInterval < 0:
+		return bad("probe_interval", "must be > 0, got %v", c.ProbeInterval)
+	}
+	names := map[string]bool{}
+	for i, p := range c.Peers {
+		key := fmt.Sprintf("peers[%d]", i)
+		if p.Name == "" {
+			return bad(key+".name", "required")
+		}
+		if names[p.Name] {
+			return bad(key+".name", "duplicate peer %q", p.Name)
+		}
+		names[p.Name] = true
+		if _, port, err := net.SplitHostPort(p.Addr); err != nil || port == "" {
+			return bad(key+".addr", "%q is not host:port", p.Addr)
+		}
+		if _, err := localityOf(p); err != nil {
+			return bad(key+".locality", "%v", err)
+		}
+	}
+	return nil
+}
+
+// localityOf is the peer's configured locality, or local for a loopback
+// address and remote otherwise.
+func localityOf(p PeerConfig) (offload.Locality, error) {
+	if p.Locality != "" {
+		l, ok := offload.ParseLocality(p.Locality)
+		if !ok {
+			return 0, fmt.Errorf("%q: want local or remote", p.Locality)
+		}
+		return l, nil
+	}
+	host, _, _ := net.SplitHostPort(p.Addr)
+	if host == "localhost" {
+		return offload.LocalityLocal, nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return offload.LocalityLocal, nil
+	}
+	return offload.LocalityRemote, nil
+}
+
+// peer is one peer daemon as the tier sees it.
+type peer struct {
+	cfg      PeerConfig
+	locality offload.Locality
+	c        *client.Client
+	lookups  *asynclookup.Manager
+
+	fails     atomic.Int32
+	downUntil atomic.Int64 // unix nanoseconds; 0 = up
+	contacts  atomic.Int64 // existence calls and loads sent
+	served    atomic.Int64 // blocks loaded from it
+	gone      atomic.Int64 // blocks it no longer had at load time
+}
+
+func (p *peer) up(now time.Time) bool { return now.UnixNano() >= p.downUntil.Load() }
+
+// Tier is the peer tier. It implements offload.SecondaryTier and
+// offload.ReadOnly.
+type Tier struct {
+	cfg   Config
+	log   *slog.Logger
+	peers []*peer
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	jobs   sync.WaitGroup
+
+	mu       sync.Mutex
+	results  []offload.JobResult
+	inflight int
+	closed   bool
+}
+
+var (
+	_ offload.SecondaryTier = (*Tier)(nil)
+	_ offload.ReadOnly      = (*Tier)(nil)
+)
+
+// New validates cfg and connects to every peer (lazily: a peer that is
+// down at start is a peer that misses until it answers).
+func New(cfg Config) (*Tier, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	t := &Tier{cfg: cfg, log: cfg.Logger}
+	if t.log == nil {
+		t.log = slog.Default()
+	}
+	t.log = t.log.With("tier", cfg.Name, "type", Type)
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	for _, pc := range cfg.Peers {
+		loc, _ := localityOf(pc)
+		c, err := client.Dial(pc.Addr, client.Options{Token: pc.Token, Namespace: cfg.Namespace})
+		if err != nil {
+			t.closePeers()
+			return nil, fmt.Errorf("peer tier %q: peer %q at %s: %w", cfg.Name, pc.Name, pc.Addr, err)
+		}
+		p := &peer{cfg: pc, locality: loc, c: c}
+		p.lookups = asynclookup.New(fmt.Sprintf("peer tier %q, peer %q", cfg.Name, pc.Name), t.existsOn(p),
+			asynclookup.Options{MaxBatch: cfg.LookupBatch, Timeout: cfg.Timeout, Logger: t.log})
+		t.peers = append(t.peers, p)
+	}
+	return t, nil
+}
+
+func (t *Tier) Name() string               { return t.cfg.Name }
+func (t *Tier) Type() string               { return Type }
+func (t *Tier) Medium() offload.Medium     { return offload.MediumUnspecified }
+func (t *Tier) Locality() offload.Locality { return offload.LocalityUnspecified }
+
+// ReadOnly reports true: the tier does not push blocks to peers.
+func (t *Tier) ReadOnly() bool { return true }
+
+// allowed reports whether req's load filter allows peer p: the block on
+// the peer is in its DRAM (the only place a peer read looks).
+func allowed(req *offload.ReqContext, p *peer) bool {
+	return req == nil || req.LoadFilter.Allows(offload.MediumCPU, p.locality)
+}
+
+// Lookup asks the peers the request's filter allows, in order: Hit when
+// one holds the key, Retry while one is being asked, else Miss.
+func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
+	now := time.Now()
+	res := offload.Miss
+	for _, p := range t.peers {
+		if !allowed(req, p) || !p.up(now) {
+			continue
+		}
+		switch p.lookups.Lookup(key, reqID(req)) {
+		case offload.Hit:
+			return offload.Hit
+		case offload.Retry:
+			res = offload.Retry
+		}
+	}
+	return res
+}
+
+func reqID(req *offload.ReqContext) string {
+	if req == nil {
+		return ""
+	}
+	return req.ID
+}
+
+// existsOn is peer p's batch function: one Lookup of the keys on p, under
+// a request whose filter keeps the peer on its primary.
+func (t *Tier) existsOn(p *peer) asynclookup.BatchFunc {
+	return func(ctx context.Context, keys []offload.Key) ([]bool, error) {
+		if !p.up(time.Now()) {
+			return nil, fmt.Errorf("peer %q is down", p.cfg.Name)
+		}
+		p.contacts.Add(1)
+		found, err := t.lookupOn(ctx, p, keys)
+		t.report(p, err)
+		return found, err
+	}
+}
+
+var reqSeq atomic.Uint64
+
+func (t *Tier) lookupOn(ctx context.Context, p *peer, keys []offload.Key) ([]bool, error) {
+	id := fmt.Sprintf("peer-%s-%d", t.cfg.Name, reqSeq.Add(1))
+	if _, err := p.c.NewRequest(ctx, id, peerParams); err != nil {
+		return nil, fmt.Errorf("peer %q: %w", p.cfg.Name, err)
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
+		_ = p.c.FinishRequest(fctx, id)
+		cancel()
+	}()
+	res, _, err := p.c.Lookup(ctx, id, keys, false)
+	if err != nil {
+		return nil, fmt.Errorf("peer %q: lookup: %w", p.cfg.Name, err)
+	}
+	if len(res) != len(keys) {
+		return nil, fmt.Errorf("peer %q: lookup answered %d of %d keys", p.cfg.Name, len(res), len(keys))
+	}
+	found := make([]bool, len(keys))
+	for i, r := range res {
+		found[i] = r == kvtierv1.LookupResult_LOOKUP_RESULT_HIT
+	}
+	return found, nil
+}
+
+// report counts a call's outcome for the peer's health.
+func (t *Tier) report(p *peer, err error) {
+	if err == nil {
+		if p.fails.Swap(0) >= int32(t.cfg.UnhealthyAfter) {
+			t.log.Info("peer answers again", "peer", p.cfg.Name, "addr", p.cfg.Addr)
+		}
+		p.downUntil.Store(0)
+		return
+	}
+	if errors.Is(err, context.Canceled) && t.ctx.Err() != nil {
+		return // closing
+	}
+	if n := p.fails.Add(1); n >= int32(t.cfg.UnhealthyAfter) {
+		if n == int32(t.cfg.UnhealthyAfter) {
+			t.log.Warn("peer marked down: its blocks miss until it answers", "peer", p.cfg.Name, "addr", p.cfg.Addr, "err", err)
+		}
+		p.downUntil.Store(time.Now().Add(t.cfg.ProbeInterval).UnixNano())
+	}
+}
+
+// SubmitLoad loads each key from the first allowed peer that holds it,
+// one GetBlocks per peer, on a goroutine of the job's own.
+func (t *Tier) SubmitLoad(job *offload.Job) {
+	if !t.begin() {
+		t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: closed", t.cfg.Name)})
+		return
+	}
+	now := time.Now()
+	byPeer := make(map[*peer][]int)
+	var order []*peer
+	for i, k := range job.Keys {
+		for _, p := range t.peers {
+			if allowed(job.Req, p) && p.up(now) && p.lookups.Lookup(k, reqID(job.Req)) == offload.Hit {
+				if byPeer[p] == nil {
+					order = append(order, p)
+				}
+				byPeer[p] = append(byPeer[p], i)
+				break
+			}
+		}
+	}
+	t.jobs.Add(1)
+	go func() {
+		defer t.jobs.Done()
+		start := time.Now()
+		ok := make([]bool, len(job.Keys))
+		var mu sync.Mutex
+		var errs []error
+		var wg sync.WaitGroup
+		for _, p := range order {
+			idx := byPeer[p]
+			wg.Go(func() {
+				err := t.loadFrom(p, job, idx, ok)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		r := offload.JobResult{JobID: job.ID, Success: true, Duration: time.Since(start)}
+		for i, k := range job.Keys {
+			if ok[i] {
+				r.SuccessfulKeys = append(r.SuccessfulKeys, k)
+				r.Bytes += int64(job.Arena.SlotSize())
+			} else {
+				r.Success = false
+			}
+		}
+		if !r.Success {
+			r.Err = errors.Join(errs...)
+			if r.Err == nil {
+				r.Err = fmt.Errorf("peer tier %q: %d of %d blocks held by no allowed peer", t.cfg.Name, len(job.Keys)-len(r.SuccessfulKeys), len(job.Keys))
+			}
+		}
+		t.finish(r)
+	}()
+}
+
+// loadFrom loads job.Keys[idx] from p into their slots and sets ok for
+// the blocks that arrived whole.
+func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
+	keys := make([]offload.Key, len(idx))
+	for j, i := range idx {
+		keys[j] = job.Keys[i]
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
+	defer cancel()
+	p.contacts.Add(1)
+	got, err := p.c.GetBlocks(ctx, keys, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}})
+	t.report(p, err)
+	if err != nil {
+		p.lookups.MarkMiss(keys)
+		return fmt.Errorf("peer %q: get: %w", p.cfg.Name, err)
+	}
+	var gone []offload.Key
+	var bad error
+	for j, i := range idx {
+		if j >= len(got.Results) || got.Results[j] != kvtierv1.LookupResult_LOOKUP_RESULT_HIT || j >= len(got.Data) {
+			gone = append(gone, keys[j])
+			continue
+		}
+		slot, err := job.Arena.Slot(job.Slots[i])
+		if err != nil {
+			bad = errors.Join(bad, fmt.Errorf("peer %q: %s: %w", p.cfg.Name, keys[j], err))
+			continue
+		}
+		if len(got.Data[j]) != len(slot) {
+			// Another block size: never copy a part of it.
+			gone = append(gone, keys[j])
+			bad = errors.Join(bad, fmt.Errorf("peer %q: %s: %d-byte block for a %d-byte slot", p.cfg.Name, keys[j], len(got.Data[j]), len(slot)))
+			continue
+		}
+		copy(slot, got.Data[j])
+		ok[i] = true
+		p.served.Add(1)
+	}
+	if len(gone) > 0 {
+		p.gone.Add(int64(len(gone)))
+		p.lookups.MarkMiss(gone)
+	}
+	return bad
+}
+
+// SubmitStore fails: the tier is read-only and the manager never sends it
+// a cascade.
+func (t *Tier) SubmitStore(job *offload.Job) {
+	t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: read-only (no push)", t.cfg.Name)})
+}
+
+func (t *Tier) begin() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.inflight++
+	return true
+}
+
+// finish answers a load that begin counted.
+func (t *Tier) finish(r offload.JobResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.results = append(t.results, r)
+	t.inflight--
+}
+
+// answer answers a job refused at submission (never counted in flight).
+func (t *Tier) answer(r offload.JobResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.results = append(t.results, r)
+}
+
+// FinishedJobs returns the results since the last call.
+func (t *Tier) FinishedJobs() []offload.JobResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := t.results
+	t.results = nil
+	return out
+}
+
+// DrainJobs waits for the loads in flight.
+func (t *Tier) DrainJobs(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { t.jobs.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// HasPendingWork reports loads in flight or existence calls pending.
+func (t *Tier) HasPendingWork() bool {
+	t.mu.Lock()
+	n := t.inflight
+	t.mu.Unlock()
+	if n > 0 {
+		return true
+	}
+	for _, p := range t.peers {
+		if p.lookups.Pending() {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tier) Touch([]offload.Key, *offload.ReqContext)               {}
+func (t *Tier) OnNewRequest(*offload.ReqContext) offload.OffloadPolicy { return offload.BlockLevel }
+func (t *Tier) TakeEvents() []offload.Event                            { return nil }
+
+// OnRequestFinished forgets the request's verdicts.
+func (t *Tier) OnRequestFinished(req *offload.ReqContext) {
+	for _, p := range t.peers {
+		p.lookups.Cleanup(reqID(req))
+	}
+}
+
+// OnScheduleEnd sends this step's existence checks, one batch per peer.
+func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
+	for _, p := range t.peers {
+		p.lookups.Flush()
+	}
+}
+
+// Close waits for the loads in flight (until ctx ends) and disconnects.
+func (t *Tier) Close(ctx context.Context) error {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	err := t.DrainJobs(ctx)
+	t.cancel()
+	t.jobs.Wait()
+	t.closePeers()
+	return err
+}
+
+func (t *Tier) closePeers() {
+	for _, p := range t.peers {
+		if p.lookups != nil {
+			p.lookups.Close()
+		}
+		_ = p.c.Close()
+	}
+}
+
+// PeerStats are one peer's counters.
+type PeerStats struct {
+	Name, Addr string
+	Locality   offload.Locality
+	Healthy    bool
+	// Contacts counts calls sent to the peer (existence batches and
+	// loads); Served the blocks loaded from it; Gone the blocks it no
+	// longer held when a load asked.
+	Contacts, Served, Gone int64
+}
+
+// Peers returns every peer's counters, in configuration order.
+func (t *Tier) Peers() []PeerStats {
+	now := time.Now()
+	out := make([]PeerStats, len(t.peers))
+	for i, p := range t.peers {
+		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(now),
+			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.gone.Load()}
+	}
+	return out
+}
