@@ -322,6 +322,9 @@ type GetOptions struct {
 	Wait time.Duration
 	// PrefixOnly returns data only for the leading hits.
 	PrefixOnly bool
+	// Checksums asks for the XXH3-64 of every returned block
+	// (Blocks.Checksums), to verify what arrived.
+	Checksums bool
 }
 
 // Blocks is the answer of GetBlocks: Data[i] is set when Results[i] is
@@ -330,18 +333,21 @@ type Blocks struct {
 	Results []kvtierv1.LookupResult
 	Data    [][]byte
 	Hits    int
+	// Checksums[i] is the XXH3-64 of Data[i] as the daemon read it (with
+	// GetOptions.Checksums; nil otherwise).
+	Checksums []uint64
 }
 
 // GetBlocks loads blocks by value.
 func (c *Client) GetBlocks(ctx context.Context, keys []offload.Key, o GetOptions) (Blocks, error) {
 	resp, err := c.api.GetBlocks(ctx, &kvtierv1.GetBlocksRequest{
 		Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Keys: keyBytes(keys),
-		WaitMs: uint32(o.Wait / time.Millisecond), PrefixOnly: o.PrefixOnly,
+		WaitMs: uint32(o.Wait / time.Millisecond), PrefixOnly: o.PrefixOnly, WantChecksums: o.Checksums,
 	})
 	if err != nil {
 		return Blocks{}, err
 	}
-	out := Blocks{Results: resp.GetResults(), Hits: int(resp.GetHits()), Data: make([][]byte, len(resp.GetBlocks()))}
+	out := Blocks{Results: resp.GetResults(), Hits: int(resp.GetHits()), Data: make([][]byte, len(resp.GetBlocks())), Checksums: resp.GetChecksums()}
 	for i, b := range resp.GetBlocks() {
 		out.Data[i] = b.GetData()
 	}

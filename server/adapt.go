@@ -120,6 +120,7 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 		// Healthy while some peer answers; each peer is a node in /metrics.
 		out.Remote = &RemoteTierStats{}
 		for _, p := range t.Peers() {
+			out.CorruptBlocks += uint64(p.Corrupt)
 			out.Remote.Healthy = out.Remote.Healthy || p.Healthy
 			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: p.Name, Healthy: p.Healthy})
 		}

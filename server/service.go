@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
@@ -291,10 +293,17 @@ func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest)
 		return nil, toStatus(err)
 	}
 	blocks := make([]*kvtierv1.Block, len(keys))
+	var sums []uint64
+	if in.GetWantChecksums() {
+		sums = make([]uint64, len(keys))
+	}
 	for i := range keys {
 		blocks[i] = &kvtierv1.Block{Key: in.GetKeys()[i], Data: data[i]}
+		if sums != nil && data[i] != nil {
+			sums[i] = xxh3.Hash(data[i])
+		}
 	}
-	return &kvtierv1.GetBlocksResponse{Blocks: blocks, Results: resultsProto(res), Hits: uint32(hits)}, nil
+	return &kvtierv1.GetBlocksResponse{Blocks: blocks, Results: resultsProto(res), Hits: uint32(hits), Checksums: sums}, nil
 }
 
 func (sv *service) GetArena(_ context.Context, in *kvtierv1.GetArenaRequest) (*kvtierv1.GetArenaResponse, error) {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -204,5 +206,80 @@ func TestPeerTierBlockSizeAndCLI(t *testing.T) {
 	e := startPeerDaemon(t, "E", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: d, addr: %q}]}]`, d.tcp))
 	if _, ok := e.get(t, big, ""); ok {
 		t.Fatal("a 4 KiB daemon loaded an 8 KiB peer block")
+	}
+}
+
+// flipProxy forwards TCP to upstream and, in the upstream → client
+// direction, flips one byte of the first occurrence of pattern on each
+// connection: a block damaged in transit, past TCP's checksums (a faulty
+// NIC, a buggy middlebox).
+func flipProxy(t *testing.T, upstream string, pattern []byte) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(u, c); u.Close() }()
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				flipped := false
+				for {
+					n, err := u.Read(buf)
+					if n > 0 {
+						if i := bytes.Index(buf[:n], pattern); i >= 0 && !flipped {
+							buf[i+len(pattern)/2] ^= 0x10
+							flipped = true
+						}
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// A block damaged between the peer and the tier is rejected by its
+// checksum, counted, and a miss; an intact transfer afterwards hits.
+func TestPeerTierRejectsBlocksDamagedInTransit(t *testing.T) {
+	a := startPeerDaemon(t, "A", "[]")
+	block := bytes.Repeat([]byte{0xa5, 0x5a, 0xc3, 0x3c, 1, 2, 3, 4}, 512)
+	proxy := flipProxy(t, a.tcp, block[:64])
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, proxy))
+	key := offload.MakeKey([]byte("peer-flip-0001"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := b.get(t, key, ""); ok {
+		t.Fatalf("a damaged block was served (equal to the original: %v)", bytes.Equal(got, block))
+	}
+	st, err := b.c.Stats(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.GetTiers()[0].GetCorruptBlocks(); n != 1 {
+		t.Fatalf("corrupt blocks %d, want 1", n)
+	}
+	// The proxy damages one block per connection: the next load is whole.
+	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
+		t.Fatalf("second load: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
 	}
 }

@@ -36,8 +36,10 @@
 // answer Retry until it is back); a HIT is a hint, believed for
 // verdict_ttl: a load that finds the block gone is a miss for the request,
 // never an error. A load is one GetBlocks per peer holding some of the
-// job's blocks; the peer copies them out of its primary while it pins them,
-// and the tier checks each block's size before it writes the slot. The
+// job's blocks; the peer copies them out of its primary while it pins them
+// and sends the XXH3-64 of each copy, and the tier checks each block's
+// size and checksum before it writes the slot: a block damaged on the way
+// is rejected, counted (corrupt_blocks) and a miss. The
 // tier is read-only (offload.ReadOnly): no push, so no cascades.
 //
 // # Health

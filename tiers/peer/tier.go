@@ -11,6 +11,8 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
@@ -22,6 +24,10 @@ const Type = "peer"
 // peerParams restricts a peer's answers to its primary: a peer read never
 // reaches the peer's secondary tiers, and so never another peer.
 const peerParams = `{"kv_load_tiers":[]}`
+
+// ErrCorrupt reports a block whose bytes do not match the checksum the
+// peer computed when it read them.
+var ErrCorrupt = errors.New("block damaged in transit (checksum mismatch)")
 
 // MaxPeers bounds the peers of one tier.
 const MaxPeers = 64
@@ -145,6 +151,7 @@ type peer struct {
 	contacts  atomic.Int64 // existence calls and loads sent
 	served    atomic.Int64 // blocks loaded from it
 	gone      atomic.Int64 // blocks it no longer had at load time
+	corrupt   atomic.Int64 // blocks whose checksum did not match
 }
 
 func (p *peer) up(now time.Time) bool { return now.UnixNano() >= p.downUntil.Load() }
@@ -369,7 +376,7 @@ func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
 	defer cancel()
 	p.contacts.Add(1)
-	got, err := p.c.GetBlocks(ctx, keys, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}})
+	got, err := p.c.GetBlocks(ctx, keys, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}, Checksums: true})
 	t.report(p, err)
 	if err != nil {
 		p.lookups.MarkMiss(keys)
@@ -391,6 +398,14 @@ func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
 			// Another block size: never copy a part of it.
 			gone = append(gone, keys[j])
 			bad = errors.Join(bad, fmt.Errorf("peer %q: %s: %d-byte block for a %d-byte slot", p.cfg.Name, keys[j], len(got.Data[j]), len(slot)))
+			continue
+		}
+		if j >= len(got.Checksums) || xxh3.Hash(got.Data[j]) != got.Checksums[j] {
+			// Damaged on the way (or a peer that sends no checksum):
+			// rejected before it reaches the slot.
+			p.corrupt.Add(1)
+			gone = append(gone, keys[j])
+			bad = errors.Join(bad, fmt.Errorf("peer %q: %s: %w", p.cfg.Name, keys[j], ErrCorrupt))
 			continue
 		}
 		copy(slot, got.Data[j])
@@ -518,8 +533,9 @@ type PeerStats struct {
 	Healthy    bool
 	// Contacts counts calls sent to the peer (existence batches and
 	// loads); Served the blocks loaded from it; Gone the blocks it no
-	// longer held when a load asked.
-	Contacts, Served, Gone int64
+	// longer held when a load asked; Corrupt the blocks rejected because
+	// their checksum did not match.
+	Contacts, Served, Gone, Corrupt int64
 }
 
 // Peers returns every peer's counters, in configuration order.
@@ -528,7 +544,7 @@ func (t *Tier) Peers() []PeerStats {
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {
 		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(now),
-			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.gone.Load()}
+			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.gone.Load(), Corrupt: p.corrupt.Load()}
 	}
 	return out
 }

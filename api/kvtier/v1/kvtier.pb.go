@@ -3096,7 +3096,11 @@ type GetBlocksRequest struct {
 	// Return data only for the leading run of hits (the prefix an engine can
 	// use); keys after the first non-hit carry no data. Every key is still
 	// looked up, so promotions start for all of them in one step.
-	PrefixOnly    bool `protobuf:"varint,6,opt,name=prefix_only,json=prefixOnly,proto3" json:"prefix_only,omitempty"`
+	PrefixOnly bool `protobuf:"varint,6,opt,name=prefix_only,json=prefixOnly,proto3" json:"prefix_only,omitempty"`
+	// Ask for the XXH3-64 of every returned block, computed from the copy
+	// the server made while the block was pinned, so that the receiver can
+	// reject a block damaged on the way (a peer tier does).
+	WantChecksums bool `protobuf:"varint,7,opt,name=want_checksums,json=wantChecksums,proto3" json:"want_checksums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3173,6 +3177,13 @@ func (x *GetBlocksRequest) GetPrefixOnly() bool {
 	return false
 }
 
+func (x *GetBlocksRequest) GetWantChecksums() bool {
+	if x != nil {
+		return x.WantChecksums
+	}
+	return false
+}
+
 // GetBlocksResponse carries the blocks found.
 type GetBlocksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3180,7 +3191,10 @@ type GetBlocksResponse struct {
 	Blocks  []*Block       `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
 	Results []LookupResult `protobuf:"varint,2,rep,packed,name=results,proto3,enum=kvtier.v1.LookupResult" json:"results,omitempty"`
 	// Number of leading keys that are HIT (whose data is returned).
-	Hits          uint32 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	Hits uint32 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	// With want_checksums: XXH3-64 of each block's data, co-indexed with
+	// blocks (0 where no data is returned).
+	Checksums     []uint64 `protobuf:"fixed64,4,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3234,6 +3248,13 @@ func (x *GetBlocksResponse) GetHits() uint32 {
 		return x.Hits
 	}
 	return 0
+}
+
+func (x *GetBlocksResponse) GetChecksums() []uint64 {
+	if x != nil {
+		return x.Checksums
+	}
+	return nil
 }
 
 // GetArenaRequest asks for the primary's slot memory.
@@ -5031,7 +5052,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x03(\v2\x10.kvtier.v1.BlockR\x06blocks\"_\n" +
 	"\x11PutBlocksResponse\x120\n" +
 	"\bstatuses\x18\x01 \x03(\x0e2\x14.kvtier.v1.PutStatusR\bstatuses\x12\x18\n" +
-	"\aevicted\x18\x02 \x03(\fR\aevicted\"\xcb\x01\n" +
+	"\aevicted\x18\x02 \x03(\fR\aevicted\"\xf2\x01\n" +
 	"\x10GetBlocksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
@@ -5040,11 +5061,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x04keys\x18\x04 \x03(\fR\x04keys\x12\x17\n" +
 	"\await_ms\x18\x05 \x01(\rR\x06waitMs\x12\x1f\n" +
 	"\vprefix_only\x18\x06 \x01(\bR\n" +
-	"prefixOnly\"\x84\x01\n" +
+	"prefixOnly\x12%\n" +
+	"\x0ewant_checksums\x18\a \x01(\bR\rwantChecksums\"\xa2\x01\n" +
 	"\x11GetBlocksResponse\x12(\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x10.kvtier.v1.BlockR\x06blocks\x121\n" +
 	"\aresults\x18\x02 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\rR\x04hits\"/\n" +
+	"\x04hits\x18\x03 \x01(\rR\x04hits\x12\x1c\n" +
+	"\tchecksums\x18\x04 \x03(\x06R\tchecksums\"/\n" +
 	"\x0fGetArenaRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xbb\x01\n" +
 	"\x10GetArenaResponse\x12(\n" +
