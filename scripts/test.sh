@@ -30,7 +30,7 @@ STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VLLM=vllm==0.33.0 # the vLLM release kvtier.vllm is tested against (python/tests/test_compat.py)
 VENV="$root/.venv"
 VERSITYGW=github.com/versity/versitygw/cmd/versitygw@v1.8.0
-DEB_PACKAGES=(libzmq3-dev protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
+DEB_PACKAGES=(libzmq3-dev iproute2 protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
   python3-zmq python3-grpcio python3-protobuf python3-cbor2 python3-xxhash python3-venv)
 PYTHON=/usr/bin/python3 # Debian's: it sees the python3-* packages above
 TOOLS="$root/.tools/bin"
@@ -235,6 +235,14 @@ export KVTIER_TEST_S3_ACCESS_KEY="$s3_access"
 export KVTIER_TEST_S3_SECRET_KEY="$s3_secret"
 export KVTIER_TEST_PYTHON="$PYTHON"
 export KVTIER_REQUIRE_INTEGRATION=1
+# The peer tier's partition test makes a network namespace and a veth pair;
+# where this script can, the test must too.
+if ip netns add "kvtier-probe-$$" 2>/dev/null; then
+  ip netns del "kvtier-probe-$$"
+  export KVTIER_REQUIRE_NETNS=1
+else
+  echo "network namespaces unavailable (not root or no CAP_NET_ADMIN): the partition test will skip"
+fi
 env | grep '^KVTIER_' | sort
 
 # --------------------------------------------------------------- checks
