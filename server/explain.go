@@ -45,9 +45,12 @@ func (ns *Namespace) Explain(params []byte) (Explanation, error) {
 		return Explanation{}, err
 	}
 	decls := make([]tierset.Declaration, len(tiers))
+	details := map[string]tierset.Details{}
 	for i, t := range tiers {
 		decls[i] = tierset.DeclarationOf(t)
+		details[decls[i].Name] = tierset.DetailsOf(t)
 	}
 	ex.Explanation = tierset.Explain(decls, &p, rc)
+	ex.Explanation.AddDetails(details)
 	return ex, nil
 }

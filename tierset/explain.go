@@ -52,6 +52,9 @@ func (s Side) Source() string {
 type TierVerdict struct {
 	Declaration
 	Load, Store Verdict
+	// Parts are the decisions for the tier's parts (a peer tier's peers),
+	// which the tier makes itself with the same filter.
+	Parts []TierVerdict
 }
 
 // Verdict is whether the tier takes part in one direction, and why.
@@ -76,6 +79,26 @@ func Explain(decls []Declaration, p *offload.Parser, rc *offload.ReqContext) Exp
 		e.Tiers[i] = TierVerdict{Declaration: d, Load: verdict(e.Load.Filter, d), Store: verdict(e.Store.Filter, d)}
 	}
 	return e
+}
+
+// AddDetails adds what some tiers declare beyond medium and locality
+// (from DeclareDetails, by tier name): a read-only tier takes no stores,
+// and the parts of a dynamic tier (a peer tier's peers) get decisions of
+// their own, which the tier makes itself with the same filter.
+func (e *Explanation) AddDetails(details map[string]Details) {
+	for i := range e.Tiers {
+		v := &e.Tiers[i]
+		d, ok := details[v.Name]
+		if !ok {
+			continue
+		}
+		if d.ReadOnly {
+			v.Store = Verdict{false, "read-only tier: takes no stores"}
+		}
+		for _, part := range d.Parts {
+			v.Parts = append(v.Parts, TierVerdict{Declaration: part, Load: verdict(e.Load.Filter, part), Store: v.Store})
+		}
+	}
 }
 
 func side(field, defaultKey string, f *offload.TierFilter, fromRequest, hasDefault bool, warns []offload.Warning) Side {

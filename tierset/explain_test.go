@@ -126,3 +126,36 @@ func TestExplainReasons(t *testing.T) {
 		})
 	}
 }
+
+// A peer tier's explanation decides per peer with the request's filter,
+// and says it takes no stores.
+func TestExplainPeerParts(t *testing.T) {
+	cfg := mustParse(t, `secondary_tiers:
+  - {name: fleet, type: peer, peers: [{name: far, addr: "10.0.0.8:7070"}, {name: near, addr: "127.0.0.1:7071"}]}
+`)
+	decls, err := Declare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	details, err := DeclareDetails(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Parser()
+	rc, err := p.NewReqContext("r", []byte(`{"kv_load_tiers":[{"locality":"local"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := Explain(decls, p, rc)
+	e.AddDetails(details)
+	v := e.Tiers[0]
+	if !v.Load.Allowed || v.Store.Allowed || len(v.Parts) != 2 {
+		t.Fatalf("verdict %+v", v)
+	}
+	if v.Parts[0].Load.Allowed || !v.Parts[1].Load.Allowed || v.Parts[1].Locality != offload.LocalityLocal {
+		t.Errorf("parts %+v", v.Parts)
+	}
+	if got := e.StoreTiers(); len(got) != 0 {
+		t.Errorf("stores to %v, want none", got)
+	}
+}

@@ -180,10 +180,17 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 	if err := c.Validate(); err != nil {
 		return plan{}, keyPathError(spec, c, err)
 	}
+	var parts []Declaration
+	for _, p := range c.Peers {
+		// A peer read reaches the peer's DRAM only.
+		loc, _ := peer.LocalityOf(p)
+		parts = append(parts, Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: loc})
+	}
 	return plan{
 		// Dynamic on both axes: the tier applies each request's filter
 		// per peer.
-		decl: Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		decl:    Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		details: Details{Parts: parts, ReadOnly: true},
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger

@@ -65,8 +65,9 @@ type Options struct {
 
 // plan is a decoded and validated tier entry, ready to build.
 type plan struct {
-	decl  Declaration
-	build func(ctx context.Context, opts Options) (offload.SecondaryTier, error)
+	decl    Declaration
+	details Details
+	build   func(ctx context.Context, opts Options) (offload.SecondaryTier, error)
 }
 
 // tierTypes lists the supported types, sorted by name. Each entry decodes
@@ -120,6 +121,47 @@ func planTier(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		}
 	}
 	return plan{}, spec.Errorf("type", "unknown tier type %q (supported: %s)", spec.Type, strings.Join(Types(), ", "))
+}
+
+// Details are what some tiers declare beyond their medium and locality.
+type Details struct {
+	// Parts are the sources a dynamic tier chooses between per request,
+	// each with the medium and locality it filters them by (a peer tier's
+	// peers).
+	Parts []Declaration
+	// ReadOnly: the tier takes no stores (offload.ReadOnly).
+	ReadOnly bool
+}
+
+// DetailsOf returns the Details of a built tier: whether it is read-only,
+// and a peer tier's peers.
+func DetailsOf(t offload.SecondaryTier) Details {
+	var d Details
+	if ro, ok := t.(offload.ReadOnly); ok {
+		d.ReadOnly = ro.ReadOnly()
+	}
+	if pt, ok := t.(*peer.Tier); ok {
+		for _, p := range pt.Peers() {
+			d.Parts = append(d.Parts, Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: p.Locality})
+		}
+	}
+	return d
+}
+
+// DeclareDetails returns, by tier name, the Details of the config's tiers
+// that have any, for Explanation.AddDetails.
+func DeclareDetails(cfg *config.Config) (map[string]Details, error) {
+	plans, err := planTiers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Details{}
+	for _, p := range plans {
+		if len(p.details.Parts) > 0 || p.details.ReadOnly {
+			out[p.decl.Name] = p.details
+		}
+	}
+	return out, nil
 }
 
 // Declare decodes and validates every secondary tier of cfg and returns

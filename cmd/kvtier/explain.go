@@ -84,7 +84,13 @@ func explain(f explainFlags, stdin io.Reader) (tierset.Explanation, *config.Conf
 		}
 		return tierset.Explanation{}, nil, fmt.Errorf("--params: %w", err)
 	}
-	return tierset.Explain(decls, p, rc), cfg, nil
+	e := tierset.Explain(decls, p, rc)
+	details, err := tierset.DeclareDetails(cfg)
+	if err != nil {
+		return tierset.Explanation{}, nil, err
+	}
+	e.AddDetails(details)
+	return e, cfg, nil
 }
 
 // readParams resolves the --params value: literal JSON, @FILE or - (stdin).
@@ -148,6 +154,11 @@ func writeExplainText(w io.Writer, cfg *config.Config, e tierset.Explanation) er
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 		fmt.Fprintf(tw, "  load\t%s\t%s\n", yesNo(v.Load.Allowed), v.Load.Reason)
 		fmt.Fprintf(tw, "  store\t%s\t%s\n", yesNo(v.Store.Allowed), v.Store.Reason)
+		for _, part := range v.Parts {
+			// The tier decides per part itself, with the same filter; a
+			// peer tier never stores.
+			fmt.Fprintf(tw, "  load from %s\t%s\t%s\n", part.Declaration, yesNo(v.Load.Allowed && part.Load.Allowed), part.Load.Reason)
+		}
 		tw.Flush()
 	}
 	if len(e.Tiers) > 0 {

@@ -42,11 +42,11 @@ func TestLocalityDerived(t *testing.T) {
 		"127.0.0.1:1": offload.LocalityLocal, "[::1]:1": offload.LocalityLocal, "localhost:1": offload.LocalityLocal,
 		"10.0.0.1:1": offload.LocalityRemote, "node-b.example:1": offload.LocalityRemote,
 	} {
-		if got, _ := localityOf(PeerConfig{Addr: addr}); got != want {
+		if got, _ := LocalityOf(PeerConfig{Addr: addr}); got != want {
 			t.Errorf("%s: %v, want %v", addr, got, want)
 		}
 	}
-	if got, _ := localityOf(PeerConfig{Addr: "10.0.0.1:1", Locality: "local"}); got != offload.LocalityLocal {
+	if got, _ := LocalityOf(PeerConfig{Addr: "10.0.0.1:1", Locality: "local"}); got != offload.LocalityLocal {
 		t.Errorf("explicit locality ignored: %v", got)
 	}
 }

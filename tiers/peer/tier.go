@@ -112,16 +112,16 @@ func (c Config) Validate() error {
 		if _, port, err := net.SplitHostPort(p.Addr); err != nil || port == "" {
 			return bad(key+".addr", "%q is not host:port", p.Addr)
 		}
-		if _, err := localityOf(p); err != nil {
+		if _, err := LocalityOf(p); err != nil {
 			return bad(key+".locality", "%v", err)
 		}
 	}
 	return nil
 }
 
-// localityOf is the peer's configured locality, or local for a loopback
-// address and remote otherwise.
-func localityOf(p PeerConfig) (offload.Locality, error) {
+// LocalityOf returns the peer's configured locality, or local for a
+// loopback address and remote otherwise.
+func LocalityOf(p PeerConfig) (offload.Locality, error) {
 	if p.Locality != "" {
 		l, ok := offload.ParseLocality(p.Locality)
 		if !ok {
@@ -192,7 +192,7 @@ func New(cfg Config) (*Tier, error) {
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, pc := range cfg.Peers {
-		loc, _ := localityOf(pc)
+		loc, _ := LocalityOf(pc)
 		c, err := client.Dial(pc.Addr, client.Options{Token: pc.Token, Namespace: cfg.Namespace})
 		if err != nil {
 			t.closePeers()
