@@ -2,12 +2,14 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 
@@ -30,6 +32,9 @@ type Options struct {
 	// MaxMessageBytes bounds messages in both directions (default
 	// DefaultMaxMessageBytes); keep it at or below the daemon's limit.
 	MaxMessageBytes int
+	// TLS, if set, talks TLS to a daemon whose TCP API serves it
+	// (server.tls); package tlsconfig builds it from PEM files.
+	TLS *tls.Config
 }
 
 // Client is a connection to a kvtier daemon.
@@ -61,8 +66,12 @@ func Dial(target string, opts Options) (*Client, error) {
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = DefaultMaxMessageBytes
 	}
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
+	}
 	dopts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
 			grpc.ForceCodecV2(wire.Codec{})),
 		experimental.WithBufferPool(wire.Pool),

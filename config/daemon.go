@@ -43,6 +43,18 @@ type Server struct {
 	// AutoStep: when no engine has ended a step for this long and tier
 	// work is pending, the daemon ends one (default 100ms; negative: never).
 	AutoStep Duration `yaml:"auto_step"`
+	// TLS, with cert_file and key_file, serves the TCP API over TLS;
+	// client_ca_file then requires client certificates from that CA
+	// (mutual TLS, e.g. between peer daemons). The Unix socket is not
+	// affected; the auth token still applies.
+	TLS TLS `yaml:"tls"`
+}
+
+// TLS names the PEM files of a TLS listener.
+type TLS struct {
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // Engines configures vLLM manager mode: engines that attach (their spec

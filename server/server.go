@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -42,6 +44,9 @@ type Config struct {
 	// AuthToken, if set, is required on TCP as "authorization: Bearer
 	// <token>" metadata. The Unix socket relies on file permissions.
 	AuthToken string
+	// TLS, if set, secures the TCP API (package tlsconfig builds it; with
+	// ClientCAs it requires client certificates).
+	TLS *tls.Config
 	// MetricsAddr serves Prometheus /metrics ("" for none).
 	MetricsAddr string
 	Limits      Limits
@@ -183,13 +188,17 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 	if auth && s.cfg.AuthToken != "" {
 		unary = append([]grpc.UnaryServerInterceptor{tokenUnary(s.cfg.AuthToken)}, unary...)
 	}
-	opts := []grpc.ServerOption{
+	var opts []grpc.ServerOption
+	if auth && s.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
+	}
+	opts = append(opts,
 		grpc.MaxRecvMsgSize(s.limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(s.limits.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(unary...),
 		// A client that connects and says nothing must not hold a
 		// connection slot for long.
-		grpc.ConnectionTimeout(5 * time.Second),
+		grpc.ConnectionTimeout(5*time.Second),
 		experimental.BufferPool(wire.Pool),
 		// Blocks are megabytes: HTTP/2's default 64 KiB windows would
 		// stall every PutBlocks/GetBlocks on flow-control round trips.
@@ -207,7 +216,7 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 			Timeout:           s.limits.KeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	}
+	)
 	if auth && s.cfg.AuthToken != "" {
 		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))
 	}

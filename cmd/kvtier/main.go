@@ -64,8 +64,8 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		Short: "Multi-tier KV-cache offloading for LLM serving",
 		Long: `kvtier keeps KV-cache blocks offloaded by an inference engine in a CPU
 primary tier, cascades them to secondary tiers (local disk, S3-compatible
-object storage, Redis) and promotes them back, honouring per-request tier
-filters.`,
+object storage, Redis) and promotes them back — or reads them from other
+kvtier daemons — honouring per-request tier filters.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}

@@ -40,14 +40,17 @@ func startPeerDaemon(t *testing.T, name, tiers string) *peerDaemon {
 	return d
 }
 
-func (d *peerDaemon) start(t *testing.T, tiers string) {
+func (d *peerDaemon) start(t *testing.T, tiers string) { d.startWith(t, tiers, "") }
+
+// startWith starts the daemon with more keys in its server section.
+func (d *peerDaemon) startWith(t *testing.T, tiers, server string) {
 	t.Helper()
 	doc := fmt.Sprintf(`
 namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 256KiB}
 secondary_tiers: %s
-server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: ""}
-`, tiers, d.dir, d.tcp)
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: ""%s}
+`, tiers, d.dir, d.tcp, server)
 	cfg, err := config.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/tierset"
+	"github.com/kvtier/kvtier/tlsconfig"
 )
 
 // defaultServeConfig is what `kvtier serve` runs without --config: nothing
@@ -312,6 +314,13 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 	if token == "" && cfg.Server.TCPAddr != "" && !loopback(cfg.Server.TCPAddr) {
 		log.Warn("the TCP API listens beyond loopback without server.auth_token", "tcp_addr", cfg.Server.TCPAddr)
 	}
+	var serverTLS *tls.Config
+	if t := cfg.Server.TLS; t != (config.TLS{}) {
+		var err error
+		if serverTLS, err = tlsconfig.Server(t.CertFile, t.KeyFile, t.ClientCAFile); err != nil {
+			return nil, fmt.Errorf("server.%w", err)
+		}
+	}
 	var namespaces []server.NamespaceConfig
 	var closeManager func()
 	if cfg.HasPrimary() {
@@ -338,6 +347,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		UnixSocket:    cfg.Server.UnixSocket,
 		TCPAddr:       cfg.Server.TCPAddr,
 		AuthToken:     token,
+		TLS:           serverTLS,
 		MetricsAddr:   cfg.Server.MetricsAddr,
 		Limits: server.Limits{
 			MaxKeysPerCall:  cfg.Limits.MaxKeysPerCall,

@@ -48,6 +48,14 @@
 // miss) for probe_interval, then tried again: a peer that is down, slow or
 // partitioned costs misses within the call timeout, never a stalled step.
 //
+// # TLS
+//
+// A peer whose TCP API serves TLS (server.tls) is reached with
+// tls: {ca_file, cert_file, key_file, server_name}; with its
+// client_ca_file set, only peers presenting a certificate of that CA get
+// in (mutual TLS), and the token still applies.
+//
 // Not yet: discovery through the peers' KV event streams, a dedicated
-// block stream, TLS and serving from a peer's own secondary tiers.
+// block stream (blocks travel in GetBlocks, by value) and serving from a
+// peer's own secondary tiers.
 package peer

@@ -16,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tlsconfig"
 )
 
 // Type is the configured type name of the tier.
@@ -41,6 +42,18 @@ type PeerConfig struct {
 	Locality string `yaml:"locality"`
 	// Token is the peer's auth_token, if it has one.
 	Token string `yaml:"token"`
+	// TLS talks TLS to a peer whose API serves it (its server.tls):
+	// ca_file to trust (default: the system's roots), cert_file and
+	// key_file for mutual TLS, server_name to check instead of the host.
+	TLS *PeerTLS `yaml:"tls"`
+}
+
+// PeerTLS names the PEM files of a TLS connection to a peer.
+type PeerTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
 }
 
 // Config configures a peer tier; the yaml tags are the keys of a `type:
@@ -193,7 +206,16 @@ func New(cfg Config) (*Tier, error) {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, pc := range cfg.Peers {
 		loc, _ := LocalityOf(pc)
-		c, err := client.Dial(pc.Addr, client.Options{Token: pc.Token, Namespace: cfg.Namespace})
+		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace}
+		if pc.TLS != nil {
+			tc, err := tlsconfig.Client(pc.TLS.CAFile, pc.TLS.CertFile, pc.TLS.KeyFile, pc.TLS.ServerName)
+			if err != nil {
+				t.closePeers()
+				return nil, fmt.Errorf("peer tier %q: peer %q: %w", cfg.Name, pc.Name, err)
+			}
+			opts.TLS = tc
+		}
+		c, err := client.Dial(pc.Addr, opts)
 		if err != nil {
 			t.closePeers()
 			return nil, fmt.Errorf("peer tier %q: peer %q at %s: %w", cfg.Name, pc.Name, pc.Addr, err)
