@@ -1,0 +1,118 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/peer"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+// streamEnv makes the test binary, run as a child with it set, write
+// that many bytes to the TCP address in KVTIER_STREAM_TO: the other end
+// of the plain loopback stream between two processes.
+const streamEnv = "KVTIER_STREAM_BYTES"
+
+func init() {
+	n, _ := strconv.Atoi(os.Getenv(streamEnv))
+	if n <= 0 {
+		return
+	}
+	c, err := net.Dial("tcp", os.Getenv("KVTIER_STREAM_TO"))
+	if err != nil {
+		os.Exit(2)
+	}
+	buf := bytes.Repeat([]byte{7}, 1<<20)
+	for n > 0 {
+		m := min(n, len(buf))
+		if _, err := c.Write(buf[:m]); err != nil {
+			os.Exit(3)
+		}
+		n -= m
+	}
+	c.Close()
+	os.Exit(0)
+}
+
+// BenchmarkPeerTransfer2MiB moves 8 × 2 MiB per op from a daemon's
+// primary into an arena through the peer tier (GetBlocks by value over
+// loopback TCP, checksummed), against a plain TCP stream of the same
+// bytes from another process in the same run. MB/s counts payload.
+//
+//	go test ./server/ -run '^$' -bench PeerTransfer2MiB -benchtime 20x -count 5
+func BenchmarkPeerTransfer2MiB(b *testing.B) {
+	const perOp = 8
+	b.Run("peer", func(b *testing.B) {
+		e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers}, bigBlock)
+		ctx := ctxT(b)
+		c := e.dial(b, e.unix)
+		keys := make([]offload.Key, perOp)
+		blocks := make([]client.Block, perOp)
+		for i := range keys {
+			keys[i] = key(i)
+			blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
+		}
+		if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer tier.Close(context.Background())
+		req, _ := offload.NewReqContext("bench", nil)
+		for _, k := range keys {
+			if r := rt.Resolve(b, tier, k, req); r != offload.Hit {
+				b.Fatalf("lookup %v", r)
+			}
+		}
+		arena := rt.NewArena(bigBlock, perOp)
+		b.SetBytes(perOp * bigBlock)
+		b.ResetTimer()
+		id := uint64(0)
+		for b.Loop() {
+			id++
+			if res := rt.Run(b, tier, rt.LoadJob(id, arena, keys, rt.Slots(0, perOp), req)); !res.Success {
+				b.Fatal(res.Err)
+			}
+		}
+	})
+	b.Run("tcp-stream", func(b *testing.B) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		total := b.N * perOp * bigBlock
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), streamEnv+"="+strconv.Itoa(total), "KVTIER_STREAM_TO="+l.Addr().String())
+		b.SetBytes(perOp * bigBlock)
+		b.ResetTimer()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		conn, err := l.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := make([]byte, bigBlock)
+		n, err := io.CopyBuffer(io.Discard, conn, dst)
+		if err != nil || n != int64(total) {
+			b.Fatalf("read %d of %d: %v", n, total, err)
+		}
+		b.StopTimer()
+		conn.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
