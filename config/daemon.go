@@ -43,6 +43,11 @@ type Server struct {
 	// AutoStep: when no engine has ended a step for this long and tier
 	// work is pending, the daemon ends one (default 100ms; negative: never).
 	AutoStep Duration `yaml:"auto_step"`
+	// StreamAddr is the block stream's address, where peer daemons read
+	// primary blocks without the API's copies (default: the TCP API's host
+	// on a free port, which peers learn from Stats; "off" disables it).
+	// Set a fixed port where a firewall needs one.
+	StreamAddr string `yaml:"stream_addr"`
 	// TLS, with cert_file and key_file, serves the TCP API over TLS;
 	// client_ca_file then requires client certificates from that CA
 	// (mutual TLS, e.g. between peer daemons). The Unix socket is not

@@ -44,48 +44,18 @@ func init() {
 }
 
 // BenchmarkPeerTransfer2MiB moves 8 × 2 MiB per op from a daemon's
-// primary into an arena through the peer tier (GetBlocks by value over
-// loopback TCP, checksummed), against a plain TCP stream of the same
-// bytes from another process in the same run. MB/s counts payload.
+// primary into an arena through the peer tier — over the daemon's block
+// stream (straight from the pinned slot into the socket and from the
+// socket into the slot, checksummed) and over the API (GetBlocks by
+// value) — against a plain TCP stream of the same bytes from another
+// process in the same run. MB/s counts payload.
 //
 //	go test ./server/ -run '^$' -bench PeerTransfer2MiB -benchtime 20x -count 5
 func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	const perOp = 8
-	b.Run("peer", func(b *testing.B) {
-		e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers}, bigBlock)
-		ctx := ctxT(b)
-		c := e.dial(b, e.unix)
-		keys := make([]offload.Key, perOp)
-		blocks := make([]client.Block, perOp)
-		for i := range keys {
-			keys[i] = key(i)
-			blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
-		}
-		if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer tier.Close(context.Background())
-		req, _ := offload.NewReqContext("bench", nil)
-		for _, k := range keys {
-			if r := rt.Resolve(b, tier, k, req); r != offload.Hit {
-				b.Fatalf("lookup %v", r)
-			}
-		}
-		arena := rt.NewArena(bigBlock, perOp)
-		b.SetBytes(perOp * bigBlock)
-		b.ResetTimer()
-		id := uint64(0)
-		for b.Loop() {
-			id++
-			if res := rt.Run(b, tier, rt.LoadJob(id, arena, keys, rt.Slots(0, perOp), req)); !res.Success {
-				b.Fatal(res.Err)
-			}
-		}
-	})
+	for _, path := range []string{"peer-stream", "peer-api"} {
+		b.Run(path, func(b *testing.B) { benchPeerLoads(b, path == "peer-stream", perOp) })
+	}
 	b.Run("tcp-stream", func(b *testing.B) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -104,10 +74,15 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// Read into a 2 MiB buffer, as a slot.
 		dst := make([]byte, bigBlock)
-		n, err := io.CopyBuffer(io.Discard, conn, dst)
-		if err != nil || n != int64(total) {
-			b.Fatalf("read %d of %d: %v", n, total, err)
+		var n int
+		for n < total {
+			m, err := io.ReadFull(conn, dst[:min(len(dst), total-n)])
+			n += m
+			if err != nil {
+				b.Fatalf("read %d of %d: %v", n, total, err)
+			}
 		}
 		b.StopTimer()
 		conn.Close()
@@ -115,4 +90,47 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+}
+
+func benchPeerLoads(b *testing.B, stream bool, perOp int) {
+	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: stream}, bigBlock)
+	ctx := ctxT(b)
+	c := e.dial(b, e.unix)
+	keys := make([]offload.Key, perOp)
+	blocks := make([]client.Block, perOp)
+	for i := range keys {
+		keys[i] = key(i)
+		blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tier.Close(context.Background())
+	req, _ := offload.NewReqContext("bench", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(b, tier, k, req); r != offload.Hit {
+			b.Fatalf("lookup %v", r)
+		}
+	}
+	arena := rt.NewArena(bigBlock, perOp)
+	b.SetBytes(int64(perOp * bigBlock))
+	b.ResetTimer()
+	id := uint64(0)
+	for b.Loop() {
+		id++
+		if res := rt.Run(b, tier, rt.LoadJob(id, arena, keys, rt.Slots(0, perOp), req)); !res.Success {
+			b.Fatal(res.Err)
+		}
+	}
+	b.StopTimer()
+	for i := range keys {
+		got, _ := arena.Slot(int64(i))
+		if !bytes.Equal(got, blocks[i].Data) {
+			b.Fatalf("block %d differs", i)
+		}
+	}
 }

@@ -45,8 +45,11 @@ type Config struct {
 	// <token>" metadata. The Unix socket relies on file permissions.
 	AuthToken string
 	// TLS, if set, secures the TCP API (package tlsconfig builds it; with
-	// ClientCAs it requires client certificates).
+	// ClientCAs it requires client certificates) and the block stream.
 	TLS *tls.Config
+	// StreamAddr is the block stream's TCP address ("" for none; port 0
+	// picks a free port). Peers learn the bound address from Stats.
+	StreamAddr string
 	// MetricsAddr serves Prometheus /metrics ("" for none).
 	MetricsAddr string
 	Limits      Limits
@@ -99,7 +102,12 @@ type Server struct {
 	regionLn     *net.UnixListener
 	regionPath   string
 	regionWG     sync.WaitGroup // region connections
-	regionStop   chan struct{}  // closed at shutdown: every region closes
+	streamLn     net.Listener
+	streamWG     sync.WaitGroup // block-stream connections and their accept loop
+	streamMu     sync.Mutex
+	streamConns  map[net.Conn]struct{}
+	streamClosed bool          // set by stopStreams: accepted connections close at once
+	regionStop   chan struct{} // closed at shutdown: every region closes
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -271,6 +279,19 @@ func (s *Server) Start() (err error) {
 		}
 		s.tcpLn = ln
 	}
+	if s.cfg.StreamAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.StreamAddr)
+		if err != nil {
+			s.closeListeners()
+			return fmt.Errorf("server: block stream: listen on %s: %w", s.cfg.StreamAddr, err)
+		}
+		if s.cfg.TLS != nil {
+			c := s.cfg.TLS.Clone()
+			c.NextProtos = nil
+			ln = tls.NewListener(ln, c)
+		}
+		s.streamLn = ln
+	}
 	if s.cfg.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
 		if err != nil {
@@ -307,6 +328,17 @@ func (s *Server) Start() (err error) {
 		s.tcpSrv = s.grpcServer(true)
 		ln := netutil.LimitListener(s.tcpLn, s.connLimit)
 		s.serve("tcp", func() error { return s.tcpSrv.Serve(ln) })
+	}
+	if s.streamLn != nil {
+		s.streamConns = map[net.Conn]struct{}{}
+		ln := netutil.LimitListener(s.streamLn, s.connLimit)
+		s.streamWG.Add(1)
+		go func() {
+			defer s.streamWG.Done()
+			if err := s.serveStream(ln); !errors.Is(err, net.ErrClosed) {
+				s.log.Error("listener stopped", "listener", "block stream", "err", err)
+			}
+		}()
 	}
 	if s.httpLn != nil {
 		mux := http.NewServeMux()
@@ -431,6 +463,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 		}
 		<-done
 	}
+	// Block-stream writes read pinned arena slots: end them before any
+	// namespace unmaps its arena.
+	s.stopStreams()
 	var errs []error
 	if s.regions != nil {
 		// Every region closes (waiting for its transfers) and its engine
@@ -456,8 +491,32 @@ func (s *Server) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// StreamAddr returns the block stream's bound address ("" for none).
+func (s *Server) StreamAddr() string {
+	if s.streamLn == nil {
+		return ""
+	}
+	return s.streamLn.Addr().String()
+}
+
+// stopStreams closes the block stream's listener and connections and waits
+// for their goroutines.
+func (s *Server) stopStreams() {
+	if s.streamLn == nil {
+		return
+	}
+	s.streamLn.Close()
+	s.streamMu.Lock()
+	s.streamClosed = true
+	for c := range s.streamConns {
+		c.Close()
+	}
+	s.streamMu.Unlock()
+	s.streamWG.Wait()
+}
+
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.unixLn, s.tcpLn, s.httpLn} {
+	for _, ln := range []net.Listener{s.unixLn, s.tcpLn, s.httpLn, s.streamLn} {
 		if ln != nil {
 			ln.Close()
 		}

@@ -54,6 +54,8 @@ type envOptions struct {
 	events server.EventSink
 	// logger defaults to a logger that discards.
 	logger *slog.Logger
+	// stream serves a block stream on a free loopback port.
+	stream bool
 }
 
 func memTiers(t testing.TB) []offload.SecondaryTier {
@@ -107,7 +109,12 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	}
 	nc := server.ManagerNamespace("", m, p, o.parser)
 	nc.Events = o.events
+	streamAddr := ""
+	if o.stream {
+		streamAddr = "127.0.0.1:0"
+	}
 	srv, err := server.New(server.Config{
+		StreamAddr:  streamAddr,
 		Namespaces:  []server.NamespaceConfig{nc},
 		UnixSocket:  filepath.Join(dir, "k.sock"),
 		TCPAddr:     "127.0.0.1:0",

@@ -211,7 +211,9 @@ func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtie
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return statsProto(st), nil
+	out := statsProto(st)
+	out.StreamAddr = sv.s.StreamAddr()
+	return out, nil
 }
 
 func (sv *service) Explain(_ context.Context, in *kvtierv1.ExplainRequest) (*kvtierv1.ExplainResponse, error) {

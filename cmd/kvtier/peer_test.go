@@ -218,7 +218,13 @@ func TestPeerTierBlockSizeAndCLI(t *testing.T) {
 // NIC, a buggy middlebox).
 func flipProxy(t *testing.T, upstream string, pattern []byte) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return flipProxyOn(t, "127.0.0.1:0", upstream, pattern)
+}
+
+// flipProxyOn is flipProxy listening on addr.
+func flipProxyOn(t *testing.T, addr, upstream string, pattern []byte) string {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,13 +266,14 @@ func flipProxy(t *testing.T, upstream string, pattern []byte) string {
 	return l.Addr().String()
 }
 
-// A block damaged between the peer and the tier is rejected by its
-// checksum, counted, and a miss; an intact transfer afterwards hits.
+// A block damaged between the peer and the tier on the API path
+// (block_stream: false) is rejected by its checksum, counted, and a miss;
+// an intact transfer afterwards hits.
 func TestPeerTierRejectsBlocksDamagedInTransit(t *testing.T) {
 	a := startPeerDaemon(t, "A", "[]")
 	block := bytes.Repeat([]byte{0xa5, 0x5a, 0xc3, 0x3c, 1, 2, 3, 4}, 512)
 	proxy := flipProxy(t, a.tcp, block[:64])
-	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, proxy))
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q, block_stream: false}]}]`, proxy))
 	key := offload.MakeKey([]byte("peer-flip-0001"), 0)
 	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
 		t.Fatal(err)
@@ -284,5 +291,52 @@ func TestPeerTierRejectsBlocksDamagedInTransit(t *testing.T) {
 	// The proxy damages one block per connection: the next load is whole.
 	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("second load: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
+	}
+}
+
+// The same on the block stream: A's API and stream listen on 127.0.0.2,
+// proxies on 127.0.0.1 forward to them, the stream's proxy damaging one
+// block. B learns the stream's port from A's Stats and dials it on the
+// host it reaches A's API by, so both go through the proxies.
+func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
+	streamProxy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
+	streamProxy.Close() // reserved the port number; flipProxy listens on it below
+	dir, err := os.MkdirTemp("", "kvp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("127.0.0.2 is not usable here: %v", err)
+	}
+	apiAddr := apiLn.Addr().String()
+	apiLn.Close()
+	a := &peerDaemon{name: "A", dir: dir, tcp: apiAddr}
+	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
+	block := bytes.Repeat([]byte{0x11, 0x22, 0x33, 0x44, 5, 6, 7, 8}, 512)
+	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64])
+	api := flipProxy(t, apiAddr, []byte("no such pattern in the API traffic"))
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, api))
+	key := offload.MakeKey([]byte("stream-flip-0001"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.get(t, key, ""); ok {
+		t.Fatal("a block damaged on the stream was served")
+	}
+	st, err := b.c.Stats(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.GetTiers()[0].GetCorruptBlocks(); n != 1 {
+		t.Fatalf("corrupt blocks %d, want 1", n)
+	}
+	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
+		t.Fatalf("second load over the stream: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
 	}
 }

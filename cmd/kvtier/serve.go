@@ -299,6 +299,25 @@ func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (i
 
 // buildDaemon builds the primary, the tiers, the manager and the server,
 // and logs one line per tier.
+// streamAddr is the block stream's listen address: server.stream_addr, or
+// the TCP API's host on a free port (peers learn it from Stats); none with
+// "off" or without a TCP API.
+func streamAddr(configured, tcpAddr string) string {
+	switch {
+	case configured == "off":
+		return ""
+	case configured != "":
+		return configured
+	case tcpAddr == "":
+		return ""
+	}
+	host, _, err := net.SplitHostPort(tcpAddr)
+	if err != nil {
+		return ""
+	}
+	return net.JoinHostPort(host, "0")
+}
+
 func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*server.Server, error) {
 	token := cfg.Server.AuthToken
 	if cfg.Server.AuthTokenFile != "" {
@@ -348,6 +367,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		TCPAddr:       cfg.Server.TCPAddr,
 		AuthToken:     token,
 		TLS:           serverTLS,
+		StreamAddr:    streamAddr(cfg.Server.StreamAddr, cfg.Server.TCPAddr),
 		MetricsAddr:   cfg.Server.MetricsAddr,
 		Limits: server.Limits{
 			MaxKeysPerCall:  cfg.Limits.MaxKeysPerCall,

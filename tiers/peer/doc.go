@@ -11,7 +11,6 @@
 //	      - {name: node-b, addr: 10.0.0.8:7070, token: …}            # locality derived: remote
 //	      - {name: node-c, addr: 127.0.0.1:7071, locality: local}
 //	    timeout: 2s          # per call to a peer
-//	    verdict_ttl: 2s      # how long "peer P holds K" is believed
 //
 // addr is the peer daemon's API address (its server.tcp_addr); a peer on
 // this host (a loopback address) is local, any other remote, unless
@@ -33,13 +32,18 @@
 // further peers (no loops), and a peer only sees the namespace it is asked
 // for (the tier's namespace, the same on every node). Existence is one
 // batched Lookup per peer per step, on the tier's own goroutine (lookups
-// answer Retry until it is back); a HIT is a hint, believed for
-// verdict_ttl: a load that finds the block gone is a miss for the request,
-// never an error. A load is one GetBlocks per peer holding some of the
-// job's blocks; the peer copies them out of its primary while it pins them
-// and sends the XXH3-64 of each copy, and the tier checks each block's
-// size and checksum before it writes the slot: a block damaged on the way
-// is rejected, counted (corrupt_blocks) and a miss. The
+// answer Retry until it is back); a HIT is a hint, believed for as long as a request references the key: a load that finds the block
+// gone is a miss for the request, never an error.
+//
+// Loads go over the peer's block stream (server/stream.go), whose port the
+// tier learns from the peer's Stats: the peer writes each block from its
+// pinned slot straight into the socket with its XXH3-64, the tier reads it
+// straight into the destination slot and checks size and checksum before
+// the job reports it loaded. A peer without a stream (or block_stream:
+// false) is read through the API (GetBlocks with checksums). A block damaged
+// on the way is rejected, counted (corrupt_blocks) and a miss; a stream
+// that fails turns what it had not delivered into misses and the tier uses
+// the API until it learns the stream again. The
 // tier is read-only (offload.ReadOnly): no push, so no cascades.
 //
 // # Health
@@ -55,7 +59,7 @@
 // client_ca_file set, only peers presenting a certificate of that CA get
 // in (mutual TLS), and the token still applies.
 //
-// Not yet: discovery through the peers' KV event streams, a dedicated
-// block stream (blocks travel in GetBlocks, by value) and serving from a
-// peer's own secondary tiers.
+// Not yet: discovery through the peers' KV event streams (existence is
+// asked), serving from a peer's own secondary tiers, and PutBlocks /
+// GetBlocks of remote engines on the block stream.
 package peer

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,9 @@ type PeerConfig struct {
 	// ca_file to trust (default: the system's roots), cert_file and
 	// key_file for mutual TLS, server_name to check instead of the host.
 	TLS *PeerTLS `yaml:"tls"`
+	// BlockStream reads blocks over the peer's block stream (default
+	// true); false keeps every transfer on the API (GetBlocks).
+	BlockStream *bool `yaml:"block_stream"`
 }
 
 // PeerTLS names the PEM files of a TLS connection to a peer.
@@ -165,6 +169,7 @@ type peer struct {
 	served    atomic.Int64 // blocks loaded from it
 	gone      atomic.Int64 // blocks it no longer had at load time
 	corrupt   atomic.Int64 // blocks whose checksum did not match
+	stream    stream
 }
 
 func (p *peer) up(now time.Time) bool { return now.UnixNano() >= p.downUntil.Load() }
@@ -183,6 +188,7 @@ type Tier struct {
 	mu       sync.Mutex
 	results  []offload.JobResult
 	inflight int
+	idle     chan struct{} // closed when inflight drops to zero; nil while idle
 	closed   bool
 }
 
@@ -215,12 +221,17 @@ func New(cfg Config) (*Tier, error) {
 			}
 			opts.TLS = tc
 		}
+		var streamTLS *tls.Config
+		if opts.TLS != nil {
+			streamTLS = opts.TLS.Clone()
+		}
 		c, err := client.Dial(pc.Addr, opts)
 		if err != nil {
 			t.closePeers()
 			return nil, fmt.Errorf("peer tier %q: peer %q at %s: %w", cfg.Name, pc.Name, pc.Addr, err)
 		}
 		p := &peer{cfg: pc, locality: loc, c: c}
+		p.stream.tlsConf = streamTLS
 		p.lookups = asynclookup.New(fmt.Sprintf("peer tier %q, peer %q", cfg.Name, pc.Name), t.existsOn(p),
 			asynclookup.Options{MaxBatch: cfg.LookupBatch, Timeout: cfg.Timeout, Logger: t.log})
 		t.peers = append(t.peers, p)
@@ -349,7 +360,6 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 			}
 		}
 	}
-	t.jobs.Add(1)
 	go func() {
 		defer t.jobs.Done()
 		start := time.Now()
@@ -398,6 +408,29 @@ func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
 	defer cancel()
 	p.contacts.Add(1)
+	if addr := t.streamAddr(ctx, p); addr != "" && (p.cfg.BlockStream == nil || *p.cfg.BlockStream) {
+		gone, err := t.streamLoad(ctx, p, addr, job, idx, ok)
+		if err == nil {
+			t.report(p, nil)
+			if len(gone) > 0 {
+				p.gone.Add(int64(len(gone)))
+				p.lookups.MarkMiss(gone)
+			}
+			return nil
+		}
+		// The stream failed: what it did not deliver is a miss now, and
+		// the next loads use the API until the stream is learnt again.
+		p.forgetStream()
+		var missed []offload.Key
+		for _, i := range idx {
+			if !ok[i] {
+				missed = append(missed, job.Keys[i])
+			}
+		}
+		p.lookups.MarkMiss(missed)
+		t.report(p, err)
+		return fmt.Errorf("peer %q: block stream: %w", p.cfg.Name, err)
+	}
 	got, err := p.c.GetBlocks(ctx, keys, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}, Checksums: true})
 	t.report(p, err)
 	if err != nil {
@@ -447,6 +480,8 @@ func (t *Tier) SubmitStore(job *offload.Job) {
 	t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: read-only (no push)", t.cfg.Name)})
 }
 
+// begin counts a load in flight and its goroutine (under the mutex, so
+// that Close's wait never races an Add); false once the tier is closed.
 func (t *Tier) begin() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -454,6 +489,10 @@ func (t *Tier) begin() bool {
 		return false
 	}
 	t.inflight++
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	t.jobs.Add(1)
 	return true
 }
 
@@ -463,6 +502,10 @@ func (t *Tier) finish(r offload.JobResult) {
 	defer t.mu.Unlock()
 	t.results = append(t.results, r)
 	t.inflight--
+	if t.inflight == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
 }
 
 // answer answers a job refused at submission (never counted in flight).
@@ -481,12 +524,16 @@ func (t *Tier) FinishedJobs() []offload.JobResult {
 	return out
 }
 
-// DrainJobs waits for the loads in flight.
+// DrainJobs waits until no load is in flight (or ctx ends).
 func (t *Tier) DrainJobs(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { t.jobs.Wait(); close(done) }()
+	t.mu.Lock()
+	idle := t.idle
+	t.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
 	select {
-	case <-done:
+	case <-idle:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -544,6 +591,7 @@ func (t *Tier) closePeers() {
 		if p.lookups != nil {
 			p.lookups.Close()
 		}
+		p.forgetStream()
 		_ = p.c.Close()
 	}
 }

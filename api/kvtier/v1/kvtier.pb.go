@@ -2520,7 +2520,10 @@ type StatsResponse struct {
 	ReleasedRequests uint64 `protobuf:"varint,10,opt,name=released_requests,json=releasedRequests,proto3" json:"released_requests,omitempty"`
 	// Steps the daemon ended itself because no engine did while tier work
 	// was pending.
-	AutoSteps     uint64 `protobuf:"varint,11,opt,name=auto_steps,json=autoSteps,proto3" json:"auto_steps,omitempty"`
+	AutoSteps uint64 `protobuf:"varint,11,opt,name=auto_steps,json=autoSteps,proto3" json:"auto_steps,omitempty"`
+	// The daemon's block stream (host:port; "" when it has none): peers
+	// read primary blocks there without the API's copies.
+	StreamAddr    string `protobuf:"bytes,12,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2630,6 +2633,13 @@ func (x *StatsResponse) GetAutoSteps() uint64 {
 		return x.AutoSteps
 	}
 	return 0
+}
+
+func (x *StatsResponse) GetStreamAddr() string {
+	if x != nil {
+		return x.StreamAddr
+	}
+	return ""
 }
 
 // ExplainRequest asks how a request's filters would apply.
@@ -5003,7 +5013,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x05bytes\x18\x1c \x01(\x03R\x05bytes\x1aJ\n" +
 	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd9\x03\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xfa\x03\n" +
 	"\rStatsResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x121\n" +
 	"\aprimary\x18\x02 \x01(\v2\x17.kvtier.v1.PrimaryStatsR\aprimary\x12*\n" +
@@ -5017,7 +5027,9 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x11released_requests\x18\n" +
 	" \x01(\x04R\x10releasedRequests\x12\x1d\n" +
 	"\n" +
-	"auto_steps\x18\v \x01(\x04R\tautoSteps\"\\\n" +
+	"auto_steps\x18\v \x01(\x04R\tautoSteps\x12\x1f\n" +
+	"\vstream_addr\x18\f \x01(\tR\n" +
+	"streamAddr\"\\\n" +
 	"\x0eExplainRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
 	"\x12kv_transfer_params\x18\x02 \x01(\tR\x10kvTransferParams\"\x80\x02\n" +

@@ -1,0 +1,250 @@
+package server
+
+import (
+	"bufio"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// The block stream is a plain TCP connection that moves blocks from a
+// daemon's primary to a peer without the API's copies: the server writes
+// each block from its pinned slot straight into the socket, the client
+// reads it straight into the destination slot and checks its XXH3-64
+// before it reports the block loaded. A peer learns the stream's address
+// from Stats (stream_addr); it is not configured by hand.
+//
+// Protocol (integers big-endian):
+//
+//	client hello:  "KVBS" u8 version(1) u16 len token u16 len namespace
+//	server hello:  "KVBS" u8 status (0 ok, 1 refused) — then the
+//	               connection closes if refused
+//	request:       u32 nkeys, then per key u16 len, key bytes
+//	response:      per key u8 found (0/1) and, when found, u32 len,
+//	               u64 xxh3, len bytes
+//
+// A read answers from the primary alone (kv_load_tiers: [] semantics), so a
+// peer read never reaches a secondary tier. Blocks stay pinned while they
+// are written; a write stalled past the stream timeout ends the connection
+// and unpins them.
+
+const (
+	streamMagic   = "KVBS"
+	streamVersion = 1
+	// streamTimeout bounds one request's reads and writes.
+	streamTimeout = 30 * time.Second
+	// maxStreamField bounds the token and namespace of a hello.
+	maxStreamField = 4096
+)
+
+// pinForStream pins the primary's ready copies of keys and returns their
+// slots (-1 where the primary holds no ready copy) and release, which
+// unpins them. It never asks a secondary tier.
+func (ns *Namespace) pinForStream(keys []offload.Key) (slots []int64, release func(), err error) {
+	if err := ns.lock(); err != nil {
+		return nil, nil, err
+	}
+	defer ns.mu.Unlock()
+	rc, err := ns.tempRequest([]byte(`{"kv_load_tiers":[]}`))
+	if err != nil {
+		return nil, nil, err
+	}
+	finish := func() {
+		if r := ns.reqs[rc.ID]; r != nil {
+			ns.unregister(r)
+		}
+		ns.mgr.OnRequestFinished(rc)
+	}
+	results := make([]offload.LookupResult, len(keys))
+	ns.lookupLocked(rc, keys, results)
+	var hits []offload.Key
+	var idx []int
+	for i, r := range results {
+		if r == offload.Hit {
+			hits = append(hits, keys[i])
+			idx = append(idx, i)
+		}
+	}
+	slots = make([]int64, len(keys))
+	for i := range slots {
+		slots[i] = -1
+	}
+	if len(hits) == 0 {
+		finish()
+		return slots, func() {}, nil
+	}
+	got, err := ns.mgr.PrepareLoad(hits, rc)
+	if err != nil {
+		finish()
+		return nil, nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+	}
+	for j, s := range got {
+		slots[idx[j]] = s
+	}
+	return slots, func() {
+		if ns.lock() != nil {
+			return // closed: Close released everything
+		}
+		defer ns.mu.Unlock()
+		_ = ns.mgr.CompleteLoad(hits, rc)
+		finish()
+	}, nil
+}
+
+// serveStream accepts block-stream connections until ln closes.
+func (s *Server) serveStream(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		s.streamMu.Lock()
+		if s.streamClosed {
+			s.streamMu.Unlock()
+			c.Close()
+			continue
+		}
+		s.streamConns[c] = struct{}{}
+		s.streamMu.Unlock()
+		s.streamWG.Add(1)
+		go func() {
+			defer s.streamWG.Done()
+			defer func() {
+				s.streamMu.Lock()
+				delete(s.streamConns, c)
+				s.streamMu.Unlock()
+				c.Close()
+			}()
+			if err := s.streamConn(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Debug("block stream ended", "remote", c.RemoteAddr().String(), "err", err)
+			}
+		}()
+	}
+}
+
+func (s *Server) streamConn(c net.Conn) error {
+	if tc, ok := c.(*tls.Conn); ok {
+		_ = tc.SetDeadline(time.Now().Add(streamTimeout))
+		if err := tc.Handshake(); err != nil {
+			return err
+		}
+	}
+	r := bufio.NewReaderSize(c, 64<<10)
+	_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
+	var hello [5]byte
+	if _, err := io.ReadFull(r, hello[:]); err != nil {
+		return err
+	}
+	if string(hello[:4]) != streamMagic || hello[4] != streamVersion {
+		return fmt.Errorf("block stream: bad hello %q", hello)
+	}
+	token, err := readField(r)
+	if err != nil {
+		return err
+	}
+	nsName, err := readField(r)
+	if err != nil {
+		return err
+	}
+	refuse := func() error {
+		_, _ = c.Write([]byte(streamMagic + "\x01"))
+		return errors.New("block stream: refused")
+	}
+	if s.cfg.AuthToken != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AuthToken)) != 1 {
+		return refuse()
+	}
+	ns, ok := s.Namespace(string(nsName))
+	if !ok {
+		return refuse()
+	}
+	if _, err := c.Write([]byte(streamMagic + "\x00")); err != nil {
+		return err
+	}
+	w := bufio.NewWriterSize(c, 64<<10)
+	for {
+		// Idle between requests like any connection.
+		_ = c.SetReadDeadline(time.Now().Add(s.limits.ConnectionIdleTimeout))
+		var nb [4]byte
+		if _, err := io.ReadFull(r, nb[:]); err != nil {
+			return err
+		}
+		n := int(binary.BigEndian.Uint32(nb[:]))
+		if n <= 0 || n > s.limits.MaxKeysPerCall {
+			return fmt.Errorf("block stream: %d keys (1 to %d)", n, s.limits.MaxKeysPerCall)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
+		keys := make([]offload.Key, n)
+		for i := range keys {
+			k, err := readField(r)
+			if err != nil {
+				return err
+			}
+			keys[i] = offload.Key(k)
+			if !keys[i].Valid() || len(k) > s.limits.MaxKeyBytes {
+				return fmt.Errorf("block stream: key %d: %w", i, offload.ErrInvalidKey)
+			}
+		}
+		if err := s.streamBlocks(c, w, ns, keys); err != nil {
+			return err
+		}
+	}
+}
+
+// streamBlocks answers one request: pins, writes each block from its slot
+// with its checksum, unpins.
+func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys []offload.Key) error {
+	slots, release, err := ns.pinForStream(keys)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+	var hdr [13]byte
+	for i, slot := range slots {
+		if slot < 0 {
+			if err := w.WriteByte(0); err != nil {
+				return err
+			}
+			continue
+		}
+		data, err := ns.arena.Slot(slot)
+		if err != nil {
+			return err
+		}
+		hdr[0] = 1
+		binary.BigEndian.PutUint32(hdr[1:], uint32(len(data)))
+		binary.BigEndian.PutUint64(hdr[5:], xxh3.Hash(data))
+		if _, err := w.Write(hdr[:]); err != nil {
+			return err
+		}
+		// A block is larger than the buffer: after a flush, bufio writes
+		// it to the socket directly, from the pinned slot.
+		if _, err := w.Write(data); err != nil {
+			return fmt.Errorf("block stream: block %d: %w", i, err)
+		}
+	}
+	return w.Flush()
+}
+
+func readField(r *bufio.Reader) ([]byte, error) {
+	var lb [2]byte
+	if _, err := io.ReadFull(r, lb[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint16(lb[:]))
+	if n > maxStreamField {
+		return nil, fmt.Errorf("block stream: %d-byte field", n)
+	}
+	b := make([]byte, n)
+	_, err := io.ReadFull(r, b)
+	return b, err
+}
