@@ -22,7 +22,7 @@
 // every request and the tier applies the request's load filter itself, to
 // the medium of the block on the peer (its DRAM: CPU) and the locality of
 // the peer. A peer the filter excludes for a request is not contacted for
-// that request's keys (Stats counts the contacts per peer).
+// that request's keys (Tier.Peers counts the contacts per peer).
 //
 // # Protocol and its invariants
 //
@@ -32,8 +32,9 @@
 // further peers (no loops), and a peer only sees the namespace it is asked
 // for (the tier's namespace, the same on every node). Existence is one
 // batched Lookup per peer per step, on the tier's own goroutine (lookups
-// answer Retry until it is back); a HIT is a hint, believed for as long as a request references the key: a load that finds the block
-// gone is a miss for the request, never an error.
+// answer Retry until it is back); a HIT is a hint, believed for as long as
+// a request references the key: a load that finds the block gone is a miss
+// for the request, never an error.
 //
 // Loads go over the peer's block stream (server/stream.go), whose port the
 // tier learns from the peer's Stats: the peer writes each block from its
@@ -43,8 +44,8 @@
 // false) is read through the API (GetBlocks with checksums). A block damaged
 // on the way is rejected, counted (corrupt_blocks) and a miss; a stream
 // that fails turns what it had not delivered into misses and the tier uses
-// the API until it learns the stream again. The
-// tier is read-only (offload.ReadOnly): no push, so no cascades.
+// the API until it learns the stream again. The tier is read-only
+// (offload.ReadOnly): no push, so no cascades.
 //
 // # Health
 //
