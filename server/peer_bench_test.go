@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
@@ -55,6 +56,11 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	const perOp = 8
 	for _, path := range []string{"peer-stream", "peer-api"} {
 		b.Run(path, func(b *testing.B) { benchPeerLoads(b, path == "peer-stream", perOp) })
+	}
+	// A remote engine's by-value reads: client.Stream.Get into its own
+	// buffers, and GetBlocks over the API.
+	for _, path := range []string{"client-stream", "client-api"} {
+		b.Run(path, func(b *testing.B) { benchClientGets(b, path == "client-stream", perOp) })
 	}
 	b.Run("tcp-stream", func(b *testing.B) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -131,6 +137,55 @@ func benchPeerLoads(b *testing.B, stream bool, perOp int) {
 		got, _ := arena.Slot(int64(i))
 		if !bytes.Equal(got, blocks[i].Data) {
 			b.Fatalf("block %d differs", i)
+		}
+	}
+}
+
+func benchClientGets(b *testing.B, stream bool, perOp int) {
+	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: true}, bigBlock)
+	ctx := ctxT(b)
+	c := e.dial(b, e.unix)
+	keys := make([]offload.Key, perOp)
+	blocks := make([]client.Block, perOp)
+	for i := range keys {
+		keys[i] = key(i)
+		blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	tcp := e.dial(b, e.tcp)
+	bufs := make([][]byte, perOp)
+	for i := range bufs {
+		bufs[i] = make([]byte, bigBlock)
+	}
+	var st *client.Stream
+	if stream {
+		addr, err := tcp.StreamAddr(ctx, e.tcp)
+		if err != nil || addr == "" {
+			b.Fatalf("stream address %q: %v", addr, err)
+		}
+		if st, err = client.DialStream(ctx, addr, client.StreamOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+	}
+	b.SetBytes(int64(perOp * bigBlock))
+	b.ResetTimer()
+	for b.Loop() {
+		if stream {
+			res, err := st.Get(keys, func(i int) []byte { return bufs[i] }, time.Now().Add(time.Minute))
+			if err != nil || res[perOp-1] != client.StreamLoaded {
+				b.Fatalf("%v %v", res, err)
+			}
+			continue
+		}
+		got, err := tcp.GetBlocks(ctx, keys, client.GetOptions{})
+		if err != nil || got.Hits != perOp {
+			b.Fatalf("hits %d err %v", got.Hits, err)
+		}
+		for i := range bufs {
+			copy(bufs[i], got.Data[i])
 		}
 	}
 }

@@ -1,50 +1,33 @@
 package peer
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"io"
-	"net"
 	"sync"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
+	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
 )
 
-// The client side of a peer's block stream (server/stream.go has the
-// protocol): blocks are read from the socket straight into their slots and
-// checked against the peer's XXH3 before the job reports them loaded.
-
-// maxIdleStreams bounds the idle stream connections kept per peer.
+// maxIdleStreams bounds the idle block-stream connections kept per peer.
 const maxIdleStreams = 4
+
+// relearnEvery is how often a peer without a usable stream is asked for
+// its address again.
+const relearnEvery = 10 * time.Second
 
 // stream is one peer's block-stream endpoint and its idle connections.
 type stream struct {
 	mu      sync.Mutex
 	addr    string // "" until learnt, or when the peer has none
 	learnt  time.Time
-	idle    []*streamConn
+	idle    []*client.Stream
 	tlsConf *tls.Config
 }
 
-type streamConn struct {
-	c net.Conn
-	r *bufio.Reader
-	w *bufio.Writer
-}
-
-// relearnEvery is how often a peer without a usable stream is asked
-// again.
-const relearnEvery = 10 * time.Second
-
-// streamAddr returns the peer's stream address, asking the peer's Stats
-// when unknown; "" means use the API (GetBlocks).
+// streamAddr returns the peer's stream address, asking the peer when
+// unknown; "" means use the API (GetBlocks).
 func (t *Tier) streamAddr(ctx context.Context, p *peer) string {
 	s := &p.stream
 	s.mu.Lock()
@@ -55,18 +38,10 @@ func (t *Tier) streamAddr(ctx context.Context, p *peer) string {
 	}
 	s.learnt = time.Now()
 	s.mu.Unlock()
-	st, err := p.c.Stats(ctx)
-	if err != nil || st.GetStreamAddr() == "" {
+	a, err := p.c.StreamAddr(ctx, p.cfg.Addr)
+	if err != nil || a == "" {
 		return ""
 	}
-	// The stream listens on the API's host; keep the host we reach the
-	// API by (the daemon may have bound a wildcard address).
-	_, port, err := net.SplitHostPort(st.GetStreamAddr())
-	host, _, herr := net.SplitHostPort(p.cfg.Addr)
-	if err != nil || herr != nil {
-		return ""
-	}
-	a := net.JoinHostPort(host, port)
 	s.mu.Lock()
 	s.addr = a
 	s.mu.Unlock()
@@ -82,12 +57,12 @@ func (p *peer) forgetStream() {
 	s.addr = ""
 	s.learnt = time.Now()
 	for _, c := range s.idle {
-		c.c.Close()
+		c.Close()
 	}
 	s.idle = nil
 }
 
-func (t *Tier) getStreamConn(ctx context.Context, p *peer, addr string) (*streamConn, error) {
+func (t *Tier) getStream(ctx context.Context, p *peer, addr string) (*client.Stream, error) {
 	s := &p.stream
 	s.mu.Lock()
 	if n := len(s.idle); n > 0 {
@@ -96,46 +71,12 @@ func (t *Tier) getStreamConn(ctx context.Context, p *peer, addr string) (*stream
 		s.mu.Unlock()
 		return c, nil
 	}
+	conf := s.tlsConf
 	s.mu.Unlock()
-	d := net.Dialer{Timeout: t.cfg.Timeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	if s.tlsConf != nil {
-		conf := s.tlsConf.Clone()
-		if conf.ServerName == "" {
-			conf.ServerName, _, _ = net.SplitHostPort(p.cfg.Addr)
-		}
-		tc := tls.Client(c, conf)
-		_ = tc.SetDeadline(time.Now().Add(t.cfg.Timeout))
-		if err := tc.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		c = tc
-	}
-	sc := &streamConn{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
-	_ = c.SetDeadline(time.Now().Add(t.cfg.Timeout))
-	sc.w.WriteString("KVBS\x01")
-	writeField(sc.w, []byte(p.cfg.Token))
-	writeField(sc.w, []byte(t.cfg.Namespace))
-	var reply [5]byte
-	err = sc.w.Flush()
-	if err == nil {
-		_, err = io.ReadFull(sc.r, reply[:])
-	}
-	if err != nil || string(reply[:4]) != "KVBS" || reply[4] != 0 {
-		c.Close()
-		if err == nil {
-			err = errors.New("refused (token or namespace)")
-		}
-		return nil, fmt.Errorf("block stream hello: %w", err)
-	}
-	return sc, nil
+	return client.DialStream(ctx, addr, client.StreamOptions{Token: p.cfg.Token, Namespace: t.cfg.Namespace, TLS: conf, Timeout: t.cfg.Timeout})
 }
 
-func (p *peer) putStreamConn(c *streamConn) {
+func (p *peer) putStream(c *client.Stream) {
 	s := &p.stream
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -143,84 +84,48 @@ func (p *peer) putStreamConn(c *streamConn) {
 		s.idle = append(s.idle, c)
 		return
 	}
-	c.c.Close()
+	c.Close()
 }
 
-func writeField(w *bufio.Writer, b []byte) {
-	var lb [2]byte
-	binary.BigEndian.PutUint16(lb[:], uint16(len(b)))
-	w.Write(lb[:])
-	w.Write(b)
-}
-
-// streamLoad reads keys (job.Keys[idx]) over the block stream into their
-// slots. ok[i] is set for the blocks that arrived whole and verified;
-// gone lists the keys the peer did not have. A transport error fails the
-// rest of the request and the connection.
+// streamLoad reads job.Keys[idx] over the block stream straight into
+// their slots. ok[i] is set for the blocks that arrived whole and
+// verified; gone lists the others. A transport error fails the rest.
 func (t *Tier) streamLoad(ctx context.Context, p *peer, addr string, job *offload.Job, idx []int, ok []bool) (gone []offload.Key, err error) {
-	sc, err := t.getStreamConn(ctx, p, addr)
+	sc, err := t.getStream(ctx, p, addr)
 	if err != nil {
 		return nil, err
 	}
-	broken := true
-	defer func() {
-		if broken {
-			sc.c.Close()
-		} else {
-			p.putStreamConn(sc)
-		}
-	}()
+	keys := make([]offload.Key, len(idx))
+	for j, i := range idx {
+		keys[j] = job.Keys[i]
+	}
 	deadline := time.Now().Add(t.cfg.Timeout)
 	if d, has := ctx.Deadline(); has && d.Before(deadline) {
 		deadline = d
 	}
-	_ = sc.c.SetDeadline(deadline)
-	var nb [4]byte
-	binary.BigEndian.PutUint32(nb[:], uint32(len(idx)))
-	sc.w.Write(nb[:])
-	for _, i := range idx {
-		writeField(sc.w, []byte(job.Keys[i]))
+	res, err := sc.Get(keys, func(j int) []byte {
+		slot, serr := job.Arena.Slot(job.Slots[idx[j]])
+		if serr != nil {
+			return nil // a wrong size: skipped, never written
+		}
+		return slot
+	}, deadline)
+	if err != nil {
+		sc.Close()
+	} else {
+		p.putStream(sc)
 	}
-	if err := sc.w.Flush(); err != nil {
-		return nil, err
-	}
-	var hdr [12]byte
-	for _, i := range idx {
-		k := job.Keys[i]
-		found, err := sc.r.ReadByte()
-		if err != nil {
-			return gone, err
-		}
-		if found == 0 {
-			gone = append(gone, k)
-			continue
-		}
-		if _, err := io.ReadFull(sc.r, hdr[:]); err != nil {
-			return gone, err
-		}
-		n := int64(binary.BigEndian.Uint32(hdr[:4]))
-		sum := binary.BigEndian.Uint64(hdr[4:])
-		slot, serr := job.Arena.Slot(job.Slots[i])
-		if serr != nil || n != int64(len(slot)) {
-			// Another block size (or a bad slot): skip its bytes, never
-			// copy part of it.
-			if _, err := io.CopyN(io.Discard, sc.r, n); err != nil {
-				return gone, err
-			}
-			gone = append(gone, k)
-			continue
-		}
-		if _, err := io.ReadFull(sc.r, slot); err != nil {
-			return gone, err // the slot holds part of a block: not reported loaded
-		}
-		if xxh3.Hash(slot) != sum {
+	for j, r := range res {
+		switch r {
+		case client.StreamLoaded:
+			ok[idx[j]] = true
+			p.served.Add(1)
+		case client.StreamCorrupt:
 			p.corrupt.Add(1)
-			gone = append(gone, k)
-			continue
+			gone = append(gone, keys[j])
+		default:
+			gone = append(gone, keys[j])
 		}
-		ok[i] = true
-		p.served.Add(1)
 	}
-	broken = false
-	return gone, nil
+	return gone, err
 }

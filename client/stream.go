@@ -1,0 +1,185 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvtier/kvtier/offload"
+)
+
+// A daemon's block stream (server/stream.go has the protocol) moves
+// primary blocks without the API's copies: each block is read from the
+// socket straight into the caller's buffer and checked against the
+// daemon's XXH3-64 before Get reports it.
+
+// ErrCorrupt reports a block whose bytes do not match the checksum the
+// daemon computed when it read them.
+var ErrCorrupt = errors.New("block damaged in transit (checksum mismatch)")
+
+// StreamOptions configure DialStream.
+type StreamOptions struct {
+	Token, Namespace string
+	// TLS talks TLS to a daemon whose API serves it; ServerName defaults
+	// to the dialled host.
+	TLS *tls.Config
+	// Timeout bounds the dial and hello (default 5s).
+	Timeout time.Duration
+}
+
+// Stream is one connection to a daemon's block stream. It is not safe for
+// concurrent use.
+type Stream struct {
+	c net.Conn
+	r *bufio.Reader
+	w *bufio.Writer
+}
+
+// StreamAddr returns the address of the daemon's block stream ("" when it
+// has none), on the host this client reaches the daemon's TCP API by.
+func (c *Client) StreamAddr(ctx context.Context, apiAddr string) (string, error) {
+	st, err := c.Stats(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st.GetStreamAddr() == "" {
+		return "", nil
+	}
+	_, port, err := net.SplitHostPort(st.GetStreamAddr())
+	if err != nil {
+		return "", fmt.Errorf("stream address %q: %w", st.GetStreamAddr(), err)
+	}
+	host, _, err := net.SplitHostPort(apiAddr)
+	if err != nil {
+		return "", fmt.Errorf("API address %q: %w", apiAddr, err)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// DialStream connects to the block stream at addr and says hello (token,
+// namespace); a refusal is an error.
+func DialStream(ctx context.Context, addr string, o StreamOptions) (*Stream, error) {
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	d := net.Dialer{Timeout: o.Timeout}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if o.TLS != nil {
+		conf := o.TLS.Clone()
+		if conf.ServerName == "" {
+			conf.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(c, conf)
+		_ = tc.SetDeadline(time.Now().Add(o.Timeout))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	s := &Stream{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
+	_ = c.SetDeadline(time.Now().Add(o.Timeout))
+	s.w.WriteString("KVBS\x01")
+	writeField(s.w, []byte(o.Token))
+	writeField(s.w, []byte(o.Namespace))
+	var reply [5]byte
+	err = s.w.Flush()
+	if err == nil {
+		_, err = io.ReadFull(s.r, reply[:])
+	}
+	if err == nil && (string(reply[:4]) != "KVBS" || reply[4] != 0) {
+		err = errors.New("refused (token or namespace)")
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("block stream %s: %w", addr, err)
+	}
+	return s, nil
+}
+
+// Close closes the connection.
+func (s *Stream) Close() error { return s.c.Close() }
+
+// StreamResult is what Get did with one key.
+type StreamResult uint8
+
+const (
+	// StreamGone: the daemon's primary does not hold the block.
+	StreamGone StreamResult = iota
+	// StreamLoaded: the block is in its buffer, whole and verified.
+	StreamLoaded
+	// StreamWrongSize: the block is not the buffer's size; the buffer is
+	// untouched.
+	StreamWrongSize
+	// StreamCorrupt: the block failed its checksum; the buffer holds
+	// garbage.
+	StreamCorrupt
+)
+
+// Get reads keys from the daemon's primary, block i into dst(i), until
+// deadline. A transport error ends the call (and the stream is then
+// unusable); the results of the keys before it are valid.
+func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.Time) ([]StreamResult, error) {
+	_ = s.c.SetDeadline(deadline)
+	var nb [4]byte
+	binary.BigEndian.PutUint32(nb[:], uint32(len(keys)))
+	s.w.Write(nb[:])
+	for _, k := range keys {
+		writeField(s.w, []byte(k))
+	}
+	if err := s.w.Flush(); err != nil {
+		return nil, err
+	}
+	res := make([]StreamResult, len(keys))
+	var hdr [12]byte
+	for i := range keys {
+		found, err := s.r.ReadByte()
+		if err != nil {
+			return res[:i], err
+		}
+		if found == 0 {
+			continue // StreamGone
+		}
+		if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+			return res[:i], err
+		}
+		n := int64(binary.BigEndian.Uint32(hdr[:4]))
+		sum := binary.BigEndian.Uint64(hdr[4:])
+		buf := dst(i)
+		if n != int64(len(buf)) {
+			// Never copy part of a block of another size.
+			if _, err := io.CopyN(io.Discard, s.r, n); err != nil {
+				return res[:i], err
+			}
+			res[i] = StreamWrongSize
+			continue
+		}
+		if _, err := io.ReadFull(s.r, buf); err != nil {
+			return res[:i], err
+		}
+		if xxh3.Hash(buf) != sum {
+			res[i] = StreamCorrupt
+			continue
+		}
+		res[i] = StreamLoaded
+	}
+	return res, nil
+}
+
+func writeField(w *bufio.Writer, b []byte) {
+	var lb [2]byte
+	binary.BigEndian.PutUint16(lb[:], uint16(len(b)))
+	w.Write(lb[:])
+	w.Write(b)
+}
