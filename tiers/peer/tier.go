@@ -172,7 +172,12 @@ type peer struct {
 	stream    stream
 }
 
-func (p *peer) up(now time.Time) bool { return now.UnixNano() >= p.downUntil.Load() }
+// up reports whether the peer may be asked: it is not marked down, or its
+// down period has passed. The common case reads one atomic, no clock.
+func (p *peer) up() bool {
+	d := p.downUntil.Load()
+	return d == 0 || time.Now().UnixNano() >= d
+}
 
 // Tier is the peer tier. It implements offload.SecondaryTier and
 // offload.ReadOnly.
@@ -256,10 +261,9 @@ func allowed(req *offload.ReqContext, p *peer) bool {
 // Lookup asks the peers the request's filter allows, in order: Hit when
 // one holds the key, Retry while one is being asked, else Miss.
 func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
-	now := time.Now()
 	res := offload.Miss
 	for _, p := range t.peers {
-		if !allowed(req, p) || !p.up(now) {
+		if !allowed(req, p) || !p.up() {
 			continue
 		}
 		switch p.lookups.Lookup(key, reqID(req)) {
@@ -283,7 +287,7 @@ func reqID(req *offload.ReqContext) string {
 // a request whose filter keeps the peer on its primary.
 func (t *Tier) existsOn(p *peer) asynclookup.BatchFunc {
 	return func(ctx context.Context, keys []offload.Key) ([]bool, error) {
-		if !p.up(time.Now()) {
+		if !p.up() {
 			return nil, fmt.Errorf("peer %q is down", p.cfg.Name)
 		}
 		p.contacts.Add(1)
@@ -346,12 +350,11 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 		t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: closed", t.cfg.Name)})
 		return
 	}
-	now := time.Now()
 	byPeer := make(map[*peer][]int)
 	var order []*peer
 	for i, k := range job.Keys {
 		for _, p := range t.peers {
-			if allowed(job.Req, p) && p.up(now) && p.lookups.Lookup(k, reqID(job.Req)) == offload.Hit {
+			if allowed(job.Req, p) && p.up() && p.lookups.Lookup(k, reqID(job.Req)) == offload.Hit {
 				if byPeer[p] == nil {
 					order = append(order, p)
 				}
@@ -610,10 +613,9 @@ type PeerStats struct {
 
 // Peers returns every peer's counters, in configuration order.
 func (t *Tier) Peers() []PeerStats {
-	now := time.Now()
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {
-		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(now),
+		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(),
 			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.gone.Load(), Corrupt: p.corrupt.Load()}
 	}
 	return out
