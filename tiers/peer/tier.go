@@ -17,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
 	"github.com/kvtier/kvtier/tlsconfig"
 )
 
@@ -186,15 +187,9 @@ type Tier struct {
 	log   *slog.Logger
 	peers []*peer
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	jobs   sync.WaitGroup
-
-	mu       sync.Mutex
-	results  []offload.JobResult
-	inflight int
-	idle     chan struct{} // closed when inflight drops to zero; nil while idle
-	closed   bool
+	// jobs answers every load once (remote tiers' job table: at most
+	// remote's default in flight, Close cancels and answers the rest).
+	jobs *remote.JobTable
 }
 
 var (
@@ -214,7 +209,7 @@ func New(cfg Config) (*Tier, error) {
 		t.log = slog.Default()
 	}
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.jobs = remote.NewJobTable(fmt.Sprintf("peer tier %q", cfg.Name), 0)
 	for _, pc := range cfg.Peers {
 		loc, _ := LocalityOf(pc)
 		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace}
@@ -332,8 +327,8 @@ func (t *Tier) report(p *peer, err error) {
 		p.downUntil.Store(0)
 		return
 	}
-	if errors.Is(err, context.Canceled) && t.ctx.Err() != nil {
-		return // closing
+	if errors.Is(err, context.Canceled) {
+		return // the tier is closing: not the peer's fault
 	}
 	if n := p.fails.Add(1); n >= int32(t.cfg.UnhealthyAfter) {
 		if n == int32(t.cfg.UnhealthyAfter) {
@@ -343,13 +338,10 @@ func (t *Tier) report(p *peer, err error) {
 	}
 }
 
-// SubmitLoad loads each key from the first allowed peer that holds it,
-// one GetBlocks per peer, on a goroutine of the job's own.
+// SubmitLoad loads each key from the first allowed peer that holds it (as
+// the verdicts stand at submission), one call per peer, on a goroutine of
+// the job's own.
 func (t *Tier) SubmitLoad(job *offload.Job) {
-	if !t.begin() {
-		t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: closed", t.cfg.Name)})
-		return
-	}
 	byPeer := make(map[*peer][]int)
 	var order []*peer
 	for i, k := range job.Keys {
@@ -363,8 +355,7 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 			}
 		}
 	}
-	go func() {
-		defer t.jobs.Done()
+	t.jobs.Submit(job, func(ctx context.Context, job *offload.Job) offload.JobResult {
 		start := time.Now()
 		ok := make([]bool, len(job.Keys))
 		var mu sync.Mutex
@@ -373,8 +364,7 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 		for _, p := range order {
 			idx := byPeer[p]
 			wg.Go(func() {
-				err := t.loadFrom(p, job, idx, ok)
-				if err != nil {
+				if err := t.loadFrom(ctx, p, job, idx, ok); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -382,7 +372,7 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 			})
 		}
 		wg.Wait()
-		r := offload.JobResult{JobID: job.ID, Success: true, Duration: time.Since(start)}
+		r := offload.JobResult{Success: true, Duration: time.Since(start)}
 		for i, k := range job.Keys {
 			if ok[i] {
 				r.SuccessfulKeys = append(r.SuccessfulKeys, k)
@@ -397,18 +387,18 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 				r.Err = fmt.Errorf("peer tier %q: %d of %d blocks held by no allowed peer", t.cfg.Name, len(job.Keys)-len(r.SuccessfulKeys), len(job.Keys))
 			}
 		}
-		t.finish(r)
-	}()
+		return r
+	})
 }
 
 // loadFrom loads job.Keys[idx] from p into their slots and sets ok for
 // the blocks that arrived whole.
-func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
+func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []int, ok []bool) error {
 	keys := make([]offload.Key, len(idx))
 	for j, i := range idx {
 		keys[j] = job.Keys[i]
 	}
-	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	p.contacts.Add(1)
 	if addr := t.streamAddr(ctx, p); addr != "" && (p.cfg.BlockStream == nil || *p.cfg.BlockStream) {
@@ -480,75 +470,18 @@ func (t *Tier) loadFrom(p *peer, job *offload.Job, idx []int, ok []bool) error {
 // SubmitStore fails: the tier is read-only and the manager never sends it
 // a cascade.
 func (t *Tier) SubmitStore(job *offload.Job) {
-	t.answer(offload.JobResult{JobID: job.ID, Err: fmt.Errorf("peer tier %q: read-only (no push)", t.cfg.Name)})
-}
-
-// begin counts a load in flight and its goroutine (under the mutex, so
-// that Close's wait never races an Add); false once the tier is closed.
-func (t *Tier) begin() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.inflight++
-	if t.idle == nil {
-		t.idle = make(chan struct{})
-	}
-	t.jobs.Add(1)
-	return true
-}
-
-// finish answers a load that begin counted.
-func (t *Tier) finish(r offload.JobResult) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.results = append(t.results, r)
-	t.inflight--
-	if t.inflight == 0 && t.idle != nil {
-		close(t.idle)
-		t.idle = nil
-	}
-}
-
-// answer answers a job refused at submission (never counted in flight).
-func (t *Tier) answer(r offload.JobResult) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.results = append(t.results, r)
+	t.jobs.Fail(job, fmt.Errorf("peer tier %q: read-only (no push)", t.cfg.Name))
 }
 
 // FinishedJobs returns the results since the last call.
-func (t *Tier) FinishedJobs() []offload.JobResult {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := t.results
-	t.results = nil
-	return out
-}
+func (t *Tier) FinishedJobs() []offload.JobResult { return t.jobs.Take() }
 
 // DrainJobs waits until no load is in flight (or ctx ends).
-func (t *Tier) DrainJobs(ctx context.Context) error {
-	t.mu.Lock()
-	idle := t.idle
-	t.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (t *Tier) DrainJobs(ctx context.Context) error { return t.jobs.Drain(ctx) }
 
 // HasPendingWork reports loads in flight or existence calls pending.
 func (t *Tier) HasPendingWork() bool {
-	t.mu.Lock()
-	n := t.inflight
-	t.mu.Unlock()
-	if n > 0 {
+	if t.jobs.Active() > 0 {
 		return true
 	}
 	for _, p := range t.peers {
@@ -577,14 +510,10 @@ func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
 	}
 }
 
-// Close waits for the loads in flight (until ctx ends) and disconnects.
+// Close cancels the loads in flight, waits for them until ctx ends
+// (answering the rest as failed) and disconnects.
 func (t *Tier) Close(ctx context.Context) error {
-	t.mu.Lock()
-	t.closed = true
-	t.mu.Unlock()
-	err := t.DrainJobs(ctx)
-	t.cancel()
-	t.jobs.Wait()
+	err := t.jobs.Close(ctx)
 	t.closePeers()
 	return err
 }

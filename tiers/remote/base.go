@@ -70,7 +70,7 @@ type Base struct {
 	health  *Health
 	c       *Counters
 	events  *Events
-	jobs    *jobTable
+	jobs    *JobTable
 	lookups *asynclookup.Manager
 	store   StoreFunc
 	load    LoadFunc
@@ -90,7 +90,7 @@ func NewBase(cfg BaseConfig) *Base {
 		health:   cfg.Health,
 		c:        cfg.Counters,
 		events:   cfg.Events,
-		jobs:     newJobTable(cfg.Label, cfg.MaxInflight),
+		jobs:     NewJobTable(cfg.Label, cfg.MaxInflight),
 		lookups: asynclookup.New(cfg.Label, cfg.Exists, asynclookup.Options{
 			MaxBatch: cfg.LookupBatch,
 			Timeout:  cfg.LookupTimeout,

@@ -18,15 +18,17 @@ var ErrClosed = errors.New("tier closed")
 // already has its maximum number of jobs in flight.
 var ErrOverloaded = errors.New("too many jobs in flight")
 
-// runFunc performs one job. It runs on its own goroutine and must honour
+// RunFunc performs one job. It runs on its own goroutine and must honour
 // ctx, which Close cancels. The returned result's JobID is filled in by
 // the job table.
-type runFunc func(ctx context.Context, job *offload.Job) offload.JobResult
+type RunFunc func(ctx context.Context, job *offload.Job) offload.JobResult
 
-// jobTable answers every submitted job exactly once: from its runFunc, at
+// JobTable answers every submitted job exactly once: from its RunFunc, at
 // once when refused, or as failed when Close gives up waiting for it.
-// Methods are safe for concurrent use; Submit never blocks.
-type jobTable struct {
+// Methods are safe for concurrent use; Submit never blocks. Remote tiers
+// get it through Base; a tier that is not a Base (the peer tier) uses it
+// directly.
+type JobTable struct {
 	name        string
 	maxInflight int
 
@@ -41,20 +43,20 @@ type jobTable struct {
 	closed  bool
 }
 
-// newJobTable returns a job table admitting at most maxInflight concurrent
+// NewJobTable returns a job table admitting at most maxInflight concurrent
 // jobs (<= 0 means 64). name prefixes error messages.
-func newJobTable(name string, maxInflight int) *jobTable {
+func NewJobTable(name string, maxInflight int) *JobTable {
 	if maxInflight <= 0 {
 		maxInflight = 64
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &jobTable{name: name, maxInflight: maxInflight, ctx: ctx, cancel: cancel, active: make(map[uint64]*offload.Job)}
+	return &JobTable{name: name, maxInflight: maxInflight, ctx: ctx, cancel: cancel, active: make(map[uint64]*offload.Job)}
 }
 
 // Submit starts run for job on a new goroutine and reports true, or
 // answers the job as failed at once and reports false when the table is
 // closed or full.
-func (j *jobTable) Submit(job *offload.Job, run runFunc) bool {
+func (j *JobTable) Submit(job *offload.Job, run RunFunc) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	switch {
@@ -79,7 +81,7 @@ func (j *jobTable) Submit(job *offload.Job, run runFunc) bool {
 
 // run calls fn, turning a panic into a failed result so that a bug in one
 // job cannot take the daemon down or leave the job unanswered.
-func (j *jobTable) run(job *offload.Job, fn runFunc) (res offload.JobResult) {
+func (j *JobTable) run(job *offload.Job, fn RunFunc) (res offload.JobResult) {
 	defer func() {
 		if p := recover(); p != nil {
 			res = failed(job, fmt.Errorf("%s: job %d: panic: %v", j.name, job.ID, p))
@@ -90,7 +92,7 @@ func (j *jobTable) run(job *offload.Job, fn runFunc) (res offload.JobResult) {
 }
 
 // Fail answers job as failed with err without running it.
-func (j *jobTable) Fail(job *offload.Job, err error) {
+func (j *JobTable) Fail(job *offload.Job, err error) {
 	j.mu.Lock()
 	j.results = append(j.results, failed(job, err))
 	j.mu.Unlock()
@@ -101,7 +103,7 @@ func failed(job *offload.Job, err error) offload.JobResult {
 }
 
 // finish records res unless Close already answered the job.
-func (j *jobTable) finish(res offload.JobResult) {
+func (j *JobTable) finish(res offload.JobResult) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if _, ok := j.active[res.JobID]; !ok {
@@ -112,7 +114,7 @@ func (j *jobTable) finish(res offload.JobResult) {
 	j.markIdle()
 }
 
-func (j *jobTable) markIdle() {
+func (j *JobTable) markIdle() {
 	if len(j.active) == 0 && j.idle != nil {
 		close(j.idle)
 		j.idle = nil
@@ -120,7 +122,7 @@ func (j *jobTable) markIdle() {
 }
 
 // Take returns the results collected since the previous call.
-func (j *jobTable) Take() []offload.JobResult {
+func (j *JobTable) Take() []offload.JobResult {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.results) == 0 {
@@ -132,14 +134,14 @@ func (j *jobTable) Take() []offload.JobResult {
 }
 
 // Active returns the number of jobs in flight.
-func (j *jobTable) Active() int {
+func (j *JobTable) Active() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return len(j.active)
 }
 
 // Pending reports jobs in flight or results not yet taken.
-func (j *jobTable) Pending() bool {
+func (j *JobTable) Pending() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return len(j.active) > 0 || len(j.results) > 0
@@ -147,7 +149,7 @@ func (j *jobTable) Pending() bool {
 
 // Drain waits until no job is in flight (every result is available to
 // Take) or ctx ends.
-func (j *jobTable) Drain(ctx context.Context) error {
+func (j *JobTable) Drain(ctx context.Context) error {
 	j.mu.Lock()
 	idle := j.idle
 	j.mu.Unlock()
@@ -165,7 +167,7 @@ func (j *jobTable) Drain(ctx context.Context) error {
 // Close refuses new jobs, cancels the running ones and waits for them
 // until ctx ends; jobs still running then are answered as failed (their
 // late results are dropped). It is idempotent.
-func (j *jobTable) Close(ctx context.Context) error {
+func (j *JobTable) Close(ctx context.Context) error {
 	j.mu.Lock()
 	j.closed = true
 	j.mu.Unlock()

@@ -104,7 +104,7 @@ func TestBodyReadSeek(t *testing.T) {
 func job(id uint64) *offload.Job { return &offload.Job{ID: id} }
 
 func TestJobsExactlyOnce(t *testing.T) {
-	j := newJobTable("t", 2)
+	j := NewJobTable("t", 2)
 	release := make(chan struct{})
 	run := func(ctx context.Context, _ *offload.Job) offload.JobResult {
 		select {
@@ -141,7 +141,7 @@ func TestJobsExactlyOnce(t *testing.T) {
 }
 
 func TestJobsCloseAnswersStuckJobs(t *testing.T) {
-	j := newJobTable("t", 0)
+	j := NewJobTable("t", 0)
 	stuck := make(chan struct{})
 	defer close(stuck)
 	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult {
@@ -263,7 +263,7 @@ func TestForEachPanic(t *testing.T) {
 }
 
 func TestJobsPanicIsAFailedResult(t *testing.T) {
-	j := newJobTable("t", 0)
+	j := NewJobTable("t", 0)
 	j.Submit(job(1), func(context.Context, *offload.Job) offload.JobResult { panic("boom") })
 	if err := j.Drain(context.Background()); err != nil {
 		t.Fatal(err)
