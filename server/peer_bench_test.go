@@ -99,19 +99,24 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	})
 }
 
-func benchPeerLoads(b *testing.B, stream bool, perOp int) {
+// bigBlocksEnv is a daemon with 2 MiB slots (and a block stream when
+// stream is set) holding perOp distinct blocks.
+func bigBlocksEnv(b *testing.B, stream bool, perOp int) (*env, []offload.Key, []client.Block) {
 	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: stream}, bigBlock)
-	ctx := ctxT(b)
-	c := e.dial(b, e.unix)
 	keys := make([]offload.Key, perOp)
 	blocks := make([]client.Block, perOp)
 	for i := range keys {
 		keys[i] = key(i)
 		blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
 	}
-	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+	if _, err := e.dial(b, e.unix).PutBlocks(ctxT(b), blocks, client.CallOptions{}); err != nil {
 		b.Fatal(err)
 	}
+	return e, keys, blocks
+}
+
+func benchPeerLoads(b *testing.B, stream bool, perOp int) {
+	e, keys, blocks := bigBlocksEnv(b, stream, perOp)
 	tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
@@ -143,18 +148,8 @@ func benchPeerLoads(b *testing.B, stream bool, perOp int) {
 }
 
 func benchClientGets(b *testing.B, stream bool, perOp int) {
-	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: true}, bigBlock)
+	e, keys, _ := bigBlocksEnv(b, true, perOp)
 	ctx := ctxT(b)
-	c := e.dial(b, e.unix)
-	keys := make([]offload.Key, perOp)
-	blocks := make([]client.Block, perOp)
-	for i := range keys {
-		keys[i] = key(i)
-		blocks[i] = client.Block{Key: keys[i], Data: bytes.Repeat([]byte{byte(i + 1)}, bigBlock)}
-	}
-	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
-		b.Fatal(err)
-	}
 	tcp := e.dial(b, e.tcp)
 	bufs := make([][]byte, perOp)
 	for i := range bufs {

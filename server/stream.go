@@ -54,15 +54,9 @@ func (ns *Namespace) pinForStream(keys []offload.Key) (slots []int64, release fu
 		return nil, nil, err
 	}
 	defer ns.mu.Unlock()
-	rc, err := ns.tempRequest([]byte(`{"kv_load_tiers":[]}`))
+	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream", []byte(`{"kv_load_tiers":[]}`))
 	if err != nil {
 		return nil, nil, err
-	}
-	finish := func() {
-		if r := ns.reqs[rc.ID]; r != nil {
-			ns.unregister(r)
-		}
-		ns.mgr.OnRequestFinished(rc)
 	}
 	results := make([]offload.LookupResult, len(keys))
 	ns.lookupLocked(rc, keys, results)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -112,7 +111,7 @@ func writeFleetJSON(w io.Writer, rep *fleetReport, err error) error {
 	return enc.Encode(rep)
 }
 
-func writeFleetPlot(name string, rep *fleetReport) (err error) {
+func writeFleetPlot(name string, rep *fleetReport) error {
 	var bars []plot.FleetBar
 	for _, r := range rep.Fleets {
 		x := r.Rates
@@ -121,15 +120,6 @@ func writeFleetPlot(name string, rep *fleetReport) (err error) {
 			{Label: "peer", Rate: x.Peer}, {Label: "shared remote", Rate: x.Shared},
 		}})
 	}
-	f, err := os.Create(name)
-	if err != nil {
-		return fmt.Errorf("--plot: %w", err)
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("--plot: %w", cerr)
-		}
-	}()
 	title := fmt.Sprintf("%d nodes × %d primary blocks, %d requests", rep.opts.Nodes, rep.opts.PrimaryBlocks, rep.Fleets[0].Requests)
 	if rep.opts.Peers {
 		title += ", peers"
@@ -137,5 +127,6 @@ func writeFleetPlot(name string, rep *fleetReport) (err error) {
 	if rep.opts.SharedBlocks > 0 {
 		title += fmt.Sprintf(", shared %d", rep.opts.SharedBlocks)
 	}
-	return plot.WriteFleetPNG(f, title, bars, rep.RefMax, vg.Length(max(5, 1.8*float64(len(bars))))*vg.Inch, 4*vg.Inch)
+	width := vg.Length(max(5, 1.8*float64(len(bars)))) * vg.Inch
+	return writePNGFile(name, func(w io.Writer) error { return plot.WriteFleetPNG(w, title, bars, rep.RefMax, width, 4*vg.Inch) })
 }

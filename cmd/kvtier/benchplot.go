@@ -17,7 +17,7 @@ import (
 )
 
 // writePlot draws rep to a PNG file.
-func writePlot(name string, rep *benchReport) (err error) {
+func writePlot(name string, rep *benchReport) error {
 	r := rep.Result
 	pr := plot.Report{
 		Title:       fmt.Sprintf("%d requests, primary %d blocks", r.Requests, r.Primary.Blocks),
@@ -37,6 +37,16 @@ func writePlot(name string, rep *benchReport) (err error) {
 	for _, p := range rep.Sweep {
 		pr.Sweep = append(pr.Sweep, plot.Point{PrimaryBlocks: p.PrimaryBlocks, HitRate: p.HitRate, LRUHitRate: p.LRUHitRate})
 	}
+	width := 6 * vg.Inch
+	if len(pr.Sweep) > 0 {
+		width = 12 * vg.Inch
+	}
+	return writePNGFile(name, func(w io.Writer) error { return plot.WritePNG(w, pr, width, 4.5*vg.Inch) })
+}
+
+// writePNGFile creates the --plot file and draws into it; a chart that
+// cannot be drawn leaves no file behind.
+func writePNGFile(name string, draw func(io.Writer) error) (err error) {
 	f, err := os.Create(name)
 	if err != nil {
 		return fmt.Errorf("--plot: %w", err)
@@ -46,11 +56,7 @@ func writePlot(name string, rep *benchReport) (err error) {
 			err = fmt.Errorf("--plot: %w", cerr)
 		}
 	}()
-	width := 6 * vg.Inch
-	if len(pr.Sweep) > 0 {
-		width = 12 * vg.Inch
-	}
-	if err := plot.WritePNG(f, pr, width, 4.5*vg.Inch); err != nil {
+	if err := draw(f); err != nil {
 		return errors.Join(fmt.Errorf("--plot %s: %w", name, err), os.Remove(name))
 	}
 	return nil

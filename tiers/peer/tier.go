@@ -190,6 +190,8 @@ type Tier struct {
 	// jobs answers every load once (remote tiers' job table: at most
 	// remote's default in flight, Close cancels and answers the rest).
 	jobs *remote.JobTable
+	// reqSeq numbers the requests the tier opens on peers.
+	reqSeq atomic.Uint64
 }
 
 var (
@@ -292,10 +294,8 @@ func (t *Tier) existsOn(p *peer) asynclookup.BatchFunc {
 	}
 }
 
-var reqSeq atomic.Uint64
-
 func (t *Tier) lookupOn(ctx context.Context, p *peer, keys []offload.Key) ([]bool, error) {
-	id := fmt.Sprintf("peer-%s-%d", t.cfg.Name, reqSeq.Add(1))
+	id := fmt.Sprintf("peer-%s-%d", t.cfg.Name, t.reqSeq.Add(1))
 	if _, err := p.c.NewRequest(ctx, id, peerParams); err != nil {
 		return nil, fmt.Errorf("peer %q: %w", p.cfg.Name, err)
 	}
