@@ -4,17 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
-	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tiers/memory"
 )
 
 // The model-based test of manager mode drives one namespace's EngineStep
@@ -48,23 +45,7 @@ func TestEngineLeasesModel(t *testing.T) {
 	defer func() { t.Logf("over all runs: %v", counts) }()
 	rapid.Check(t, func(rt *rapid.T) {
 		const slotSize, slots, numKeys = 64, 12, 16
-		p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: slots * slotSize, Events: true})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		tier, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{tier}})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		limits, _ := Limits{}.withDefaults()
-		ns, err := newNamespace(ManagerNamespace("", m, p, offload.Parser{}), limits, slog.New(slog.DiscardHandler), nil, nil)
-		if err != nil {
-			rt.Fatal(err)
-		}
+		ns, p, m := modelNamespace(rt, slotSize, slots, 0, tiering.BudgetConfig{})
 		defer ns.Close(context.Background())
 		arena := p.Arena()
 		universe := make([]offload.Key, numKeys)

@@ -71,23 +71,7 @@ func TestSessionsModel(t *testing.T) {
 	defer func() { t.Logf("over all runs: %v", counts) }()
 	rapid.Check(t, func(rt *rapid.T) {
 		const slotSize, slots, numKeys = 64, 8, 14
-		p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: slots * slotSize, Events: true})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		tier, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, CapacityBlocks: 10})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{tier}, Budget: tiering.BudgetConfig{Fraction: 0.5}})
-		if err != nil {
-			rt.Fatal(err)
-		}
-		limits, _ := Limits{}.withDefaults()
-		ns, err := newNamespace(ManagerNamespace("", m, p, offload.Parser{}), limits, slog.New(slog.DiscardHandler), nil, nil)
-		if err != nil {
-			rt.Fatal(err)
-		}
+		ns, p, m := modelNamespace(rt, slotSize, slots, 10, tiering.BudgetConfig{Fraction: 0.5})
 		defer ns.Close(context.Background())
 		arena := p.Arena()
 		universe := make([]offload.Key, numKeys)
@@ -405,4 +389,27 @@ func checkHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, live []*modelSession
 			rt.Fatalf("request %s of an ended session is still registered", r.ctx.ID)
 		}
 	}
+}
+
+// modelNamespace is the namespace the model tests drive: a primary of
+// slots slots and one memory tier of tierBlocks blocks (0: unbounded).
+func modelNamespace(rt *rapid.T, slotSize, slots, tierBlocks int, budget tiering.BudgetConfig) (*Namespace, *cpu.Primary, *tiering.Manager) {
+	p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: int64(slots * slotSize), Events: true})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	tier, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, CapacityBlocks: tierBlocks})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{tier}, Budget: budget})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	limits, _ := Limits{}.withDefaults()
+	ns, err := newNamespace(ManagerNamespace("", m, p, offload.Parser{}), limits, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	return ns, p, m
 }
