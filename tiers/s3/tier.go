@@ -164,16 +164,11 @@ func (t *Tier) Reconcile(ctx context.Context) (checked, removed int, err error) 
 // fails the batch, because reconciliation must not take an error for a
 // vanished object.
 func (t *Tier) present(ctx context.Context, keys []offload.Key) ([]bool, error) {
-	if !t.health.Healthy() {
-		return nil, fmt.Errorf("%s: %w", t.label(), remote.ErrUnavailable)
+	found, errs, err := t.heads(ctx, keys)
+	if err == nil {
+		err = errors.Join(errs...)
 	}
-	found := make([]bool, len(keys))
-	errs := remote.ForEach(ctx, t.headSem, len(keys), func(ctx context.Context, i int) error {
-		ok, err := t.head(ctx, t.probeRetry, keys[i], 0)
-		found[i] = ok
-		return err
-	})
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return found, nil
@@ -289,11 +284,19 @@ func (t *Tier) Close(ctx context.Context) error {
 // key. A failed check is a miss for that key; the batch never fails as a
 // whole unless the service is down.
 func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
+	found, _, err := t.heads(ctx, keys)
+	return found, err
+}
+
+// heads HEADs every key concurrently (at most io_threads at once) and
+// returns which exist and each check's error; err is set when the
+// service is down and nothing was asked.
+func (t *Tier) heads(ctx context.Context, keys []offload.Key) (found []bool, errs []error, err error) {
 	if !t.health.Healthy() {
-		return nil, fmt.Errorf("%s: %w", t.label(), remote.ErrUnavailable)
+		return nil, nil, fmt.Errorf("%s: %w", t.label(), remote.ErrUnavailable)
 	}
-	found := make([]bool, len(keys))
-	remote.ForEach(ctx, t.headSem, len(keys), func(ctx context.Context, i int) error {
+	found = make([]bool, len(keys))
+	errs = remote.ForEach(ctx, t.headSem, len(keys), func(ctx context.Context, i int) error {
 		t.c.Probes.Add(1)
 		ok, err := t.head(ctx, t.probeRetry, keys[i], 0)
 		if err != nil {
@@ -302,7 +305,7 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 		found[i] = ok
 		return err
 	})
-	return found, nil
+	return found, errs, nil
 }
 
 // head reports whether the object of k exists.
