@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -284,6 +285,13 @@ func (c *Client) Reset(ctx context.Context) error {
 // Stats returns the namespace's counters.
 func (c *Client) Stats(ctx context.Context) (*kvtierv1.StatsResponse, error) {
 	return c.api.Stats(ctx, &kvtierv1.StatsRequest{Namespace: c.ns})
+}
+
+// ListBlocks returns one page of the keys the primary holds from cursor on
+// (0 starts a pass; the response's next_cursor is 0 after the last page)
+// and where the namespace's KV events are published.
+func (c *Client) ListBlocks(ctx context.Context, cursor int64, limit int) (*kvtierv1.ListBlocksResponse, error) {
+	return c.api.ListBlocks(ctx, &kvtierv1.ListBlocksRequest{Namespace: c.ns, Cursor: cursor, Limit: int32(min(limit, math.MaxInt32))})
 }
 
 // Explain reports which tiers a request with params would use, and why.

@@ -486,3 +486,26 @@ func (p *Primary) nextEpoch() uint32 {
 	}
 	return p.epoch
 }
+
+// Keys appends to dst the keys of the ready blocks (not pending stores) in
+// slots from, from+1, … until it has appended limit keys or reached the
+// last slot, and returns the slot to continue from: 0 when the pass is
+// done. It lets a peer list what the tier holds page by page, between
+// which the tier may change.
+func (p *Primary) Keys(from int64, limit int, dst []offload.Key) ([]offload.Key, int64) {
+	if from < 0 {
+		from = 0
+	}
+	for s := from; s < int64(p.numSlots); s++ {
+		if limit <= 0 {
+			return dst, s
+		}
+		m := &p.b.meta[s]
+		if m.key == "" || m.ref < 0 {
+			continue
+		}
+		dst = append(dst, m.key)
+		limit--
+	}
+	return dst, 0
+}

@@ -92,22 +92,30 @@ func (c *goldenCase) blockEvents(t *testing.T) []BlockEvent {
 }
 
 // Every Format writes exactly the bytes vLLM writes for the same batch.
-func TestGoldenBytesOfVLLM(t *testing.T) {
+type goldenFile struct {
+	MapForm   string       `json:"map_form"`
+	ArrayForm string       `json:"array_form"`
+	Cases     []goldenCase `json:"cases"`
+}
+
+func readGolden(t testing.TB) goldenFile {
+	t.Helper()
 	raw, err := os.ReadFile("testdata/vllm_golden.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var golden struct {
-		MapForm   string       `json:"map_form"`
-		ArrayForm string       `json:"array_form"`
-		Cases     []goldenCase `json:"cases"`
-	}
+	var golden goldenFile
 	if err := json.Unmarshal(raw, &golden); err != nil {
 		t.Fatal(err)
 	}
 	if len(golden.Cases) == 0 {
 		t.Fatal("no cases")
 	}
+	return golden
+}
+
+func TestGoldenBytesOfVLLM(t *testing.T) {
+	golden := readGolden(t)
 	for _, c := range golden.Cases {
 		evs := c.blockEvents(t)
 		for _, f := range []struct {

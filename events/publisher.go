@@ -280,6 +280,14 @@ func defaultTopic(host, model, endpoint string, bound net.Addr) string {
 	return "kv@" + host + ":" + port + "@" + model
 }
 
+// NextSeq returns the sequence number the next batch will get: every
+// batch published so far has a smaller one.
+func (p *Publisher) NextSeq() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nextSeq
+}
+
 // Tracker returns the translator, for attaching token metadata.
 func (p *Publisher) Tracker() *Tracker { return p.tracker }
 

@@ -74,8 +74,12 @@ func (k Key) WireHash() uint64 { return WireHash(k.Hash()) }
 
 // WireHash returns the low 64 bits of the big-endian integer value of h.
 func WireHash(h string) uint64 {
-	if len(h) > 8 {
-		h = h[len(h)-8:]
+	if n := len(h); n >= 8 {
+		// The common case (hashes of 8 bytes or more), unrolled: it is on
+		// the lookup path of the peer tier's index.
+		h = h[n-8:]
+		return uint64(h[0])<<56 | uint64(h[1])<<48 | uint64(h[2])<<40 | uint64(h[3])<<32 |
+			uint64(h[4])<<24 | uint64(h[5])<<16 | uint64(h[6])<<8 | uint64(h[7])
 	}
 	var v uint64
 	for i := 0; i < len(h); i++ {

@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"math"
+	"net"
 	"os"
 
 	"github.com/kvtier/kvtier/cpu"
@@ -27,6 +28,7 @@ func ManagerNamespace(name string, m *tiering.Manager, p *cpu.Primary, parser of
 		Arena:   p.Arena(),
 		Parser:  parser,
 		Stats:   func() Stats { return statsOf(m) },
+		Blocks:  p.Keys,
 	}
 	if a := p.SlotArena(); a != nil && a.File() != nil {
 		nc.Share = sharedArena{a}
@@ -171,6 +173,16 @@ func WithPublisher(nc NamespaceConfig, p *events.Publisher) NamespaceConfig {
 	nc.EventStats = func() (uint64, uint64) {
 		st := p.Stats()
 		return st.EventsPublished, st.BatchesDropped + st.SubscriberDrops
+	}
+	nc.Feed = func() EventFeed {
+		f := EventFeed{NextSeq: p.NextSeq(), Topic: p.Topic(), CPUMedium: p.Tracker().MediumName(offload.MediumCPU)}
+		if a, ok := p.Addr().(*net.TCPAddr); ok {
+			f.Port = a.Port
+		}
+		if a, ok := p.ReplayAddr().(*net.TCPAddr); ok {
+			f.ReplayPort = a.Port
+		}
+		return f
 	}
 	return nc
 }

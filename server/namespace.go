@@ -99,6 +99,14 @@ type NamespaceConfig struct {
 	// EventStats, if set, reports the sink's own counters: events it
 	// published and batches it dropped (queue or subscriber overflow).
 	EventStats func() (published, droppedBatches uint64)
+	// Blocks, if set, lists the primary's ready keys from a slot on
+	// (cpu.Primary.Keys); it runs under the namespace mutex. Without it
+	// ListBlocks is refused.
+	Blocks func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
+	// Feed, if set, says where the namespace's events are published; it
+	// runs under the namespace mutex, so its NextSeq is a cut of the
+	// events against the primary's state.
+	Feed func() EventFeed
 }
 
 // notLookedUp marks keys after the first non-hit of a prefix lookup.
@@ -151,6 +159,8 @@ type Namespace struct {
 	meta      MetaRecorder
 	stats     func() Stats
 	evst      func() (uint64, uint64)
+	blocks    func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
+	feed      func() EventFeed
 	log       *slog.Logger
 	// onWarning counts and logs lenient-mode warnings of NewRequest.
 	onWarning func(offload.Warning)
@@ -193,6 +203,8 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		meta:       cfg.Meta,
 		stats:      cfg.Stats,
 		evst:       cfg.EventStats,
+		blocks:     cfg.Blocks,
+		feed:       cfg.Feed,
 		log:        log.With("namespace", cfg.Name),
 		onWarning:  onWarning,
 		mgr:        cfg.Manager,

@@ -187,45 +187,55 @@ func benchClientGets(b *testing.B, stream bool, perOp int) {
 }
 
 // BenchmarkPeerLookup1000Warm is what the peer tier adds to a step's
-// lookup of a 1 000-key prefix that a peer holds, once its verdicts are in
-// (the second step of a request): one Lookup call per key.
+// lookup of a 1 000-key prefix that a peer holds: one Lookup call per
+// key, answered from the peer's event index (indexed), or from the
+// verdicts of the existence call once they are in (asked: the second
+// step of a request, or a peer without events).
 func BenchmarkPeerLookup1000Warm(b *testing.B) {
 	const n = 1000
-	e := startEnv(b, envOptions{slots: 1024, tiers: noTiers})
-	ctx := ctxT(b)
-	c := e.dial(b, e.unix)
-	keys := make([]offload.Key, n)
-	blocks := make([]client.Block, n)
-	for i := range keys {
-		keys[i] = offload.MakeKey([]byte(fmt.Sprintf("%032d", i)), 0)
-		blocks[i] = client.Block{Key: keys[i], Data: make([]byte, slotSize)}
-	}
-	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tier.Close(context.Background())
-	req, _ := offload.NewReqContext("bench", nil)
-	for _, k := range keys {
-		tier.Lookup(k, req)
-	}
-	tier.OnScheduleEnd(offload.ScheduleEnd{})
-	for _, k := range keys {
-		if r := rt.Resolve(b, tier, k, req); r != offload.Hit {
-			b.Fatalf("lookup %v", r)
-		}
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		for _, k := range keys {
-			if tier.Lookup(k, req) != offload.Hit {
-				b.Fatal("miss")
+	for _, mode := range []string{"indexed", "asked"} {
+		b.Run(mode, func(b *testing.B) {
+			e := startEnv(b, envOptions{slots: 1024, tiers: noTiers, publish: mode == "indexed"})
+			ctx := ctxT(b)
+			c := e.dial(b, e.unix)
+			keys := make([]offload.Key, n)
+			blocks := make([]client.Block, n)
+			for i := range keys {
+				keys[i] = offload.MakeKey([]byte(fmt.Sprintf("%032d", i)), 0)
+				blocks[i] = client.Block{Key: keys[i], Data: make([]byte, slotSize)}
 			}
-		}
+			if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			index := mode == "indexed"
+			tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, EventIndex: &index, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tier.Close(context.Background())
+			if index {
+				rt.Eventually(b, 30*time.Second, "the index", func() bool { st := tier.Peers()[0]; return st.Indexed && st.IndexKeys == n })
+			}
+			req, _ := offload.NewReqContext("bench", nil)
+			for _, k := range keys {
+				tier.Lookup(k, req)
+			}
+			tier.OnScheduleEnd(offload.ScheduleEnd{})
+			for _, k := range keys {
+				if r := rt.Resolve(b, tier, k, req); r != offload.Hit {
+					b.Fatalf("lookup %v", r)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				for _, k := range keys {
+					if tier.Lookup(k, req) != offload.Hit {
+						b.Fatal("miss")
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/prefix")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/prefix")
 }

@@ -23,6 +23,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiering"
@@ -40,6 +41,7 @@ type env struct {
 	tcp   string
 	token string
 	dir   string
+	pub   *events.Publisher // with envOptions.publish
 }
 
 type envOptions struct {
@@ -56,6 +58,12 @@ type envOptions struct {
 	logger *slog.Logger
 	// stream serves a block stream on a free loopback port.
 	stream bool
+	// publish publishes the namespace's KV events on free loopback ports
+	// with replay (replaySteps batches kept, default vLLM's); feed, if
+	// set, rewrites what ListBlocks says about them.
+	publish     bool
+	replaySteps int
+	feed        func(server.EventFeed) server.EventFeed
 }
 
 func memTiers(t testing.TB) []offload.SecondaryTier {
@@ -99,6 +107,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if o.logger == nil {
 		o.logger = quietLogger()
 	}
+	e := &env{}
 	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: o.arena, Events: true})
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +118,19 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	}
 	nc := server.ManagerNamespace("", m, p, o.parser)
 	nc.Events = o.events
+	if o.publish {
+		pub, err := events.New(events.Config{Endpoint: "tcp://127.0.0.1:0", Mode: events.ModeBind, ReplayEndpoint: "tcp://127.0.0.1:0",
+			BufferSteps: o.replaySteps, Model: "m", Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc = server.WithPublisher(nc, pub)
+		e.pub = pub
+	}
+	if o.feed != nil {
+		f := nc.Feed
+		nc.Feed = func() server.EventFeed { return o.feed(f()) }
+	}
 	streamAddr := ""
 	if o.stream {
 		streamAddr = "127.0.0.1:0"
@@ -129,7 +151,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{srv: srv, unix: srv.UnixAddr(), tcp: srv.TCPAddr(), token: o.token, dir: dir}
+	e.srv, e.unix, e.tcp, e.token, e.dir = srv, srv.UnixAddr(), srv.TCPAddr(), o.token, dir
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -11,6 +11,8 @@
 //	      - {name: node-b, addr: 10.0.0.8:7070, token: …}            # locality derived: remote
 //	      - {name: node-c, addr: 127.0.0.1:7071, locality: local}
 //	    timeout: 2s          # per call to a peer
+//	    event_index: true    # follow the peers' KV events (default)
+//	    index_max_keys: 1048576
 //
 // addr is the peer daemon's API address (its server.tcp_addr); a peer on
 // this host (a loopback address) is local, any other remote, unless
@@ -30,11 +32,32 @@
 // it answers from its primary alone: a read that arrives from a peer never
 // reaches the peer's own secondary tiers, so it is never forwarded to
 // further peers (no loops), and a peer only sees the namespace it is asked
-// for (the tier's namespace, the same on every node). Existence is one
-// batched Lookup per peer per step, on the tier's own goroutine (lookups
-// answer Retry until it is back); a HIT is a hint, believed for as long as
-// a request references the key: a load that finds the block gone is a miss
-// for the request, never an error.
+// for (the tier's namespace, the same on every node).
+//
+// # What a peer holds: its events, or a call per step
+//
+// For a peer that publishes KV events over TCP (events.enabled, bound),
+// the tier keeps an index of the blocks in the peer's DRAM (hints.go: a
+// bounded lock-free table of 8-byte entries, one writer) and answers
+// lookups from it without a call (feed.go). It subscribes to the peer's
+// events, passes once over the peer's block list (ListBlocks, which also
+// says where the events are and the sequence number of the next batch),
+// then applies every batch from that number on: stores add, removals
+// drop, a cleared cache empties. The pass and the events together are
+// exact whatever their interleaving, because a page shows the blocks as
+// they were when read and every later change is in a later batch. A
+// sequence gap is filled from the peer's replay socket; when replay no
+// longer has the batches (or the peer has none), the tier passes over the
+// block list again. A peer's reset publishes nothing (spec §4.9): loads
+// that find indexed blocks gone tell the index, which forgets them.
+//
+// Whenever the index is not current — no events, the subscription broken,
+// a resync under way, more blocks than index_max_keys — the tier asks:
+// one batched Lookup per peer per step, on the tier's own goroutine
+// (lookups answer Retry until it is back). Either way a HIT is a hint: a
+// load that finds the block gone is a miss for the request, never an
+// error. Events carry block hashes, never KV data, and travel in plain
+// ZMTP even when the API is TLS.
 //
 // Loads go over the peer's block stream (server/stream.go), whose port the
 // tier learns from the peer's Stats: the peer writes each block from its
@@ -60,7 +83,6 @@
 // client_ca_file set, only peers presenting a certificate of that CA get
 // in (mutual TLS), and the token still applies.
 //
-// Not yet: discovery through the peers' KV event streams (existence is
-// asked), serving from a peer's own secondary tiers, and PutBlocks /
-// GetBlocks of remote engines on the block stream.
+// Not yet: serving from a peer's own secondary tiers, and PutBlocks of
+// remote engines on the block stream.
 package peer

@@ -35,6 +35,13 @@ var ErrCorrupt = errors.New("block damaged in transit (checksum mismatch)")
 // MaxPeers bounds the peers of one tier.
 const MaxPeers = 64
 
+// Bounds of one peer's event index (Config.IndexMaxKeys): 8 bytes per
+// bucket, at most two buckets per block.
+const (
+	DefaultIndexMaxKeys = 1 << 20
+	MaxIndexKeys        = 1 << 26
+)
+
 // PeerConfig is one peer daemon.
 type PeerConfig struct {
 	Name string `yaml:"name"`
@@ -77,6 +84,17 @@ type Config struct {
 	// ProbeInterval (defaults 3 and 1s): its keys miss without a call.
 	UnhealthyAfter int           `yaml:"unhealthy_after"`
 	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	// EventIndex follows each peer's KV events to know what it holds
+	// (default true): lookups are answered from the index, without a
+	// call, while it is current. false asks every step.
+	EventIndex *bool `yaml:"event_index"`
+	// IndexMaxKeys bounds the index of one peer (default 1<<20 blocks,
+	// 16 MiB at most); a peer holding more is asked instead.
+	IndexMaxKeys int `yaml:"index_max_keys"`
+	// ResyncInterval is the wait before following a peer's events again
+	// after the feed broke (default 10s; a sequence gap that replay
+	// cannot fill resyncs at once).
+	ResyncInterval time.Duration `yaml:"resync_interval"`
 
 	Logger *slog.Logger `yaml:"-"`
 }
@@ -93,6 +111,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = time.Second
+	}
+	if c.IndexMaxKeys == 0 {
+		c.IndexMaxKeys = DefaultIndexMaxKeys
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = 10 * time.Second
 	}
 	return c
 }
@@ -116,6 +140,10 @@ func (c Config) Validate() error {
 		return bad("unhealthy_after", "must be > 0, got %d", c.UnhealthyAfter)
 	case c.ProbeInterval < 0:
 		return bad("probe_interval", "must be > 0, got %v", c.ProbeInterval)
+	case c.IndexMaxKeys < 0 || c.IndexMaxKeys > MaxIndexKeys:
+		return bad("index_max_keys", "must be in 1..%d, got %d", MaxIndexKeys, c.IndexMaxKeys)
+	case c.ResyncInterval < 0:
+		return bad("resync_interval", "must be > 0, got %v", c.ResyncInterval)
 	}
 	names := map[string]bool{}
 	for i, p := range c.Peers {
@@ -164,13 +192,38 @@ type peer struct {
 	c        *client.Client
 	lookups  *asynclookup.Manager
 
-	fails     atomic.Int32
-	downUntil atomic.Int64 // unix nanoseconds; 0 = up
-	contacts  atomic.Int64 // existence calls and loads sent
-	served    atomic.Int64 // blocks loaded from it
-	gone      atomic.Int64 // blocks it no longer had at load time
-	corrupt   atomic.Int64 // blocks whose checksum did not match
-	stream    stream
+	fails      atomic.Int32
+	downUntil  atomic.Int64 // unix nanoseconds; 0 = up
+	contacts   atomic.Int64 // existence calls and loads sent
+	served     atomic.Int64 // blocks loaded from it
+	goneBlocks atomic.Int64 // blocks it no longer had at load time
+	corrupt    atomic.Int64 // blocks whose checksum did not match
+	stream     stream
+
+	// hints is what the peer's events say it holds; indexed reports that
+	// they are current, so lookups read them instead of asking. The feed
+	// goroutine is their only writer (feed.go).
+	hints    *hints
+	indexed  atomic.Bool
+	feed     feedStats
+	feedDone chan struct{} // closed when the feed goroutine ends; nil without one
+	gone     chan uint64   // tags of indexed blocks a load found gone
+}
+
+// forget tells the feed that the peer no longer holds keys although the
+// index said so (its primary was reset, which publishes no events). It
+// never blocks: a full backlog drops the news.
+func (p *peer) forget(keys []offload.Key) {
+	if p.gone == nil || !p.indexed.Load() {
+		return
+	}
+	for _, k := range keys {
+		select {
+		case p.gone <- keyTag(k):
+		default:
+			return
+		}
+	}
 }
 
 // up reports whether the peer may be asked: it is not marked down, or its
@@ -192,6 +245,8 @@ type Tier struct {
 	jobs *remote.JobTable
 	// reqSeq numbers the requests the tier opens on peers.
 	reqSeq atomic.Uint64
+	// stopFeeds ends the peers' feed goroutines.
+	stopFeeds context.CancelFunc
 }
 
 var (
@@ -238,6 +293,16 @@ func New(cfg Config) (*Tier, error) {
 			asynclookup.Options{MaxBatch: cfg.LookupBatch, Timeout: cfg.Timeout, Logger: t.log})
 		t.peers = append(t.peers, p)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.stopFeeds = cancel
+	if cfg.EventIndex == nil || *cfg.EventIndex {
+		for _, p := range t.peers {
+			p.hints = newHints(cfg.IndexMaxKeys)
+			p.feedDone = make(chan struct{})
+			p.gone = make(chan uint64, goneBacklog)
+			go t.runFeed(ctx, p)
+		}
+	}
 	return t, nil
 }
 
@@ -259,11 +324,12 @@ func allowed(req *offload.ReqContext, p *peer) bool {
 // one holds the key, Retry while one is being asked, else Miss.
 func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult {
 	res := offload.Miss
+	var tag uint64
 	for _, p := range t.peers {
 		if !allowed(req, p) || !p.up() {
 			continue
 		}
-		switch p.lookups.Lookup(key, reqID(req)) {
+		switch p.holds(key, &tag, req) {
 		case offload.Hit:
 			return offload.Hit
 		case offload.Retry:
@@ -271,6 +337,22 @@ func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupRe
 		}
 	}
 	return res
+}
+
+// holds is p's verdict on key: from its index while that is current
+// (*tag caches the key's tag across peers, 0 until computed), else from
+// the existence calls.
+func (p *peer) holds(key offload.Key, tag *uint64, req *offload.ReqContext) offload.LookupResult {
+	if p.indexed.Load() {
+		if *tag == 0 {
+			*tag = keyTag(key)
+		}
+		if p.hints.media(*tag)&onCPU != 0 {
+			return offload.Hit
+		}
+		return offload.Miss
+	}
+	return p.lookups.Lookup(key, reqID(req))
 }
 
 func reqID(req *offload.ReqContext) string {
@@ -345,8 +427,9 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 	byPeer := make(map[*peer][]int)
 	var order []*peer
 	for i, k := range job.Keys {
+		var tag uint64
 		for _, p := range t.peers {
-			if allowed(job.Req, p) && p.up() && p.lookups.Lookup(k, reqID(job.Req)) == offload.Hit {
+			if allowed(job.Req, p) && p.up() && p.holds(k, &tag, job.Req) == offload.Hit {
 				if byPeer[p] == nil {
 					order = append(order, p)
 				}
@@ -406,8 +489,9 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []in
 		if err == nil {
 			t.report(p, nil)
 			if len(gone) > 0 {
-				p.gone.Add(int64(len(gone)))
+				p.goneBlocks.Add(int64(len(gone)))
 				p.lookups.MarkMiss(gone)
+				p.forget(gone)
 			}
 			return nil
 		}
@@ -461,8 +545,9 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []in
 		p.served.Add(1)
 	}
 	if len(gone) > 0 {
-		p.gone.Add(int64(len(gone)))
+		p.goneBlocks.Add(int64(len(gone)))
 		p.lookups.MarkMiss(gone)
+		p.forget(gone)
 	}
 	return bad
 }
@@ -519,6 +604,14 @@ func (t *Tier) Close(ctx context.Context) error {
 }
 
 func (t *Tier) closePeers() {
+	if t.stopFeeds != nil {
+		t.stopFeeds()
+	}
+	for _, p := range t.peers {
+		if p.feedDone != nil {
+			<-p.feedDone
+		}
+	}
 	for _, p := range t.peers {
 		if p.lookups != nil {
 			p.lookups.Close()
@@ -538,6 +631,12 @@ type PeerStats struct {
 	// longer held when a load asked; Corrupt the blocks rejected because
 	// their checksum did not match.
 	Contacts, Served, Gone, Corrupt int64
+	// Indexed reports that lookups are answered from the peer's events;
+	// IndexKeys is the blocks the index holds, Syncs the passes over the
+	// peer's block list, Gaps the event sequence gaps seen, Replayed the
+	// batches fetched to fill them.
+	Indexed                          bool
+	IndexKeys, Syncs, Gaps, Replayed int64
 }
 
 // Peers returns every peer's counters, in configuration order.
@@ -545,7 +644,8 @@ func (t *Tier) Peers() []PeerStats {
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {
 		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(),
-			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.gone.Load(), Corrupt: p.corrupt.Load()}
+			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.goneBlocks.Load(), Corrupt: p.corrupt.Load(),
+			Indexed: p.indexed.Load(), IndexKeys: p.feed.keys.Load(), Syncs: p.feed.syncs.Load(), Gaps: p.feed.gaps.Load(), Replayed: p.feed.replayed.Load()}
 	}
 	return out
 }

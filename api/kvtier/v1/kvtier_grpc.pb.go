@@ -71,6 +71,7 @@ const (
 	KVTier_PutBlocks_FullMethodName     = "/kvtier.v1.KVTier/PutBlocks"
 	KVTier_GetBlocks_FullMethodName     = "/kvtier.v1.KVTier/GetBlocks"
 	KVTier_GetArena_FullMethodName      = "/kvtier.v1.KVTier/GetArena"
+	KVTier_ListBlocks_FullMethodName    = "/kvtier.v1.KVTier/ListBlocks"
 	KVTier_RegionLookup_FullMethodName  = "/kvtier.v1.KVTier/RegionLookup"
 	KVTier_RegionSubmit_FullMethodName  = "/kvtier.v1.KVTier/RegionSubmit"
 	KVTier_RegionResults_FullMethodName = "/kvtier.v1.KVTier/RegionResults"
@@ -138,6 +139,10 @@ type KVTierClient interface {
 	// GetArena describes the primary tier's slot memory so that an engine on
 	// the same host can map it and read and write slots directly.
 	GetArena(ctx context.Context, in *GetArenaRequest, opts ...grpc.CallOption) (*GetArenaResponse, error)
+	// ListBlocks pages through the keys the primary tier holds, with where
+	// the namespace's KV events are published: a peer builds its index of
+	// this daemon from one pass of it and then follows the events.
+	ListBlocks(ctx context.Context, in *ListBlocksRequest, opts ...grpc.CallOption) (*ListBlocksResponse, error)
 	// vLLM tier mode (package region): kvtier as one secondary tier of
 	// vLLM's own tiering manager, over the engine's region. An engine first
 	// registers its region on the region socket (see RegionRegistration);
@@ -330,6 +335,16 @@ func (c *kVTierClient) GetArena(ctx context.Context, in *GetArenaRequest, opts .
 	return out, nil
 }
 
+func (c *kVTierClient) ListBlocks(ctx context.Context, in *ListBlocksRequest, opts ...grpc.CallOption) (*ListBlocksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBlocksResponse)
+	err := c.cc.Invoke(ctx, KVTier_ListBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *kVTierClient) RegionLookup(ctx context.Context, in *RegionLookupRequest, opts ...grpc.CallOption) (*RegionLookupResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegionLookupResponse)
@@ -467,6 +482,10 @@ type KVTierServer interface {
 	// GetArena describes the primary tier's slot memory so that an engine on
 	// the same host can map it and read and write slots directly.
 	GetArena(context.Context, *GetArenaRequest) (*GetArenaResponse, error)
+	// ListBlocks pages through the keys the primary tier holds, with where
+	// the namespace's KV events are published: a peer builds its index of
+	// this daemon from one pass of it and then follows the events.
+	ListBlocks(context.Context, *ListBlocksRequest) (*ListBlocksResponse, error)
 	// vLLM tier mode (package region): kvtier as one secondary tier of
 	// vLLM's own tiering manager, over the engine's region. An engine first
 	// registers its region on the region socket (see RegionRegistration);
@@ -553,6 +572,9 @@ func (UnimplementedKVTierServer) GetBlocks(context.Context, *GetBlocksRequest) (
 }
 func (UnimplementedKVTierServer) GetArena(context.Context, *GetArenaRequest) (*GetArenaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetArena not implemented")
+}
+func (UnimplementedKVTierServer) ListBlocks(context.Context, *ListBlocksRequest) (*ListBlocksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBlocks not implemented")
 }
 func (UnimplementedKVTierServer) RegionLookup(context.Context, *RegionLookupRequest) (*RegionLookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionLookup not implemented")
@@ -866,6 +888,24 @@ func _KVTier_GetArena_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVTier_ListBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).ListBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_ListBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).ListBlocks(ctx, req.(*ListBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _KVTier_RegionLookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegionLookupRequest)
 	if err := dec(in); err != nil {
@@ -1051,6 +1091,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetArena",
 			Handler:    _KVTier_GetArena_Handler,
+		},
+		{
+			MethodName: "ListBlocks",
+			Handler:    _KVTier_ListBlocks_Handler,
 		},
 		{
 			MethodName: "RegionLookup",

@@ -90,6 +90,11 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.FromString,
                 )
+        self.ListBlocks = channel.unary_unary(
+                '/kvtier.v1.KVTier/ListBlocks',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.ListBlocksRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ListBlocksResponse.FromString,
+                )
         self.RegionLookup = channel.unary_unary(
                 '/kvtier.v1.KVTier/RegionLookup',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.SerializeToString,
@@ -258,6 +263,15 @@ class KVTierServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBlocks(self, request, context):
+        """ListBlocks pages through the keys the primary tier holds, with where
+        the namespace's KV events are published: a peer builds its index of
+        this daemon from one pass of it and then follows the events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegionLookup(self, request, context):
         """vLLM tier mode (package region): kvtier as one secondary tier of
         vLLM's own tiering manager, over the engine's region. An engine first
@@ -402,6 +416,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     servicer.GetArena,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.SerializeToString,
+            ),
+            'ListBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBlocks,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ListBlocksRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.ListBlocksResponse.SerializeToString,
             ),
             'RegionLookup': grpc.unary_unary_rpc_method_handler(
                     servicer.RegionLookup,
@@ -701,6 +720,23 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/GetArena',
             kvtier_dot_v1_dot_kvtier__pb2.GetArenaRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.GetArenaResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/ListBlocks',
+            kvtier_dot_v1_dot_kvtier__pb2.ListBlocksRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.ListBlocksResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

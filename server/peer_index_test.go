@@ -1,0 +1,303 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/events/zmtp"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiers/peer"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
+)
+
+// Tests of the peer tier's event index against a real daemon that
+// publishes its KV events: the tier lists the daemon's blocks once, then
+// follows its events, and answers lookups without asking.
+
+const indexWait = 30 * time.Second
+
+func newIndexedTier(t *testing.T, e *env) *peer.Tier {
+	t.Helper()
+	tier, err := peer.New(peer.Config{Name: "fleet", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}},
+		ResyncInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tier.Close(context.Background()) })
+	return tier
+}
+
+func put(t *testing.T, c *client.Client, ks []offload.Key) {
+	t.Helper()
+	blocks := make([]client.Block, len(ks))
+	for i, k := range ks {
+		blocks[i] = client.Block{Key: k, Data: block(k)}
+	}
+	if _, err := c.PutBlocks(ctxT(t), blocks, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitIndex waits until the tier's index of its first peer is current and
+// holds n blocks.
+func waitIndex(t *testing.T, tier *peer.Tier, n int64) peer.PeerStats {
+	t.Helper()
+	var st peer.PeerStats
+	rt.Eventually(t, indexWait, fmt.Sprintf("an index of %d blocks", n), func() bool {
+		st = tier.Peers()[0]
+		return st.Indexed && st.IndexKeys == n
+	})
+	return st
+}
+
+func TestPeerIndexFollowsEvents(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 64, tiers: noTiers, publish: true})
+	c := e.dial(t, e.unix)
+	// Held before the tier starts: found by the pass over the block list.
+	put(t, c, keys(0, 10))
+	tier := newIndexedTier(t, e)
+	st := waitIndex(t, tier, 10)
+	if st.Syncs != 1 {
+		t.Errorf("syncs %d, want 1", st.Syncs)
+	}
+	req, _ := offload.NewReqContext("r", nil)
+	for _, k := range keys(0, 10) {
+		if r := tier.Lookup(k, req); r != offload.Hit {
+			t.Fatalf("%s: %v from a current index", k, r)
+		}
+	}
+	// A block the peer does not hold is a miss at once, not a Retry.
+	if r := tier.Lookup(key(99), req); r != offload.Miss {
+		t.Fatalf("unknown block: %v", r)
+	}
+	if got := tier.Peers()[0].Contacts; got != 0 {
+		t.Errorf("%d calls to the peer for lookups answered by the index", got)
+	}
+
+	// Stored after: the events add them.
+	put(t, c, keys(10, 5))
+	waitIndex(t, tier, 15)
+	if r := tier.Lookup(key(12), req); r != offload.Hit {
+		t.Fatalf("block stored after the pass: %v", r)
+	}
+	// A load of an indexed block brings the peer's bytes.
+	arena := rt.NewArena(slotSize, 1)
+	job := &offload.Job{ID: 1, Keys: []offload.Key{key(12)}, Slots: []int64{0}, Arena: arena, Req: req, Promotion: true}
+	if res := rt.Run(t, tier, job); !res.Success {
+		t.Fatalf("load: %v", res.Err)
+	}
+	if got, _ := arena.Slot(0); !bytes.Equal(got, block(key(12))) {
+		t.Fatal("loaded bytes differ")
+	}
+
+	// Evicted (the primary holds 64): the events remove them.
+	put(t, c, keys(100, 64))
+	waitIndex(t, tier, 64)
+	if r := tier.Lookup(key(0), req); r != offload.Miss {
+		t.Fatalf("evicted block: %v", r)
+	}
+	// A reset publishes no events (spec §4.9): the index still says held,
+	// the load finds the block gone — a miss, not wrong bytes — and the
+	// index forgets it.
+	if err := c.Reset(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	job = &offload.Job{ID: 2, Keys: []offload.Key{key(120)}, Slots: []int64{0}, Arena: arena, Req: req, Promotion: true}
+	if res := rt.Run(t, tier, job); res.Success || len(res.SuccessfulKeys) != 0 {
+		t.Fatalf("load after the peer's reset: %+v", res)
+	}
+	waitIndex(t, tier, 63)
+	if r := tier.Lookup(key(120), req); r != offload.Miss {
+		t.Fatalf("after the failed load: %v", r)
+	}
+}
+
+// A peer without events (or with index off) is asked every step, as
+// before; the index never claims to be current.
+func TestPeerIndexColdWithoutEvents(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 64, tiers: noTiers})
+	c := e.dial(t, e.unix)
+	put(t, c, keys(0, 3))
+	tier := newIndexedTier(t, e)
+	req, _ := offload.NewReqContext("r", nil)
+	if r := rt.Resolve(t, tier, key(1), req); r != offload.Hit {
+		t.Fatalf("asked lookup: %v", r)
+	}
+	st := tier.Peers()[0]
+	if st.Indexed || st.Contacts == 0 {
+		t.Fatalf("indexed %v, contacts %d: want cold and asked", st.Indexed, st.Contacts)
+	}
+}
+
+// dropProxy relays a publisher's batches to subscribers of its own PUB
+// socket, except those whose sequence numbers it is told to drop: a
+// network that lost batches, as a subscriber sees it.
+type dropProxy struct {
+	pub  *zmtp.PubSocket
+	port int
+	mu   sync.Mutex
+	drop map[uint64]bool
+	seen uint64 // highest seq relayed or dropped, +1
+	cond *sync.Cond
+}
+
+func startDropProxy(t *testing.T, upstream string) *dropProxy {
+	t.Helper()
+	d := &dropProxy{pub: zmtp.NewPub(zmtp.PubOptions{}), drop: map[uint64]bool{}}
+	d.cond = sync.NewCond(&d.mu)
+	addr, err := d.pub.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.port = addr.(*net.TCPAddr).Port
+	sub, err := zmtp.Dial(ctxT(t), "tcp://"+upstream, zmtp.Sub, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Subscribe(nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			seq := binary.BigEndian.Uint64(msg[1])
+			d.mu.Lock()
+			drop := d.drop[seq]
+			d.seen = seq + 1
+			d.cond.Broadcast()
+			d.mu.Unlock()
+			if !drop {
+				d.pub.Send(msg)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		sub.Close()
+		<-done
+		d.pub.Close(context.Background())
+	})
+	return d
+}
+
+// dropNext drops the next n batches after those seen so far.
+func (d *dropProxy) dropNext(n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range uint64(n) {
+		d.drop[d.seen+i] = true
+	}
+}
+
+// Batches lost on the way are fetched from the peer's replay socket: the
+// index ends exact without another pass; when replay no longer has them,
+// the tier passes over the block list again.
+func TestPeerIndexGapReplayAndResync(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		steps      int // replay buffer
+		wantResync bool
+	}{
+		{"replay fills the gap", 0, false},
+		{"replay lost them: resync", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var proxy *dropProxy
+			var mu sync.Mutex
+			e := startEnv(t, envOptions{slots: 64, tiers: noTiers, publish: true, replaySteps: tc.steps, feed: func(f server.EventFeed) server.EventFeed {
+				mu.Lock()
+				defer mu.Unlock()
+				if proxy != nil {
+					f.Port = proxy.port
+				}
+				return f
+			}})
+			mu.Lock()
+			proxy = startDropProxy(t, e.pub.Addr().String())
+			mu.Unlock()
+			c := e.dial(t, e.unix)
+			tier := newIndexedTier(t, e)
+			waitIndex(t, tier, 0)
+			put(t, c, keys(0, 4))
+			waitIndex(t, tier, 4)
+			// Three batches lost, then one that arrives and shows the gap.
+			proxy.dropNext(3)
+			for i := range 4 {
+				put(t, c, keys(10+i, 1))
+			}
+			st := waitIndex(t, tier, 8)
+			if st.Gaps == 0 {
+				t.Fatal("no gap seen")
+			}
+			if tc.wantResync {
+				if st.Syncs < 2 {
+					t.Errorf("syncs %d: want a second pass", st.Syncs)
+				}
+			} else if st.Syncs != 1 || st.Replayed < 3 {
+				t.Errorf("syncs %d, replayed %d: want the gap filled by replay", st.Syncs, st.Replayed)
+			}
+			req, _ := offload.NewReqContext("r", nil)
+			for _, k := range append(keys(0, 4), keys(10, 4)...) {
+				if r := tier.Lookup(k, req); r != offload.Hit {
+					t.Fatalf("%s: %v after the gap", k, r)
+				}
+			}
+		})
+	}
+}
+
+// ListBlocks pages through the primary's ready blocks and says where the
+// events are; a negative cursor is refused.
+func TestListBlocks(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 64, tiers: noTiers, publish: true})
+	c := e.dial(t, e.tcp)
+	put(t, c, keys(0, 10))
+	got := map[offload.Key]bool{}
+	cursor, pages := int64(0), 0
+	for {
+		r, err := c.ListBlocks(ctxT(t), cursor, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if len(r.GetKeys()) > 3 {
+			t.Fatalf("page of %d keys, limit 3", len(r.GetKeys()))
+		}
+		if r.GetEventsPort() != int32(e.pub.Addr().(*net.TCPAddr).Port) || r.GetEventsReplayPort() == 0 || r.GetEventsTopic() != e.pub.Topic() || r.GetEventsCpuMedium() != "CPU" {
+			t.Fatalf("feed: %v", r)
+		}
+		for _, k := range r.GetKeys() {
+			got[offload.Key(k)] = true
+		}
+		if cursor = r.GetNextCursor(); cursor == 0 {
+			break
+		}
+	}
+	if len(got) != 10 || pages < 4 {
+		t.Fatalf("%d keys in %d pages", len(got), pages)
+	}
+	for _, k := range keys(0, 10) {
+		if !got[k] {
+			t.Fatalf("%s not listed", k)
+		}
+	}
+	if _, err := c.ListBlocks(ctxT(t), -1, 0); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("negative cursor: %v", err)
+	}
+}
