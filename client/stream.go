@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -173,6 +174,70 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 			continue
 		}
 		res[i] = StreamLoaded
+	}
+	return res, nil
+}
+
+// PutResult is what Put did with one block.
+type PutResult uint8
+
+const (
+	// PutStored: the daemon's primary holds the block now.
+	PutStored PutResult = 1
+	// PutPresent: the primary held the key already (or the call repeats
+	// it); nothing was written.
+	PutPresent PutResult = 2
+	// PutRejected: the block arrived damaged or of the wrong size and was
+	// not stored.
+	PutRejected PutResult = 3
+)
+
+// Put stores blocks in the daemon's primary (with its default filters)
+// until deadline: each block goes from its buffer into the socket with
+// its XXH3-64, and from the socket into its reserved slot, where the
+// daemon checks it before the block is visible. A transport error ends
+// the call (and the stream is then unusable); the daemon then stores
+// none of the call's blocks.
+func (s *Stream) Put(blocks []Block, deadline time.Time) ([]PutResult, error) {
+	_ = s.c.SetDeadline(deadline)
+	var nb [4]byte
+	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|1<<31)
+	s.w.Write(nb[:])
+	for _, b := range blocks {
+		writeField(s.w, []byte(b.Key))
+	}
+	// The checksum trails each block: it is computed chunk by chunk as the
+	// chunks go into the socket, while they are in cache.
+	var h blockstream.Summer
+	var word [8]byte
+	for _, b := range blocks {
+		binary.BigEndian.PutUint32(word[:4], uint32(len(b.Data)))
+		s.w.Write(word[:4])
+		h.Reset()
+		for off := 0; off < len(b.Data); off += blockstream.Chunk {
+			chunk := b.Data[off:min(off+blockstream.Chunk, len(b.Data))]
+			h.Write(chunk)
+			// Larger than the buffer: bufio writes it to the socket directly.
+			if _, err := s.w.Write(chunk); err != nil {
+				return nil, err
+			}
+		}
+		binary.BigEndian.PutUint64(word[:], h.Sum64())
+		s.w.Write(word[:])
+	}
+	if err := s.w.Flush(); err != nil {
+		return nil, err
+	}
+	status := make([]byte, len(blocks))
+	if _, err := io.ReadFull(s.r, status); err != nil {
+		return nil, err
+	}
+	res := make([]PutResult, len(blocks))
+	for i, st := range status {
+		res[i] = PutResult(st)
+		if res[i] < PutStored || res[i] > PutRejected {
+			return nil, fmt.Errorf("block stream: put status %d", st)
+		}
 	}
 	return res, nil
 }

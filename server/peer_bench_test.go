@@ -63,6 +63,10 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	for _, path := range []string{"client-stream", "client-api"} {
 		b.Run(path, func(b *testing.B) { benchClientGets(b, path == "client-stream", perOp) })
 	}
+	// Its by-value writes: client.Stream.Put, and PutBlocks over the API.
+	for _, path := range []string{"client-put-stream", "client-put-api"} {
+		b.Run(path, func(b *testing.B) { benchClientPuts(b, path == "client-put-stream", perOp) })
+	}
 	b.Run("tcp-stream", func(b *testing.B) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -182,6 +186,49 @@ func benchClientGets(b *testing.B, stream bool, perOp int) {
 		}
 		for i := range bufs {
 			copy(bufs[i], got.Data[i])
+		}
+	}
+}
+
+// benchClientPuts stores perOp new 2 MiB blocks per op (the primary
+// evicts the previous op's) by value: over the block stream or PutBlocks.
+func benchClientPuts(b *testing.B, stream bool, perOp int) {
+	e := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true}, bigBlock)
+	ctx := ctxT(b)
+	tcp := e.dial(b, e.tcp)
+	blocks := make([]client.Block, perOp)
+	for i := range blocks {
+		blocks[i].Data = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+	}
+	var st *client.Stream
+	if stream {
+		addr, err := tcp.StreamAddr(ctx, e.tcp)
+		if err != nil || addr == "" {
+			b.Fatalf("stream address %q: %v", addr, err)
+		}
+		if st, err = client.DialStream(ctx, addr, client.StreamOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+	}
+	b.SetBytes(int64(perOp * bigBlock))
+	b.ResetTimer()
+	op := 0
+	for b.Loop() {
+		op++
+		for i := range blocks {
+			blocks[i].Key = key(op*perOp + i)
+		}
+		if stream {
+			res, err := st.Put(blocks, time.Now().Add(time.Minute))
+			if err != nil || res[perOp-1] != client.PutStored {
+				b.Fatalf("%v %v", res, err)
+			}
+			continue
+		}
+		stored, err := tcp.PutBlocks(ctx, blocks, client.CallOptions{})
+		if err != nil || !stored[perOp-1] {
+			b.Fatalf("stored %v err %v", stored, err)
 		}
 	}
 }

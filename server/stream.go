@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -28,14 +29,35 @@ import (
 //	client hello:  "KVBS" u8 version(1) u16 len token u16 len namespace
 //	server hello:  "KVBS" u8 status (0 ok, 1 refused) — then the
 //	               connection closes if refused
-//	request:       u32 nkeys, then per key u16 len, key bytes
-//	response:      per key u8 found (0/1) and, when found, u32 len,
+//	get request:   u32 nkeys, then per key u16 len, key bytes
+//	get response:  per key u8 found (0/1) and, when found, u32 len,
 //	               u64 xxh3, len bytes
+//	put request:   u32 nkeys | 1<<31, then per key u16 len, key bytes,
+//	               then per key u32 len, len bytes, u64 xxh3 (a trailer,
+//	               so that both ends hash each chunk while it is in cache)
+//	put response:  per key u8 status (putStored, putPresent, putRejected)
 //
 // A read answers from the primary alone (kv_load_tiers: [] semantics), so a
 // peer read never reaches a secondary tier. Blocks stay pinned while they
 // are written; a write stalled past the stream timeout ends the connection
 // and unpins them.
+//
+// A put reserves the slots of the keys the primary lacks (PrepareStore,
+// default filters), reads each block from the socket straight into its
+// reserved slot and commits only the blocks whose size and checksum
+// match; the others, and all of them if the connection fails, are
+// abandoned, so a damaged block is never exposed. Keys the primary holds
+// already are read and discarded.
+
+// Put statuses (one byte per key of a put response).
+const (
+	putStored   = 1 // stored into the primary
+	putPresent  = 2 // the primary holds the key already (or it repeats one)
+	putRejected = 3 // wrong size or checksum: not stored
+)
+
+// putFlag marks a put request in the key count word.
+const putFlag = 1 << 31
 
 const (
 	streamMagic   = "KVBS"
@@ -171,7 +193,8 @@ func (s *Server) streamConn(c net.Conn) error {
 		if _, err := io.ReadFull(r, nb[:]); err != nil {
 			return err
 		}
-		n := int(binary.BigEndian.Uint32(nb[:]))
+		word := binary.BigEndian.Uint32(nb[:])
+		n := int(word &^ putFlag)
 		if n <= 0 || n > s.limits.MaxKeysPerCall {
 			return fmt.Errorf("block stream: %d keys (1 to %d)", n, s.limits.MaxKeysPerCall)
 		}
@@ -187,10 +210,169 @@ func (s *Server) streamConn(c net.Conn) error {
 				return fmt.Errorf("block stream: key %d: %w", i, offload.ErrInvalidKey)
 			}
 		}
-		if err := s.streamBlocks(c, w, ns, keys); err != nil {
+		if word&putFlag != 0 {
+			err = s.streamPut(c, r, w, ns, keys)
+		} else {
+			err = s.streamBlocks(c, w, ns, keys)
+		}
+		if err != nil {
 			return err
 		}
 	}
+}
+
+// reserveForStream reserves the primary's slots for the keys it lacks and
+// returns their slots (-1 for keys it holds or that repeat an earlier
+// key) and commit, which completes the stores of the keys ok marks and
+// abandons the rest. commit must be called exactly once.
+func (ns *Namespace) reserveForStream(keys []offload.Key) (slots []int64, commit func(ok []bool) error, err error) {
+	if err := ns.lock(); err != nil {
+		return nil, nil, err
+	}
+	defer ns.mu.Unlock()
+	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream put", nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	uniq := make([]offload.Key, 0, len(keys))
+	seen := make(map[offload.Key]bool, len(keys))
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			uniq = append(uniq, k)
+		}
+	}
+	out, ok, err := ns.mgr.PrepareStore(uniq, rc)
+	if err != nil {
+		finish()
+		return nil, nil, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
+	}
+	if !ok {
+		finish()
+		return nil, nil, ns.noSpace(len(keys))
+	}
+	slots = make([]int64, len(keys))
+	for i := range slots {
+		slots[i] = -1
+	}
+	at := make(map[offload.Key]int64, len(out.KeysToStore))
+	for i, k := range out.KeysToStore {
+		at[k] = out.Slots[i]
+	}
+	for i, k := range keys {
+		if s, ok := at[k]; ok {
+			slots[i] = s
+			delete(at, k) // a repeated key is read once, into the first
+		}
+	}
+	return slots, func(ok []bool) error {
+		if err := ns.lock(); err != nil {
+			return err // closed: Close released everything
+		}
+		defer ns.mu.Unlock()
+		defer finish()
+		var good, bad []offload.Key
+		for i, s := range slots {
+			if s < 0 {
+				continue
+			}
+			if ok[i] {
+				good = append(good, keys[i])
+			} else {
+				bad = append(bad, keys[i])
+			}
+		}
+		var err error
+		if len(bad) > 0 {
+			err = ns.mgr.CompleteStore(bad, rc, false)
+		}
+		if len(good) > 0 {
+			err = errors.Join(err, ns.mgr.CompleteStore(good, rc, true))
+		}
+		ns.publishLocked()
+		return err
+	}, nil
+}
+
+// streamPut answers one put request: reserves, reads each block into its
+// slot, commits the verified ones, answers a status per key.
+func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key) error {
+	slots, commit, err := ns.reserveForStream(keys)
+	noRoom := errors.Is(err, ErrNoSpace)
+	switch {
+	case noRoom:
+		// Answer, not hang up: the blocks are read and dropped, each
+		// rejected, and the stream stays usable.
+		s.log.Debug("block stream put: no room", "keys", len(keys), "err", err)
+		slots = make([]int64, len(keys))
+		for i := range slots {
+			slots[i] = -1
+		}
+		commit = func([]bool) error { return nil }
+	case err != nil:
+		return err
+	}
+	ok := make([]bool, len(keys))
+	committed := false
+	defer func() {
+		if !committed {
+			_ = commit(make([]bool, len(keys))) // abandon every reservation
+		}
+	}()
+	status := make([]byte, len(keys))
+	slotSize := ns.arena.SlotSize()
+	var h blockstream.Summer
+	var word [8]byte
+	for i := range keys {
+		// Each block gets the stream timeout, not the whole request.
+		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
+		if _, err := io.ReadFull(r, word[:4]); err != nil {
+			return err
+		}
+		n := int64(binary.BigEndian.Uint32(word[:4]))
+		if slots[i] < 0 || n != int64(slotSize) {
+			status[i] = putPresent
+			if noRoom || n != int64(slotSize) {
+				status[i] = putRejected
+			}
+			if _, err := io.CopyN(io.Discard, r, n+8); err != nil {
+				return err
+			}
+			continue
+		}
+		dst, err := ns.arena.Slot(slots[i])
+		if err != nil {
+			return err
+		}
+		// Chunk by chunk: bufio reads each straight from the socket into
+		// the slot, and it is hashed while it is still in cache.
+		h.Reset()
+		for off := 0; off < len(dst); off += blockstream.Chunk {
+			chunk := dst[off:min(off+blockstream.Chunk, len(dst))]
+			if _, err := io.ReadFull(r, chunk); err != nil {
+				return fmt.Errorf("block stream: put block %d: %w", i, err)
+			}
+			h.Write(chunk)
+		}
+		if _, err := io.ReadFull(r, word[:]); err != nil {
+			return err
+		}
+		if h.Sum64() != binary.BigEndian.Uint64(word[:]) {
+			status[i] = putRejected
+			continue
+		}
+		ok[i] = true
+		status[i] = putStored
+	}
+	committed = true
+	if err := commit(ok); err != nil {
+		return err
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+	if _, err := w.Write(status); err != nil {
+		return err
+	}
+	return w.Flush()
 }
 
 // streamBlocks answers one request: pins, writes each block from its slot

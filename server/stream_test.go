@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"io"
@@ -9,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
 func streamHello(t *testing.T, addr, token, ns string) (net.Conn, *bufio.Reader, byte) {
@@ -97,5 +102,82 @@ func TestBlockStreamProtocol(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("shutdown took %v with an idle stream connection", d)
+	}
+}
+
+// Puts on the block stream store what arrives whole, reject what does
+// not (never visible), skip what the primary holds, and abandon every
+// reservation of a put whose connection dies.
+func TestBlockStreamPut(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 8, tiers: noTiers, token: "tok", stream: true})
+	ctx := ctxT(t)
+	api := e.dial(t, e.unix)
+	st, err := client.DialStream(ctx, e.srv.StreamAddr(), client.StreamOptions{Token: "tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deadline := time.Now().Add(time.Minute)
+	res, err := st.Put([]client.Block{{Key: key(1), Data: block(key(1))}, {Key: key(2), Data: block(key(2))}, {Key: key(1), Data: block(key(1))}}, deadline)
+	if err != nil || res[0] != client.PutStored || res[1] != client.PutStored || res[2] != client.PutPresent {
+		t.Fatalf("put: %v %v", res, err)
+	}
+	// Stored again: present; of another size: rejected.
+	res, err = st.Put([]client.Block{{Key: key(2), Data: block(key(2))}, {Key: key(3), Data: make([]byte, slotSize/2)}}, deadline)
+	if err != nil || res[0] != client.PutPresent || res[1] != client.PutRejected {
+		t.Fatalf("second put: %v %v", res, err)
+	}
+	got, err := api.GetBlocks(ctx, []offload.Key{key(1), key(2), key(3)}, client.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Results[0] != kvtierv1.LookupResult_LOOKUP_RESULT_HIT || !bytes.Equal(got.Data[0], block(key(1))) ||
+		!bytes.Equal(got.Data[1], block(key(2))) || got.Results[2] == kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+		t.Fatalf("after the puts: %v", got.Results)
+	}
+
+	// Damaged on the way: the checksum the client sent does not match
+	// the bytes — rejected, never visible.
+	conn, r, hs := streamHello(t, e.srv.StreamAddr(), "tok", "")
+	if hs != 0 {
+		t.Fatalf("hello %d", hs)
+	}
+	k := key(4)
+	req := binary.BigEndian.AppendUint32(nil, 1|1<<31)
+	req = binary.BigEndian.AppendUint16(req, uint16(len(k)))
+	req = append(req, k...)
+	req = binary.BigEndian.AppendUint32(req, slotSize)
+	req = append(req, block(k)...)
+	req = binary.BigEndian.AppendUint64(req, blockstream.Sum(block(k))^1)
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.ReadByte(); err != nil || s != byte(client.PutRejected) {
+		t.Fatalf("damaged block: status %d %v", s, err)
+	}
+	// A put cut off in the middle of its block: nothing stored, no slot
+	// left reserved.
+	k = key(5)
+	req = binary.BigEndian.AppendUint32(nil, 1|1<<31)
+	req = binary.BigEndian.AppendUint16(req, uint16(len(k)))
+	req = append(req, k...)
+	req = binary.BigEndian.AppendUint32(req, slotSize)
+	req = append(req, block(k)[:slotSize/2]...)
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	rt.Eventually(t, 30*time.Second, "the reservation released", func() bool {
+		s, err := api.Stats(ctx)
+		return err == nil && s.GetPrimary().GetPendingSlots() == 0
+	})
+	got, err = api.GetBlocks(ctx, []offload.Key{key(4), key(5)}, client.GetOptions{})
+	if err != nil || got.Results[0] == kvtierv1.LookupResult_LOOKUP_RESULT_HIT || got.Results[1] == kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+		t.Fatalf("damaged or cut-off blocks visible: %v %v", got.Results, err)
+	}
+	// And the primary still takes them whole.
+	res, err = st.Put([]client.Block{{Key: key(4), Data: block(key(4))}, {Key: key(5), Data: block(key(5))}}, deadline)
+	if err != nil || res[0] != client.PutStored || res[1] != client.PutStored {
+		t.Fatalf("put after: %v %v", res, err)
 	}
 }
