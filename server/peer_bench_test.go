@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/peer"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
@@ -193,7 +194,7 @@ func benchClientGets(b *testing.B, stream bool, perOp int) {
 // benchClientPuts stores perOp new 2 MiB blocks per op (the primary
 // evicts the previous op's) by value: over the block stream or PutBlocks.
 func benchClientPuts(b *testing.B, stream bool, perOp int) {
-	e := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true}, bigBlock)
+	e := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	ctx := ctxT(b)
 	tcp := e.dial(b, e.tcp)
 	blocks := make([]client.Block, perOp)
