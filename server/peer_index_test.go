@@ -18,6 +18,7 @@ import (
 	"github.com/kvtier/kvtier/events/zmtp"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/tiers/peer"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
@@ -299,5 +300,82 @@ func TestListBlocks(t *testing.T) {
 	}
 	if _, err := c.ListBlocks(ctxT(t), -1, 0); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("negative cursor: %v", err)
+	}
+}
+
+func storageTier(t testing.TB) []offload.SecondaryTier {
+	t.Helper()
+	m, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Events: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []offload.SecondaryTier{m}
+}
+
+// With from_storage, a block the peer holds on its storage tier (not in
+// its DRAM) loads for a request that allows storage at the peer's
+// locality, promoted on the peer first; a CPU-only request does not load
+// it, nor does a tier without from_storage.
+func TestPeerFromStorage(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 8, tiers: storageTier, publish: true})
+	c := e.dial(t, e.unix)
+	k := key(1)
+	newTier := func(fromStorage bool) *peer.Tier {
+		tier, err := peer.New(peer.Config{Name: "fleet", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}},
+			FromStorage: fromStorage, Timeout: 10 * time.Second, ResyncInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tier.Close(context.Background()) })
+		return tier
+	}
+	both, dramOnly := newTier(true), newTier(false)
+	// Storage hints come from events (the block list covers the DRAM):
+	// store once both follow A.
+	waitIndex(t, both, 0)
+	waitIndex(t, dramOnly, 0)
+	put(t, c, []offload.Key{k})
+	cpuReq, _ := offload.NewReqContext("cpu", []byte(`{"kv_load_tiers":[{"medium":"cpu"}]}`))
+	diskReq, _ := offload.NewReqContext("disk", []byte(`{"kv_load_tiers":[{"medium":"storage"}]}`))
+	// The block reaches A's storage tier (a cascade), then leaves A's DRAM.
+	rt.Eventually(t, indexWait, "the block on A's storage tier", func() bool { return both.Lookup(k, diskReq) == offload.Hit })
+	// Push it out of A's DRAM (once its cascade has let it go).
+	inDRAM := func() bool {
+		r, err := c.ListBlocks(ctxT(t), 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range r.GetKeys() {
+			if offload.Key(b) == k {
+				return true
+			}
+		}
+		return false
+	}
+	unpinned := func() bool {
+		st, err := c.Stats(ctxT(t))
+		return err == nil && st.GetCascadePinnedSlots() == 0
+	}
+	for i := 0; inDRAM(); i++ {
+		if i == 50 {
+			t.Fatal("the block stays in A's DRAM")
+		}
+		rt.Eventually(t, indexWait, "cascades done", unpinned)
+		put(t, c, keys(100+4*i, 4))
+	}
+	rt.Eventually(t, indexWait, "the block out of A's DRAM", func() bool { return both.Lookup(k, cpuReq) == offload.Miss })
+	if r := both.Lookup(k, diskReq); r != offload.Hit {
+		t.Fatalf("storage-allowed lookup: %v", r)
+	}
+	if r := dramOnly.Lookup(k, diskReq); r != offload.Miss {
+		t.Fatalf("tier without from_storage: %v", r)
+	}
+	arena := rt.NewArena(slotSize, 1)
+	job := &offload.Job{ID: 1, Keys: []offload.Key{k}, Slots: []int64{0}, Arena: arena, Req: diskReq, Promotion: true}
+	if res := rt.Run(t, both, job); !res.Success {
+		t.Fatalf("load from the peer's storage: %v", res.Err)
+	}
+	if got, _ := arena.Slot(0); !bytes.Equal(got, block(k)) {
+		t.Fatal("bytes differ")
 	}
 }

@@ -182,9 +182,14 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 	}
 	var parts []Declaration
 	for _, p := range c.Peers {
-		// A peer read reaches the peer's DRAM only.
+		// A peer read reaches the peer's DRAM, and with from_storage its
+		// storage tiers.
 		loc, _ := peer.LocalityOf(p)
 		parts = append(parts, Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: loc})
+		if c.FromStorage {
+			// Its storage tiers, promoted there first (from_storage).
+			parts = append(parts, Declaration{Name: p.Name + " storage", Type: "peer " + p.Addr, Medium: offload.MediumStorage, Locality: loc})
+		}
 	}
 	return plan{
 		// Dynamic on both axes: the tier applies each request's filter

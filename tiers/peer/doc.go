@@ -12,6 +12,7 @@
 //	      - {name: node-c, addr: 127.0.0.1:7071, locality: local}
 //	    timeout: 2s          # per call to a peer
 //	    event_index: true    # follow the peers' KV events (default)
+//	    from_storage: false  # also load what peers hold on their disks
 //	    index_max_keys: 1048576
 //
 // addr is the peer daemon's API address (its server.tcp_addr); a peer on
@@ -83,6 +84,15 @@
 // client_ca_file set, only peers presenting a certificate of that CA get
 // in (mutual TLS), and the token still applies.
 //
-// Not yet: serving from a peer's own secondary tiers, and PutBlocks of
-// remote engines on the block stream.
+// # From a peer's storage tiers
+//
+// With from_storage, a block the index says a peer holds in its storage
+// tiers (events of medium STORAGE) loads for a request whose filter allows
+// storage at the peer's locality: the tier asks the peer with kv_load_tiers
+// [{medium: storage}], the peer promotes the block into its primary and
+// sends it checksummed. That filter excludes medium CPU, so the peer's own
+// peer tiers (DRAM of their peers) are never asked: still no forwarding.
+// Storage hints come from the events only (the block list covers the
+// DRAM), so they cover what reached a peer's storage since the tier began
+// following it.
 package peer

@@ -157,8 +157,8 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 		select {
 		case err := <-recvErr:
 			return fmt.Errorf("events: %w", err)
-		case tag := <-p.gone:
-			h.remove(tag, onCPU)
+		case v := <-p.gone:
+			h.remove(v&^mediaMask, v&mediaMask)
 			p.feed.keys.Store(int64(h.live))
 			continue
 		case msg = <-msgs:

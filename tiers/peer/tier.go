@@ -28,6 +28,11 @@ const Type = "peer"
 // reaches the peer's secondary tiers, and so never another peer.
 const peerParams = `{"kv_load_tiers":[]}`
 
+// storageParams lets a peer answer from its storage tiers too (from_storage):
+// a filter without medium CPU, which the peer's own peer tiers (DRAM of
+// their peers) never pass, so a read still never goes further.
+const storageParams = `{"kv_load_tiers":[{"medium":"storage"}]}`
+
 // ErrCorrupt reports a block whose bytes do not match the checksum the
 // peer computed when it read them.
 var ErrCorrupt = errors.New("block damaged in transit (checksum mismatch)")
@@ -84,6 +89,13 @@ type Config struct {
 	// ProbeInterval (defaults 3 and 1s): its keys miss without a call.
 	UnhealthyAfter int           `yaml:"unhealthy_after"`
 	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	// FromStorage also loads blocks the index says a peer holds in its
+	// storage tiers (its disk) when the request's filter allows storage
+	// at the peer's locality: the peer promotes them into its primary
+	// first (GetBlocks with kv_load_tiers [{medium: storage}], which
+	// excludes its peer tiers, so still no forwarding). Default false:
+	// peers serve their DRAM only. Needs the event index.
+	FromStorage bool `yaml:"from_storage"`
 	// EventIndex follows each peer's KV events to know what it holds
 	// (default true): lookups are answered from the index, without a
 	// call, while it is current. false asks every step.
@@ -207,19 +219,19 @@ type peer struct {
 	indexed  atomic.Bool
 	feed     feedStats
 	feedDone chan struct{} // closed when the feed goroutine ends; nil without one
-	gone     chan uint64   // tags of indexed blocks a load found gone
+	gone     chan uint64   // tag | media of indexed blocks a load found gone
 }
 
-// forget tells the feed that the peer no longer holds keys although the
-// index said so (its primary was reset, which publishes no events). It
-// never blocks: a full backlog drops the news.
-func (p *peer) forget(keys []offload.Key) {
+// forget tells the feed that the peer no longer holds keys in media m
+// although the index said so (its primary was reset, which publishes no
+// events). It never blocks: a full backlog drops the news.
+func (p *peer) forget(keys []offload.Key, m uint64) {
 	if p.gone == nil || !p.indexed.Load() {
 		return
 	}
 	for _, k := range keys {
 		select {
-		case p.gone <- keyTag(k):
+		case p.gone <- keyTag(k) | m:
 		default:
 			return
 		}
@@ -314,10 +326,23 @@ func (t *Tier) Locality() offload.Locality { return offload.LocalityUnspecified 
 // ReadOnly reports true: the tier does not push blocks to peers.
 func (t *Tier) ReadOnly() bool { return true }
 
-// allowed reports whether req's load filter allows peer p: the block on
-// the peer is in its DRAM (the only place a peer read looks).
-func allowed(req *offload.ReqContext, p *peer) bool {
-	return req == nil || req.LoadFilter.Allows(offload.MediumCPU, p.locality)
+// source is where a load takes a block from on a peer.
+type source uint8
+
+const (
+	none      source = iota
+	fromDRAM         // the peer's primary (block stream or GetBlocks)
+	fromStore        // the peer's storage tiers, promoted there first
+)
+
+// allowed reports which of peer p's media req's load filter allows: its
+// DRAM (CPU), and its storage tiers when the tier reads them.
+func (t *Tier) allowed(req *offload.ReqContext, p *peer) (dram, store bool) {
+	if req == nil {
+		return true, t.cfg.FromStorage
+	}
+	return req.LoadFilter.Allows(offload.MediumCPU, p.locality),
+		t.cfg.FromStorage && req.LoadFilter.Allows(offload.MediumStorage, p.locality)
 }
 
 // Lookup asks the peers the request's filter allows, in order: Hit when
@@ -326,10 +351,10 @@ func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupRe
 	res := offload.Miss
 	var tag uint64
 	for _, p := range t.peers {
-		if !allowed(req, p) || !p.up() {
+		if !p.up() {
 			continue
 		}
-		switch p.holds(key, &tag, req) {
+		switch v, _ := p.holds(key, &tag, req, t); v {
 		case offload.Hit:
 			return offload.Hit
 		case offload.Retry:
@@ -339,20 +364,36 @@ func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupRe
 	return res
 }
 
-// holds is p's verdict on key: from its index while that is current
-// (*tag caches the key's tag across peers, 0 until computed), else from
-// the existence calls.
-func (p *peer) holds(key offload.Key, tag *uint64, req *offload.ReqContext) offload.LookupResult {
+// holds is p's verdict on key under req's filter, and where a load would
+// take it from: from its index while that is current (*tag caches the
+// key's tag across peers, 0 until computed), else from the existence
+// calls, which see the peer's DRAM only.
+func (p *peer) holds(key offload.Key, tag *uint64, req *offload.ReqContext, t *Tier) (offload.LookupResult, source) {
+	dram, store := t.allowed(req, p)
+	if !dram && !store {
+		return offload.Miss, none
+	}
 	if p.indexed.Load() {
 		if *tag == 0 {
 			*tag = keyTag(key)
 		}
-		if p.hints.media(*tag)&onCPU != 0 {
-			return offload.Hit
+		m := p.hints.media(*tag)
+		switch {
+		case dram && m&onCPU != 0:
+			return offload.Hit, fromDRAM
+		case store && m&onStorage != 0:
+			return offload.Hit, fromStore
 		}
-		return offload.Miss
+		return offload.Miss, none
 	}
-	return p.lookups.Lookup(key, reqID(req))
+	if !dram {
+		return offload.Miss, none
+	}
+	r := p.lookups.Lookup(key, reqID(req))
+	if r == offload.Hit {
+		return r, fromDRAM
+	}
+	return r, none
 }
 
 func reqID(req *offload.ReqContext) string {
@@ -424,16 +465,24 @@ func (t *Tier) report(p *peer, err error) {
 // the verdicts stand at submission), one call per peer, on a goroutine of
 // the job's own.
 func (t *Tier) SubmitLoad(job *offload.Job) {
-	byPeer := make(map[*peer][]int)
-	var order []*peer
+	type from struct {
+		p   *peer
+		src source
+	}
+	byPeer := make(map[from][]int)
+	var order []from
 	for i, k := range job.Keys {
 		var tag uint64
 		for _, p := range t.peers {
-			if allowed(job.Req, p) && p.up() && p.holds(k, &tag, job.Req) == offload.Hit {
-				if byPeer[p] == nil {
-					order = append(order, p)
+			if !p.up() {
+				continue
+			}
+			if v, src := p.holds(k, &tag, job.Req, t); v == offload.Hit {
+				f := from{p, src}
+				if byPeer[f] == nil {
+					order = append(order, f)
 				}
-				byPeer[p] = append(byPeer[p], i)
+				byPeer[f] = append(byPeer[f], i)
 				break
 			}
 		}
@@ -444,10 +493,10 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 		var mu sync.Mutex
 		var errs []error
 		var wg sync.WaitGroup
-		for _, p := range order {
-			idx := byPeer[p]
+		for _, f := range order {
+			idx := byPeer[f]
 			wg.Go(func() {
-				if err := t.loadFrom(ctx, p, job, idx, ok); err != nil {
+				if err := t.loadFrom(ctx, f.p, f.src, job, idx, ok); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -474,16 +523,17 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 	})
 }
 
-// loadFrom loads job.Keys[idx] from p into their slots and sets ok for
-// the blocks that arrived whole.
-func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []int, ok []bool) error {
-	keys := make([]offload.Key, len(idx))
-	for j, i := range idx {
-		keys[j] = job.Keys[i]
-	}
+// loadFrom loads job.Keys[idx] from p's src into their slots and sets ok
+// for the blocks that arrived whole.
+func (t *Tier) loadFrom(ctx context.Context, p *peer, src source, job *offload.Job, idx []int, ok []bool) error {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	p.contacts.Add(1)
+	if src == fromStore {
+		// Promoted on the peer first: GetBlocks waits for it, within half
+		// the call timeout so that the answer still arrives in time.
+		return t.getFrom(ctx, p, onStorage, job, idx, ok, client.GetOptions{CallOptions: client.CallOptions{Params: storageParams}, Checksums: true, Wait: t.cfg.Timeout / 2})
+	}
 	if addr := t.streamAddr(ctx, p); addr != "" && (p.cfg.BlockStream == nil || *p.cfg.BlockStream) {
 		gone, err := t.streamLoad(ctx, p, addr, job, idx, ok)
 		if err == nil {
@@ -491,7 +541,7 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []in
 			if len(gone) > 0 {
 				p.goneBlocks.Add(int64(len(gone)))
 				p.lookups.MarkMiss(gone)
-				p.forget(gone)
+				p.forget(gone, onCPU)
 			}
 			return nil
 		}
@@ -508,7 +558,17 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []in
 		t.report(p, err)
 		return fmt.Errorf("peer %q: block stream: %w", p.cfg.Name, err)
 	}
-	got, err := p.c.GetBlocks(ctx, keys, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}, Checksums: true})
+	return t.getFrom(ctx, p, onCPU, job, idx, ok, client.GetOptions{CallOptions: client.CallOptions{Params: peerParams}, Checksums: true})
+}
+
+// getFrom loads job.Keys[idx] from p over the API (GetBlocks by value,
+// checksummed) and sets ok for the blocks that arrived whole.
+func (t *Tier) getFrom(ctx context.Context, p *peer, m uint64, job *offload.Job, idx []int, ok []bool, opts client.GetOptions) error {
+	keys := make([]offload.Key, len(idx))
+	for j, i := range idx {
+		keys[j] = job.Keys[i]
+	}
+	got, err := p.c.GetBlocks(ctx, keys, opts)
 	t.report(p, err)
 	if err != nil {
 		p.lookups.MarkMiss(keys)
@@ -547,7 +607,7 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, job *offload.Job, idx []in
 	if len(gone) > 0 {
 		p.goneBlocks.Add(int64(len(gone)))
 		p.lookups.MarkMiss(gone)
-		p.forget(gone)
+		p.forget(gone, m)
 	}
 	return bad
 }
