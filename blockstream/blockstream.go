@@ -9,14 +9,14 @@
 //	               connection closes if refused
 //	get request:   u32 nkeys, then per key u16 len, key bytes
 //	get response:  per key u8 found (0/1) and, when found, u32 len,
-//	               u64 XXH3-64 of the block, len bytes
+//	               len bytes, u64 Sum of the bytes
 //	put request:   u32 nkeys | PutFlag, then per key u16 len, key bytes,
 //	               then per key u32 len, len bytes, u64 Sum of the bytes
 //	put response:  per key u8 status (PutStored, PutPresent, PutRejected)
 //
-// A put's checksum trails its block and is computed Chunk bytes at a
-// time, so that both ends hash each chunk right after it went through
-// the socket, while it is still in cache.
+// A block's checksum trails it and is computed Chunk bytes at a time, so
+// that both ends hash each chunk right after it went through the socket,
+// while it is still in cache.
 package blockstream
 
 import (
@@ -42,7 +42,7 @@ const (
 	PutRejected = 3 // wrong size or checksum, or no room: not stored
 )
 
-// Summer computes the checksum of a put: the XXH3-64 of the big-endian
+// Summer computes the checksum of a block on the stream: the XXH3-64 of the big-endian
 // XXH3-64s of the block's Chunk-sized pieces. (One-shot XXH3 per piece is
 // twice as fast as the streaming hasher.) The zero value is ready.
 type Summer struct {

@@ -11,16 +11,14 @@ import (
 	"net"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
 )
 
-// A daemon's block stream (server/stream.go has the protocol) moves
+// A daemon's block stream (package blockstream has the protocol) moves
 // primary blocks without the API's copies: each block is read from the
 // socket straight into the caller's buffer and checked against the
-// daemon's XXH3-64 before Get reports it.
+// daemon's checksum before Get reports it.
 
 // ErrCorrupt reports a block whose bytes do not match the checksum the
 // daemon computed when it read them.
@@ -91,7 +89,8 @@ func DialStream(ctx context.Context, addr string, o StreamOptions) (*Stream, err
 	}
 	s := &Stream{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
 	_ = c.SetDeadline(time.Now().Add(o.Timeout))
-	s.w.WriteString("KVBS\x01")
+	s.w.WriteString(blockstream.Magic)
+	s.w.WriteByte(blockstream.Version)
 	writeField(s.w, []byte(o.Token))
 	writeField(s.w, []byte(o.Namespace))
 	var reply [5]byte
@@ -99,7 +98,7 @@ func DialStream(ctx context.Context, addr string, o StreamOptions) (*Stream, err
 	if err == nil {
 		_, err = io.ReadFull(s.r, reply[:])
 	}
-	if err == nil && (string(reply[:4]) != "KVBS" || reply[4] != 0) {
+	if err == nil && (string(reply[:4]) != blockstream.Magic || reply[4] != 0) {
 		err = errors.New("refused (token or namespace)")
 	}
 	if err != nil {
@@ -143,7 +142,8 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 		return nil, err
 	}
 	res := make([]StreamResult, len(keys))
-	var hdr [12]byte
+	var word [8]byte
+	var h blockstream.Summer
 	for i := range keys {
 		found, err := s.r.ReadByte()
 		if err != nil {
@@ -152,24 +152,33 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 		if found == 0 {
 			continue // StreamGone
 		}
-		if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+		if _, err := io.ReadFull(s.r, word[:4]); err != nil {
 			return res[:i], err
 		}
-		n := int64(binary.BigEndian.Uint32(hdr[:4]))
-		sum := binary.BigEndian.Uint64(hdr[4:])
+		n := int64(binary.BigEndian.Uint32(word[:4]))
 		buf := dst(i)
 		if n != int64(len(buf)) {
 			// Never copy part of a block of another size.
-			if _, err := io.CopyN(io.Discard, s.r, n); err != nil {
+			if _, err := io.CopyN(io.Discard, s.r, n+8); err != nil {
 				return res[:i], err
 			}
 			res[i] = StreamWrongSize
 			continue
 		}
-		if _, err := io.ReadFull(s.r, buf); err != nil {
+		// Chunk by chunk: bufio reads each straight into the buffer, and
+		// it is hashed while in cache.
+		h.Reset()
+		for off := 0; off < len(buf); off += blockstream.Chunk {
+			chunk := buf[off:min(off+blockstream.Chunk, len(buf))]
+			if _, err := io.ReadFull(s.r, chunk); err != nil {
+				return res[:i], err
+			}
+			h.Write(chunk)
+		}
+		if _, err := io.ReadFull(s.r, word[:]); err != nil {
 			return res[:i], err
 		}
-		if xxh3.Hash(buf) != sum {
+		if h.Sum64() != binary.BigEndian.Uint64(word[:]) {
 			res[i] = StreamCorrupt
 			continue
 		}
@@ -194,14 +203,14 @@ const (
 
 // Put stores blocks in the daemon's primary (with its default filters)
 // until deadline: each block goes from its buffer into the socket with
-// its XXH3-64, and from the socket into its reserved slot, where the
+// its checksum, and from the socket into its reserved slot, where the
 // daemon checks it before the block is visible. A transport error ends
 // the call (and the stream is then unusable); the daemon then stores
 // none of the call's blocks.
 func (s *Stream) Put(blocks []Block, deadline time.Time) ([]PutResult, error) {
 	_ = s.c.SetDeadline(deadline)
 	var nb [4]byte
-	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|1<<31)
+	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|blockstream.PutFlag)
 	s.w.Write(nb[:])
 	for _, b := range blocks {
 		writeField(s.w, []byte(b.Key))

@@ -11,31 +11,18 @@ import (
 	"net"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
 )
 
-// The block stream is a plain TCP connection that moves blocks from a
-// daemon's primary to a peer without the API's copies: the server writes
-// each block from its pinned slot straight into the socket, the client
-// reads it straight into the destination slot and checks its XXH3-64
-// before it reports the block loaded. A peer learns the stream's address
-// from Stats (stream_addr); it is not configured by hand.
-//
-// Protocol (integers big-endian):
-//
-//	client hello:  "KVBS" u8 version(1) u16 len token u16 len namespace
-//	server hello:  "KVBS" u8 status (0 ok, 1 refused) — then the
-//	               connection closes if refused
-//	get request:   u32 nkeys, then per key u16 len, key bytes
-//	get response:  per key u8 found (0/1) and, when found, u32 len,
-//	               u64 xxh3, len bytes
-//	put request:   u32 nkeys | 1<<31, then per key u16 len, key bytes,
-//	               then per key u32 len, len bytes, u64 xxh3 (a trailer,
-//	               so that both ends hash each chunk while it is in cache)
-//	put response:  per key u8 status (putStored, putPresent, putRejected)
+// The block stream is a plain TCP connection that moves blocks between a
+// daemon's primary and a peer or remote engine without the API's copies:
+// the server writes each block from its pinned slot straight into the
+// socket, the client reads it straight into the destination slot and
+// checks its checksum before it reports the block loaded; puts go the
+// other way into reserved slots. A peer learns the stream's address from
+// Stats (stream_addr); it is not configured by hand. Package blockstream
+// has the protocol.
 //
 // A read answers from the primary alone (kv_load_tiers: [] semantics), so a
 // peer read never reaches a secondary tier. Blocks stay pinned while they
@@ -49,19 +36,13 @@ import (
 // abandoned, so a damaged block is never exposed. Keys the primary holds
 // already are read and discarded.
 
-// Put statuses (one byte per key of a put response).
 const (
-	putStored   = 1 // stored into the primary
-	putPresent  = 2 // the primary holds the key already (or it repeats one)
-	putRejected = 3 // wrong size or checksum: not stored
-)
-
-// putFlag marks a put request in the key count word.
-const putFlag = 1 << 31
-
-const (
-	streamMagic   = "KVBS"
-	streamVersion = 1
+	streamMagic   = blockstream.Magic
+	streamVersion = blockstream.Version
+	putFlag       = blockstream.PutFlag
+	putStored     = blockstream.PutStored
+	putPresent    = blockstream.PutPresent
+	putRejected   = blockstream.PutRejected
 	// streamTimeout bounds one request's reads and writes.
 	streamTimeout = 30 * time.Second
 	// maxStreamField bounds the token and namespace of a hello.
@@ -383,9 +364,12 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		return err
 	}
 	defer release()
-	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
-	var hdr [13]byte
+	var hdr [5]byte
+	var h blockstream.Summer
+	var sum [8]byte
 	for i, slot := range slots {
+		// Each block gets the stream timeout, not the whole request.
+		_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
 		if slot < 0 {
 			if err := w.WriteByte(0); err != nil {
 				return err
@@ -398,14 +382,22 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		}
 		hdr[0] = 1
 		binary.BigEndian.PutUint32(hdr[1:], uint32(len(data)))
-		binary.BigEndian.PutUint64(hdr[5:], xxh3.Hash(data))
 		if _, err := w.Write(hdr[:]); err != nil {
 			return err
 		}
-		// A block is larger than the buffer: after a flush, bufio writes
-		// it to the socket directly, from the pinned slot.
-		if _, err := w.Write(data); err != nil {
-			return fmt.Errorf("block stream: block %d: %w", i, err)
+		// Chunk by chunk from the pinned slot: bufio writes each straight
+		// to the socket, and it is hashed right after, while in cache.
+		h.Reset()
+		for off := 0; off < len(data); off += blockstream.Chunk {
+			chunk := data[off:min(off+blockstream.Chunk, len(data))]
+			if _, err := w.Write(chunk); err != nil {
+				return fmt.Errorf("block stream: block %d: %w", i, err)
+			}
+			h.Write(chunk)
+		}
+		binary.BigEndian.PutUint64(sum[:], h.Sum64())
+		if _, err := w.Write(sum[:]); err != nil {
+			return err
 		}
 	}
 	return w.Flush()

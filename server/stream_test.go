@@ -76,12 +76,14 @@ func TestBlockStreamProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	found, _ := r.ReadByte()
-	var hdr [12]byte
+	var hdr [4]byte
 	io.ReadFull(r, hdr[:])
-	got := make([]byte, binary.BigEndian.Uint32(hdr[:4]))
+	got := make([]byte, binary.BigEndian.Uint32(hdr[:]))
 	io.ReadFull(r, got)
+	var sum [8]byte
+	io.ReadFull(r, sum[:])
 	miss, err := r.ReadByte()
-	if found != 1 || len(got) != slotSize || got[7] != 42 || miss != 0 || err != nil {
+	if found != 1 || len(got) != slotSize || got[7] != 42 || binary.BigEndian.Uint64(sum[:]) != blockstream.Sum(got) || miss != 0 || err != nil {
 		t.Fatalf("answer: found %d len %d byte %d, then %d (%v)", found, len(got), got[7], miss, err)
 	}
 	// A request beyond the key limit ends the connection.
