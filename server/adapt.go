@@ -124,7 +124,8 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 		for _, p := range t.Peers() {
 			out.CorruptBlocks += uint64(p.Corrupt)
 			out.Remote.Healthy = out.Remote.Healthy || p.Healthy
-			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: p.Name, Healthy: p.Healthy})
+			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: p.Name, Healthy: p.Healthy,
+				Index: &NodeIndex{Current: p.Indexed, Blocks: p.IndexKeys, Gaps: p.Gaps}})
 		}
 		return
 	case *redis.Tier:

@@ -89,6 +89,9 @@ var (
 	descTierReconRm   = prometheus.NewDesc("kvtier_tier_reconciled_removals_total", "Removed events a remote tier published late, after a reconciliation pass found blocks it had announced gone from the server (a keyspace subscription down, a server restarted empty, an object lifecycle rule); remote tiers with events only.", tierLabels, nil)
 	descTierReconErr  = prometheus.NewDesc("kvtier_tier_reconcile_failures_total", "Reconciliation passes of a remote tier that could not finish (the server failed a check); they are retried.", tierLabels, nil)
 	descTierNode      = prometheus.NewDesc("kvtier_tier_node_healthy", "1 while a node of a clustered remote tier (a Redis Cluster master) answers its probe, else 0.", append(tierLabels, "node"), nil)
+	descNodeIndexed   = prometheus.NewDesc("kvtier_tier_node_indexed", "1 while a peer tier answers lookups for this peer from its KV events (index current), else 0 (it asks the peer).", append(tierLabels, "node"), nil)
+	descNodeIndexKeys = prometheus.NewDesc("kvtier_tier_node_index_blocks", "Blocks in a peer tier's index of this peer.", append(tierLabels, "node"), nil)
+	descNodeIndexGaps = prometheus.NewDesc("kvtier_tier_node_index_gaps_total", "KV event sequence gaps a peer tier saw from this peer (filled by replay or a new pass over its blocks).", append(tierLabels, "node"), nil)
 	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
 	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks).", append(tierLabels, "reason"), nil)
 	descTierPinned    = prometheus.NewDesc("kvtier_tier_cascade_pinned_slots", "Primary slots pinned by the tier's cascades in flight.", tierLabels, nil)
@@ -120,7 +123,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
-		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descTierCorrupt, descTierCorrDel,
+		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
@@ -220,6 +223,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 						v = 1
 					}
 					gauge(descTierNode, v, with(nd.Addr)...)
+					if ix := nd.Index; ix != nil {
+						v = 0
+						if ix.Current {
+							v = 1
+						}
+						gauge(descNodeIndexed, v, with(nd.Addr)...)
+						gauge(descNodeIndexKeys, float64(ix.Blocks), with(nd.Addr)...)
+						counter(descNodeIndexGaps, uint64(ix.Gaps), with(nd.Addr)...)
+					}
 				}
 			}
 			gauge(descTierHealthy, healthy, l...)

@@ -107,10 +107,19 @@ type RemoteTierStats struct {
 	Nodes []NodeHealth
 }
 
-// NodeHealth is one node of a clustered remote tier.
+// NodeHealth is one node of a clustered remote tier, or one peer of a
+// peer tier.
 type NodeHealth struct {
 	Addr    string
 	Healthy bool
+	// Index is a peer tier's event index of the peer (nil otherwise).
+	Index *NodeIndex
+}
+
+// NodeIndex is the state of a peer tier's index of one peer.
+type NodeIndex struct {
+	Current      bool // lookups are answered from it
+	Blocks, Gaps int64
 }
 
 // Histogram is a cumulative histogram in seconds, Prometheus style.

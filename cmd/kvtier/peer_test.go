@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,20 +26,28 @@ import (
 
 type peerDaemon struct {
 	name, dir, tcp string
-	srv            *server.Server
-	c              *client.Client
+	// metrics is server.metrics_addr ("" = off); events, if set, is an
+	// events section.
+	metrics, events string
+	srv             *server.Server
+	c               *client.Client
 }
 
 func startPeerDaemon(t *testing.T, name, tiers string) *peerDaemon {
+	t.Helper()
+	d := newPeerDaemon(t, name)
+	d.start(t, tiers)
+	return d
+}
+
+func newPeerDaemon(t *testing.T, name string) *peerDaemon {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kvp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &peerDaemon{name: name, dir: dir, tcp: freeTCP(t)}
-	d.start(t, tiers)
-	return d
+	return &peerDaemon{name: name, dir: dir, tcp: freeTCP(t)}
 }
 
 func (d *peerDaemon) start(t *testing.T, tiers string) { d.startWith(t, tiers, "") }
@@ -49,8 +59,9 @@ func (d *peerDaemon) startWith(t *testing.T, tiers, server string) {
 namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 256KiB}
 secondary_tiers: %s
-server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: ""%s}
-`, tiers, d.dir, d.tcp, server)
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: %q%s}
+%s
+`, tiers, d.dir, d.tcp, d.metrics, server, d.events)
 	cfg, err := config.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -334,4 +345,64 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("second load over the stream: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
 	}
+}
+
+// A daemon whose peer publishes its KV events answers lookups for that
+// peer from its event index, says so in /metrics, and loads through it.
+func TestPeerEventIndexDaemons(t *testing.T) {
+	a := newPeerDaemon(t, "A")
+	a.events = `events: {enabled: true, endpoint: "tcp://*:0", replay_endpoint: "tcp://*:0"}`
+	a.start(t, "[]")
+	b := newPeerDaemon(t, "B")
+	b.metrics = "127.0.0.1:0"
+	b.start(t, fmt.Sprintf(`[{name: fleet, type: peer, resync_interval: 100ms, peers: [{name: a, addr: %q}]}]`, a.tcp))
+	block := bytes.Repeat([]byte{9, 8, 7, 6}, 1024)
+	key := offload.MakeKey([]byte("indexed-block-01"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	metrics := func() string {
+		resp, err := http.Get("http://" + b.srv.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for nodeMetric(metrics(), "kvtier_tier_node_index_blocks", "a") != "1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("index never current with A's block:\n%s", grepLines(metrics(), "node_index"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if m := metrics(); nodeMetric(m, "kvtier_tier_node_indexed", "a") != "1" {
+		t.Fatalf("not indexed:\n%s", grepLines(m, "node_index"))
+	}
+	got, ok := b.get(t, key, "")
+	if !ok || !bytes.Equal(got, block) {
+		t.Fatalf("load through the index: hit %v", ok)
+	}
+}
+
+// nodeMetric returns the value of metric name for node in a /metrics
+// page ("" when absent).
+func nodeMetric(page, name, node string) string {
+	for l := range strings.SplitSeq(page, "\n") {
+		if strings.HasPrefix(l, name+"{") && strings.Contains(l, `node="`+node+`"`) {
+			return l[strings.LastIndexByte(l, ' ')+1:]
+		}
+	}
+	return ""
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
