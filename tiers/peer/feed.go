@@ -175,7 +175,8 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 			if first.GetEventsReplayPort() == 0 {
 				return fmt.Errorf("%w: expected batch %d, got %d, no replay", errGap, next, seq)
 			}
-			if next, err = t.replay(ctx, p, at(first.GetEventsReplayPort()), next, seq, apply); err != nil {
+			// Fills [next, seq); the batch in hand follows.
+			if err := t.replay(ctx, p, at(first.GetEventsReplayPort()), next, seq, apply); err != nil {
 				return err
 			}
 		}
@@ -219,26 +220,25 @@ func (t *Tier) listAll(ctx context.Context, p *peer, h *hints) (uint64, string, 
 }
 
 // replay fetches batches [from, until) from the peer's replay socket and
-// applies them; it returns until, or errGap when the peer no longer has
-// them all.
-func (t *Tier) replay(ctx context.Context, p *peer, addr string, from, until uint64, apply func(uint64, []byte) error) (uint64, error) {
+// applies them, or returns errGap when the peer no longer has them all.
+func (t *Tier) replay(ctx context.Context, p *peer, addr string, from, until uint64, apply func(uint64, []byte) error) error {
 	rctx, cancel := context.WithTimeout(ctx, replayTimeout)
 	defer cancel()
 	d, err := zmtp.Dial(rctx, addr, zmtp.Dealer, nil)
 	if err != nil {
-		return 0, fmt.Errorf("%w: replay: %v", errGap, err)
+		return fmt.Errorf("%w: replay: %v", errGap, err)
 	}
 	defer d.Close()
 	stop := context.AfterFunc(rctx, func() { d.Close() })
 	defer stop()
 	if err := d.Send([]byte{}, binary.BigEndian.AppendUint64(nil, from)); err != nil {
-		return 0, fmt.Errorf("%w: replay: %v", errGap, err)
+		return fmt.Errorf("%w: replay: %v", errGap, err)
 	}
 	next := from
 	for next < until {
 		msg, err := d.Recv()
 		if err != nil {
-			return 0, fmt.Errorf("%w: replay: %v", errGap, err)
+			return fmt.Errorf("%w: replay: %v", errGap, err)
 		}
 		if len(msg) != 4 || len(msg[2]) != 8 {
 			continue
@@ -248,18 +248,18 @@ func (t *Tier) replay(ctx context.Context, p *peer, addr string, from, until uin
 		}
 		seq := binary.BigEndian.Uint64(msg[2])
 		if seq != next {
-			return 0, fmt.Errorf("%w: replay from %d starts at %d", errGap, next, seq)
+			return fmt.Errorf("%w: replay from %d starts at %d", errGap, next, seq)
 		}
 		if err := apply(seq, msg[3]); err != nil {
-			return 0, err
+			return err
 		}
 		p.feed.replayed.Add(1)
 		next++
 	}
 	if next < until {
-		return 0, fmt.Errorf("%w: replay ended at %d, needed up to %d", errGap, next, until)
+		return fmt.Errorf("%w: replay ended at %d, needed up to %d", errGap, next, until)
 	}
-	return next, nil
+	return nil
 }
 
 // applyEvents applies a decoded batch to h: a stored block gains its
