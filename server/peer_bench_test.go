@@ -152,6 +152,22 @@ func benchPeerLoads(b *testing.B, stream bool, perOp int) {
 	}
 }
 
+// dialStream opens a block stream to e's daemon, learning its address
+// through c, closed when b ends.
+func dialStream(b *testing.B, e *env, c *client.Client) *client.Stream {
+	ctx := ctxT(b)
+	addr, err := c.StreamAddr(ctx, e.tcp)
+	if err != nil || addr == "" {
+		b.Fatalf("stream address %q: %v", addr, err)
+	}
+	st, err := client.DialStream(ctx, addr, client.StreamOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
 func benchClientGets(b *testing.B, stream bool, perOp int) {
 	e, keys, _ := bigBlocksEnv(b, true, perOp)
 	ctx := ctxT(b)
@@ -162,14 +178,7 @@ func benchClientGets(b *testing.B, stream bool, perOp int) {
 	}
 	var st *client.Stream
 	if stream {
-		addr, err := tcp.StreamAddr(ctx, e.tcp)
-		if err != nil || addr == "" {
-			b.Fatalf("stream address %q: %v", addr, err)
-		}
-		if st, err = client.DialStream(ctx, addr, client.StreamOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		defer st.Close()
+		st = dialStream(b, e, tcp)
 	}
 	b.SetBytes(int64(perOp * bigBlock))
 	b.ResetTimer()
@@ -203,14 +212,7 @@ func benchClientPuts(b *testing.B, stream bool, perOp int) {
 	}
 	var st *client.Stream
 	if stream {
-		addr, err := tcp.StreamAddr(ctx, e.tcp)
-		if err != nil || addr == "" {
-			b.Fatalf("stream address %q: %v", addr, err)
-		}
-		if st, err = client.DialStream(ctx, addr, client.StreamOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		defer st.Close()
+		st = dialStream(b, e, tcp)
 	}
 	b.SetBytes(int64(perOp * bigBlock))
 	b.ResetTimer()
