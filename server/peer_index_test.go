@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -378,4 +380,128 @@ func TestPeerFromStorage(t *testing.T) {
 	if got, _ := arena.Slot(0); !bytes.Equal(got, block(k)) {
 		t.Fatal("bytes differ")
 	}
+}
+
+// The index agrees with the peer after any sequence of stores (with
+// evictions), reads, resets and lost batches, once it has caught up: a
+// block is a hit exactly when the peer's primary holds it. After a reset
+// (which publishes nothing) the index may claim blocks the peer dropped;
+// loads of those are misses, never wrong bytes, and the index forgets
+// them. Every load that succeeds brings the peer's bytes.
+func TestPeerIndexModel(t *testing.T) {
+	for seed := range uint64(30) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) { peerIndexRun(t, rand.New(rand.NewPCG(seed, 1))) })
+	}
+}
+
+// peerIndexRun is one random sequence of TestPeerIndexModel; each
+// subtest has its own daemon, closed when it ends.
+func peerIndexRun(t *testing.T, rnd *rand.Rand) {
+	var proxy *dropProxy
+	var mu sync.Mutex
+	e := startEnv(t, envOptions{slots: 16, tiers: noTiers, publish: true, feed: func(f server.EventFeed) server.EventFeed {
+		mu.Lock()
+		defer mu.Unlock()
+		if proxy != nil {
+			f.Port = proxy.port
+		}
+		return f
+	}})
+	mu.Lock()
+	proxy = startDropProxy(t, e.pub.Addr().String())
+	mu.Unlock()
+	c := e.dial(t, e.unix)
+	tier := newIndexedTier(t, e)
+	waitIndex(t, tier, 0)
+	req, _ := offload.NewReqContext("m", nil)
+	pool := keys(0, 40)
+	arena := rt.NewArena(slotSize, 4)
+	jobID := uint64(0)
+	held := func() map[offload.Key]bool {
+		out := map[offload.Key]bool{}
+		for cursor := int64(0); ; {
+			r, err := c.ListBlocks(ctxT(t), cursor, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range r.GetKeys() {
+				out[offload.Key(k)] = true
+			}
+			if cursor = r.GetNextCursor(); cursor == 0 {
+				return out
+			}
+		}
+	}
+	load := func(ks []offload.Key) {
+		jobID++
+		job := &offload.Job{ID: jobID, Keys: ks, Slots: rt.Slots(0, len(ks)), Arena: arena, Req: req, Promotion: true}
+		res := rt.Run(t, tier, job)
+		for _, k := range res.SuccessfulKeys {
+			i := slices.Index(ks, k)
+			if got, _ := arena.Slot(int64(i)); !bytes.Equal(got, block(k)) {
+				t.Fatalf("load of %s brought other bytes", k)
+			}
+		}
+	}
+	reset := false
+	for range 1 + rnd.IntN(25) {
+		switch rnd.IntN(10) {
+		case 0:
+			if err := c.Reset(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			reset = true
+		case 1:
+			proxy.dropNext(1 + rnd.IntN(3))
+		case 2, 3:
+			n := 1 + rnd.IntN(4)
+			var ks []offload.Key
+			for range n {
+				ks = append(ks, pool[rnd.IntN(len(pool))])
+			}
+			load(slices.Compact(ks))
+		default:
+			n := 1 + rnd.IntN(4)
+			start := rnd.IntN(len(pool) - n + 1)
+			put(t, c, pool[start:start+n])
+		}
+	}
+	// A batch after any dropped ones, so that a gap shows.
+	proxy.mu.Lock()
+	clear(proxy.drop)
+	proxy.mu.Unlock()
+	put(t, c, keys(100, 1))
+	r, err := c.ListBlocks(ctxT(t), 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Eventually(t, indexWait, "the index caught up", func() bool {
+		st := tier.Peers()[0]
+		return st.Indexed && st.NextSeq == r.GetEventsNextSeq()
+	})
+	all := append(slices.Clone(pool), keys(100, 1)...)
+	if reset {
+		// What a reset dropped silently: loads find it gone and the
+		// index forgets it.
+		var claimed []offload.Key
+		for _, k := range all {
+			if tier.Lookup(k, req) == offload.Hit {
+				claimed = append(claimed, k)
+			}
+		}
+		for len(claimed) > 0 {
+			n := min(4, len(claimed))
+			load(claimed[:n])
+			claimed = claimed[n:]
+		}
+	}
+	want := held()
+	rt.Eventually(t, indexWait, "the index to match the peer", func() bool {
+		for _, k := range all {
+			if (tier.Lookup(k, req) == offload.Hit) != want[k] {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -35,11 +35,12 @@ const replayTimeout = 5 * time.Second
 
 // feedStats are a feed's counters, read by Peers.
 type feedStats struct {
-	syncs    atomic.Int64 // passes over the peer's blocks
-	gaps     atomic.Int64 // sequence gaps seen
-	replayed atomic.Int64 // batches fetched by replay
-	batches  atomic.Int64 // batches applied
-	keys     atomic.Int64 // entries in the index (a gauge)
+	syncs    atomic.Int64  // passes over the peer's blocks
+	gaps     atomic.Int64  // sequence gaps seen
+	replayed atomic.Int64  // batches fetched by replay
+	batches  atomic.Int64  // batches applied
+	keys     atomic.Int64  // entries in the index (a gauge)
+	next     atomic.Uint64 // sequence number of the next batch expected
 }
 
 // runFeed keeps p's index: a pass over the peer's blocks, then its KV
@@ -115,6 +116,7 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 	}
 	p.feed.syncs.Add(1)
 	p.feed.keys.Store(int64(h.live))
+	p.feed.next.Store(next)
 	p.indexed.Store(true)
 	t.log.Debug("peer index current", "peer", p.cfg.Name, "blocks", h.live, "from_seq", next)
 
@@ -184,6 +186,7 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 			return err
 		}
 		next = seq + 1
+		p.feed.next.Store(next)
 	}
 }
 

@@ -694,9 +694,11 @@ type PeerStats struct {
 	// Indexed reports that lookups are answered from the peer's events;
 	// IndexKeys is the blocks the index holds, Syncs the passes over the
 	// peer's block list, Gaps the event sequence gaps seen, Replayed the
-	// batches fetched to fill them.
+	// batches fetched to fill them, NextSeq the sequence number of the
+	// next batch the index expects.
 	Indexed                          bool
 	IndexKeys, Syncs, Gaps, Replayed int64
+	NextSeq                          uint64
 }
 
 // Peers returns every peer's counters, in configuration order.
@@ -705,7 +707,7 @@ func (t *Tier) Peers() []PeerStats {
 	for i, p := range t.peers {
 		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(),
 			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.goneBlocks.Load(), Corrupt: p.corrupt.Load(),
-			Indexed: p.indexed.Load(), IndexKeys: p.feed.keys.Load(), Syncs: p.feed.syncs.Load(), Gaps: p.feed.gaps.Load(), Replayed: p.feed.replayed.Load()}
+			Indexed: p.indexed.Load(), IndexKeys: p.feed.keys.Load(), Syncs: p.feed.syncs.Load(), Gaps: p.feed.gaps.Load(), Replayed: p.feed.replayed.Load(), NextSeq: p.feed.next.Load()}
 	}
 	return out
 }
