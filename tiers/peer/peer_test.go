@@ -16,15 +16,23 @@ func TestConfigValidation(t *testing.T) {
 		name  string
 		peers []PeerConfig
 		key   string
+		edit  func(*Config)
 	}{
-		{"ok", []PeerConfig{ok}, ""},
-		{"no peers", nil, "peers"},
-		{"no name", []PeerConfig{{Addr: "h:1"}}, "peers[0].name"},
-		{"duplicate", []PeerConfig{ok, ok}, "peers[1].name"},
-		{"bad addr", []PeerConfig{ok, {Name: "b", Addr: "h"}}, "peers[1].addr"},
-		{"bad locality", []PeerConfig{{Name: "b", Addr: "h:1", Locality: "moon"}}, "peers[0].locality"},
+		{"ok", []PeerConfig{ok}, "", nil},
+		{"index bound", []PeerConfig{ok}, "index_max_keys", func(c *Config) { c.IndexMaxKeys = MaxIndexKeys + 1 }},
+		{"negative index bound", []PeerConfig{ok}, "index_max_keys", func(c *Config) { c.IndexMaxKeys = -1 }},
+		{"negative resync", []PeerConfig{ok}, "resync_interval", func(c *Config) { c.ResyncInterval = -1 }},
+		{"no peers", nil, "peers", nil},
+		{"no name", []PeerConfig{{Addr: "h:1"}}, "peers[0].name", nil},
+		{"duplicate", []PeerConfig{ok, ok}, "peers[1].name", nil},
+		{"bad addr", []PeerConfig{ok, {Name: "b", Addr: "h"}}, "peers[1].addr", nil},
+		{"bad locality", []PeerConfig{{Name: "b", Addr: "h:1", Locality: "moon"}}, "peers[0].locality", nil},
 	} {
-		err := Config{Name: "p", Peers: tc.peers}.Validate()
+		c := Config{Name: "p", Peers: tc.peers}
+		if tc.edit != nil {
+			tc.edit(&c)
+		}
+		err := c.Validate()
 		if tc.key == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tc.name, err)
