@@ -25,7 +25,15 @@ import (
 // of the plain loopback stream between two processes.
 const streamEnv = "KVTIER_STREAM_BYTES"
 
+// clientEnv makes the test binary, run as a child with it set to put or
+// get, do that many ops of perOp 2 MiB blocks over the block stream at
+// KVTIER_STREAM_TO: a remote engine in its own process.
+const clientEnv = "KVTIER_STREAM_CLIENT"
+
 func init() {
+	if mode := os.Getenv(clientEnv); mode != "" {
+		os.Exit(streamClient(mode))
+	}
 	n, _ := strconv.Atoi(os.Getenv(streamEnv))
 	if n <= 0 {
 		return
@@ -44,6 +52,68 @@ func init() {
 	}
 	c.Close()
 	os.Exit(0)
+}
+
+// streamClient is the child of the process benchmarks: ops × perOp puts
+// of new blocks, or gets of blocks 0 … perOp-1, each checked.
+func streamClient(mode string) int {
+	ops, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_OPS"))
+	perOp, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_PER_OP"))
+	st, err := client.DialStream(context.Background(), os.Getenv("KVTIER_STREAM_TO"), client.StreamOptions{})
+	if err != nil {
+		return 2
+	}
+	defer st.Close()
+	blocks := make([]client.Block, perOp)
+	for i := range blocks {
+		blocks[i].Data = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for op := 1; op <= ops; op++ {
+		if mode == "put" {
+			for i := range blocks {
+				blocks[i].Key = key(op*perOp + i)
+			}
+			res, err := st.Put(blocks, deadline)
+			if err != nil || res[perOp-1] != client.PutStored {
+				return 3
+			}
+			continue
+		}
+		keys := make([]offload.Key, perOp)
+		for i := range keys {
+			keys[i] = key(i)
+		}
+		res, err := st.Get(keys, func(i int) []byte { return blocks[i].Data }, deadline)
+		if err != nil || res[perOp-1] != client.StreamLoaded {
+			return 4
+		}
+	}
+	return 0
+}
+
+// benchClientProcess runs b.N ops of a remote engine in a child process
+// (mode put or get) against a daemon with 2 MiB slots: as the plain
+// stream's writer, its start is inside the timing.
+func benchClientProcess(b *testing.B, mode string, perOp int) {
+	var e *env
+	if mode == "get" {
+		e, _, _ = bigBlocksEnv(b, true, perOp)
+	} else {
+		e = startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
+	}
+	addr, err := e.dial(b, e.tcp).StreamAddr(ctxT(b), e.tcp)
+	if err != nil || addr == "" {
+		b.Fatalf("stream address %q: %v", addr, err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), clientEnv+"="+mode, "KVTIER_STREAM_TO="+addr,
+		"KVTIER_STREAM_OPS="+strconv.Itoa(b.N), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp))
+	b.SetBytes(int64(perOp * bigBlock))
+	b.ResetTimer()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("client process: %v %s", err, out)
+	}
 }
 
 // BenchmarkPeerTransfer2MiB moves 8 × 2 MiB per op from a daemon's
@@ -67,6 +137,10 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	// Its by-value writes: client.Stream.Put, and PutBlocks over the API.
 	for _, path := range []string{"client-put-stream", "client-put-api"} {
 		b.Run(path, func(b *testing.B) { benchClientPuts(b, path == "client-put-stream", perOp) })
+	}
+	// The same engine in its own process, as the plain stream's writer is.
+	for _, mode := range []string{"get", "put"} {
+		b.Run("process-"+mode+"-stream", func(b *testing.B) { benchClientProcess(b, mode, perOp) })
 	}
 	b.Run("tcp-stream", func(b *testing.B) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
