@@ -18,9 +18,11 @@ var ErrMalformed = errors.New("malformed KV event batch")
 type Decoded struct {
 	Type   EventType
 	Hashes []uint64
-	// Medium is the medium's wire name ("" when nil).
-	Medium string
-	Group  uint32
+	// Medium is the medium's wire name ("" when nil); Locality the
+	// locality's ("" when absent: the engine's or kvtier's primary, or
+	// vLLM ≤ 0.23's positional form, which has no locality).
+	Medium, Locality string
+	Group            uint32
 }
 
 // Decoder decodes the payload frame of published batches, in both forms
@@ -31,7 +33,7 @@ type Decoded struct {
 type Decoder struct {
 	evs    []Decoded
 	hashes []uint64
-	medium map[string]string // interned medium names
+	medium map[string]string // interned medium and locality names
 }
 
 // Limits of one batch, far above what a publisher sends, so that a
@@ -104,6 +106,8 @@ func (d *Decoder) mapEvent(b []byte, ev *Decoded) ([]byte, error) {
 			b, err = d.readHashes(b)
 		case "medium":
 			ev.Medium, b, err = d.readMedium(b)
+		case "locality":
+			ev.Locality, b, err = d.readMedium(b)
 		case "group_idx":
 			ev.Group, b, err = readOptUint32(b)
 		default:

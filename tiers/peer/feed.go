@@ -267,11 +267,17 @@ func (t *Tier) replay(ctx context.Context, p *peer, addr string, from, until uin
 
 // applyEvents applies a decoded batch to h: a stored block gains its
 // medium (its own hash is the last of its hashes), a removed one loses it,
-// AllBlocksCleared drops everything. It returns false when h is full.
+// AllBlocksCleared drops everything. The peer's primary announces CPU
+// without a locality; a CPU tier with one (Redis) is not the peer's DRAM
+// and is left out; any other medium is the peer's storage. It returns
+// false when h is full.
 func applyEvents(h *hints, evs []events.Decoded, cpuName string) bool {
 	for _, ev := range evs {
 		m := onStorage
 		if ev.Medium == cpuName {
+			if ev.Locality != "" {
+				continue // another CPU tier of the peer's, not its primary
+			}
 			m = onCPU
 		}
 		switch ev.Type {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/kvtier/kvtier/events"
 )
 
 // The hints agree with a map after any sequence of adds, removes and
@@ -108,4 +110,34 @@ func mix(x uint64) uint64 {
 	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
 	x = (x ^ x>>27) * 0x94d049bb133111eb
 	return x ^ x>>31
+}
+
+// The primary's events (CPU, no locality) make DRAM hints, a storage
+// tier's make storage hints, and a CPU tier with a locality (a Redis
+// tier) makes none: a peer read would not find it in the peer's DRAM.
+func TestApplyEventsMedia(t *testing.T) {
+	h := newHints(16)
+	const a, b, c = 11, 22, 33
+	applyEvents(h, []events.Decoded{
+		{Type: events.BlockStored, Hashes: []uint64{a}, Medium: events.MediumCPU},
+		{Type: events.BlockStored, Hashes: []uint64{9, b}, Medium: events.MediumStorage, Locality: events.LocalityLocal},
+		{Type: events.BlockStored, Hashes: []uint64{c}, Medium: events.MediumCPU, Locality: events.LocalityRemote},
+		{Type: events.BlockStored, Hashes: []uint64{b}, Medium: events.MediumCPU},
+	}, events.MediumCPU)
+	for _, tc := range []struct {
+		hash uint64
+		want uint64
+	}{{a, onCPU}, {b, onCPU | onStorage}, {c, 0}, {9, 0}} {
+		if got := h.media(tagOf(tc.hash, 0)); got != tc.want {
+			t.Errorf("hash %d: media %d, want %d", tc.hash, got, tc.want)
+		}
+	}
+	applyEvents(h, []events.Decoded{{Type: events.BlockRemoved, Hashes: []uint64{b}, Medium: events.MediumCPU}}, events.MediumCPU)
+	if got := h.media(tagOf(b, 0)); got != onStorage {
+		t.Errorf("after the DRAM copy's removal: media %d", got)
+	}
+	applyEvents(h, []events.Decoded{{Type: events.AllBlocksCleared}}, events.MediumCPU)
+	if h.media(tagOf(a, 0)) != 0 || h.media(tagOf(b, 0)) != 0 {
+		t.Error("AllBlocksCleared left hints")
+	}
 }
