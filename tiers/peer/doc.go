@@ -44,7 +44,9 @@
 // events, passes once over the peer's block list (ListBlocks, which also
 // says where the events are and the sequence number of the next batch),
 // then applies every batch from that number on: stores add, removals
-// drop, a cleared cache empties. The pass and the events together are
+// drop, a cleared cache empties. The peer's primary announces medium CPU
+// without a locality; a CPU tier with one (its Redis tier) is not its
+// DRAM and makes no hint; any other medium is its storage. The pass and the events together are
 // exact whatever their interleaving, because a page shows the blocks as
 // they were when read and every later change is in a later batch. A
 // sequence gap is filled from the peer's replay socket; when replay no
