@@ -10,9 +10,13 @@
 //	get request:   u32 nkeys, then per key u16 len, key bytes
 //	get response:  per key u8 found (0/1) and, when found, u32 len,
 //	               len bytes, u64 Sum of the bytes
-//	put request:   u32 nkeys | PutFlag, then per key u16 len, key bytes,
+//	put request:   u32 nkeys | PutFlag [| PushFlag], then per key u16 len, key bytes,
 //	               then per key u32 len, len bytes, u64 Sum of the bytes
 //	put response:  per key u8 status (PutStored, PutPresent, PutRejected)
+//
+// PushFlag marks a put as a push from a peer's tier: the daemon stores
+// the blocks in its primary and lets them cascade to its storage tiers
+// only, never to its own peers, so a push never travels further.
 //
 // A block's checksum trails it and is computed Chunk bytes at a time, so
 // that both ends hash each chunk right after it went through the socket,
@@ -29,8 +33,10 @@ const (
 	// Magic and Version open both hellos.
 	Magic   = "KVBS"
 	Version = 1
-	// PutFlag marks a put request in its key count.
-	PutFlag = 1 << 31
+	// PutFlag marks a put request in its key count; PushFlag a put that
+	// is a peer's push.
+	PutFlag  = 1 << 31
+	PushFlag = 1 << 30
 	// Chunk is the unit a put is written, read and hashed in.
 	Chunk = 256 << 10
 )

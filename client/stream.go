@@ -208,9 +208,20 @@ const (
 // the call (and the stream is then unusable); the daemon then stores
 // none of the call's blocks.
 func (s *Stream) Put(blocks []Block, deadline time.Time) ([]PutResult, error) {
+	return s.put(blocks, deadline, 0)
+}
+
+// Push is Put for a peer's tier pushing blocks to this daemon: the daemon
+// stores them in its primary and its storage tiers only, never passing
+// them on to its own peers.
+func (s *Stream) Push(blocks []Block, deadline time.Time) ([]PutResult, error) {
+	return s.put(blocks, deadline, blockstream.PushFlag)
+}
+
+func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32) ([]PutResult, error) {
 	_ = s.c.SetDeadline(deadline)
 	var nb [4]byte
-	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|blockstream.PutFlag)
+	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|blockstream.PutFlag|flags)
 	s.w.Write(nb[:])
 	for _, b := range blocks {
 		writeField(s.w, []byte(b.Key))

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/events/zmtp"
 	"github.com/kvtier/kvtier/offload"
@@ -504,4 +505,74 @@ func peerIndexRun(t *testing.T, rnd *rand.Rand) {
 		}
 		return true
 	})
+}
+
+// With push, a cascade to the peer tier stores each block in one peer's
+// primary, as the request's store filter allows; the receiving daemon
+// keeps a push to itself and its storage tiers and never passes it on to
+// its own peers.
+func TestPeerPush(t *testing.T) {
+	// C is where A would pass blocks on, if pushes travelled.
+	c := startEnv(t, envOptions{slots: 16, tiers: noTiers, stream: true})
+	var aTiers []offload.SecondaryTier
+	a := startEnv(t, envOptions{slots: 16, stream: true, tiers: func(tb testing.TB) []offload.SecondaryTier {
+		onward, err := peer.New(peer.Config{Name: "onward", Push: true, EventIndex: new(bool), Peers: []peer.PeerConfig{{Name: "c", Addr: c.tcp}}, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		aTiers = append(storageTier(tb), onward)
+		return aTiers
+	}})
+	tier, err := peer.New(peer.Config{Name: "fleet", Push: true, EventIndex: new(bool), Peers: []peer.PeerConfig{{Name: "a", Addr: a.tcp}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close(context.Background())
+	if tier.ReadOnly() {
+		t.Fatal("a push tier reports read-only")
+	}
+	arena := rt.NewArena(slotSize, 3)
+	ks := keys(0, 3)
+	for i, k := range ks {
+		s, _ := arena.Slot(int64(i))
+		copy(s, block(k))
+	}
+	// A store filter without the peer's locality pushes nothing.
+	remoteOnly, _ := offload.NewReqContext("r", []byte(`{"kv_store_tiers":[{"locality":"remote"}]}`))
+	if res := rt.Run(t, tier, &offload.Job{ID: 1, Keys: ks[:1], Slots: []int64{0}, Arena: arena, Req: remoteOnly}); !res.Success {
+		t.Fatalf("filtered push: %v", res.Err)
+	}
+	req, _ := offload.NewReqContext("s", nil)
+	if res := rt.Run(t, tier, &offload.Job{ID: 2, Keys: ks[1:], Slots: []int64{1, 2}, Arena: arena, Req: req}); !res.Success {
+		t.Fatalf("push: %v", res.Err)
+	}
+	ac := a.dial(t, a.unix)
+	got, err := ac.GetBlocks(ctxT(t), ks, client.GetOptions{CallOptions: client.CallOptions{Params: `{"kv_load_tiers":[]}`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Results[0] == kvtierv1.LookupResult_LOOKUP_RESULT_HIT {
+		t.Error("a push the store filter excludes reached the peer")
+	}
+	for i := 1; i < 3; i++ {
+		if got.Results[i] != kvtierv1.LookupResult_LOOKUP_RESULT_HIT || !bytes.Equal(got.Data[i], block(ks[i])) {
+			t.Fatalf("pushed block %d: %v", i, got.Results[i])
+		}
+	}
+	if st := tier.Peers()[0]; st.Pushed != 2 {
+		t.Errorf("pushed %d, want 2", st.Pushed)
+	}
+	// A cascades the pushed blocks to its storage tier; its own push tier
+	// gets them too but finds no peer the push's filter allows: C gets
+	// nothing.
+	rt.Eventually(t, indexWait, "A's cascades", func() bool {
+		st, err := ac.Stats(ctxT(t))
+		return err == nil && st.GetTiers()[0].GetCascadesOk() >= 1 && st.GetTiers()[1].GetCascadesOk() >= 1
+	})
+	if n := aTiers[1].(*peer.Tier).Peers()[0].Pushed; n != 0 {
+		t.Errorf("A pushed %d blocks on to C", n)
+	}
+	if got, _ := c.dial(t, c.unix).GetBlocks(ctxT(t), ks, client.GetOptions{}); got.Hits != 0 {
+		t.Errorf("C holds %d pushed blocks: the push travelled on", got.Hits)
+	}
 }

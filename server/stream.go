@@ -36,10 +36,14 @@ import (
 // abandoned, so a damaged block is never exposed. Keys the primary holds
 // already are read and discarded.
 
+// pushStoreParams are the filters of a peer's push (see reserveForStream).
+const pushStoreParams = `{"kv_store_tiers":[{"medium":"storage"}]}`
+
 const (
 	streamMagic   = blockstream.Magic
 	streamVersion = blockstream.Version
 	putFlag       = blockstream.PutFlag
+	pushFlag      = blockstream.PushFlag
 	putStored     = blockstream.PutStored
 	putPresent    = blockstream.PutPresent
 	putRejected   = blockstream.PutRejected
@@ -175,7 +179,7 @@ func (s *Server) streamConn(c net.Conn) error {
 			return err
 		}
 		word := binary.BigEndian.Uint32(nb[:])
-		n := int(word &^ putFlag)
+		n := int(word &^ (putFlag | pushFlag))
 		if n <= 0 || n > s.limits.MaxKeysPerCall {
 			return fmt.Errorf("block stream: %d keys (1 to %d)", n, s.limits.MaxKeysPerCall)
 		}
@@ -192,7 +196,7 @@ func (s *Server) streamConn(c net.Conn) error {
 			}
 		}
 		if word&putFlag != 0 {
-			err = s.streamPut(c, r, w, ns, keys)
+			err = s.streamPut(c, r, w, ns, keys, word&pushFlag != 0)
 		} else {
 			err = s.streamBlocks(c, w, ns, keys)
 		}
@@ -206,12 +210,19 @@ func (s *Server) streamConn(c net.Conn) error {
 // returns their slots (-1 for keys it holds or that repeat an earlier
 // key) and commit, which completes the stores of the keys ok marks and
 // abandons the rest. commit must be called exactly once.
-func (ns *Namespace) reserveForStream(keys []offload.Key) (slots []int64, commit func(ok []bool) error, err error) {
+func (ns *Namespace) reserveForStream(keys []offload.Key, push bool) (slots []int64, commit func(ok []bool) error, err error) {
 	if err := ns.lock(); err != nil {
 		return nil, nil, err
 	}
 	defer ns.mu.Unlock()
-	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream put", nil)
+	var params []byte
+	if push {
+		// A peer's push goes to this primary and its storage tiers: the
+		// filter excludes medium CPU, so this daemon's peer tiers (their
+		// peers' DRAM) never pass it on.
+		params = []byte(pushStoreParams)
+	}
+	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream put", params)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -277,8 +288,8 @@ func (ns *Namespace) reserveForStream(keys []offload.Key) (slots []int64, commit
 
 // streamPut answers one put request: reserves, reads each block into its
 // slot, commits the verified ones, answers a status per key.
-func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key) error {
-	slots, commit, err := ns.reserveForStream(keys)
+func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key, push bool) error {
+	slots, commit, err := ns.reserveForStream(keys, push)
 	noRoom := errors.Is(err, ErrNoSpace)
 	switch {
 	case noRoom:

@@ -195,7 +195,7 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 		// Dynamic on both axes: the tier applies each request's filter
 		// per peer.
 		decl:    Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
-		details: Details{Parts: parts, ReadOnly: true},
+		details: Details{Parts: parts, ReadOnly: !c.Push},
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger

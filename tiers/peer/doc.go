@@ -13,6 +13,7 @@
 //	    timeout: 2s          # per call to a peer
 //	    event_index: true    # follow the peers' KV events (default)
 //	    from_storage: false  # also load what peers hold on their disks
+//	    push: false          # cascade stores to peers
 //	    index_max_keys: 1048576
 //
 // addr is the peer daemon's API address (its server.tcp_addr); a peer on
@@ -70,8 +71,8 @@
 // false) is read through the API (GetBlocks with checksums). A block damaged
 // on the way is rejected, counted (corrupt_blocks) and a miss; a stream
 // that fails turns what it had not delivered into misses and the tier uses
-// the API until it learns the stream again. The tier is read-only
-// (offload.ReadOnly): no push, so no cascades.
+// the API until it learns the stream again. Without push the tier is
+// read-only (offload.ReadOnly): no cascades, no share of the pin budget.
 //
 // # Health
 //
@@ -85,6 +86,16 @@
 // tls: {ca_file, cert_file, key_file, server_name}; with its
 // client_ca_file set, only peers presenting a certificate of that CA get
 // in (mutual TLS), and the token still applies.
+//
+// # Push
+//
+// With push, the manager cascades stores to the tier, and each block goes
+// to one peer among those the request's store filter allows (the peer's
+// DRAM at its locality) and that are up, chosen by rendezvous hashing, as
+// a push on the peer's block stream. The peer keeps a push in its primary
+// and lets it cascade with kv_store_tiers [{medium: storage}]: to its
+// storage tiers, never to its own peer tiers, so a push never travels
+// further.
 //
 // # From a peer's storage tiers
 //

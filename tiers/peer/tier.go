@@ -89,6 +89,10 @@ type Config struct {
 	// ProbeInterval (defaults 3 and 1s): its keys miss without a call.
 	UnhealthyAfter int           `yaml:"unhealthy_after"`
 	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	// Push cascades stores to peers (default false): each block to one
+	// peer the request's store filter allows, into its primary (and its
+	// storage tiers; never further).
+	Push bool `yaml:"push"`
 	// FromStorage also loads blocks the index says a peer holds in its
 	// storage tiers (its disk) when the request's filter allows storage
 	// at the peer's locality: the peer promotes them into its primary
@@ -209,6 +213,8 @@ type peer struct {
 	contacts   atomic.Int64 // existence calls and loads sent
 	served     atomic.Int64 // blocks loaded from it
 	goneBlocks atomic.Int64 // blocks it no longer had at load time
+	pushed     atomic.Int64 // blocks pushed to it (stored or already held)
+	nameHash   uint64       // of its name, for rendezvous hashing
 	corrupt    atomic.Int64 // blocks whose checksum did not match
 	stream     stream
 
@@ -299,7 +305,7 @@ func New(cfg Config) (*Tier, error) {
 			t.closePeers()
 			return nil, fmt.Errorf("peer tier %q: peer %q at %s: %w", cfg.Name, pc.Name, pc.Addr, err)
 		}
-		p := &peer{cfg: pc, locality: loc, c: c}
+		p := &peer{cfg: pc, locality: loc, c: c, nameHash: xxh3.HashString(pc.Name)}
 		p.stream.tlsConf = streamTLS
 		p.lookups = asynclookup.New(fmt.Sprintf("peer tier %q, peer %q", cfg.Name, pc.Name), t.existsOn(p),
 			asynclookup.Options{MaxBatch: cfg.LookupBatch, Timeout: cfg.Timeout, Logger: t.log})
@@ -323,8 +329,9 @@ func (t *Tier) Type() string               { return Type }
 func (t *Tier) Medium() offload.Medium     { return offload.MediumUnspecified }
 func (t *Tier) Locality() offload.Locality { return offload.LocalityUnspecified }
 
-// ReadOnly reports true: the tier does not push blocks to peers.
-func (t *Tier) ReadOnly() bool { return true }
+// ReadOnly reports whether the tier takes no cascades: true unless push
+// is on.
+func (t *Tier) ReadOnly() bool { return !t.cfg.Push }
 
 // source is where a load takes a block from on a peer.
 type source uint8
@@ -612,10 +619,126 @@ func (t *Tier) getFrom(ctx context.Context, p *peer, m uint64, job *offload.Job,
 	return bad
 }
 
-// SubmitStore fails: the tier is read-only and the manager never sends it
-// a cascade.
+// SubmitStore pushes a cascade to peers when push is on (it fails
+// otherwise: the manager never cascades to a read-only tier). Each block
+// goes to one peer among those the request's store filter allows (their
+// DRAM at their locality) and that are up, chosen by rendezvous hashing:
+// the fleet spreads its blocks, and a key goes to the same peer as long
+// as that peer is a candidate. A block no peer may take is left out; the
+// job succeeds when every block sent was stored (or was there already).
 func (t *Tier) SubmitStore(job *offload.Job) {
-	t.jobs.Fail(job, fmt.Errorf("peer tier %q: read-only (no push)", t.cfg.Name))
+	if !t.cfg.Push {
+		t.jobs.Fail(job, fmt.Errorf("peer tier %q: read-only (push is off)", t.cfg.Name))
+		return
+	}
+	if len(job.Slots) < len(job.Keys) {
+		t.jobs.Fail(job, fmt.Errorf("peer tier %q: store job %d: %d slots for %d keys", t.cfg.Name, job.ID, len(job.Slots), len(job.Keys)))
+		return
+	}
+	byPeer := make(map[*peer][]int)
+	var order []*peer
+	for i, k := range job.Keys {
+		p := t.pushTarget(k, job.Req)
+		if p == nil {
+			continue
+		}
+		if byPeer[p] == nil {
+			order = append(order, p)
+		}
+		byPeer[p] = append(byPeer[p], i)
+	}
+	t.jobs.Submit(job, func(ctx context.Context, job *offload.Job) offload.JobResult {
+		start := time.Now()
+		var mu sync.Mutex
+		var errs []error
+		var sent atomic.Int64
+		var wg sync.WaitGroup
+		for _, p := range order {
+			idx := byPeer[p]
+			wg.Go(func() {
+				if err := t.pushTo(ctx, p, job, idx); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				sent.Add(int64(len(idx) * job.Arena.SlotSize()))
+			})
+		}
+		wg.Wait()
+		r := offload.JobResult{Success: len(errs) == 0, Duration: time.Since(start), Bytes: sent.Load()}
+		if !r.Success {
+			r.Err = errors.Join(errs...)
+		}
+		return r
+	})
+}
+
+// pushTarget is the peer key goes to under req's store filter, or nil.
+func (t *Tier) pushTarget(k offload.Key, req *offload.ReqContext) *peer {
+	var best *peer
+	var bestScore uint64
+	tag := keyTag(k)
+	for _, p := range t.peers {
+		if req != nil && !req.StoreFilter.Allows(offload.MediumCPU, p.locality) {
+			continue
+		}
+		if !p.up() {
+			continue
+		}
+		if score := (tag ^ p.nameHash) * 0x9e3779b97f4a7c15; best == nil || score > bestScore {
+			best, bestScore = p, score
+		}
+	}
+	return best
+}
+
+// pushTo sends job.Keys[idx] to p over its block stream as a push (p keeps
+// them in its primary and storage tiers, never passing them on).
+func (t *Tier) pushTo(ctx context.Context, p *peer, job *offload.Job, idx []int) error {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	p.contacts.Add(1)
+	addr := t.streamAddr(ctx, p)
+	if addr == "" {
+		err := fmt.Errorf("peer %q: push: no block stream", p.cfg.Name)
+		t.report(p, err)
+		return err
+	}
+	blocks := make([]client.Block, len(idx))
+	for j, i := range idx {
+		slot, err := job.Arena.Slot(job.Slots[i])
+		if err != nil {
+			return fmt.Errorf("peer %q: push %s: %w", p.cfg.Name, job.Keys[i], err)
+		}
+		blocks[j] = client.Block{Key: job.Keys[i], Data: slot}
+	}
+	sc, err := t.getStream(ctx, p, addr)
+	if err != nil {
+		t.report(p, err)
+		return fmt.Errorf("peer %q: push: %w", p.cfg.Name, err)
+	}
+	deadline, _ := ctx.Deadline()
+	res, err := sc.Push(blocks, deadline)
+	if err != nil {
+		sc.Close()
+		p.forgetStream()
+		t.report(p, err)
+		return fmt.Errorf("peer %q: push: %w", p.cfg.Name, err)
+	}
+	p.putStream(sc)
+	t.report(p, nil)
+	rejected := 0
+	for _, r := range res {
+		if r == client.PutRejected {
+			rejected++
+		}
+	}
+	p.pushed.Add(int64(len(res) - rejected))
+	if rejected > 0 {
+		return fmt.Errorf("peer %q: push: %d of %d blocks refused (no room, or damaged on the way)", p.cfg.Name, rejected, len(res))
+	}
+	return nil
 }
 
 // FinishedJobs returns the results since the last call.
@@ -691,6 +814,8 @@ type PeerStats struct {
 	// longer held when a load asked; Corrupt the blocks rejected because
 	// their checksum did not match.
 	Contacts, Served, Gone, Corrupt int64
+	// Pushed counts the blocks pushed to the peer (push).
+	Pushed int64
 	// Indexed reports that lookups are answered from the peer's events;
 	// IndexKeys is the blocks the index holds, Syncs the passes over the
 	// peer's block list, Gaps the event sequence gaps seen, Replayed the
@@ -706,7 +831,7 @@ func (t *Tier) Peers() []PeerStats {
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {
 		out[i] = PeerStats{Name: p.cfg.Name, Addr: p.cfg.Addr, Locality: p.locality, Healthy: p.up(),
-			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.goneBlocks.Load(), Corrupt: p.corrupt.Load(),
+			Contacts: p.contacts.Load(), Served: p.served.Load(), Gone: p.goneBlocks.Load(), Corrupt: p.corrupt.Load(), Pushed: p.pushed.Load(),
 			Indexed: p.indexed.Load(), IndexKeys: p.feed.keys.Load(), Syncs: p.feed.syncs.Load(), Gaps: p.feed.gaps.Load(), Replayed: p.feed.replayed.Load(), NextSeq: p.feed.next.Load()}
 	}
 	return out
