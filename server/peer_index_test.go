@@ -200,6 +200,27 @@ func startDropProxy(t *testing.T, upstream string) *dropProxy {
 	return d
 }
 
+// startDroppingEnv starts a daemon of slots slots publishing its events
+// (replay keeping replaySteps batches, 0 = vLLM's default) whose
+// ListBlocks sends subscribers to a dropProxy in front of its publisher.
+func startDroppingEnv(t *testing.T, slots, replaySteps int) (*env, *dropProxy) {
+	t.Helper()
+	var proxy *dropProxy
+	var mu sync.Mutex
+	e := startEnv(t, envOptions{slots: slots, tiers: noTiers, publish: true, replaySteps: replaySteps, feed: func(f server.EventFeed) server.EventFeed {
+		mu.Lock()
+		defer mu.Unlock()
+		if proxy != nil {
+			f.Port = proxy.port
+		}
+		return f
+	}})
+	mu.Lock()
+	proxy = startDropProxy(t, e.pub.Addr().String())
+	mu.Unlock()
+	return e, proxy
+}
+
 // dropNext drops the next n batches after those seen so far.
 func (d *dropProxy) dropNext(n int) {
 	d.mu.Lock()
@@ -222,19 +243,7 @@ func TestPeerIndexGapReplayAndResync(t *testing.T) {
 		{"replay lost them: resync", 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var proxy *dropProxy
-			var mu sync.Mutex
-			e := startEnv(t, envOptions{slots: 64, tiers: noTiers, publish: true, replaySteps: tc.steps, feed: func(f server.EventFeed) server.EventFeed {
-				mu.Lock()
-				defer mu.Unlock()
-				if proxy != nil {
-					f.Port = proxy.port
-				}
-				return f
-			}})
-			mu.Lock()
-			proxy = startDropProxy(t, e.pub.Addr().String())
-			mu.Unlock()
+			e, proxy := startDroppingEnv(t, 64, tc.steps)
 			c := e.dial(t, e.unix)
 			tier := newIndexedTier(t, e)
 			waitIndex(t, tier, 0)
@@ -398,19 +407,7 @@ func TestPeerIndexModel(t *testing.T) {
 // peerIndexRun is one random sequence of TestPeerIndexModel; each
 // subtest has its own daemon, closed when it ends.
 func peerIndexRun(t *testing.T, rnd *rand.Rand) {
-	var proxy *dropProxy
-	var mu sync.Mutex
-	e := startEnv(t, envOptions{slots: 16, tiers: noTiers, publish: true, feed: func(f server.EventFeed) server.EventFeed {
-		mu.Lock()
-		defer mu.Unlock()
-		if proxy != nil {
-			f.Port = proxy.port
-		}
-		return f
-	}})
-	mu.Lock()
-	proxy = startDropProxy(t, e.pub.Addr().String())
-	mu.Unlock()
+	e, proxy := startDroppingEnv(t, 16, 0)
 	c := e.dial(t, e.unix)
 	tier := newIndexedTier(t, e)
 	waitIndex(t, tier, 0)
