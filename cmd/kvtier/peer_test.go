@@ -384,6 +384,31 @@ func TestPeerEventIndexDaemons(t *testing.T) {
 	if !ok || !bytes.Equal(got, block) {
 		t.Fatalf("load through the index: hit %v", ok)
 	}
+
+	// A restarts (empty, its events on a new port): B's index goes cold,
+	// passes over A's blocks again and follows the new publisher.
+	a.stop()
+	a.start(t, "[]")
+	second := offload.MakeKey([]byte("indexed-block-02"), 0)
+	third := offload.MakeKey([]byte("indexed-block-03"), 0)
+	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: second, Data: block}, {Key: third, Data: block}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		m := metrics()
+		// Two blocks: only the new A's publisher can say so.
+		if nodeMetric(m, "kvtier_tier_node_indexed", "a") == "1" && nodeMetric(m, "kvtier_tier_node_index_blocks", "a") == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index never current again after A's restart:\n%s", grepLines(m, "node_index"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, ok := b.get(t, second, ""); !ok || !bytes.Equal(got, block) {
+		t.Fatalf("B's load from the restarted A: hit %v", ok)
+	}
 }
 
 // nodeMetric returns the value of metric name for node in a /metrics
