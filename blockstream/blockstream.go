@@ -25,6 +25,8 @@ package blockstream
 
 import (
 	"encoding/binary"
+	"fmt"
+	"io"
 
 	"github.com/zeebo/xxh3"
 )
@@ -48,11 +50,13 @@ const (
 	PutRejected = 3 // wrong size or checksum, or no room: not stored
 )
 
-// Summer computes the checksum of a block on the stream: the XXH3-64 of the big-endian
-// XXH3-64s of the block's Chunk-sized pieces. (One-shot XXH3 per piece is
-// twice as fast as the streaming hasher.) The zero value is ready.
+// Summer computes the checksum of a block on the stream: the XXH3-64 of
+// the big-endian XXH3-64s of the block's Chunk-sized pieces. (One-shot
+// XXH3 per piece is twice as fast as the streaming hasher.) The zero value
+// is ready; one Summer serves the blocks of a call in turn.
 type Summer struct {
 	sums []byte
+	word [8]byte // framing scratch of WriteBlock and ReadBody
 }
 
 // Reset starts a new block.
@@ -74,4 +78,85 @@ func Sum(block []byte) uint64 {
 		s.Write(block[off:min(off+Chunk, len(block))])
 	}
 	return s.Sum64()
+}
+
+// WriteBlock writes data as the stream frames a block: u32 length, the
+// bytes Chunk at a time (a bufio.Writer passes each straight to the
+// socket), each hashed right after, then their Sum.
+func WriteBlock(w io.Writer, data []byte, s *Summer) error {
+	binary.BigEndian.PutUint32(s.word[:4], uint32(len(data)))
+	if _, err := w.Write(s.word[:4]); err != nil {
+		return err
+	}
+	s.Reset()
+	for off := 0; off < len(data); off += Chunk {
+		piece := data[off:min(off+Chunk, len(data))]
+		if _, err := w.Write(piece); err != nil {
+			return err
+		}
+		s.Write(piece)
+	}
+	binary.BigEndian.PutUint64(s.word[:], s.Sum64())
+	_, err := w.Write(s.word[:])
+	return err
+}
+
+// ReadLen reads the length that opens a block.
+func ReadLen(r io.Reader, s *Summer) (int64, error) {
+	if _, err := io.ReadFull(r, s.word[:4]); err != nil {
+		return 0, err
+	}
+	return int64(binary.BigEndian.Uint32(s.word[:4])), nil
+}
+
+// ReadBody reads a block of len(dst) bytes (its length read) into dst,
+// Chunk at a time, each hashed right after it landed, then its Sum, and
+// reports whether they match; when they do not, dst holds garbage.
+func ReadBody(r io.Reader, dst []byte, s *Summer) (bool, error) {
+	s.Reset()
+	for off := 0; off < len(dst); off += Chunk {
+		piece := dst[off:min(off+Chunk, len(dst))]
+		if _, err := io.ReadFull(r, piece); err != nil {
+			return false, err
+		}
+		s.Write(piece)
+	}
+	if _, err := io.ReadFull(r, s.word[:]); err != nil {
+		return false, err
+	}
+	return s.Sum64() == binary.BigEndian.Uint64(s.word[:]), nil
+}
+
+// Skip reads and drops a block of n bytes (its length read) and its Sum:
+// one of another size is never copied in part.
+func Skip(r io.Reader, n int64) error {
+	_, err := io.CopyN(io.Discard, r, n+8)
+	return err
+}
+
+// WriteField writes a u16-length-prefixed field (a key, a token, a
+// namespace).
+func WriteField(w io.Writer, b []byte) error {
+	var lb [2]byte
+	binary.BigEndian.PutUint16(lb[:], uint16(len(b)))
+	if _, err := w.Write(lb[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// ReadField reads a field WriteField wrote, refusing one over max bytes.
+func ReadField(r io.Reader, max int) ([]byte, error) {
+	var lb [2]byte
+	if _, err := io.ReadFull(r, lb[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint16(lb[:]))
+	if n > max {
+		return nil, fmt.Errorf("block stream: %d-byte field (max %d)", n, max)
+	}
+	b := make([]byte, n)
+	_, err := io.ReadFull(r, b)
+	return b, err
 }

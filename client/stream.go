@@ -91,8 +91,8 @@ func DialStream(ctx context.Context, addr string, o StreamOptions) (*Stream, err
 	_ = c.SetDeadline(time.Now().Add(o.Timeout))
 	s.w.WriteString(blockstream.Magic)
 	s.w.WriteByte(blockstream.Version)
-	writeField(s.w, []byte(o.Token))
-	writeField(s.w, []byte(o.Namespace))
+	blockstream.WriteField(s.w, []byte(o.Token))
+	blockstream.WriteField(s.w, []byte(o.Namespace))
 	var reply [5]byte
 	err = s.w.Flush()
 	if err == nil {
@@ -136,13 +136,12 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 	binary.BigEndian.PutUint32(nb[:], uint32(len(keys)))
 	s.w.Write(nb[:])
 	for _, k := range keys {
-		writeField(s.w, []byte(k))
+		blockstream.WriteField(s.w, []byte(k))
 	}
 	if err := s.w.Flush(); err != nil {
 		return nil, err
 	}
 	res := make([]StreamResult, len(keys))
-	var word [8]byte
 	var h blockstream.Summer
 	for i := range keys {
 		found, err := s.r.ReadByte()
@@ -152,37 +151,27 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 		if found == 0 {
 			continue // StreamGone
 		}
-		if _, err := io.ReadFull(s.r, word[:4]); err != nil {
+		n, err := blockstream.ReadLen(s.r, &h)
+		if err != nil {
 			return res[:i], err
 		}
-		n := int64(binary.BigEndian.Uint32(word[:4]))
 		buf := dst(i)
 		if n != int64(len(buf)) {
-			// Never copy part of a block of another size.
-			if _, err := io.CopyN(io.Discard, s.r, n+8); err != nil {
+			if err := blockstream.Skip(s.r, n); err != nil {
 				return res[:i], err
 			}
 			res[i] = StreamWrongSize
 			continue
 		}
-		// Chunk by chunk: bufio reads each straight into the buffer, and
-		// it is hashed while in cache.
-		h.Reset()
-		for off := 0; off < len(buf); off += blockstream.Chunk {
-			chunk := buf[off:min(off+blockstream.Chunk, len(buf))]
-			if _, err := io.ReadFull(s.r, chunk); err != nil {
-				return res[:i], err
-			}
-			h.Write(chunk)
-		}
-		if _, err := io.ReadFull(s.r, word[:]); err != nil {
+		// Straight from the socket into the buffer.
+		whole, err := blockstream.ReadBody(s.r, buf, &h)
+		if err != nil {
 			return res[:i], err
 		}
-		if h.Sum64() != binary.BigEndian.Uint64(word[:]) {
-			res[i] = StreamCorrupt
-			continue
-		}
 		res[i] = StreamLoaded
+		if !whole {
+			res[i] = StreamCorrupt
+		}
 	}
 	return res, nil
 }
@@ -192,13 +181,13 @@ type PutResult uint8
 
 const (
 	// PutStored: the daemon's primary holds the block now.
-	PutStored PutResult = 1
+	PutStored PutResult = blockstream.PutStored
 	// PutPresent: the primary held the key already (or the call repeats
 	// it); nothing was written.
-	PutPresent PutResult = 2
-	// PutRejected: the block arrived damaged or of the wrong size and was
-	// not stored.
-	PutRejected PutResult = 3
+	PutPresent PutResult = blockstream.PutPresent
+	// PutRejected: the block arrived damaged or of the wrong size, or
+	// the primary had no room, and was not stored.
+	PutRejected PutResult = blockstream.PutRejected
 )
 
 // Put stores blocks in the daemon's primary (with its default filters)
@@ -224,26 +213,13 @@ func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32) ([]PutRes
 	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|blockstream.PutFlag|flags)
 	s.w.Write(nb[:])
 	for _, b := range blocks {
-		writeField(s.w, []byte(b.Key))
+		blockstream.WriteField(s.w, []byte(b.Key))
 	}
-	// The checksum trails each block: it is computed chunk by chunk as the
-	// chunks go into the socket, while they are in cache.
 	var h blockstream.Summer
-	var word [8]byte
 	for _, b := range blocks {
-		binary.BigEndian.PutUint32(word[:4], uint32(len(b.Data)))
-		s.w.Write(word[:4])
-		h.Reset()
-		for off := 0; off < len(b.Data); off += blockstream.Chunk {
-			chunk := b.Data[off:min(off+blockstream.Chunk, len(b.Data))]
-			h.Write(chunk)
-			// Larger than the buffer: bufio writes it to the socket directly.
-			if _, err := s.w.Write(chunk); err != nil {
-				return nil, err
-			}
+		if err := blockstream.WriteBlock(s.w, b.Data, &h); err != nil {
+			return nil, err
 		}
-		binary.BigEndian.PutUint64(word[:], h.Sum64())
-		s.w.Write(word[:])
 	}
 	if err := s.w.Flush(); err != nil {
 		return nil, err
@@ -260,11 +236,4 @@ func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32) ([]PutRes
 		}
 	}
 	return res, nil
-}
-
-func writeField(w *bufio.Writer, b []byte) {
-	var lb [2]byte
-	binary.BigEndian.PutUint16(lb[:], uint16(len(b)))
-	w.Write(lb[:])
-	w.Write(b)
 }

@@ -148,11 +148,11 @@ func (s *Server) streamConn(c net.Conn) error {
 	if string(hello[:4]) != streamMagic || hello[4] != streamVersion {
 		return fmt.Errorf("block stream: bad hello %q", hello)
 	}
-	token, err := readField(r)
+	token, err := blockstream.ReadField(r, maxStreamField)
 	if err != nil {
 		return err
 	}
-	nsName, err := readField(r)
+	nsName, err := blockstream.ReadField(r, maxStreamField)
 	if err != nil {
 		return err
 	}
@@ -186,7 +186,7 @@ func (s *Server) streamConn(c net.Conn) error {
 		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
 		keys := make([]offload.Key, n)
 		for i := range keys {
-			k, err := readField(r)
+			k, err := blockstream.ReadField(r, maxStreamField)
 			if err != nil {
 				return err
 			}
@@ -314,20 +314,19 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 	status := make([]byte, len(keys))
 	slotSize := ns.arena.SlotSize()
 	var h blockstream.Summer
-	var word [8]byte
 	for i := range keys {
 		// Each block gets the stream timeout, not the whole request.
 		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
-		if _, err := io.ReadFull(r, word[:4]); err != nil {
+		n, err := blockstream.ReadLen(r, &h)
+		if err != nil {
 			return err
 		}
-		n := int64(binary.BigEndian.Uint32(word[:4]))
 		if slots[i] < 0 || n != int64(slotSize) {
 			status[i] = putPresent
 			if noRoom || n != int64(slotSize) {
 				status[i] = putRejected
 			}
-			if _, err := io.CopyN(io.Discard, r, n+8); err != nil {
+			if err := blockstream.Skip(r, n); err != nil {
 				return err
 			}
 			continue
@@ -336,20 +335,12 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		if err != nil {
 			return err
 		}
-		// Chunk by chunk: bufio reads each straight from the socket into
-		// the slot, and it is hashed while it is still in cache.
-		h.Reset()
-		for off := 0; off < len(dst); off += blockstream.Chunk {
-			chunk := dst[off:min(off+blockstream.Chunk, len(dst))]
-			if _, err := io.ReadFull(r, chunk); err != nil {
-				return fmt.Errorf("block stream: put block %d: %w", i, err)
-			}
-			h.Write(chunk)
+		// Straight from the socket into the reserved slot.
+		whole, err := blockstream.ReadBody(r, dst, &h)
+		if err != nil {
+			return fmt.Errorf("block stream: put block %d: %w", i, err)
 		}
-		if _, err := io.ReadFull(r, word[:]); err != nil {
-			return err
-		}
-		if h.Sum64() != binary.BigEndian.Uint64(word[:]) {
+		if !whole {
 			status[i] = putRejected
 			continue
 		}
@@ -375,9 +366,7 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		return err
 	}
 	defer release()
-	var hdr [5]byte
 	var h blockstream.Summer
-	var sum [8]byte
 	for i, slot := range slots {
 		// Each block gets the stream timeout, not the whole request.
 		_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
@@ -391,39 +380,13 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		if err != nil {
 			return err
 		}
-		hdr[0] = 1
-		binary.BigEndian.PutUint32(hdr[1:], uint32(len(data)))
-		if _, err := w.Write(hdr[:]); err != nil {
+		if err := w.WriteByte(1); err != nil {
 			return err
 		}
-		// Chunk by chunk from the pinned slot: bufio writes each straight
-		// to the socket, and it is hashed right after, while in cache.
-		h.Reset()
-		for off := 0; off < len(data); off += blockstream.Chunk {
-			chunk := data[off:min(off+blockstream.Chunk, len(data))]
-			if _, err := w.Write(chunk); err != nil {
-				return fmt.Errorf("block stream: block %d: %w", i, err)
-			}
-			h.Write(chunk)
-		}
-		binary.BigEndian.PutUint64(sum[:], h.Sum64())
-		if _, err := w.Write(sum[:]); err != nil {
-			return err
+		// Straight from the pinned slot into the socket.
+		if err := blockstream.WriteBlock(w, data, &h); err != nil {
+			return fmt.Errorf("block stream: block %d: %w", i, err)
 		}
 	}
 	return w.Flush()
-}
-
-func readField(r *bufio.Reader) ([]byte, error) {
-	var lb [2]byte
-	if _, err := io.ReadFull(r, lb[:]); err != nil {
-		return nil, err
-	}
-	n := int(binary.BigEndian.Uint16(lb[:]))
-	if n > maxStreamField {
-		return nil, fmt.Errorf("block stream: %d-byte field", n)
-	}
-	b := make([]byte, n)
-	_, err := io.ReadFull(r, b)
-	return b, err
 }
