@@ -20,10 +20,6 @@ import (
 // socket straight into the caller's buffer and checked against the
 // daemon's checksum before Get reports it.
 
-// ErrCorrupt reports a block whose bytes do not match the checksum the
-// daemon computed when it read them.
-var ErrCorrupt = errors.New("block damaged in transit (checksum mismatch)")
-
 // StreamOptions configure DialStream.
 type StreamOptions struct {
 	Token, Namespace string

@@ -228,6 +228,17 @@ type peer struct {
 	gone     chan uint64   // tag | media of indexed blocks a load found gone
 }
 
+// lost records that a load found keys gone from p's media m (or damaged):
+// counted, misses for the existence verdicts, forgotten by the index.
+func (p *peer) lost(keys []offload.Key, m uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	p.goneBlocks.Add(int64(len(keys)))
+	p.lookups.MarkMiss(keys)
+	p.forget(keys, m)
+}
+
 // forget tells the feed that the peer no longer holds keys in media m
 // although the index said so (its primary was reset, which publishes no
 // events). It never blocks: a full backlog drops the news.
@@ -545,11 +556,7 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, src source, job *offload.J
 		gone, err := t.streamLoad(ctx, p, addr, job, idx, ok)
 		if err == nil {
 			t.report(p, nil)
-			if len(gone) > 0 {
-				p.goneBlocks.Add(int64(len(gone)))
-				p.lookups.MarkMiss(gone)
-				p.forget(gone, onCPU)
-			}
+			p.lost(gone, onCPU)
 			return nil
 		}
 		// The stream failed: what it did not deliver is a miss now, and
@@ -611,11 +618,7 @@ func (t *Tier) getFrom(ctx context.Context, p *peer, m uint64, job *offload.Job,
 		ok[i] = true
 		p.served.Add(1)
 	}
-	if len(gone) > 0 {
-		p.goneBlocks.Add(int64(len(gone)))
-		p.lookups.MarkMiss(gone)
-		p.forget(gone, m)
-	}
+	p.lost(gone, m)
 	return bad
 }
 
