@@ -48,31 +48,36 @@ type feedStats struct {
 // current (p.indexed false) the tier asks the peer instead.
 func (t *Tier) runFeed(ctx context.Context, p *peer) {
 	defer close(p.feedDone)
-	logged := false
+	logged, gapBefore := false, false
 	for {
 		err := t.follow(ctx, p)
 		p.indexed.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
+		gap := errors.Is(err, errGap)
 		// Say it once per kind of trouble; a feed that keeps failing in the
 		// same way is a peer's configuration, not news every interval.
-		if !logged || errors.Is(err, errGap) {
-			t.log.Info("peer index cold: asking the peer instead", "peer", p.cfg.Name, "err", err, "retry_in", t.cfg.ResyncInterval)
-			logged = !errors.Is(err, errGap)
+		if !logged || gap {
+			t.log.Info("peer index cold: asking the peer instead", "peer", p.cfg.Name, "err", err, "retry_in", t.feedRetry(gap, gapBefore))
+			logged = !gap
 		}
+		wait := t.feedRetry(gap, gapBefore)
+		gapBefore = gap
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(t.feedRetry(err)):
+		case <-time.After(wait):
 		}
 	}
 }
 
-// feedRetry is how long to wait before following again after err: a gap
-// resyncs at once, anything else after resync_interval.
-func (t *Tier) feedRetry(err error) time.Duration {
-	if errors.Is(err, errGap) {
+// feedRetry is how long to wait before following again: a gap resyncs at
+// once, unless the previous attempt ended in one too (a peer whose batches
+// keep failing must not be passed over in a loop); anything else after
+// resync_interval.
+func (t *Tier) feedRetry(gap, gapBefore bool) time.Duration {
+	if gap && !gapBefore {
 		return 0
 	}
 	return t.cfg.ResyncInterval
