@@ -33,6 +33,7 @@ type Decoded struct {
 type Decoder struct {
 	evs    []Decoded
 	hashes []uint64
+	spans  [][2]int // each event's hashes in hashes
 	medium map[string]string // interned medium and locality names
 }
 
@@ -57,8 +58,7 @@ func (d *Decoder) Decode(b []byte) ([]Decoded, error) {
 	if err != nil || ne > maxDecodeEvents {
 		return nil, fmt.Errorf("%w: events: %v", ErrMalformed, err)
 	}
-	type span struct{ start, end int }
-	spans := make([]span, 0, ne)
+	d.spans = d.spans[:0]
 	for i := uint32(0); i < ne; i++ {
 		var ev Decoded
 		start := len(d.hashes)
@@ -66,11 +66,11 @@ func (d *Decoder) Decode(b []byte) ([]Decoded, error) {
 			return nil, fmt.Errorf("%w: event %d: %v", ErrMalformed, i, err)
 		}
 		d.evs = append(d.evs, ev)
-		spans = append(spans, span{start, len(d.hashes)})
+		d.spans = append(d.spans, [2]int{start, len(d.hashes)})
 	}
 	// Hashes point into one buffer that may have moved while it grew.
-	for i := range d.evs {
-		d.evs[i].Hashes = d.hashes[spans[i].start:spans[i].end:spans[i].end]
+	for i, sp := range d.spans {
+		d.evs[i].Hashes = d.hashes[sp[0]:sp[1]:sp[1]]
 	}
 	return d.evs, nil
 }

@@ -508,20 +508,7 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 	t.jobs.Submit(job, func(ctx context.Context, job *offload.Job) offload.JobResult {
 		start := time.Now()
 		ok := make([]bool, len(job.Keys))
-		var mu sync.Mutex
-		var errs []error
-		var wg sync.WaitGroup
-		for _, f := range order {
-			idx := byPeer[f]
-			wg.Go(func() {
-				if err := t.loadFrom(ctx, f.p, f.src, job, idx, ok); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+		err := fanOut(order, func(f from) error { return t.loadFrom(ctx, f.p, f.src, job, byPeer[f], ok) })
 		r := offload.JobResult{Success: true, Duration: time.Since(start)}
 		for i, k := range job.Keys {
 			if ok[i] {
@@ -532,13 +519,25 @@ func (t *Tier) SubmitLoad(job *offload.Job) {
 			}
 		}
 		if !r.Success {
-			r.Err = errors.Join(errs...)
+			r.Err = err
 			if r.Err == nil {
 				r.Err = fmt.Errorf("peer tier %q: %d of %d blocks held by no allowed peer", t.cfg.Name, len(job.Keys)-len(r.SuccessfulKeys), len(job.Keys))
 			}
 		}
 		return r
 	})
+}
+
+// fanOut runs fn for every group (the keys of one peer) on a goroutine of
+// its own and returns their errors joined once all have returned.
+func fanOut[G any](groups []G, fn func(G) error) error {
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() { errs[i] = fn(g) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // loadFrom loads job.Keys[idx] from p's src into their slots and sets ok
@@ -652,28 +651,15 @@ func (t *Tier) SubmitStore(job *offload.Job) {
 	}
 	t.jobs.Submit(job, func(ctx context.Context, job *offload.Job) offload.JobResult {
 		start := time.Now()
-		var mu sync.Mutex
-		var errs []error
 		var sent atomic.Int64
-		var wg sync.WaitGroup
-		for _, p := range order {
-			idx := byPeer[p]
-			wg.Go(func() {
-				if err := t.pushTo(ctx, p, job, idx); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
-				sent.Add(int64(len(idx) * job.Arena.SlotSize()))
-			})
-		}
-		wg.Wait()
-		r := offload.JobResult{Success: len(errs) == 0, Duration: time.Since(start), Bytes: sent.Load()}
-		if !r.Success {
-			r.Err = errors.Join(errs...)
-		}
-		return r
+		err := fanOut(order, func(p *peer) error {
+			if err := t.pushTo(ctx, p, job, byPeer[p]); err != nil {
+				return err
+			}
+			sent.Add(int64(len(byPeer[p]) * job.Arena.SlotSize()))
+			return nil
+		})
+		return offload.JobResult{Success: err == nil, Err: err, Duration: time.Since(start), Bytes: sent.Load()}
 	})
 }
 
