@@ -287,16 +287,22 @@ func TestPeerTierRejectsBlocksDamagedInTransit(t *testing.T) {
 	if got, ok := b.get(t, key, ""); ok {
 		t.Fatalf("a damaged block was served (equal to the original: %v)", bytes.Equal(got, block))
 	}
-	st, err := b.c.Stats(ctxFor(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := st.GetTiers()[0].GetCorruptBlocks(); n != 1 {
-		t.Fatalf("corrupt blocks %d, want 1", n)
-	}
+	wantCorruptCounted(t, b, 1)
 	// The proxy damages one block per connection: the next load is whole.
 	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("second load: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
+	}
+}
+
+// wantCorruptCounted checks that d's first tier counted n damaged blocks.
+func wantCorruptCounted(t *testing.T, d *peerDaemon, n uint64) {
+	t.Helper()
+	st, err := d.c.Stats(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.GetTiers()[0].GetCorruptBlocks(); got != n {
+		t.Fatalf("corrupt blocks %d, want %d", got, n)
 	}
 }
 
@@ -311,18 +317,14 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	}
 	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
 	streamProxy.Close() // reserved the port number; flipProxy listens on it below
-	dir, err := os.MkdirTemp("", "kvp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
 		t.Skipf("127.0.0.2 is not usable here: %v", err)
 	}
 	apiAddr := apiLn.Addr().String()
 	apiLn.Close()
-	a := &peerDaemon{name: "A", dir: dir, tcp: apiAddr}
+	a := newPeerDaemon(t, "A")
+	a.tcp = apiAddr
 	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
 	block := bytes.Repeat([]byte{0x11, 0x22, 0x33, 0x44, 5, 6, 7, 8}, 512)
 	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64])
@@ -335,13 +337,7 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	if _, ok := b.get(t, key, ""); ok {
 		t.Fatal("a block damaged on the stream was served")
 	}
-	st, err := b.c.Stats(ctxFor(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := st.GetTiers()[0].GetCorruptBlocks(); n != 1 {
-		t.Fatalf("corrupt blocks %d, want 1", n)
-	}
+	wantCorruptCounted(t, b, 1)
 	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("second load over the stream: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
 	}
@@ -361,25 +357,7 @@ func TestPeerEventIndexDaemons(t *testing.T) {
 	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	metrics := func() string {
-		resp, err := http.Get("http://" + b.srv.MetricsAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for nodeMetric(metrics(), "kvtier_tier_node_index_blocks", "a") != "1" {
-		if time.Now().After(deadline) {
-			t.Fatalf("index never current with A's block:\n%s", grepLines(metrics(), "node_index"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if m := metrics(); nodeMetric(m, "kvtier_tier_node_indexed", "a") != "1" {
-		t.Fatalf("not indexed:\n%s", grepLines(m, "node_index"))
-	}
+	waitNodeIndex(t, b, "a", "1")
 	got, ok := b.get(t, key, "")
 	if !ok || !bytes.Equal(got, block) {
 		t.Fatalf("load through the index: hit %v", ok)
@@ -394,20 +372,33 @@ func TestPeerEventIndexDaemons(t *testing.T) {
 	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: second, Data: block}, {Key: third, Data: block}}, client.CallOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		m := metrics()
-		// Two blocks: only the new A's publisher can say so.
-		if nodeMetric(m, "kvtier_tier_node_indexed", "a") == "1" && nodeMetric(m, "kvtier_tier_node_index_blocks", "a") == "2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("index never current again after A's restart:\n%s", grepLines(m, "node_index"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// Two blocks: only the new A's publisher can say so.
+	waitNodeIndex(t, b, "a", "2")
 	if got, ok := b.get(t, second, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("B's load from the restarted A: hit %v", ok)
+	}
+}
+
+// waitNodeIndex waits until d's /metrics says its peer tier's index of
+// node is current and holds blocks blocks.
+func waitNodeIndex(t *testing.T, d *peerDaemon, node, blocks string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + d.srv.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := string(body)
+		if nodeMetric(m, "kvtier_tier_node_indexed", node) == "1" && nodeMetric(m, "kvtier_tier_node_index_blocks", node) == blocks {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index of %s never current with %s blocks:\n%s", node, blocks, grepLines(m, "node_index"))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
