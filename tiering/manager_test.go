@@ -552,12 +552,8 @@ func TestReadOnlyTierGetsNoCascades(t *testing.T) {
 	defer m.Close(context.Background())
 	req := reqWith("r", nil, nil)
 	m.OnNewRequest(req)
-	out, ok, err := m.PrepareStore(keyRange(0, 3), req)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
-		t.Fatal(err)
+	if !storeKeys(t, m, req, keyRange(0, 3)) {
+		t.Fatal("no room for 3 blocks")
 	}
 	for m.HasPendingWork() {
 		m.ScheduleEnd(offload.ScheduleEnd{})
