@@ -63,8 +63,9 @@ func nodeOptions(cfg Config, addr string) *goredis.Options {
 // happened before it), a node that is no longer a master loses it.
 type clusterNodes struct {
 	mu      sync.Mutex
-	subs    map[string]*keyEventSub // by master address
-	healthy map[string]bool         // by master address: answered the last PING
+	conns   map[string]*goredis.Client // by master address: its pings and its subscription
+	subs    map[string]*keyEventSub    // by master address
+	healthy map[string]bool            // by master address: answered the last PING
 }
 
 // NodeHealth is one cluster master as the tier last saw it.
@@ -104,11 +105,14 @@ func (t *Tier) watchNodes() {
 	defer tick.Stop()
 	defer func() {
 		t.nodes.mu.Lock()
-		subs := t.nodes.subs
-		t.nodes.subs = map[string]*keyEventSub{}
+		subs, conns := t.nodes.subs, t.nodes.conns
+		t.nodes.subs, t.nodes.conns = map[string]*keyEventSub{}, map[string]*goredis.Client{}
 		t.nodes.mu.Unlock()
 		for _, s := range subs {
 			s.stop()
+		}
+		for _, c := range conns {
+			_ = c.Close()
 		}
 	}()
 	for {
@@ -139,13 +143,29 @@ func (t *Tier) refreshNodes(ctx context.Context, initial bool) {
 			masters[s.Nodes[0].Addr] = true
 		}
 	}
+	// One client per master, kept across refreshes: pings reuse its pool
+	// instead of dialling every probe interval.
+	t.nodes.mu.Lock()
+	conns := make(map[string]*goredis.Client, len(masters))
+	for a := range masters {
+		if t.nodes.conns[a] == nil {
+			t.nodes.conns[a] = goredis.NewClient(nodeOptions(t.cfg, a))
+		}
+		conns[a] = t.nodes.conns[a]
+	}
+	var former []*goredis.Client
+	for a, c := range t.nodes.conns {
+		if !masters[a] {
+			former = append(former, c)
+			delete(t.nodes.conns, a)
+		}
+	}
+	t.nodes.mu.Unlock()
 	health := map[string]bool{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for a := range masters {
+	for a, c := range conns {
 		wg.Go(func() {
-			c := goredis.NewClient(nodeOptions(t.cfg, a))
-			defer c.Close()
 			pctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout+t.cfg.Timeout)
 			defer cancel()
 			ok := c.Ping(pctx).Err() == nil
@@ -177,8 +197,12 @@ func (t *Tier) refreshNodes(ctx context.Context, initial bool) {
 	for _, s := range stale {
 		s.stop()
 	}
+	// A former master's client goes once its subscription has stopped.
+	for _, c := range former {
+		_ = c.Close()
+	}
 	for _, a := range added {
-		c := goredis.NewClient(nodeOptions(t.cfg, a))
+		c := conns[a]
 		if !initial {
 			// A promoted replica: make sure it publishes, and reconcile
 			// what happened while no one was subscribed there.
@@ -190,7 +214,6 @@ func (t *Tier) refreshNodes(ctx context.Context, initial bool) {
 			t.log.Info("following keyspace events of a new cluster master", "node", a)
 		}
 		s := t.subscribe(c, a)
-		s.own = c
 		t.nodes.mu.Lock()
 		t.nodes.subs[a] = s
 		t.nodes.mu.Unlock()

@@ -90,7 +90,6 @@ func keyEventChannels(db int) []string {
 // keyEventSub follows the key-event channels of one server.
 type keyEventSub struct {
 	ps     *goredis.PubSub
-	own    *goredis.Client // a cluster node's client, closed with the subscription
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -100,9 +99,6 @@ func (s *keyEventSub) stop() {
 	s.cancel()
 	_ = s.ps.Close()
 	<-s.done
-	if s.own != nil {
-		_ = s.own.Close()
-	}
 }
 
 // subscribe follows the key-event channels on c (a single server or one

@@ -158,7 +158,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	})
 	switch {
 	case cfg.Cluster:
-		t.nodes = &clusterNodes{subs: map[string]*keyEventSub{}, healthy: map[string]bool{}}
+		t.nodes = &clusterNodes{conns: map[string]*goredis.Client{}, subs: map[string]*keyEventSub{}, healthy: map[string]bool{}}
 		if cfg.KeyspaceEvents {
 			t.enableNotifications(ctx)
 		}
