@@ -33,7 +33,7 @@ type Decoded struct {
 type Decoder struct {
 	evs    []Decoded
 	hashes []uint64
-	spans  [][2]int // each event's hashes in hashes
+	spans  [][2]int          // each event's hashes in hashes
 	medium map[string]string // interned medium and locality names
 }
 
