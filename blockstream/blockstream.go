@@ -14,6 +14,16 @@
 //	               then per key u32 len, len bytes, u64 Sum of the bytes
 //	put response:  per key u8 status (PutStored, PutPresent, PutRejected)
 //
+// ParamsFlag in the key count marks a by-value call of a remote engine
+// (the client's GetBlocks and PutBlocks): the keys are followed by u16 len
+// params, the request's kv_transfer_params JSON, and for a get by u32
+// wait in milliseconds and u8 prefix-only (0/1). The reply to such a call
+// opens with u8 0 (done) or 1 (failed: u8 code, a gRPC status code, and a
+// u16-len message follow, and nothing else; a failed put's blocks are read
+// and dropped first). A get that is done is answered as the API's
+// GetBlocks: u32 hits, per key u8 lookup result (the API's LookupResult
+// numbers), then the blocks as above for the keys the call returns.
+//
 // PushFlag marks a put as a push from a peer's tier: the daemon stores
 // the blocks in its primary and lets them cascade to its storage tiers
 // only, never to its own peers, so a push never travels further.
@@ -37,8 +47,11 @@ const (
 	Version = 1
 	// PutFlag marks a put request in its key count; PushFlag a put that
 	// is a peer's push.
-	PutFlag  = 1 << 31
-	PushFlag = 1 << 30
+	PutFlag    = 1 << 31
+	PushFlag   = 1 << 30
+	ParamsFlag = 1 << 29
+	// Flags are the bits of the key count that are not the count.
+	Flags = PutFlag | PushFlag | ParamsFlag
 	// Chunk is the unit a put is written, read and hashed in.
 	Chunk = 256 << 10
 )
@@ -127,6 +140,12 @@ func ReadBody(r io.Reader, dst []byte, s *Summer) (bool, error) {
 	return s.Sum64() == binary.BigEndian.Uint64(s.word[:]), nil
 }
 
+// Reply openings of a call with ParamsFlag.
+const (
+	ReplyDone   = 0
+	ReplyFailed = 1
+)
+
 // Skip reads and drops a block of n bytes (its length read) and its Sum:
 // one of another size is never copied in part.
 func Skip(r io.Reader, n int64) error {
@@ -144,6 +163,23 @@ func WriteField(w io.Writer, b []byte) error {
 	}
 	_, err := w.Write(b)
 	return err
+}
+
+// WriteU32 writes a big-endian u32.
+func WriteU32(w io.Writer, v uint32) error {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	_, err := w.Write(b[:])
+	return err
+}
+
+// ReadU32 reads a big-endian u32.
+func ReadU32(r io.Reader) (uint32, error) {
+	var b [4]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.BigEndian.Uint32(b[:]), nil
 }
 
 // ReadField reads a field WriteField wrote, refusing one over max bytes.

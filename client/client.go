@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -36,6 +35,9 @@ type Options struct {
 	// TLS, if set, talks TLS to a daemon whose TCP API serves it
 	// (server.tls); package tlsconfig builds it from PEM files.
 	TLS *tls.Config
+	// NoStream keeps PutBlocks and GetBlocks on the API even where the
+	// daemon (over TCP) offers its block stream.
+	NoStream bool
 }
 
 // Client is a connection to a kvtier daemon.
@@ -44,6 +46,7 @@ type Client struct {
 	api      kvtierv1.KVTierClient
 	ns       string
 	unixPath string // "" for TCP
+	streams  *streamPool
 }
 
 // IsUnixTarget reports whether target names a Unix socket: "unix:PATH",
@@ -86,6 +89,9 @@ func Dial(target string, opts Options) (*Client, error) {
 	}
 	c := &Client{ns: opts.Namespace}
 	addr := target
+	if _, ok := IsUnixTarget(target); !ok && !opts.NoStream {
+		c.streams = &streamPool{apiAddr: target, opts: StreamOptions{Token: opts.Token, Namespace: opts.Namespace, TLS: opts.TLS}}
+	}
 	if path, ok := IsUnixTarget(target); ok {
 		c.unixPath = path
 		addr = "passthrough:///unix"
@@ -115,8 +121,13 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (bearer) RequireTransportSecurity() bool { return false }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection (and any block-stream connections).
+func (c *Client) Close() error {
+	if c.streams != nil {
+		c.streams.close()
+	}
+	return c.conn.Close()
+}
 
 // API returns the generated client for calls this package does not wrap.
 func (c *Client) API() kvtierv1.KVTierClient { return c.api }
@@ -297,76 +308,4 @@ func (c *Client) ListBlocks(ctx context.Context, cursor int64, limit int) (*kvti
 // Explain reports which tiers a request with params would use, and why.
 func (c *Client) Explain(ctx context.Context, params string) (*kvtierv1.ExplainResponse, error) {
 	return c.api.Explain(ctx, &kvtierv1.ExplainRequest{Namespace: c.ns, KvTransferParams: params})
-}
-
-// Block is a key and its bytes.
-type Block struct {
-	Key  offload.Key
-	Data []byte
-}
-
-// CallOptions name the request a by-value call runs for: an active
-// request id, or (RequestID "") a temporary request built from Params.
-type CallOptions struct {
-	RequestID string
-	Params    string
-}
-
-// PutBlocks stores blocks by value (each exactly the daemon's slot size).
-// stored[i] is true when blocks[i] was written, false when it was already
-// present.
-func (c *Client) PutBlocks(ctx context.Context, blocks []Block, o CallOptions) (stored []bool, err error) {
-	in := &kvtierv1.PutBlocksRequest{Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Blocks: make([]*kvtierv1.Block, len(blocks))}
-	for i, b := range blocks {
-		in.Blocks[i] = &kvtierv1.Block{Key: []byte(b.Key), Data: b.Data}
-	}
-	resp, err := c.api.PutBlocks(ctx, in)
-	if err != nil {
-		return nil, err
-	}
-	stored = make([]bool, len(resp.GetStatuses()))
-	for i, s := range resp.GetStatuses() {
-		stored[i] = s == kvtierv1.PutStatus_PUT_STATUS_STORED
-	}
-	return stored, nil
-}
-
-// GetOptions tune GetBlocks.
-type GetOptions struct {
-	CallOptions
-	// Wait lets the daemon drive steps until promotions from secondary
-	// tiers land (0: one lookup pass).
-	Wait time.Duration
-	// PrefixOnly returns data only for the leading hits.
-	PrefixOnly bool
-	// Checksums asks for the XXH3-64 of every returned block
-	// (Blocks.Checksums), to verify what arrived.
-	Checksums bool
-}
-
-// Blocks is the answer of GetBlocks: Data[i] is set when Results[i] is
-// HIT; Hits counts the leading hits.
-type Blocks struct {
-	Results []kvtierv1.LookupResult
-	Data    [][]byte
-	Hits    int
-	// Checksums[i] is the XXH3-64 of Data[i] as the daemon read it (with
-	// GetOptions.Checksums; nil otherwise).
-	Checksums []uint64
-}
-
-// GetBlocks loads blocks by value.
-func (c *Client) GetBlocks(ctx context.Context, keys []offload.Key, o GetOptions) (Blocks, error) {
-	resp, err := c.api.GetBlocks(ctx, &kvtierv1.GetBlocksRequest{
-		Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Keys: keyBytes(keys),
-		WaitMs: uint32(o.Wait / time.Millisecond), PrefixOnly: o.PrefixOnly, WantChecksums: o.Checksums,
-	})
-	if err != nil {
-		return Blocks{}, err
-	}
-	out := Blocks{Results: resp.GetResults(), Hits: int(resp.GetHits()), Data: make([][]byte, len(resp.GetBlocks())), Checksums: resp.GetChecksums()}
-	for i, b := range resp.GetBlocks() {
-		out.Data[i] = b.GetData()
-	}
-	return out, nil
 }

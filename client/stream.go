@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
 )
@@ -45,6 +49,11 @@ func (c *Client) StreamAddr(ctx context.Context, apiAddr string) (string, error)
 	if err != nil {
 		return "", err
 	}
+	return streamAddrOf(st, apiAddr)
+}
+
+// streamAddrOf is StreamAddr from the daemon's stats.
+func streamAddrOf(st *kvtierv1.StatsResponse, apiAddr string) (string, error) {
 	if st.GetStreamAddr() == "" {
 		return "", nil
 	}
@@ -128,18 +137,28 @@ const (
 // unusable); the results of the keys before it are valid.
 func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.Time) ([]StreamResult, error) {
 	_ = s.c.SetDeadline(deadline)
-	var nb [4]byte
-	binary.BigEndian.PutUint32(nb[:], uint32(len(keys)))
-	s.w.Write(nb[:])
-	for _, k := range keys {
-		blockstream.WriteField(s.w, []byte(k))
-	}
+	s.writeKeys(keys, 0)
 	if err := s.w.Flush(); err != nil {
 		return nil, err
 	}
-	res := make([]StreamResult, len(keys))
+	return s.readBlocks(len(keys), func(i int, _ int64) []byte { return dst(i) })
+}
+
+// writeKeys buffers the opening of a request: its key count with flags,
+// then its keys.
+func (s *Stream) writeKeys(keys []offload.Key, flags uint32) {
+	_ = blockstream.WriteU32(s.w, uint32(len(keys))|flags)
+	for _, k := range keys {
+		_ = blockstream.WriteField(s.w, []byte(k))
+	}
+}
+
+// readBlocks reads the blocks of a get's reply, block i of n bytes into
+// dst(i, n) (nil: dropped as the wrong size).
+func (s *Stream) readBlocks(nkeys int, dst func(i int, n int64) []byte) ([]StreamResult, error) {
+	res := make([]StreamResult, nkeys)
 	var h blockstream.Summer
-	for i := range keys {
+	for i := range res {
 		found, err := s.r.ReadByte()
 		if err != nil {
 			return res[:i], err
@@ -151,7 +170,7 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 		if err != nil {
 			return res[:i], err
 		}
-		buf := dst(i)
+		buf := dst(i, n)
 		if n != int64(len(buf)) {
 			if err := blockstream.Skip(s.r, n); err != nil {
 				return res[:i], err
@@ -170,6 +189,32 @@ func (s *Stream) Get(keys []offload.Key, dst func(i int) []byte, deadline time.T
 		}
 	}
 	return res, nil
+}
+
+// readReply reads the opening of the reply to a call with parameters:
+// nil when it is done, the daemon's error (a gRPC status) when it failed.
+// A transport error is returned as failed too: tell them apart with
+// status.FromError.
+func (s *Stream) readReply() (failed, err error) {
+	b, err := s.r.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	switch b {
+	case blockstream.ReplyDone:
+		return nil, nil
+	case blockstream.ReplyFailed:
+		code, err := s.r.ReadByte()
+		if err != nil {
+			return nil, err
+		}
+		msg, err := blockstream.ReadField(s.r, 1<<16-1)
+		if err != nil {
+			return nil, err
+		}
+		return status.Error(codes.Code(code), string(msg)), nil
+	}
+	return nil, fmt.Errorf("block stream: reply byte %d", b)
 }
 
 // PutResult is what Put did with one block.
@@ -193,43 +238,91 @@ const (
 // the call (and the stream is then unusable); the daemon then stores
 // none of the call's blocks.
 func (s *Stream) Put(blocks []Block, deadline time.Time) ([]PutResult, error) {
-	return s.put(blocks, deadline, 0)
+	res, _, err := s.put(blocks, deadline, 0, nil)
+	return res, err
 }
 
 // Push is Put for a peer's tier pushing blocks to this daemon: the daemon
 // stores them in its primary and its storage tiers only, never passing
 // them on to its own peers.
 func (s *Stream) Push(blocks []Block, deadline time.Time) ([]PutResult, error) {
-	return s.put(blocks, deadline, blockstream.PushFlag)
+	res, _, err := s.put(blocks, deadline, blockstream.PushFlag, nil)
+	return res, err
 }
 
-func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32) ([]PutResult, error) {
+// put sends a put request; with ParamsFlag in flags, params follow the
+// keys and the reply may be the daemon's refusal (failed).
+func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32, params []byte) (res []PutResult, failed, err error) {
 	_ = s.c.SetDeadline(deadline)
-	var nb [4]byte
-	binary.BigEndian.PutUint32(nb[:], uint32(len(blocks))|blockstream.PutFlag|flags)
-	s.w.Write(nb[:])
-	for _, b := range blocks {
-		blockstream.WriteField(s.w, []byte(b.Key))
+	keys := make([]offload.Key, len(blocks))
+	for i, b := range blocks {
+		keys[i] = b.Key
+	}
+	s.writeKeys(keys, blockstream.PutFlag|flags)
+	if flags&blockstream.ParamsFlag != 0 {
+		_ = blockstream.WriteField(s.w, params)
 	}
 	var h blockstream.Summer
 	for _, b := range blocks {
 		if err := blockstream.WriteBlock(s.w, b.Data, &h); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := s.w.Flush(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	status := make([]byte, len(blocks))
-	if _, err := io.ReadFull(s.r, status); err != nil {
-		return nil, err
-	}
-	res := make([]PutResult, len(blocks))
-	for i, st := range status {
-		res[i] = PutResult(st)
-		if res[i] < PutStored || res[i] > PutRejected {
-			return nil, fmt.Errorf("block stream: put status %d", st)
+	if flags&blockstream.ParamsFlag != 0 {
+		if failed, err := s.readReply(); failed != nil || err != nil {
+			return nil, failed, err
 		}
 	}
-	return res, nil
+	st := make([]byte, len(blocks))
+	if _, err := io.ReadFull(s.r, st); err != nil {
+		return nil, nil, err
+	}
+	res = make([]PutResult, len(blocks))
+	for i, b := range st {
+		res[i] = PutResult(b)
+		if res[i] < PutStored || res[i] > PutRejected {
+			return nil, nil, fmt.Errorf("block stream: put status %d", b)
+		}
+	}
+	return res, nil, nil
+}
+
+// getOpts is a get with GetBlocks' parameters: its reply has the lookup
+// results and hits before the blocks.
+func (s *Stream) getOpts(keys []offload.Key, params []byte, wait time.Duration, prefixOnly bool, deadline time.Time, dst func(i int, n int64) []byte) (results []kvtierv1.LookupResult, hits int, res []StreamResult, failed, err error) {
+	_ = s.c.SetDeadline(deadline)
+	s.writeKeys(keys, blockstream.ParamsFlag)
+	_ = blockstream.WriteField(s.w, params)
+	_ = blockstream.WriteU32(s.w, uint32(min(wait.Milliseconds(), math.MaxUint32)))
+	prefix := byte(0)
+	if prefixOnly {
+		prefix = 1
+	}
+	_ = s.w.WriteByte(prefix)
+	if err := s.w.Flush(); err != nil {
+		return nil, 0, nil, nil, err
+	}
+	if failed, err := s.readReply(); failed != nil || err != nil {
+		return nil, 0, nil, failed, err
+	}
+	h, err := blockstream.ReadU32(s.r)
+	if err != nil {
+		return nil, 0, nil, nil, err
+	}
+	rb := make([]byte, len(keys))
+	if _, err := io.ReadFull(s.r, rb); err != nil {
+		return nil, 0, nil, nil, err
+	}
+	results = make([]kvtierv1.LookupResult, len(keys))
+	for i, b := range rb {
+		results[i] = kvtierv1.LookupResult(b)
+	}
+	if int(h) > len(keys) {
+		return nil, 0, nil, nil, fmt.Errorf("block stream: %d hits of %d keys", h, len(keys))
+	}
+	res, err = s.readBlocks(len(keys), dst)
+	return results, int(h), res, nil, err
 }

@@ -25,6 +25,8 @@ type metrics struct {
 	filterWarnings *prometheus.CounterVec
 	calls          *prometheus.CounterVec
 	callSeconds    *prometheus.HistogramVec
+	streamCalls    *prometheus.CounterVec
+	streamBlocks   *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -42,11 +44,19 @@ func newMetrics() *metrics {
 		Help:    "API call latency inside the daemon, by method.",
 		Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10), // 10µs .. 2.6s
 	}, []string{"method"})
+	m.streamCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_stream_requests_total",
+		Help: "Block-stream requests by kind (get and put from peers or engines, push from peers' tiers; get_blocks and put_blocks are clients' by-value calls) and result (ok, failed: answered with an error).",
+	}, []string{"kind", "result"})
+	m.streamBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_stream_blocks_total",
+		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
+	}, []string{"direction", "result"})
 	return m
 }
 
 func (m *metrics) register(s *Server) {
-	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds,
+	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&collector{s: s})
 }

@@ -42,8 +42,18 @@ func init() {
 	if err != nil {
 		os.Exit(2)
 	}
-	buf := bytes.Repeat([]byte{7}, 1<<20)
-	for n > 0 {
+	// KVTIER_STREAM_BUFS distinct 2 MiB buffers written in turn (as a
+	// daemon sends distinct slots), or one 1 MiB buffer that stays in
+	// cache.
+	bufs := [][]byte{bytes.Repeat([]byte{7}, 1<<20)}
+	if nb, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_BUFS")); nb > 0 {
+		bufs = make([][]byte, nb)
+		for i := range bufs {
+			bufs[i] = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+		}
+	}
+	for i := 0; n > 0; i++ {
+		buf := bufs[i%len(bufs)]
 		m := min(n, len(buf))
 		if _, err := c.Write(buf[:m]); err != nil {
 			os.Exit(3)
@@ -54,38 +64,40 @@ func init() {
 	os.Exit(0)
 }
 
-// streamClient is the child of the process benchmarks: ops × perOp puts
-// of new blocks, or gets of blocks 0 … perOp-1, each checked.
+// streamClient is the child of the process benchmarks: ops × perOp
+// PutBlocks of new blocks, or GetBlocks of blocks 0 … perOp-1 into its
+// buffers, by value over TCP (so on the daemon's block stream), each
+// checked.
 func streamClient(mode string) int {
 	ops, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_OPS"))
 	perOp, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_PER_OP"))
-	st, err := client.DialStream(context.Background(), os.Getenv("KVTIER_STREAM_TO"), client.StreamOptions{})
+	c, err := client.Dial(os.Getenv("KVTIER_STREAM_TO"), client.Options{})
 	if err != nil {
 		return 2
 	}
-	defer st.Close()
+	defer c.Close()
+	ctx := context.Background()
 	blocks := make([]client.Block, perOp)
+	bufs := make([][]byte, perOp)
+	keys := make([]offload.Key, perOp)
 	for i := range blocks {
 		blocks[i].Data = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+		bufs[i] = blocks[i].Data
+		keys[i] = key(i)
 	}
-	deadline := time.Now().Add(10 * time.Minute)
 	for op := 1; op <= ops; op++ {
 		if mode == "put" {
 			for i := range blocks {
 				blocks[i].Key = key(op*perOp + i)
 			}
-			res, err := st.Put(blocks, deadline)
-			if err != nil || res[perOp-1] != client.PutStored {
+			stored, err := c.PutBlocks(ctx, blocks, client.CallOptions{})
+			if err != nil || !stored[perOp-1] {
 				return 3
 			}
 			continue
 		}
-		keys := make([]offload.Key, perOp)
-		for i := range keys {
-			keys[i] = key(i)
-		}
-		res, err := st.Get(keys, func(i int) []byte { return blocks[i].Data }, deadline)
-		if err != nil || res[perOp-1] != client.StreamLoaded {
+		got, err := c.GetBlocks(ctx, keys, client.GetOptions{Buffers: bufs})
+		if err != nil || got.Hits != perOp {
 			return 4
 		}
 	}
@@ -102,12 +114,8 @@ func benchClientProcess(b *testing.B, mode string, perOp int) {
 	} else {
 		e = startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	}
-	addr, err := e.dial(b, e.tcp).StreamAddr(ctxT(b), e.tcp)
-	if err != nil || addr == "" {
-		b.Fatalf("stream address %q: %v", addr, err)
-	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), clientEnv+"="+mode, "KVTIER_STREAM_TO="+addr,
+	cmd.Env = append(os.Environ(), clientEnv+"="+mode, "KVTIER_STREAM_TO="+e.tcp,
 		"KVTIER_STREAM_OPS="+strconv.Itoa(b.N), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp))
 	b.SetBytes(int64(perOp * bigBlock))
 	b.ResetTimer()
@@ -129,12 +137,12 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	for _, path := range []string{"peer-stream", "peer-api"} {
 		b.Run(path, func(b *testing.B) { benchPeerLoads(b, path == "peer-stream", perOp) })
 	}
-	// A remote engine's by-value reads: client.Stream.Get into its own
-	// buffers, and GetBlocks over the API.
+	// A remote engine's by-value reads: GetBlocks into its own buffers,
+	// on the block stream and (NoStream) over the API.
 	for _, path := range []string{"client-stream", "client-api"} {
 		b.Run(path, func(b *testing.B) { benchClientGets(b, path == "client-stream", perOp) })
 	}
-	// Its by-value writes: client.Stream.Put, and PutBlocks over the API.
+	// Its by-value writes: PutBlocks on the block stream and over the API.
 	for _, path := range []string{"client-put-stream", "client-put-api"} {
 		b.Run(path, func(b *testing.B) { benchClientPuts(b, path == "client-put-stream", perOp) })
 	}
@@ -142,7 +150,18 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	for _, mode := range []string{"get", "put"} {
 		b.Run("process-"+mode+"-stream", func(b *testing.B) { benchClientProcess(b, mode, perOp) })
 	}
-	b.Run("tcp-stream", func(b *testing.B) {
+	for _, path := range []string{"tcp-stream", "tcp-blocks-stream"} {
+		b.Run(path, func(b *testing.B) { benchPlainStream(b, path == "tcp-blocks-stream", perOp) })
+	}
+}
+
+// benchPlainStream is the baseline: a plain loopback TCP stream of the
+// same bytes from a child process. With blocks set both ends cycle over
+// perOp distinct 2 MiB buffers, as the tier's sender and receiver touch
+// perOp distinct slots; without, the writer repeats one 1 MiB buffer and
+// the reader one 2 MiB buffer, which stay in cache.
+func benchPlainStream(b *testing.B, blocks bool, perOp int) {
+	{
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)
@@ -151,7 +170,14 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 		total := b.N * perOp * bigBlock
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), streamEnv+"="+strconv.Itoa(total), "KVTIER_STREAM_TO="+l.Addr().String())
-		b.SetBytes(perOp * bigBlock)
+		dsts := [][]byte{make([]byte, bigBlock)}
+		if blocks {
+			cmd.Env = append(cmd.Env, "KVTIER_STREAM_BUFS="+strconv.Itoa(perOp))
+			for len(dsts) < perOp {
+				dsts = append(dsts, make([]byte, bigBlock))
+			}
+		}
+		b.SetBytes(int64(perOp * bigBlock))
 		b.ResetTimer()
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
@@ -160,10 +186,9 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// Read into a 2 MiB buffer, as a slot.
-		dst := make([]byte, bigBlock)
 		var n int
-		for n < total {
+		for i := 0; n < total; i++ {
+			dst := dsts[i%len(dsts)]
 			m, err := io.ReadFull(conn, dst[:min(len(dst), total-n)])
 			n += m
 			if err != nil {
@@ -175,7 +200,7 @@ func BenchmarkPeerTransfer2MiB(b *testing.B) {
 		if err := cmd.Wait(); err != nil {
 			b.Fatal(err)
 		}
-	})
+	}
 }
 
 // bigBlocksEnv is a daemon with 2 MiB slots (and a block stream when
@@ -226,67 +251,45 @@ func benchPeerLoads(b *testing.B, stream bool, perOp int) {
 	}
 }
 
-// dialStream opens a block stream to e's daemon, learning its address
-// through c, closed when b ends.
-func dialStream(b *testing.B, e *env, c *client.Client) *client.Stream {
-	ctx := ctxT(b)
-	addr, err := c.StreamAddr(ctx, e.tcp)
-	if err != nil || addr == "" {
-		b.Fatalf("stream address %q: %v", addr, err)
-	}
-	st, err := client.DialStream(ctx, addr, client.StreamOptions{})
+// byValueClient dials e's daemon over TCP: its by-value calls take the
+// block stream when stream is set, the API otherwise.
+func byValueClient(b *testing.B, e *env, stream bool) *client.Client {
+	c, err := client.Dial(e.tcp, client.Options{NoStream: !stream})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { st.Close() })
-	return st
+	b.Cleanup(func() { c.Close() })
+	return c
 }
 
+// benchClientGets: a remote engine's GetBlocks into its own buffers.
 func benchClientGets(b *testing.B, stream bool, perOp int) {
 	e, keys, _ := bigBlocksEnv(b, true, perOp)
 	ctx := ctxT(b)
-	tcp := e.dial(b, e.tcp)
+	c := byValueClient(b, e, stream)
 	bufs := make([][]byte, perOp)
 	for i := range bufs {
 		bufs[i] = make([]byte, bigBlock)
 	}
-	var st *client.Stream
-	if stream {
-		st = dialStream(b, e, tcp)
-	}
 	b.SetBytes(int64(perOp * bigBlock))
 	b.ResetTimer()
 	for b.Loop() {
-		if stream {
-			res, err := st.Get(keys, func(i int) []byte { return bufs[i] }, time.Now().Add(time.Minute))
-			if err != nil || res[perOp-1] != client.StreamLoaded {
-				b.Fatalf("%v %v", res, err)
-			}
-			continue
-		}
-		got, err := tcp.GetBlocks(ctx, keys, client.GetOptions{})
+		got, err := c.GetBlocks(ctx, keys, client.GetOptions{Buffers: bufs})
 		if err != nil || got.Hits != perOp {
 			b.Fatalf("hits %d err %v", got.Hits, err)
-		}
-		for i := range bufs {
-			copy(bufs[i], got.Data[i])
 		}
 	}
 }
 
 // benchClientPuts stores perOp new 2 MiB blocks per op (the primary
-// evicts the previous op's) by value: over the block stream or PutBlocks.
+// evicts the previous op's) with PutBlocks.
 func benchClientPuts(b *testing.B, stream bool, perOp int) {
 	e := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	ctx := ctxT(b)
-	tcp := e.dial(b, e.tcp)
+	c := byValueClient(b, e, stream)
 	blocks := make([]client.Block, perOp)
 	for i := range blocks {
 		blocks[i].Data = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
-	}
-	var st *client.Stream
-	if stream {
-		st = dialStream(b, e, tcp)
 	}
 	b.SetBytes(int64(perOp * bigBlock))
 	b.ResetTimer()
@@ -296,14 +299,7 @@ func benchClientPuts(b *testing.B, stream bool, perOp int) {
 		for i := range blocks {
 			blocks[i].Key = key(op*perOp + i)
 		}
-		if stream {
-			res, err := st.Put(blocks, time.Now().Add(time.Minute))
-			if err != nil || res[perOp-1] != client.PutStored {
-				b.Fatalf("%v %v", res, err)
-			}
-			continue
-		}
-		stored, err := tcp.PutBlocks(ctx, blocks, client.CallOptions{})
+		stored, err := c.PutBlocks(ctx, blocks, client.CallOptions{})
 		if err != nil || !stored[perOp-1] {
 			b.Fatalf("stored %v err %v", stored, err)
 		}

@@ -368,10 +368,42 @@ func TestEndToEnd(t *testing.T) {
 
 // TestPutGetBlocks stores and loads by value, with the promotion driven by
 // GetBlocks' wait and a filter choosing the tier.
+// Over TCP the calls take the daemon's block stream unless told not to;
+// the answers are the same on every path.
 func TestPutGetBlocks(t *testing.T) {
-	e := startEnv(t, envOptions{})
+	for _, path := range byValuePaths {
+		t.Run(path, func(t *testing.T) {
+			e := startEnv(t, envOptions{stream: true})
+			testPutGetBlocks(t, e.dialVia(t, path))
+			onStream := strings.Contains(scrape(t, e), `kvtier_stream_requests_total{kind="get_blocks",result="ok"}`)
+			if onStream != (path == "tcp-stream") {
+				t.Errorf("%s: by-value gets on the block stream: %v", path, onStream)
+			}
+		})
+	}
+}
+
+// byValuePaths are the ways a client makes by-value calls: the API over
+// the Unix socket and over TCP, and the block stream.
+var byValuePaths = []string{"unix", "tcp-api", "tcp-stream"}
+
+// dialVia dials e's daemon for one of byValuePaths.
+func (e *env) dialVia(t testing.TB, path string) *client.Client {
+	t.Helper()
+	target, noStream := e.tcp, path == "tcp-api"
+	if path == "unix" {
+		target = e.unix
+	}
+	c, err := client.Dial(target, client.Options{Token: e.token, NoStream: noStream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func testPutGetBlocks(t *testing.T, c *client.Client) {
 	ctx := ctxT(t)
-	c := e.dial(t, e.unix)
 	ks := keys(100, 4)
 	var blocks []client.Block
 	for _, k := range ks {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
@@ -10,6 +11,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"google.golang.org/grpc/status"
 
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
@@ -24,13 +27,15 @@ import (
 // Stats (stream_addr); it is not configured by hand. Package blockstream
 // has the protocol.
 //
-// A read answers from the primary alone (kv_load_tiers: [] semantics), so a
-// peer read never reaches a secondary tier. Blocks stay pinned while they
+// A plain read (a peer tier's) answers from the primary alone
+// (kv_load_tiers: [] semantics), so a peer read never reaches a secondary
+// tier. A read with parameters (a remote engine's GetBlocks) is the API's
+// GetBlocks with its filters and wait, its blocks streamed. Blocks stay pinned while they
 // are written; a write stalled past the stream timeout ends the connection
 // and unpins them.
 //
 // A put reserves the slots of the keys the primary lacks (PrepareStore,
-// default filters), reads each block from the socket straight into its
+// with the put's parameters or default filters), reads each block from the socket straight into its
 // reserved slot and commits only the blocks whose size and checksum
 // match; the others, and all of them if the connection fails, are
 // abandoned, so a damaged block is never exposed. Keys the primary holds
@@ -52,54 +57,6 @@ const (
 	// maxStreamField bounds the token and namespace of a hello.
 	maxStreamField = 4096
 )
-
-// pinForStream pins the primary's ready copies of keys and returns their
-// slots (-1 where the primary holds no ready copy) and release, which
-// unpins them. It never asks a secondary tier.
-func (ns *Namespace) pinForStream(keys []offload.Key) (slots []int64, release func(), err error) {
-	if err := ns.lock(); err != nil {
-		return nil, nil, err
-	}
-	defer ns.mu.Unlock()
-	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream", []byte(`{"kv_load_tiers":[]}`))
-	if err != nil {
-		return nil, nil, err
-	}
-	results := make([]offload.LookupResult, len(keys))
-	ns.lookupLocked(rc, keys, results)
-	var hits []offload.Key
-	var idx []int
-	for i, r := range results {
-		if r == offload.Hit {
-			hits = append(hits, keys[i])
-			idx = append(idx, i)
-		}
-	}
-	slots = make([]int64, len(keys))
-	for i := range slots {
-		slots[i] = -1
-	}
-	if len(hits) == 0 {
-		finish()
-		return slots, func() {}, nil
-	}
-	got, err := ns.mgr.PrepareLoad(hits, rc)
-	if err != nil {
-		finish()
-		return nil, nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
-	}
-	for j, s := range got {
-		slots[idx[j]] = s
-	}
-	return slots, func() {
-		if ns.lock() != nil {
-			return // closed: Close released everything
-		}
-		defer ns.mu.Unlock()
-		_ = ns.mgr.CompleteLoad(hits, rc)
-		finish()
-	}, nil
-}
 
 // serveStream accepts block-stream connections until ln closes.
 func (s *Server) serveStream(ln net.Listener) error {
@@ -179,9 +136,12 @@ func (s *Server) streamConn(c net.Conn) error {
 			return err
 		}
 		word := binary.BigEndian.Uint32(nb[:])
-		n := int(word &^ (putFlag | pushFlag))
+		n := int(word &^ blockstream.Flags)
 		if n <= 0 || n > s.limits.MaxKeysPerCall {
 			return fmt.Errorf("block stream: %d keys (1 to %d)", n, s.limits.MaxKeysPerCall)
+		}
+		if word&pushFlag != 0 && word&(putFlag|blockstream.ParamsFlag) != putFlag {
+			return errors.New("block stream: a push is a put without parameters")
 		}
 		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
 		keys := make([]offload.Key, n)
@@ -195,27 +155,98 @@ func (s *Server) streamConn(c net.Conn) error {
 				return fmt.Errorf("block stream: key %d: %w", i, offload.ErrInvalidKey)
 			}
 		}
-		if word&putFlag != 0 {
-			err = s.streamPut(c, r, w, ns, keys, word&pushFlag != 0)
-		} else {
-			err = s.streamBlocks(c, w, ns, keys)
+		var o *streamOpts
+		if word&blockstream.ParamsFlag != 0 {
+			if o, err = s.readStreamOpts(r, word&putFlag == 0); err != nil {
+				return err
+			}
 		}
-		if err != nil {
+		if word&putFlag != 0 {
+			err = s.streamPut(c, r, w, ns, keys, word&pushFlag != 0, o)
+		} else {
+			err = s.streamBlocks(c, w, ns, keys, o)
+		}
+		s.countStream(word, err)
+		if err != nil && !errors.Is(err, errAnswered) {
 			return err
 		}
 	}
+}
+
+// errAnswered is what streamPut and streamBlocks return, after answering
+// the call with its error, for countStream: the connection goes on.
+var errAnswered = errors.New("answered with an error")
+
+// countStream counts a request of key-count word that ended with err.
+func (s *Server) countStream(word uint32, err error) {
+	var kind string
+	switch {
+	case word&pushFlag != 0:
+		kind = "push"
+	case word&putFlag != 0 && word&blockstream.ParamsFlag != 0:
+		kind = "put_blocks"
+	case word&putFlag != 0:
+		kind = "put"
+	case word&blockstream.ParamsFlag != 0:
+		kind = "get_blocks"
+	default:
+		kind = "get"
+	}
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	s.metrics.streamCalls.WithLabelValues(kind, result).Inc()
+}
+
+// streamOpts are the parameters of a remote engine's by-value call.
+type streamOpts struct {
+	params     []byte
+	wait       time.Duration
+	prefixOnly bool
+}
+
+// readStreamOpts reads the parameters that follow the keys of a request
+// with ParamsFlag (with get, those of a get).
+func (s *Server) readStreamOpts(r *bufio.Reader, get bool) (*streamOpts, error) {
+	params, err := blockstream.ReadField(r, min(s.limits.MaxParamsBytes, 1<<16-1))
+	if err != nil {
+		return nil, fmt.Errorf("block stream: parameters: %w", err)
+	}
+	o := &streamOpts{params: params}
+	if len(params) == 0 {
+		o.params = nil
+	}
+	if !get {
+		return o, nil
+	}
+	ms, err := blockstream.ReadU32(r)
+	if err != nil {
+		return nil, err
+	}
+	prefix, err := r.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	if prefix > 1 {
+		return nil, fmt.Errorf("block stream: prefix-only byte %d", prefix)
+	}
+	o.wait, o.prefixOnly = time.Duration(ms)*time.Millisecond, prefix == 1
+	return o, nil
 }
 
 // reserveForStream reserves the primary's slots for the keys it lacks and
 // returns their slots (-1 for keys it holds or that repeat an earlier
 // key) and commit, which completes the stores of the keys ok marks and
 // abandons the rest. commit must be called exactly once.
-func (ns *Namespace) reserveForStream(keys []offload.Key, push bool) (slots []int64, commit func(ok []bool) error, err error) {
+func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []byte) (slots []int64, commit func(ok []bool) error, err error) {
+	if err := ns.checkParams(params); err != nil {
+		return nil, nil, err
+	}
 	if err := ns.lock(); err != nil {
 		return nil, nil, err
 	}
 	defer ns.mu.Unlock()
-	var params []byte
 	if push {
 		// A peer's push goes to this primary and its storage tiers: the
 		// filter excludes medium CPU, so this daemon's peer tiers (their
@@ -288,20 +319,27 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool) (slots []in
 
 // streamPut answers one put request: reserves, reads each block into its
 // slot, commits the verified ones, answers a status per key.
-func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key, push bool) error {
-	slots, commit, err := ns.reserveForStream(keys, push)
-	noRoom := errors.Is(err, ErrNoSpace)
+func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key, push bool, o *streamOpts) error {
+	var params []byte
+	if o != nil {
+		params = o.params
+	}
+	slots, commit, err := ns.reserveForStream(keys, push, params)
+	var failed error
 	switch {
-	case noRoom:
+	case err == nil:
+	case errors.Is(err, ErrNoSpace) || o != nil:
 		// Answer, not hang up: the blocks are read and dropped, each
-		// rejected, and the stream stays usable.
-		s.log.Debug("block stream put: no room", "keys", len(keys), "err", err)
+		// rejected (with o: the call answered with err), and the stream
+		// stays usable.
+		s.log.Debug("block stream put refused", "keys", len(keys), "err", err)
+		failed = err
 		slots = make([]int64, len(keys))
 		for i := range slots {
 			slots[i] = -1
 		}
 		commit = func([]bool) error { return nil }
-	case err != nil:
+	default:
 		return err
 	}
 	ok := make([]bool, len(keys))
@@ -322,9 +360,14 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 			return err
 		}
 		if slots[i] < 0 || n != int64(slotSize) {
-			status[i] = putPresent
-			if noRoom || n != int64(slotSize) {
+			switch {
+			case n != int64(slotSize):
+				s.metrics.streamBlocks.WithLabelValues("in", "rejected").Inc()
 				status[i] = putRejected
+			case failed != nil:
+				status[i] = putRejected
+			default:
+				status[i] = putPresent
 			}
 			if err := blockstream.Skip(r, n); err != nil {
 				return err
@@ -341,9 +384,11 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 			return fmt.Errorf("block stream: put block %d: %w", i, err)
 		}
 		if !whole {
+			s.metrics.streamBlocks.WithLabelValues("in", "rejected").Inc()
 			status[i] = putRejected
 			continue
 		}
+		s.metrics.streamBlocks.WithLabelValues("in", "ok").Inc()
 		ok[i] = true
 		status[i] = putStored
 	}
@@ -352,22 +397,66 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		return err
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+	if failed != nil && o != nil {
+		return writeFailed(w, failed)
+	}
+	if o != nil {
+		if err := w.WriteByte(blockstream.ReplyDone); err != nil {
+			return err
+		}
+	}
 	if _, err := w.Write(status); err != nil {
 		return err
 	}
 	return w.Flush()
 }
 
-// streamBlocks answers one request: pins, writes each block from its slot
-// with its checksum, unpins.
-func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys []offload.Key) error {
-	slots, release, err := ns.pinForStream(keys)
+// peerReadParams make a plain stream read (a peer tier's) answer from
+// the primary alone.
+var peerReadParams = []byte(`{"kv_load_tiers":[]}`)
+
+// streamBlocks answers one get: looks the keys up and pins the blocks to
+// return (pinGetLocked: with o, as GetBlocks; without, from the primary
+// alone), writes each from its slot with its checksum, unpins.
+func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys []offload.Key, o *streamOpts) error {
+	ctx, cancel := context.WithTimeout(context.Background(), streamTimeout)
+	defer cancel()
+	params, wait, prefixOnly := peerReadParams, time.Duration(0), false
+	if o != nil {
+		params, wait, prefixOnly = o.params, o.wait, o.prefixOnly
+	}
+	g, err := ns.pinGetLocked(ctx, nil, "", params, keys, wait, prefixOnly)
 	if err != nil {
+		if o != nil && !errors.Is(err, ErrClosed) {
+			_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+			return writeFailed(w, err)
+		}
 		return err
 	}
-	defer release()
+	ns.mu.Unlock()
+	defer func() {
+		if ns.lock() != nil {
+			return // closed: Close released everything
+		}
+		defer ns.mu.Unlock()
+		_ = g.doneLocked()
+	}()
+	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+	if o != nil {
+		if err := w.WriteByte(blockstream.ReplyDone); err != nil {
+			return err
+		}
+		if err := blockstream.WriteU32(w, uint32(g.hits)); err != nil {
+			return err
+		}
+		for _, r := range g.results {
+			if err := w.WriteByte(byte(resultProto(r))); err != nil {
+				return err
+			}
+		}
+	}
 	var h blockstream.Summer
-	for i, slot := range slots {
+	for i, slot := range g.slots {
 		// Each block gets the stream timeout, not the whole request.
 		_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
 		if slot < 0 {
@@ -387,6 +476,30 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		if err := blockstream.WriteBlock(w, data, &h); err != nil {
 			return fmt.Errorf("block stream: block %d: %w", i, err)
 		}
+		s.metrics.streamBlocks.WithLabelValues("out", "ok").Inc()
 	}
 	return w.Flush()
+}
+
+// writeFailed answers a call with parameters that failed with err, as the
+// API would (its status code and message); the stream stays usable.
+func writeFailed(w *bufio.Writer, err error) error {
+	st := status.Convert(toStatus(err))
+	msg := st.Message()
+	if len(msg) > maxStreamField {
+		msg = msg[:maxStreamField]
+	}
+	if err := w.WriteByte(blockstream.ReplyFailed); err != nil {
+		return err
+	}
+	if err := w.WriteByte(byte(st.Code())); err != nil {
+		return err
+	}
+	if err := blockstream.WriteField(w, []byte(msg)); err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	return errAnswered
 }

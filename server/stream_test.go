@@ -5,15 +5,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/status"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
@@ -182,4 +187,70 @@ func TestBlockStreamPut(t *testing.T) {
 	if err != nil || res[0] != client.PutStored || res[1] != client.PutStored {
 		t.Fatalf("put after: %v %v", res, err)
 	}
+}
+
+// A client's by-value calls give the same answers on every path — the
+// API over the Unix socket or TCP, the block stream — for hits and misses,
+// prefix-only reads, caller buffers and every refusal (its gRPC code).
+func TestByValueAnswersAlike(t *testing.T) {
+	transcripts := make([]string, len(byValuePaths))
+	for p, path := range byValuePaths {
+		e := startEnv(t, envOptions{slots: 8, tiers: noTiers, stream: true, limits: server.Limits{MaxKeysPerCall: 16}})
+		c := e.dialVia(t, path)
+		ctx := ctxT(t)
+		var log strings.Builder
+		put := func(what string, ks []offload.Key, size int, params string) {
+			blocks := make([]client.Block, len(ks))
+			for i, k := range ks {
+				blocks[i] = client.Block{Key: k, Data: block(k)[:size]}
+			}
+			stored, err := c.PutBlocks(ctx, blocks, client.CallOptions{Params: params})
+			fmt.Fprintf(&log, "put %s: %v %v\n", what, stored, status.Code(err))
+		}
+		get := func(what string, ks []offload.Key, o client.GetOptions) {
+			got, err := c.GetBlocks(ctx, ks, o)
+			fmt.Fprintf(&log, "get %s: %v hits %d %v;", what, got.Results, got.Hits, status.Code(err))
+			for i, d := range got.Data {
+				switch {
+				case d == nil:
+					log.WriteString(" -")
+				case !bytes.Equal(d, block(ks[i])):
+					log.WriteString(" wrong")
+				case o.Buffers != nil && &d[0] != &o.Buffers[i][0]:
+					log.WriteString(" copied")
+				default:
+					log.WriteString(" ok")
+				}
+			}
+			log.WriteString("\n")
+		}
+		put("new", keys(0, 3), slotSize, "")
+		put("some present", keys(1, 3), slotSize, `{"kv_store_tiers": []}`)
+		put("short block", keys(10, 1), 1, "")
+		put("repeated key", []offload.Key{key(11), key(11)}, slotSize, "")
+		put("no room", keys(20, 9), slotSize, "")
+		put("bad params", keys(30, 1), slotSize, `{"kv_store_tiers": 7`)
+		put("too many", keys(40, 17), slotSize, "")
+		ks := []offload.Key{key(0), key(50), key(1), key(2)}
+		get("mixed", ks, client.GetOptions{})
+		get("prefix only", ks, client.GetOptions{PrefixOnly: true})
+		bufs := make([][]byte, len(ks))
+		for i := range bufs {
+			bufs[i] = make([]byte, slotSize)
+		}
+		get("into buffers", ks, client.GetOptions{Buffers: bufs})
+		get("bad params", ks, client.GetOptions{CallOptions: client.CallOptions{Params: `[`}})
+		get("too many", keys(0, 17), client.GetOptions{})
+		get("none", nil, client.GetOptions{})
+		transcripts[p] = log.String()
+		if p > 0 && transcripts[p] != transcripts[0] {
+			t.Errorf("%s answers\n%s\n%s answers\n%s", byValuePaths[0], transcripts[0], path, transcripts[p])
+		}
+		m := scrape(t, e)
+		onStream := strings.Contains(m, `kvtier_stream_requests_total{kind="put_blocks",result="failed"}`)
+		if onStream != (path == "tcp-stream") {
+			t.Errorf("%s: refusals answered on the block stream: %v", path, onStream)
+		}
+	}
+	t.Logf("answers on every path:\n%s", transcripts[0])
 }

@@ -131,8 +131,52 @@ func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, param
 		return nil, nil, 0, fmt.Errorf("%w: GetBlocks of %d keys with %d-byte blocks may exceed the %d-byte message limit (at most %d keys per call)",
 			ErrLimit, len(keys), slotSize, ns.limits.MaxMessageBytes, max)
 	}
-	if err := ns.checkParams(params); err != nil {
+	g, err := ns.pinGetLocked(ctx, s, id, params, keys, wait, prefixOnly)
+	if err != nil {
 		return nil, nil, 0, err
+	}
+	defer ns.mu.Unlock()
+	// Copied under the mutex: a request of the caller's session must not
+	// finish while its blocks are pinned for it.
+	data = make([][]byte, len(keys))
+	var copyErr error
+	for i, slot := range g.slots {
+		if slot < 0 {
+			continue
+		}
+		src, err := ns.arena.Slot(slot)
+		if err != nil {
+			copyErr = fmt.Errorf("get %s: %w", keys[i], err)
+			break
+		}
+		data[i] = append(make([]byte, 0, slotSize), src...)
+	}
+	if err := errors.Join(copyErr, g.doneLocked()); err != nil {
+		return nil, nil, 0, err
+	}
+	return g.results, data, g.hits, nil
+}
+
+// pinnedGet is a by-value read whose blocks are pinned: slots[i] is the
+// slot of keys[i] to return, -1 for a key not returned.
+type pinnedGet struct {
+	ns      *Namespace
+	rc      *offload.ReqContext
+	results []offload.LookupResult
+	hits    int
+	slots   []int64
+	load    []offload.Key
+	finish  func()
+}
+
+// pinGetLocked is the first half of a by-value read (GetBlocks, and gets
+// on the block stream): it looks keys up as GetBlocks says, then pins the
+// blocks the call returns. On success it returns with the mutex held; the
+// caller reads the slots (with or without the mutex) and then calls
+// doneLocked, with the mutex held, exactly once.
+func (ns *Namespace) pinGetLocked(ctx context.Context, s *session, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (*pinnedGet, error) {
+	if err := ns.checkParams(params); err != nil {
+		return nil, err
 	}
 	wait = min(max(wait, 0), ns.limits.MaxWait)
 	deadline := time.Now().Add(wait)
@@ -141,14 +185,14 @@ func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, param
 	}
 
 	if err := ns.lock(); err != nil {
-		return nil, nil, 0, err
+		return nil, err
 	}
 	rc, r, finish, err := ns.callRequestLocked(s, id, "get blocks", params)
 	if err != nil {
 		ns.mu.Unlock()
-		return nil, nil, 0, err
+		return nil, err
 	}
-	results = make([]offload.LookupResult, len(keys))
+	results := make([]offload.LookupResult, len(keys))
 	backoff := 100 * time.Microsecond
 	for {
 		ns.lookupLocked(rc, keys, results)
@@ -169,61 +213,60 @@ func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, param
 				finish()
 				ns.mu.Unlock()
 			}
-			return nil, nil, 0, ctx.Err()
+			return nil, ctx.Err()
 		case <-t.C:
 		}
 		backoff = min(backoff*2, 5*time.Millisecond)
 		if err := ns.lock(); err != nil {
 			// Closed while waiting: Close finished every request.
-			return nil, nil, 0, err
+			return nil, err
 		}
 		if r != nil && (ns.reqs[r.ctx.ID] != r || r.finished) {
 			ns.mu.Unlock()
-			return nil, nil, 0, fmt.Errorf("%w: request %q finished while get blocks waited", ErrProtocol, id)
+			return nil, fmt.Errorf("%w: request %q finished while get blocks waited", ErrProtocol, id)
 		}
 	}
-	defer ns.mu.Unlock()
-	defer finish()
 
-	load := make([]offload.Key, 0, len(keys))
+	g := &pinnedGet{ns: ns, rc: rc, results: results, slots: make([]int64, len(keys)), finish: finish}
 	idx := make([]int, 0, len(keys))
 	inPrefix := true
 	for i, r := range results {
+		g.slots[i] = -1
 		if r != offload.Hit {
 			inPrefix = false
 		}
 		if r == offload.Hit && (inPrefix || !prefixOnly) {
-			load = append(load, keys[i])
+			g.load = append(g.load, keys[i])
 			idx = append(idx, i)
 		}
 		if inPrefix {
-			hits++
+			g.hits++
 		}
 	}
-	data = make([][]byte, len(keys))
-	if len(load) > 0 {
-		slots, err := ns.mgr.PrepareLoad(load, rc)
+	if len(g.load) > 0 {
+		slots, err := ns.mgr.PrepareLoad(g.load, rc)
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+			finish()
+			ns.mu.Unlock()
+			return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
 		}
-		var copyErr error
 		for j, s := range slots {
-			src, err := ns.arena.Slot(s)
-			if err != nil {
-				copyErr = fmt.Errorf("get %s: %w", load[j], err)
-				break
-			}
-			data[idx[j]] = append(make([]byte, 0, slotSize), src...)
-		}
-		if err := ns.mgr.CompleteLoad(load, rc); err != nil {
-			return nil, nil, 0, errors.Join(copyErr, fmt.Errorf("%w: complete load: %w", ErrProtocol, err))
-		}
-		if copyErr != nil {
-			return nil, nil, 0, copyErr
+			g.slots[idx[j]] = s
 		}
 	}
-	ns.publishLocked()
-	return results, data, hits, nil
+	return g, nil
+}
+
+// doneLocked unpins the blocks of g and finishes its temporary request.
+func (g *pinnedGet) doneLocked() error {
+	defer g.finish()
+	if len(g.load) > 0 {
+		if err := g.ns.mgr.CompleteLoad(g.load, g.rc); err != nil {
+			return fmt.Errorf("%w: complete load: %w", ErrProtocol, err)
+		}
+	}
+	g.ns.publishLocked()
+	return nil
 }
 
 func anyInFlight(results []offload.LookupResult) bool {

@@ -224,17 +224,39 @@ func TestPeerTierBlockSizeAndCLI(t *testing.T) {
 // NIC, a buggy middlebox).
 func flipProxy(t *testing.T, upstream string, pattern []byte) string {
 	t.Helper()
-	return flipProxyOn(t, "127.0.0.1:0", upstream, pattern)
+	return flipProxyOn(t, "127.0.0.1:0", upstream, pattern, true, false)
 }
 
-// flipProxyOn is flipProxy listening on addr.
-func flipProxyOn(t *testing.T, addr, upstream string, pattern []byte) string {
+// flipProxyOn is flipProxy listening on addr, damaging the directions
+// toClient and toUpstream say.
+func flipProxyOn(t *testing.T, addr, upstream string, pattern []byte, toClient, toUpstream bool) string {
 	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
+	// pipe copies src to dst, flipping a byte of the first pattern when
+	// flip is set.
+	pipe := func(dst, src net.Conn, flip bool) {
+		defer dst.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if i := bytes.Index(buf[:n], pattern); i >= 0 && flip {
+					buf[i+len(pattern)/2] ^= 0x10
+					flip = false
+				}
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -246,27 +268,8 @@ func flipProxyOn(t *testing.T, addr, upstream string, pattern []byte) string {
 				c.Close()
 				continue
 			}
-			go func() { _, _ = io.Copy(u, c); u.Close() }()
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				flipped := false
-				for {
-					n, err := u.Read(buf)
-					if n > 0 {
-						if i := bytes.Index(buf[:n], pattern); i >= 0 && !flipped {
-							buf[i+len(pattern)/2] ^= 0x10
-							flipped = true
-						}
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
+			go pipe(u, c, toUpstream)
+			go pipe(c, u, toClient)
 		}
 	}()
 	return l.Addr().String()
@@ -327,7 +330,7 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	a.tcp = apiAddr
 	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
 	block := bytes.Repeat([]byte{0x11, 0x22, 0x33, 0x44, 5, 6, 7, 8}, 512)
-	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64])
+	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64], true, false)
 	api := flipProxy(t, apiAddr, []byte("no such pattern in the API traffic"))
 	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, api))
 	key := offload.MakeKey([]byte("stream-flip-0001"), 0)
@@ -341,6 +344,75 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	if got, ok := b.get(t, key, ""); !ok || !bytes.Equal(got, block) {
 		t.Fatalf("second load over the stream: hit %v, bytes equal %v", ok, bytes.Equal(got, block))
 	}
+}
+
+// A remote engine's by-value calls take the block stream; a block damaged
+// on it, either way, is never stored or served: the client makes the call
+// (a put: the damaged blocks) again through the API, the daemon counts
+// the rejected block. (Addresses as in the test above.)
+func TestByValueCallsSurviveDamageOnTheStream(t *testing.T) {
+	streamProxy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
+	streamProxy.Close()
+	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("127.0.0.2 is not usable here: %v", err)
+	}
+	apiAddr := apiLn.Addr().String()
+	apiLn.Close()
+	a := newPeerDaemon(t, "A")
+	a.tcp, a.metrics = apiAddr, "127.0.0.1:0"
+	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
+	block := bytes.Repeat([]byte{0x5a, 0x11, 0xee, 0x42, 9, 8, 7, 6}, 512)
+	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64], true, true)
+	engine, err := client.Dial(flipProxy(t, apiAddr, []byte("no such pattern in the API traffic")), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	key := offload.MakeKey([]byte("byvalue-flip-01"), 0)
+	stored, err := engine.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{})
+	if err != nil || !stored[0] {
+		t.Fatalf("put: %v %v", stored, err)
+	}
+	got, err := a.c.GetBlocks(ctxFor(t), []offload.Key{key}, client.GetOptions{})
+	if err != nil || got.Hits != 1 || !bytes.Equal(got.Data[0], block) {
+		t.Fatalf("A holds other bytes than were put (hits %d, err %v)", got.Hits, err)
+	}
+	got, err = engine.GetBlocks(ctxFor(t), []offload.Key{key}, client.GetOptions{})
+	if err != nil || got.Hits != 1 || !bytes.Equal(got.Data[0], block) {
+		t.Fatalf("get through the damaging stream: hits %d, bytes equal %v, err %v", got.Hits, got.Hits == 1 && bytes.Equal(got.Data[0], block), err)
+	}
+	m := scrapeDaemon(t, a)
+	for _, series := range []string{
+		`kvtier_stream_blocks_total{direction="in",result="rejected"} 1`,
+		`kvtier_stream_requests_total{kind="put_blocks",result="ok"} 1`,
+		`kvtier_stream_blocks_total{direction="out",result="ok"} 1`,
+		`kvtier_api_calls_total{code="OK",method="PutBlocks"} 1`,
+		`kvtier_api_calls_total{code="OK",method="GetBlocks"} 2`,
+	} {
+		if !strings.Contains(m, series+"\n") {
+			t.Errorf("/metrics lacks %s:\n%s", series, grepLines(m, "kvtier_stream_"))
+		}
+	}
+}
+
+// scrapeDaemon returns d's /metrics page.
+func scrapeDaemon(t *testing.T, d *peerDaemon) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.srv.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }
 
 // A daemon whose peer publishes its KV events answers lookups for that
@@ -385,13 +457,7 @@ func waitNodeIndex(t *testing.T, d *peerDaemon, node, blocks string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + d.srv.MetricsAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := string(body)
+		m := scrapeDaemon(t, d)
 		if nodeMetric(m, "kvtier_tier_node_indexed", node) == "1" && nodeMetric(m, "kvtier_tier_node_index_blocks", node) == blocks {
 			return
 		}
