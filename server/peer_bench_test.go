@@ -128,10 +128,12 @@ func benchClientProcess(b *testing.B, mode string, perOp int) {
 // primary into an arena through the peer tier — over the daemon's block
 // stream (straight from the pinned slot into the socket and from the
 // socket into the slot, checksummed) and over the API (GetBlocks by
-// value) — against a plain TCP stream of the same bytes from another
-// process in the same run. MB/s counts payload.
+// value), and a remote engine's PutBlocks and GetBlocks — against a plain
+// TCP stream of the same bytes from another process in the same run, of
+// the same 8 distinct blocks and of one cache-hot buffer. MB/s counts
+// payload. Run it in rounds (BENCHMARKS.md) to compare paths seconds apart:
 //
-//	go test ./server/ -run '^$' -bench PeerTransfer2MiB -benchtime 20x -count 5
+//	go test ./server/ -run '^$' -bench PeerTransfer2MiB -benchtime 20x
 func BenchmarkPeerTransfer2MiB(b *testing.B) {
 	const perOp = 8
 	for _, path := range []string{"peer-stream", "peer-api"} {
