@@ -259,8 +259,11 @@ func (p *peer) forget(keys []offload.Key, m uint64) {
 // down period has passed. The common case reads one atomic, no clock.
 func (p *peer) up() bool {
 	d := p.downUntil.Load()
-	return d == 0 || time.Now().UnixNano() >= d
+	return d == 0 || downPassed(d)
 }
+
+// downPassed is up's clock read, out of line so that up inlines.
+func downPassed(until int64) bool { return time.Now().UnixNano() >= until }
 
 // Tier is the peer tier. It implements offload.SecondaryTier and
 // offload.ReadOnly.
@@ -359,8 +362,11 @@ func (t *Tier) allowed(req *offload.ReqContext, p *peer) (dram, store bool) {
 	if req == nil {
 		return true, t.cfg.FromStorage
 	}
-	return req.LoadFilter.Allows(offload.MediumCPU, p.locality),
-		t.cfg.FromStorage && req.LoadFilter.Allows(offload.MediumStorage, p.locality)
+	dram = req.LoadFilter.Allows(offload.MediumCPU, p.locality)
+	if t.cfg.FromStorage {
+		store = req.LoadFilter.Allows(offload.MediumStorage, p.locality)
+	}
+	return dram, store
 }
 
 // Lookup asks the peers the request's filter allows, in order: Hit when
