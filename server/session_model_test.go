@@ -393,7 +393,7 @@ func checkHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, live []*modelSession
 
 // modelNamespace is the namespace the model tests drive: a primary of
 // slots slots and one memory tier of tierBlocks blocks (0: unbounded).
-func modelNamespace(rt *rapid.T, slotSize, slots, tierBlocks int, budget tiering.BudgetConfig) (*Namespace, *cpu.Primary, *tiering.Manager) {
+func modelNamespace(rt interface{ Fatal(...any) }, slotSize, slots, tierBlocks int, budget tiering.BudgetConfig) (*Namespace, *cpu.Primary, *tiering.Manager) {
 	p, err := cpu.New(cpu.Config{SlotSize: slotSize, Capacity: int64(slots * slotSize), Events: true})
 	if err != nil {
 		rt.Fatal(err)

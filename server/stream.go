@@ -422,10 +422,15 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 	ctx, cancel := context.WithTimeout(context.Background(), streamTimeout)
 	defer cancel()
 	params, wait, prefixOnly := peerReadParams, time.Duration(0), false
+	var err error
 	if o != nil {
 		params, wait, prefixOnly = o.params, o.wait, o.prefixOnly
+		err = ns.checkGetSize(len(keys))
 	}
-	g, err := ns.pinGetLocked(ctx, nil, "", params, keys, wait, prefixOnly)
+	var g *pinnedGet
+	if err == nil {
+		g, err = ns.pinGetLocked(ctx, nil, "", params, keys, wait, prefixOnly)
+	}
 	if err != nil {
 		if o != nil && !errors.Is(err, ErrClosed) {
 			_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))

@@ -195,7 +195,7 @@ func TestBlockStreamPut(t *testing.T) {
 func TestByValueAnswersAlike(t *testing.T) {
 	transcripts := make([]string, len(byValuePaths))
 	for p, path := range byValuePaths {
-		e := startEnv(t, envOptions{slots: 8, tiers: noTiers, stream: true, limits: server.Limits{MaxKeysPerCall: 16}})
+		e := startEnv(t, envOptions{slots: 8, tiers: noTiers, stream: true, limits: server.Limits{MaxKeysPerCall: 16, MaxMessageBytes: 64<<10 + 4*slotSize}})
 		c := e.dialVia(t, path)
 		ctx := ctxT(t)
 		var log strings.Builder
@@ -241,6 +241,7 @@ func TestByValueAnswersAlike(t *testing.T) {
 		get("into buffers", ks, client.GetOptions{Buffers: bufs})
 		get("bad params", ks, client.GetOptions{CallOptions: client.CallOptions{Params: `[`}})
 		get("too many", keys(0, 17), client.GetOptions{})
+		get("more than a message holds", keys(0, 5), client.GetOptions{})
 		get("none", nil, client.GetOptions{})
 		transcripts[p] = log.String()
 		if p > 0 && transcripts[p] != transcripts[0] {

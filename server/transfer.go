@@ -126,10 +126,8 @@ func (ns *Namespace) callRequestLocked(s *session, id, what string, params []byt
 // prefixOnly).
 func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (results []offload.LookupResult, data [][]byte, hits int, err error) {
 	slotSize := ns.arena.SlotSize()
-	// Leave 64 KiB for keys and framing.
-	if max := (ns.limits.MaxMessageBytes - 64<<10) / slotSize; len(keys) > max {
-		return nil, nil, 0, fmt.Errorf("%w: GetBlocks of %d keys with %d-byte blocks may exceed the %d-byte message limit (at most %d keys per call)",
-			ErrLimit, len(keys), slotSize, ns.limits.MaxMessageBytes, max)
+	if err := ns.checkGetSize(len(keys)); err != nil {
+		return nil, nil, 0, err
 	}
 	g, err := ns.pinGetLocked(ctx, s, id, params, keys, wait, prefixOnly)
 	if err != nil {
@@ -155,6 +153,20 @@ func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, param
 		return nil, nil, 0, err
 	}
 	return g.results, data, g.hits, nil
+}
+
+// checkGetSize refuses a by-value read of n keys whose blocks may not fit
+// one API message. GetBlocks on the block stream has the same bound,
+// although it sends no such message: the two paths give the same answers,
+// and a call never pins more of the primary than one message holds.
+func (ns *Namespace) checkGetSize(n int) error {
+	slotSize := ns.arena.SlotSize()
+	// Leave 64 KiB for keys and framing.
+	if max := (ns.limits.MaxMessageBytes - 64<<10) / slotSize; n > max {
+		return fmt.Errorf("%w: GetBlocks of %d keys with %d-byte blocks may exceed the %d-byte message limit (at most %d keys per call)",
+			ErrLimit, n, slotSize, ns.limits.MaxMessageBytes, max)
+	}
+	return nil
 }
 
 // pinnedGet is a by-value read whose blocks are pinned: slots[i] is the
@@ -192,15 +204,24 @@ func (ns *Namespace) pinGetLocked(ctx context.Context, s *session, id string, pa
 		ns.mu.Unlock()
 		return nil, err
 	}
-	results := make([]offload.LookupResult, len(keys))
+	g := &pinnedGet{ns: ns, rc: rc, results: make([]offload.LookupResult, len(keys)), slots: make([]int64, len(keys)), finish: finish}
 	backoff := 100 * time.Microsecond
 	for {
-		ns.lookupLocked(rc, keys, results)
-		if !anyInFlight(results) || !time.Now().Before(deadline) {
-			break
+		if err := g.lookAndPinLocked(keys, prefixOnly); err != nil {
+			finish()
+			ns.mu.Unlock()
+			return nil, err
 		}
-		// End the step so that promotions are submitted and finished
-		// jobs are processed by the next lookup pass.
+		if !anyInFlight(g.results) || !time.Now().Before(deadline) {
+			return g, nil
+		}
+		// Not yet: unpin, end the step so that promotions are submitted
+		// and finished jobs are processed by the next pass, and wait.
+		if err := g.unpinLocked(); err != nil {
+			finish()
+			ns.mu.Unlock()
+			return nil, err
+		}
 		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
 		ns.publishLocked()
 		ns.mu.Unlock()
@@ -226,44 +247,54 @@ func (ns *Namespace) pinGetLocked(ctx context.Context, s *session, id string, pa
 			return nil, fmt.Errorf("%w: request %q finished while get blocks waited", ErrProtocol, id)
 		}
 	}
+}
 
-	g := &pinnedGet{ns: ns, rc: rc, results: results, slots: make([]int64, len(keys)), finish: finish}
-	idx := make([]int, 0, len(keys))
+// lookAndPinLocked is one pass over keys: each is looked up in turn and,
+// when the call returns it, pinned at once — before the next key's lookup,
+// which may start a promotion, and a promotion may evict a ready block
+// (vLLM's lookup does the same): a block reported HIT is always loadable.
+func (g *pinnedGet) lookAndPinLocked(keys []offload.Key, prefixOnly bool) error {
+	g.hits = 0
 	inPrefix := true
-	for i, r := range results {
-		g.slots[i] = -1
+	for i, k := range keys {
+		r := g.ns.mgr.Lookup(k, g.rc)
+		g.results[i], g.slots[i] = r, -1
 		if r != offload.Hit {
 			inPrefix = false
 		}
 		if r == offload.Hit && (inPrefix || !prefixOnly) {
-			g.load = append(g.load, keys[i])
-			idx = append(idx, i)
+			s, err := g.ns.mgr.PrepareLoad([]offload.Key{k}, g.rc)
+			if err != nil {
+				return errors.Join(fmt.Errorf("%w: prepare load: %w", ErrProtocol, err), g.unpinLocked())
+			}
+			g.slots[i] = s[0]
+			g.load = append(g.load, k)
 		}
 		if inPrefix {
 			g.hits++
 		}
 	}
-	if len(g.load) > 0 {
-		slots, err := ns.mgr.PrepareLoad(g.load, rc)
-		if err != nil {
-			finish()
-			ns.mu.Unlock()
-			return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
-		}
-		for j, s := range slots {
-			g.slots[idx[j]] = s
-		}
+	return nil
+}
+
+// unpinLocked releases the pins of g.
+func (g *pinnedGet) unpinLocked() error {
+	load := g.load
+	g.load = nil
+	if len(load) == 0 {
+		return nil
 	}
-	return g, nil
+	if err := g.ns.mgr.CompleteLoad(load, g.rc); err != nil {
+		return fmt.Errorf("%w: complete load: %w", ErrProtocol, err)
+	}
+	return nil
 }
 
 // doneLocked unpins the blocks of g and finishes its temporary request.
 func (g *pinnedGet) doneLocked() error {
 	defer g.finish()
-	if len(g.load) > 0 {
-		if err := g.ns.mgr.CompleteLoad(g.load, g.rc); err != nil {
-			return fmt.Errorf("%w: complete load: %w", ErrProtocol, err)
-		}
+	if err := g.unpinLocked(); err != nil {
+		return err
 	}
 	g.ns.publishLocked()
 	return nil
