@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"sync/atomic"
 
@@ -31,8 +32,18 @@ func tagOf(wire uint64, group uint32) uint64 {
 	return t
 }
 
-// keyTag is the tag of key k.
-func keyTag(k offload.Key) uint64 { return tagOf(k.WireHash(), k.Group()) }
+// keyTag is the tag of key k. Keys of an 8-byte hash or longer (all that
+// engines make) are read with two loads, inline: it is on every lookup.
+func keyTag(k offload.Key) uint64 {
+	n := len(k)
+	if n < 8+offload.GroupSuffixLen {
+		return shortKeyTag(k)
+	}
+	b := []byte(k[n-12:]) // not copied: it neither escapes nor changes
+	return tagOf(binary.BigEndian.Uint64(b), binary.BigEndian.Uint32(b[8:]))
+}
+
+func shortKeyTag(k offload.Key) uint64 { return tagOf(k.WireHash(), k.Group()) }
 
 // hints is the bounded index of one peer: tag → media, built from the
 // peer's block list and kept current from its KV events.

@@ -8,6 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/offload"
 )
 
 // The hints agree with a map after any sequence of adds, removes and
@@ -139,5 +140,22 @@ func TestApplyEventsMedia(t *testing.T) {
 	applyEvents(h, []events.Decoded{{Type: events.AllBlocksCleared}}, events.MediumCPU)
 	if h.media(tagOf(a, 0)) != 0 || h.media(tagOf(b, 0)) != 0 {
 		t.Error("AllBlocksCleared left hints")
+	}
+}
+
+// keyTag's two-load form is the tag of the key's wire hash and group, for
+// every hash length (the events carry only those).
+func TestKeyTagIsTagOfWireHash(t *testing.T) {
+	for n := 0; n <= 40; n++ {
+		hash := make([]byte, n)
+		for i := range hash {
+			hash[i] = byte(0x9d * (i + 1))
+		}
+		for _, g := range []uint32{0, 1, 0xfedcba98} {
+			k := offload.MakeKey(hash, g)
+			if got, want := keyTag(k), tagOf(k.WireHash(), k.Group()); got != want {
+				t.Fatalf("%d-byte hash, group %d: tag %#x, want %#x", n, g, got, want)
+			}
+		}
 	}
 }
