@@ -371,6 +371,17 @@ func checkHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, live []*modelSession
 			}
 		}
 	}
+	checkReadyBytes(rt, p, universe, size)
+	for _, r := range ns.reqs {
+		if r.sess != nil && r.sess.closed.Load() {
+			rt.Fatalf("request %s of an ended session is still registered", r.ctx.ID)
+		}
+	}
+}
+
+// checkReadyBytes verifies that every ready block of universe in p holds
+// its key's content.
+func checkReadyBytes(rt *rapid.T, p *cpu.Primary, universe []offload.Key, size int) {
 	for _, k := range universe {
 		slot, ok := p.SlotOf(k)
 		if ref, _ := p.RefCount(k); !ok || ref < 0 {
@@ -382,11 +393,6 @@ func checkHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, live []*modelSession
 		}
 		if !bytes.Equal(b, blockContent(k, size)) {
 			rt.Fatalf("ready block %v holds another block's bytes", k)
-		}
-	}
-	for _, r := range ns.reqs {
-		if r.sess != nil && r.sess.closed.Load() {
-			rt.Fatalf("request %s of an ended session is still registered", r.ctx.ID)
 		}
 	}
 }

@@ -382,19 +382,7 @@ func checkStreamHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, m *tiering.Man
 			rt.Fatalf("request %s is not a call's", r.ctx.ID)
 		}
 	}
-	for _, k := range universe {
-		slot, ok := p.SlotOf(k)
-		if ref, _ := p.RefCount(k); !ok || ref < 0 {
-			continue
-		}
-		b, err := p.Arena().Slot(slot)
-		if err != nil {
-			rt.Fatal(err)
-		}
-		if !bytes.Equal(b, blockContent(k, size)) {
-			rt.Fatalf("ready block %v holds another block's bytes", k)
-		}
-	}
+	checkReadyBytes(rt, p, universe, size)
 }
 
 // byteReader reads from a connection without buffering.

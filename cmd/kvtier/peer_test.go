@@ -309,17 +309,21 @@ func wantCorruptCounted(t *testing.T, d *peerDaemon, n uint64) {
 	}
 }
 
-// The same on the block stream: A's API and stream listen on 127.0.0.2,
-// proxies on 127.0.0.1 forward to them, the stream's proxy damaging one
-// block. B learns the stream's port from A's Stats and dials it on the
-// host it reaches A's API by, so both go through the proxies.
-func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
+// startBehindProxies starts a daemon A (metrics on metricsAddr, "" for
+// none) whose API and block stream listen on 127.0.0.2, with proxies on
+// 127.0.0.1 in front of both, and returns it and its API proxy's address.
+// The stream's proxy sits on the stream's port, so a client learning that
+// port from A's Stats dials it on the host it reaches A's API by: the
+// proxy. It damages the first occurrence of pattern on each connection in
+// the directions toClient and toUpstream say; the API's proxy none.
+func startBehindProxies(t *testing.T, metricsAddr string, pattern []byte, toClient, toUpstream bool) (*peerDaemon, string) {
+	t.Helper()
 	streamProxy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
-	streamProxy.Close() // reserved the port number; flipProxy listens on it below
+	streamProxy.Close() // reserved the port number; flipProxyOn listens on it below
 	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
 		t.Skipf("127.0.0.2 is not usable here: %v", err)
@@ -327,11 +331,19 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	apiAddr := apiLn.Addr().String()
 	apiLn.Close()
 	a := newPeerDaemon(t, "A")
-	a.tcp = apiAddr
+	a.tcp, a.metrics = apiAddr, metricsAddr
 	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
+	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, pattern, toClient, toUpstream)
+	return a, flipProxy(t, apiAddr, []byte("no such pattern in the API traffic"))
+}
+
+// The same on the block stream: A's API and stream listen on 127.0.0.2,
+// proxies on 127.0.0.1 forward to them, the stream's proxy damaging one
+// block. B learns the stream's port from A's Stats and dials it on the
+// host it reaches A's API by, so both go through the proxies.
+func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 	block := bytes.Repeat([]byte{0x11, 0x22, 0x33, 0x44, 5, 6, 7, 8}, 512)
-	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64], true, false)
-	api := flipProxy(t, apiAddr, []byte("no such pattern in the API traffic"))
+	a, api := startBehindProxies(t, "", block[:64], true, false)
 	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, peers: [{name: a, addr: %q}]}]`, api))
 	key := offload.MakeKey([]byte("stream-flip-0001"), 0)
 	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
@@ -349,26 +361,11 @@ func TestPeerTierBlockStreamRejectsDamagedBlocks(t *testing.T) {
 // A remote engine's by-value calls take the block stream; a block damaged
 // on it, either way, is never stored or served: the client makes the call
 // (a put: the damaged blocks) again through the API, the daemon counts
-// the rejected block. (Addresses as in the test above.)
+// the rejected block.
 func TestByValueCallsSurviveDamageOnTheStream(t *testing.T) {
-	streamProxy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
-	streamProxy.Close()
-	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Skipf("127.0.0.2 is not usable here: %v", err)
-	}
-	apiAddr := apiLn.Addr().String()
-	apiLn.Close()
-	a := newPeerDaemon(t, "A")
-	a.tcp, a.metrics = apiAddr, "127.0.0.1:0"
-	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
 	block := bytes.Repeat([]byte{0x5a, 0x11, 0xee, 0x42, 9, 8, 7, 6}, 512)
-	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, block[:64], true, true)
-	engine, err := client.Dial(flipProxy(t, apiAddr, []byte("no such pattern in the API traffic")), client.Options{})
+	a, api := startBehindProxies(t, "127.0.0.1:0", block[:64], true, true)
+	engine, err := client.Dial(api, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
