@@ -270,9 +270,10 @@ type GetOptions struct {
 	// (Blocks.Checksums), to verify what arrived. Such a call uses the
 	// API; the block stream verifies every block it carries anyway.
 	Checksums bool
-	// Buffers, when set (one per key, each the slot size), receive the
-	// blocks: Data[i] is Buffers[i] for every returned block, so a caller
-	// can reuse its memory from call to call. Nil allocates.
+	// Buffers, when set (one per key, each at least the slot size),
+	// receive the blocks: Data[i] is Buffers[i][:slot size] for every
+	// returned block, so a caller can reuse its memory from call to call.
+	// Nil allocates, and so does a buffer shorter than the slot.
 	Buffers [][]byte
 }
 
@@ -313,8 +314,8 @@ func (c *Client) GetBlocks(ctx context.Context, keys []offload.Key, o GetOptions
 	out := Blocks{Results: resp.GetResults(), Hits: int(resp.GetHits()), Data: make([][]byte, len(resp.GetBlocks())), Checksums: resp.GetChecksums()}
 	for i, b := range resp.GetBlocks() {
 		out.Data[i] = b.GetData()
-		if o.Buffers != nil && out.Data[i] != nil {
-			out.Data[i] = o.Buffers[i][:copy(o.Buffers[i], out.Data[i])]
+		if d := out.Data[i]; o.Buffers != nil && d != nil && len(o.Buffers[i]) >= len(d) {
+			out.Data[i] = o.Buffers[i][:copy(o.Buffers[i], d)]
 		}
 	}
 	return out, nil
