@@ -239,6 +239,11 @@ func TestByValueAnswersAlike(t *testing.T) {
 			bufs[i] = make([]byte, slotSize)
 		}
 		get("into buffers", ks, client.GetOptions{Buffers: bufs})
+		short := make([][]byte, len(ks))
+		for i := range short {
+			short[i] = make([]byte, slotSize/2)
+		}
+		get("into buffers too short", ks, client.GetOptions{Buffers: short})
 		get("bad params", ks, client.GetOptions{CallOptions: client.CallOptions{Params: `[`}})
 		get("too many", keys(0, 17), client.GetOptions{})
 		get("more than a message holds", keys(0, 5), client.GetOptions{})
