@@ -47,6 +47,11 @@ const streamCallTimeout = 2 * time.Minute
 // calls (one per concurrent caller is dialled on demand).
 const maxIdleStreams = 4
 
+// streamRetryAfter is how long the calls use the API after the stream
+// could not be dialled (a port the network does not pass would otherwise
+// cost every call a dial timeout).
+const streamRetryAfter = 30 * time.Second
+
 // streamPool holds a client's block-stream connections. A Stream serves
 // one call at a time; concurrent calls take one each.
 type streamPool struct {
@@ -59,13 +64,15 @@ type streamPool struct {
 	slotSize int
 	idle     []*Stream
 	closed   bool
+	// retryAt is when to try the stream again after a failed dial.
+	retryAt time.Time
 }
 
 // take returns an idle or new stream and the namespace's slot size, or
 // nil when the call should use the API.
 func (p *streamPool) take(ctx context.Context, c *Client) (*Stream, int) {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || time.Now().Before(p.retryAt) {
 		p.mu.Unlock()
 		return nil, 0
 	}
@@ -96,10 +103,11 @@ func (p *streamPool) take(ctx context.Context, c *Client) (*Stream, int) {
 	p.mu.Unlock()
 	s, err := DialStream(ctx, addr, p.opts)
 	if err != nil {
-		// The daemon may have restarted on another stream port: learn it
-		// again at the next call; this one uses the API.
+		// The daemon may have restarted on another stream port, or the
+		// network may not pass it: this call and those of the next
+		// streamRetryAfter use the API; then the address is learnt again.
 		p.mu.Lock()
-		p.probed = false
+		p.probed, p.retryAt = false, time.Now().Add(streamRetryAfter)
 		p.mu.Unlock()
 		return nil, 0
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -318,12 +319,22 @@ func wantCorruptCounted(t *testing.T, d *peerDaemon, n uint64) {
 // the directions toClient and toUpstream say; the API's proxy none.
 func startBehindProxies(t *testing.T, metricsAddr string, pattern []byte, toClient, toUpstream bool) (*peerDaemon, string) {
 	t.Helper()
-	streamProxy, err := net.Listen("tcp", "127.0.0.1:0")
+	a, port := startOnSecondLoopback(t, metricsAddr)
+	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, pattern, toClient, toUpstream)
+	return a, flipProxy(t, a.tcp, []byte("no such pattern in the API traffic"))
+}
+
+// startOnSecondLoopback starts a daemon A whose API (a.tcp) and block
+// stream listen on 127.0.0.2, the stream on a port that is free on
+// 127.0.0.1 too (returned), for the caller to put something there.
+func startOnSecondLoopback(t *testing.T, metricsAddr string) (*peerDaemon, string) {
+	t.Helper()
+	reserve, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, port, _ := net.SplitHostPort(streamProxy.Addr().String())
-	streamProxy.Close() // reserved the port number; flipProxyOn listens on it below
+	_, port, _ := net.SplitHostPort(reserve.Addr().String())
+	reserve.Close() // reserved the port number for the caller
 	apiLn, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
 		t.Skipf("127.0.0.2 is not usable here: %v", err)
@@ -333,8 +344,7 @@ func startBehindProxies(t *testing.T, metricsAddr string, pattern []byte, toClie
 	a := newPeerDaemon(t, "A")
 	a.tcp, a.metrics = apiAddr, metricsAddr
 	a.startWith(t, "[]", fmt.Sprintf(", stream_addr: %q", "127.0.0.2:"+port))
-	flipProxyOn(t, "127.0.0.1:"+port, "127.0.0.2:"+port, pattern, toClient, toUpstream)
-	return a, flipProxy(t, apiAddr, []byte("no such pattern in the API traffic"))
+	return a, port
 }
 
 // The same on the block stream: A's API and stream listen on 127.0.0.2,
@@ -394,6 +404,48 @@ func TestByValueCallsSurviveDamageOnTheStream(t *testing.T) {
 		if !strings.Contains(m, series+"\n") {
 			t.Errorf("/metrics lacks %s:\n%s", series, grepLines(m, "kvtier_stream_"))
 		}
+	}
+}
+
+// A stream the client cannot use (here: something on its port that hangs
+// up) leaves the by-value calls on the API, with the right answers, and
+// is not tried again for every call.
+func TestByValueCallsWithoutAUsableStream(t *testing.T) {
+	a, port := startOnSecondLoopback(t, "")
+	l, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var dials atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			c.Close()
+		}
+	}()
+	engine, err := client.Dial(flipProxy(t, a.tcp, []byte("no such pattern in the API traffic")), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	block := bytes.Repeat([]byte{4, 3, 2, 1}, 1024)
+	for i := range 3 {
+		key := offload.MakeKey([]byte(fmt.Sprintf("no-stream-%02d", i)), 0)
+		if stored, err := engine.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil || !stored[0] {
+			t.Fatalf("put %d: %v %v", i, stored, err)
+		}
+		got, err := engine.GetBlocks(ctxFor(t), []offload.Key{key}, client.GetOptions{})
+		if err != nil || got.Hits != 1 || !bytes.Equal(got.Data[0], block) {
+			t.Fatalf("get %d: hits %d, err %v", i, got.Hits, err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("the stream was dialled %d times in six calls, want once", n)
 	}
 }
 
