@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -43,107 +42,12 @@ type CallOptions struct {
 // has no deadline.
 const streamCallTimeout = 2 * time.Minute
 
-// maxIdleStreams bounds the stream connections a client keeps between
-// calls (one per concurrent caller is dialled on demand).
-const maxIdleStreams = 4
-
-// streamRetryAfter is how long the calls use the API after the stream
-// could not be dialled (a port the network does not pass would otherwise
-// cost every call a dial timeout).
-const streamRetryAfter = 30 * time.Second
-
-// streamPool holds a client's block-stream connections. A Stream serves
-// one call at a time; concurrent calls take one each.
-type streamPool struct {
-	apiAddr string
-	opts    StreamOptions
-
-	mu       sync.Mutex
-	probed   bool
-	addr     string // "" when the daemon has no stream
-	slotSize int
-	idle     []*Stream
-	closed   bool
-	// retryAt is when to try the stream again after a failed dial.
-	retryAt time.Time
-}
-
-// take returns an idle or new stream and the namespace's slot size, or
-// nil when the call should use the API.
-func (p *streamPool) take(ctx context.Context, c *Client) (*Stream, int) {
-	p.mu.Lock()
-	if p.closed || time.Now().Before(p.retryAt) {
-		p.mu.Unlock()
-		return nil, 0
-	}
-	if !p.probed {
-		p.mu.Unlock()
-		st, err := c.Stats(ctx)
-		if err != nil {
-			return nil, 0 // the API call reports it
-		}
-		addr, err := streamAddrOf(st, p.apiAddr)
-		if err != nil {
-			return nil, 0
-		}
-		p.mu.Lock()
-		p.probed, p.addr, p.slotSize = true, addr, int(st.GetPrimary().GetSlotSize())
-	}
-	addr, size := p.addr, p.slotSize
-	if addr == "" || size <= 0 {
-		p.mu.Unlock()
-		return nil, 0
-	}
-	if n := len(p.idle); n > 0 {
-		s := p.idle[n-1]
-		p.idle = p.idle[:n-1]
-		p.mu.Unlock()
-		return s, size
-	}
-	p.mu.Unlock()
-	s, err := DialStream(ctx, addr, p.opts)
-	if err != nil {
-		// The daemon may have restarted on another stream port, or the
-		// network may not pass it: this call and those of the next
-		// streamRetryAfter use the API; then the address is learnt again.
-		p.mu.Lock()
-		p.probed, p.retryAt = false, time.Now().Add(streamRetryAfter)
-		p.mu.Unlock()
-		return nil, 0
-	}
-	return s, size
-}
-
-// give returns a stream after a call it answered in full.
-func (p *streamPool) give(s *Stream) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || len(p.idle) >= maxIdleStreams {
-		s.Close()
-		return
-	}
-	p.idle = append(p.idle, s)
-}
-
-func (p *streamPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, s := range p.idle {
-		s.Close()
-	}
-	p.idle = nil
-}
-
 // onStream runs call on a pooled stream with ctx's deadline (ends the
 // stream's I/O when ctx ends). used is false when the call should go to
 // the API instead: no stream, or the stream failed before the call was
 // answered (and ctx is still live).
 func (c *Client) onStream(ctx context.Context, call func(s *Stream, slotSize int, deadline time.Time) error) (used bool, err error) {
-	if c.streams == nil {
-		return false, nil
-	}
-	s, size := c.streams.take(ctx, c)
+	s, size := c.streams.Take(ctx)
 	if s == nil {
 		return false, nil
 	}
@@ -158,7 +62,7 @@ func (c *Client) onStream(ctx context.Context, call func(s *Stream, slotSize int
 	switch {
 	case err == nil, errors.As(err, &answered):
 		if stopped {
-			c.streams.give(s)
+			c.streams.Give(s)
 		} else {
 			s.Close()
 		}

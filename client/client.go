@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -36,8 +37,10 @@ type Options struct {
 	// (server.tls); package tlsconfig builds it from PEM files.
 	TLS *tls.Config
 	// NoStream keeps PutBlocks and GetBlocks on the API even where the
-	// daemon (over TCP) offers its block stream.
+	// daemon (over TCP) offers its block stream (Streams is nil then).
 	NoStream bool
+	// StreamTimeout bounds a block-stream dial and hello (default 5s).
+	StreamTimeout time.Duration
 }
 
 // Client is a connection to a kvtier daemon.
@@ -46,7 +49,7 @@ type Client struct {
 	api      kvtierv1.KVTierClient
 	ns       string
 	unixPath string // "" for TCP
-	streams  *streamPool
+	streams  *StreamPool
 }
 
 // IsUnixTarget reports whether target names a Unix socket: "unix:PATH",
@@ -90,7 +93,7 @@ func Dial(target string, opts Options) (*Client, error) {
 	c := &Client{ns: opts.Namespace}
 	addr := target
 	if _, ok := IsUnixTarget(target); !ok && !opts.NoStream {
-		c.streams = &streamPool{apiAddr: target, opts: StreamOptions{Token: opts.Token, Namespace: opts.Namespace, TLS: opts.TLS}}
+		c.streams = &StreamPool{c: c, apiAddr: target, opts: StreamOptions{Token: opts.Token, Namespace: opts.Namespace, TLS: opts.TLS, Timeout: opts.StreamTimeout}}
 	}
 	if path, ok := IsUnixTarget(target); ok {
 		c.unixPath = path

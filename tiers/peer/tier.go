@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -216,7 +215,6 @@ type peer struct {
 	pushed     atomic.Int64 // blocks pushed to it (stored or already held)
 	nameHash   uint64       // of its name, for rendezvous hashing
 	corrupt    atomic.Int64 // blocks whose checksum did not match
-	stream     stream
 
 	// hints is what the peer's events say it holds; indexed reports that
 	// they are current, so lookups read them instead of asking. The feed
@@ -301,7 +299,7 @@ func New(cfg Config) (*Tier, error) {
 	t.jobs = remote.NewJobTable(fmt.Sprintf("peer tier %q", cfg.Name), 0)
 	for _, pc := range cfg.Peers {
 		loc, _ := LocalityOf(pc)
-		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace}
+		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace, StreamTimeout: cfg.Timeout}
 		if pc.TLS != nil {
 			tc, err := tlsconfig.Client(pc.TLS.CAFile, pc.TLS.CertFile, pc.TLS.KeyFile, pc.TLS.ServerName)
 			if err != nil {
@@ -310,17 +308,12 @@ func New(cfg Config) (*Tier, error) {
 			}
 			opts.TLS = tc
 		}
-		var streamTLS *tls.Config
-		if opts.TLS != nil {
-			streamTLS = opts.TLS.Clone()
-		}
 		c, err := client.Dial(pc.Addr, opts)
 		if err != nil {
 			t.closePeers()
 			return nil, fmt.Errorf("peer tier %q: peer %q at %s: %w", cfg.Name, pc.Name, pc.Addr, err)
 		}
 		p := &peer{cfg: pc, locality: loc, c: c, nameHash: xxh3.HashString(pc.Name)}
-		p.stream.tlsConf = streamTLS
 		p.lookups = asynclookup.New(fmt.Sprintf("peer tier %q, peer %q", cfg.Name, pc.Name), t.existsOn(p),
 			asynclookup.Options{MaxBatch: cfg.LookupBatch, Timeout: cfg.Timeout, Logger: t.log})
 		t.peers = append(t.peers, p)
@@ -367,6 +360,22 @@ func (t *Tier) allowed(req *offload.ReqContext, p *peer) (dram, store bool) {
 		store = req.LoadFilter.Allows(offload.MediumStorage, p.locality)
 	}
 	return dram, store
+}
+
+// stream returns a connection to p's block stream from the peer's client
+// (client.StreamPool), nil when the API is to be used.
+func (t *Tier) stream(ctx context.Context, p *peer) *client.Stream {
+	sc, _ := p.c.Streams().Take(ctx)
+	return sc
+}
+
+// loadStream is stream for loads, which block_stream: false keeps on the
+// API.
+func (t *Tier) loadStream(ctx context.Context, p *peer) *client.Stream {
+	if p.cfg.BlockStream != nil && !*p.cfg.BlockStream {
+		return nil
+	}
+	return t.stream(ctx, p)
 }
 
 // Lookup asks the peers the request's filter allows, in order: Hit when
@@ -557,8 +566,8 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, src source, job *offload.J
 		// the call timeout so that the answer still arrives in time.
 		return t.getFrom(ctx, p, onStorage, job, idx, ok, client.GetOptions{CallOptions: client.CallOptions{Params: storageParams}, Checksums: true, Wait: t.cfg.Timeout / 2})
 	}
-	if addr := t.streamAddr(ctx, p); addr != "" && (p.cfg.BlockStream == nil || *p.cfg.BlockStream) {
-		gone, err := t.streamLoad(ctx, p, addr, job, idx, ok)
+	if sc := t.loadStream(ctx, p); sc != nil {
+		gone, err := t.streamLoad(ctx, p, sc, job, idx, ok)
 		if err == nil {
 			t.report(p, nil)
 			p.lost(gone, onCPU)
@@ -566,7 +575,7 @@ func (t *Tier) loadFrom(ctx context.Context, p *peer, src source, job *offload.J
 		}
 		// The stream failed: what it did not deliver is a miss now, and
 		// the next loads use the API until the stream is learnt again.
-		p.forgetStream()
+		p.c.Streams().Forget()
 		var missed []offload.Key
 		for _, i := range idx {
 			if !ok[i] {
@@ -694,12 +703,6 @@ func (t *Tier) pushTo(ctx context.Context, p *peer, job *offload.Job, idx []int)
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	p.contacts.Add(1)
-	addr := t.streamAddr(ctx, p)
-	if addr == "" {
-		err := fmt.Errorf("peer %q: push: no block stream", p.cfg.Name)
-		t.report(p, err)
-		return err
-	}
 	blocks := make([]client.Block, len(idx))
 	for j, i := range idx {
 		slot, err := job.Arena.Slot(job.Slots[i])
@@ -708,20 +711,21 @@ func (t *Tier) pushTo(ctx context.Context, p *peer, job *offload.Job, idx []int)
 		}
 		blocks[j] = client.Block{Key: job.Keys[i], Data: slot}
 	}
-	sc, err := t.getStream(ctx, p, addr)
-	if err != nil {
+	sc := t.stream(ctx, p)
+	if sc == nil {
+		err := fmt.Errorf("peer %q: push: no usable block stream", p.cfg.Name)
 		t.report(p, err)
-		return fmt.Errorf("peer %q: push: %w", p.cfg.Name, err)
+		return err
 	}
 	deadline, _ := ctx.Deadline()
 	res, err := sc.Push(blocks, deadline)
 	if err != nil {
 		sc.Close()
-		p.forgetStream()
+		p.c.Streams().Forget()
 		t.report(p, err)
 		return fmt.Errorf("peer %q: push: %w", p.cfg.Name, err)
 	}
-	p.putStream(sc)
+	p.c.Streams().Give(sc)
 	t.report(p, nil)
 	rejected := 0
 	for _, r := range res {
@@ -794,8 +798,7 @@ func (t *Tier) closePeers() {
 		if p.lookups != nil {
 			p.lookups.Close()
 		}
-		p.forgetStream()
-		_ = p.c.Close()
+		_ = p.c.Close() // and its streams
 	}
 }
 
