@@ -63,8 +63,9 @@
 // error. Events carry block hashes, never KV data, and travel in plain
 // ZMTP even when the API is TLS.
 //
-// Loads go over the peer's block stream (server/stream.go), whose port the
-// tier learns from the peer's Stats: the peer writes each block from its
+// Loads go over the peer's block stream (server/stream.go), through the
+// connections of the peer's client (client.StreamPool, which learns the
+// stream's port from the peer's Stats): the peer writes each block from its
 // pinned slot straight into the socket with its XXH3-64, the tier reads it
 // straight into the destination slot and checks size and checksum before
 // the job reports it loaded. A peer without a stream (or block_stream:
