@@ -260,3 +260,60 @@ func TestByValueAnswersAlike(t *testing.T) {
 	}
 	t.Logf("answers on every path:\n%s", transcripts[0])
 }
+
+// One client's by-value calls from many goroutines share its stream pool:
+// every call gets its own connection or an idle one, and every answer is
+// right.
+func TestByValueConcurrentCallsOnTheStream(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 64, tiers: noTiers, stream: true})
+	c := e.dialVia(t, "tcp-stream")
+	ctx := ctxT(t)
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			errs <- func() error {
+				for i := range 20 {
+					ks := keys(1000*g+3*i, 3)
+					blocks := make([]client.Block, len(ks))
+					for j, k := range ks {
+						blocks[j] = client.Block{Key: k, Data: block(k)}
+					}
+					if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+						return fmt.Errorf("put: %w", err)
+					}
+					got, err := c.GetBlocks(ctx, ks, client.GetOptions{})
+					if err != nil {
+						return fmt.Errorf("get: %w", err)
+					}
+					for j := range ks {
+						// Other goroutines' puts may have evicted a block:
+						// a miss is fine, other bytes never.
+						if got.Data[j] != nil && !bytes.Equal(got.Data[j], block(ks[j])) {
+							return fmt.Errorf("%v: other bytes", ks[j])
+						}
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := scrape(t, e); !strings.Contains(m, `kvtier_stream_requests_total{kind="get_blocks",result="ok"} 160`) {
+		t.Errorf("not every get went over the stream:\n%s", grepStream(m))
+	}
+}
+
+// grepStream returns the block-stream series of a /metrics page.
+func grepStream(m string) string {
+	var out []string
+	for l := range strings.SplitSeq(m, "\n") {
+		if strings.HasPrefix(l, "kvtier_stream_") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
