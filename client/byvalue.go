@@ -15,7 +15,7 @@ import (
 )
 
 // The by-value calls. Over TCP they take the daemon's block stream when it
-// has one (its address and slot size learnt from Stats once): blocks go
+// has one (connections from the client's StreamPool): blocks go
 // from the caller's buffers into the socket and from the socket into the
 // caller's buffers, checksummed, instead of through the API's messages.
 // Calls the stream cannot carry (an active request id, GetOptions

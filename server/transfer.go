@@ -118,12 +118,10 @@ func (ns *Namespace) callRequestLocked(s *session, id, what string, params []byt
 	}, nil
 }
 
-// GetBlocks loads blocks by value. It looks every key up; while some key
-// answers Retry or HitPending and the wait has not expired, it ends the
-// step (ScheduleEnd), releases the mutex, sleeps briefly and looks up
-// again. Readable keys are then pinned, copied and unpinned. data[i] is
-// set for results[i] == Hit (only within the leading hits with
-// prefixOnly).
+// GetBlocks loads blocks by value: pinGetLocked looks the keys up (and
+// waits for promotions) and pins each hit as it is found; the blocks are
+// then copied and unpinned. data[i] is set for results[i] == Hit (only
+// within the leading hits with prefixOnly).
 func (ns *Namespace) GetBlocks(ctx context.Context, s *session, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (results []offload.LookupResult, data [][]byte, hits int, err error) {
 	slotSize := ns.arena.SlotSize()
 	if err := ns.checkGetSize(len(keys)); err != nil {
@@ -182,8 +180,10 @@ type pinnedGet struct {
 }
 
 // pinGetLocked is the first half of a by-value read (GetBlocks, and gets
-// on the block stream): it looks keys up as GetBlocks says, then pins the
-// blocks the call returns. On success it returns with the mutex held; the
+// on the block stream). It looks every key up, pinning the blocks the call
+// returns; while some key answers Retry or HitPending and the wait has not
+// expired, it unpins, ends the step (ScheduleEnd), releases the mutex,
+// sleeps briefly and looks up again. On success it returns with the mutex held; the
 // caller reads the slots (with or without the mutex) and then calls
 // doneLocked, with the mutex held, exactly once.
 func (ns *Namespace) pinGetLocked(ctx context.Context, s *session, id string, params []byte, keys []offload.Key, wait time.Duration, prefixOnly bool) (*pinnedGet, error) {
