@@ -27,6 +27,9 @@ type metrics struct {
 	callSeconds    *prometheus.HistogramVec
 	streamCalls    *prometheus.CounterVec
 	streamBlocks   *prometheus.CounterVec
+	// The three series of streamBlocks, resolved once: they count every
+	// block on the stream.
+	streamOut, streamIn, streamRejected prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -52,6 +55,9 @@ func newMetrics() *metrics {
 		Name: "kvtier_stream_blocks_total",
 		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
 	}, []string{"direction", "result"})
+	m.streamOut = m.streamBlocks.WithLabelValues("out", "ok")
+	m.streamIn = m.streamBlocks.WithLabelValues("in", "ok")
+	m.streamRejected = m.streamBlocks.WithLabelValues("in", "rejected")
 	return m
 }
 

@@ -30,16 +30,16 @@ import (
 // A plain read (a peer tier's) answers from the primary alone
 // (kv_load_tiers: [] semantics), so a peer read never reaches a secondary
 // tier. A read with parameters (a remote engine's GetBlocks) is the API's
-// GetBlocks with its filters and wait, its blocks streamed. Blocks stay pinned while they
-// are written; a write stalled past the stream timeout ends the connection
-// and unpins them.
+// GetBlocks with its filters and wait, its blocks streamed. Blocks stay
+// pinned while they are written; a write stalled past the stream timeout
+// ends the connection and unpins them.
 //
 // A put reserves the slots of the keys the primary lacks (PrepareStore,
-// with the put's parameters or default filters), reads each block from the socket straight into its
-// reserved slot and commits only the blocks whose size and checksum
-// match; the others, and all of them if the connection fails, are
-// abandoned, so a damaged block is never exposed. Keys the primary holds
-// already are read and discarded.
+// with the put's parameters or default filters), reads each block from the
+// socket straight into its reserved slot and commits only the blocks whose
+// size and checksum match; the others, and all of them if the connection
+// fails, are abandoned, so a damaged block is never exposed. Keys the
+// primary holds already are read and discarded.
 
 // pushStoreParams are the filters of a peer's push (see reserveForStream).
 const pushStoreParams = `{"kv_store_tiers":[{"medium":"storage"}]}`
@@ -362,7 +362,7 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		if slots[i] < 0 || n != int64(slotSize) {
 			switch {
 			case n != int64(slotSize):
-				s.metrics.streamBlocks.WithLabelValues("in", "rejected").Inc()
+				s.metrics.streamRejected.Inc()
 				status[i] = putRejected
 			case failed != nil:
 				status[i] = putRejected
@@ -384,11 +384,11 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 			return fmt.Errorf("block stream: put block %d: %w", i, err)
 		}
 		if !whole {
-			s.metrics.streamBlocks.WithLabelValues("in", "rejected").Inc()
+			s.metrics.streamRejected.Inc()
 			status[i] = putRejected
 			continue
 		}
-		s.metrics.streamBlocks.WithLabelValues("in", "ok").Inc()
+		s.metrics.streamIn.Inc()
 		ok[i] = true
 		status[i] = putStored
 	}
@@ -481,7 +481,7 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		if err := blockstream.WriteBlock(w, data, &h); err != nil {
 			return fmt.Errorf("block stream: block %d: %w", i, err)
 		}
-		s.metrics.streamBlocks.WithLabelValues("out", "ok").Inc()
+		s.metrics.streamOut.Inc()
 	}
 	return w.Flush()
 }
