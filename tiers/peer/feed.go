@@ -56,13 +56,13 @@ func (t *Tier) runFeed(ctx context.Context, p *peer) {
 			return
 		}
 		gap := errors.Is(err, errGap)
+		wait := t.feedRetry(gap, gapBefore)
 		// Say it once per kind of trouble; a feed that keeps failing in the
 		// same way is a peer's configuration, not news every interval.
 		if !logged || gap {
-			t.log.Info("peer index cold: asking the peer instead", "peer", p.cfg.Name, "err", err, "retry_in", t.feedRetry(gap, gapBefore))
+			t.log.Info("peer index cold: asking the peer instead", "peer", p.cfg.Name, "err", err, "retry_in", wait)
 			logged = !gap
 		}
-		wait := t.feedRetry(gap, gapBefore)
 		gapBefore = gap
 		select {
 		case <-ctx.Done():
