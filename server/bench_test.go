@@ -20,16 +20,7 @@ func BenchmarkLookup1000Unix(b *testing.B) {
 	e := startEnv(b, envOptions{slots: 1024, tiers: noTiers})
 	ctx := ctxT(b)
 	c := e.dial(b, e.unix)
-	// 36-byte keys: a 32-byte hash and the group index, as in §8.
-	ks := make([]offload.Key, n)
-	blocks := make([]client.Block, n)
-	for i := range ks {
-		ks[i] = offload.MakeKey([]byte(fmt.Sprintf("%032d", i)), 0)
-		blocks[i] = client.Block{Key: ks[i], Data: make([]byte, slotSize)}
-	}
-	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
-		b.Fatal(err)
-	}
+	ks := putPrefix(b, c, n)
 	if _, err := c.NewRequest(ctx, "bench", ""); err != nil {
 		b.Fatal(err)
 	}
@@ -191,4 +182,19 @@ func BenchmarkArenaStoreLoad2MiB(b *testing.B) {
 func newBigEnv(b *testing.B) (*env, error) {
 	b.Helper()
 	return startEnvSlot(b, envOptions{slots: 16, tiers: noTiers}, bigBlock), nil
+}
+
+// putPrefix stores n blocks through c and returns their keys: 36-byte
+// keys, a 32-byte hash and the group index, as in DESIGN.md §8.
+func putPrefix(b *testing.B, c *client.Client, n int) []offload.Key {
+	ks := make([]offload.Key, n)
+	blocks := make([]client.Block, n)
+	for i := range ks {
+		ks[i] = offload.MakeKey([]byte(fmt.Sprintf("%032d", i)), 0)
+		blocks[i] = client.Block{Key: ks[i], Data: make([]byte, slotSize)}
+	}
+	if _, err := c.PutBlocks(ctxT(b), blocks, client.CallOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return ks
 }

@@ -3,7 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -318,17 +317,7 @@ func BenchmarkPeerLookup1000Warm(b *testing.B) {
 	for _, mode := range []string{"indexed", "asked"} {
 		b.Run(mode, func(b *testing.B) {
 			e := startEnv(b, envOptions{slots: 1024, tiers: noTiers, publish: mode == "indexed"})
-			ctx := ctxT(b)
-			c := e.dial(b, e.unix)
-			keys := make([]offload.Key, n)
-			blocks := make([]client.Block, n)
-			for i := range keys {
-				keys[i] = offload.MakeKey([]byte(fmt.Sprintf("%032d", i)), 0)
-				blocks[i] = client.Block{Key: keys[i], Data: make([]byte, slotSize)}
-			}
-			if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
-				b.Fatal(err)
-			}
+			keys := putPrefix(b, e.dial(b, e.unix), n)
 			index := mode == "indexed"
 			tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: e.tcp}}, EventIndex: &index, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
