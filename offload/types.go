@@ -112,6 +112,10 @@ type Job struct {
 	Promotion bool
 	Req       *ReqContext
 	Arena     Arena
+	// Claims is set on the store jobs of a cascade whose blocks the
+	// manager may take back one by one; tiers reach it through Claim and
+	// Release (see BlockClaimer).
+	Claims *Claims
 }
 
 // JobResult reports the outcome of one job. For a failed promotion,

@@ -110,6 +110,7 @@ var (
 	descNodeIndexGaps = prometheus.NewDesc("kvtier_tier_node_index_gaps_total", "KV event sequence gaps a peer tier saw from this peer (filled by replay or a new pass over its blocks).", append(tierLabels, "node"), nil)
 	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
 	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks).", append(tierLabels, "reason"), nil)
+	descTierRevoked   = prometheus.NewDesc("kvtier_tier_cascade_blocks_revoked_total", "Blocks eviction took back from the tier's cascades in flight, one per job, so that the primary evicts them where it would without tiers (tiers that claim blocks: fs, memory); the tier holds them only if it had written them by then.", tierLabels, nil)
 	descTierPinned    = prometheus.NewDesc("kvtier_tier_cascade_pinned_slots", "Primary slots pinned by the tier's cascades in flight.", tierLabels, nil)
 	descTierPinBudget = prometheus.NewDesc("kvtier_tier_cascade_pin_budget_slots", "The tier's share of the cascade pin budget, in primary slots (0: unbounded).", tierLabels, nil)
 	descTierQueued    = prometheus.NewDesc("kvtier_tier_queued_jobs", "Jobs submitted to the tier that no worker has started yet (tiers with a queue: fs, memory with concurrency).", tierLabels, nil)
@@ -140,7 +141,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
-		descTierDropped, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
+		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
@@ -203,6 +204,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			for r, v := range t.DroppedBy {
 				counter(descTierDropped, v, with(tiering.DropReason(r).String())...)
 			}
+			counter(descTierRevoked, t.CascadeBlocksRevoked, l...)
 			gauge(descTierPinned, float64(t.PinnedSlots), l...)
 			gauge(descTierPinBudget, float64(t.PinBudget), l...)
 			gauge(descTierQueued, float64(t.Queued), l...)

@@ -444,6 +444,7 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 			CascadesDropped: t.CascadesDropped, CascadesFiltered: t.CascadesFiltered,
 			BytesIn: t.BytesIn, BytesOut: t.BytesOut, UnderPressure: t.UnderPressure,
 			CascadesDroppedByReason: dropped,
+			CascadeBlocksRevoked:    t.CascadeBlocksRevoked,
 			CascadePinnedSlots:      t.PinnedSlots, CascadePinBudget: t.PinBudget,
 			QueuedJobs: t.Queued, QueueCapacity: t.QueueCapacity,
 			CascadeLatencyEmaSeconds: t.CascadeLatencyEMA.Seconds(),

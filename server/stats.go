@@ -57,6 +57,9 @@ type TierStats struct {
 	CascadesFiltered                            uint64
 	// DroppedBy splits CascadesDropped by tiering.DropReason.
 	DroppedBy [tiering.NumDropReasons]uint64
+	// CascadeBlocksRevoked counts blocks eviction took back from the
+	// tier's cascades in flight (tiering.TierStats).
+	CascadeBlocksRevoked uint64
 	// Gauges: primary slots the tier's cascades in flight pin and the
 	// tier's share of the budget (0: unbounded); jobs queued in the tier
 	// and its queue capacity (0: no queue or unbounded).

@@ -325,3 +325,86 @@ func TestCascadeFailuresAreWarnings(t *testing.T) {
 		t.Fatalf("%d warnings for 5 failures within %v, want 1:\n%s", logged, warnEvery, buf.String())
 	}
 }
+
+// claimFake is a queueFake whose tier claims blocks (offload.BlockClaimer):
+// a held store job stores, when released, only the blocks it can claim.
+type claimFake struct{ *queueFake }
+
+func (c claimFake) ClaimsBlocks() bool { return true }
+
+func (c claimFake) release() {
+	held := c.held
+	c.held = nil
+	for _, j := range held {
+		r := offload.JobResult{JobID: j.ID, Success: true}
+		for i, k := range j.Keys {
+			if j.Claim(i) {
+				c.blocks[k] = true
+				j.Release(i)
+			}
+		}
+		c.results = append(c.results, r)
+	}
+}
+
+// Eviction takes single blocks back from cascades a tier that claims
+// blocks has started: each block no tier is reading gives way where the
+// primary alone would have evicted it, the job goes on with its other
+// blocks, and a block being read stays until its read ends.
+func TestStoresTakeBlocksBackFromStartedCascades(t *testing.T) {
+	c := claimFake{newQueueFake("c")}
+	m := budgetManager(t, 4, BudgetConfig{Disabled: true}, c)
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	storeKeys(t, m, req, keyRange(0, 2))
+	storeKeys(t, m, req, keyRange(2, 4)) // primary full, every block pinned by a cascade
+	c.startAll()
+	first := c.held[0]
+	if !first.Claim(0) { // the tier is writing block 0
+		t.Fatal("claim of a block nobody took back failed")
+	}
+	if !storeKeys(t, m, req, keyRange(4, 6)) {
+		t.Fatal("store refused although started cascades could give blocks back")
+	}
+	for k, want := range map[int]offload.LookupResult{0: offload.Hit, 1: offload.Miss, 2: offload.Miss, 3: offload.Hit} {
+		if got := m.Lookup(K(k), req); got != want {
+			t.Errorf("lookup %d: %v, want %v (block 0 is being read; 1 and 2 were the oldest others)", k, got, want)
+		}
+	}
+	st := m.Stats()
+	if st.Tiers[0].CascadeBlocksRevoked != 2 || st.Tiers[0].CascadesDropped != 0 || len(c.withdrawn) != 0 {
+		t.Fatalf("taken back %d, dropped %d, withdrawn %v: want 2 blocks taken back, no job withdrawn",
+			st.Tiers[0].CascadeBlocksRevoked, st.Tiers[0].CascadesDropped, c.withdrawn)
+	}
+	// Pinned: blocks 0 and 3, and the new blocks' own cascade.
+	if st.Primary.Pinned != 4 || st.Tiers[0].PinnedSlots != 4 {
+		t.Fatalf("pinned %d in the primary, %d counted for the tier; want blocks 0, 3, 4, 5", st.Primary.Pinned, st.Tiers[0].PinnedSlots)
+	}
+	if pinned, _ := m.stack.Pinned(); pinned != 4 {
+		t.Fatalf("budget counts %d pinned slots, want 4", pinned)
+	}
+	// Block 0 stays while it is read: the next store evicts 3 and 4.
+	if !storeKeys(t, m, req, keyRange(6, 8)) {
+		t.Fatal("store refused although blocks 3 and 4 could be taken back")
+	}
+	if m.Lookup(K(0), req) != offload.Hit || m.Lookup(K(3), req) != offload.Miss || m.Lookup(K(4), req) != offload.Miss {
+		t.Fatal("the second store did not evict 3 and 4, keeping 0")
+	}
+	first.Release(0)
+	c.release()
+	endStep(m)
+	for k, want := range map[int]bool{0: true, 1: false, 2: false, 3: false, 4: false, 5: true, 6: true, 7: true} {
+		if c.blocks[K(k)] != want {
+			t.Errorf("tier holds %d: %v, want %v (a block taken back is not stored)", k, c.blocks[K(k)], want)
+		}
+	}
+	st = m.Stats()
+	if st.Primary.Pinned != 0 || st.JobsInFlight != 0 || st.Tiers[0].PinnedSlots != 0 ||
+		st.Tiers[0].CascadedBlocks != 4 || st.Tiers[0].CascadeBlocksRevoked != 4 {
+		t.Fatalf("after the jobs: pins %d, jobs %d, tier pins %d, cascaded %d, taken back %d",
+			st.Primary.Pinned, st.JobsInFlight, st.Tiers[0].PinnedSlots, st.Tiers[0].CascadedBlocks, st.Tiers[0].CascadeBlocksRevoked)
+	}
+	if pinned, _ := m.stack.Pinned(); pinned != 0 {
+		t.Fatalf("budget counts %d pinned slots after the jobs", pinned)
+	}
+}

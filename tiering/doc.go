@@ -27,13 +27,16 @@
 // A secondary tier never makes the cache worse than the primary alone.
 // Cascade pins are soft (cpu.Primary.PinSoft): a block keeps its place in
 // the eviction order, and when eviction reaches one held only by cascades
-// the primary asks Stack.Revoke, which withdraws the cascade's jobs still
-// queued in their tiers (offload.JobQueue) so that the block is evicted
-// where the primary alone would have evicted it; a transfer that has
-// started is never torn. A pin budget (BudgetConfig) bounds the slots the
-// cascades in flight pin, in all and per tier; a cascade that does not
-// fit, or that a tier refuses (offload.ErrRefused), is dropped and counted
-// by DropReason. A job's latency runs from its submission to its result,
+// the primary asks Stack.Revoke, so that the block is evicted where the
+// primary alone would have evicted it. A tier that claims each block
+// while it reads its slot (offload.BlockClaimer: fs, memory, s3, redis)
+// gives that one block back, queued or running, unless it is copying it
+// at that moment; the job goes on with its other blocks. Other tiers'
+// jobs are withdrawn whole while still queued (offload.JobQueue). A read
+// in progress is never torn. A pin budget (BudgetConfig) bounds the slots
+// the cascades in flight pin, in all and per tier; a cascade that does
+// not fit, or that a tier refuses (offload.ErrRefused), is dropped and
+// counted by DropReason. A job's latency runs from its submission to its result,
 // so back-pressure sees the time jobs wait in a tier's queue.
 // The manager matches every pin with one unpin and resolves every reserved
 // slot, on success, failure, reset and shutdown alike, and it survives

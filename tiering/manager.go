@@ -160,6 +160,14 @@ func (d primaryDriver) CascadeDone(j *offload.Job) {
 	}
 }
 
+// ReleaseBlock implements BlockReleaser: Revoke gives back single blocks
+// of cascades in flight while the primary evicts.
+func (d primaryDriver) ReleaseBlock(slots []int64) {
+	if err := d.m.primary.UnpinSoft(slots); err != nil {
+		d.m.log.Error("tiering: cannot unpin a revoked cascade block", "slot", slots[0], "err", err)
+	}
+}
+
 // PromotionDone commits the loaded keys and releases the rest.
 func (d primaryDriver) PromotionDone(j *offload.Job, loaded []offload.Key) {
 	p := d.m.primary

@@ -35,6 +35,16 @@ type Driver interface {
 	PromotionDone(j *offload.Job, loaded []offload.Key)
 }
 
+// BlockReleaser is implemented by the driver of a revocable stack: Revoke
+// gives back, one block at a time, the pins of cascade jobs whose tiers
+// claim blocks (offload.BlockClaimer).
+type BlockReleaser interface {
+	// ReleaseBlock releases one pin on slot per entry of slots (each
+	// entry a pin PinCascade or PinAgain took for a job still in flight);
+	// the job's CascadeDone then leaves those slots out.
+	ReleaseBlock(slots []int64)
+}
+
 // StackConfig configures a Stack.
 type StackConfig struct {
 	// Tiers are the secondary tiers in lookup priority order. The stack
@@ -53,7 +63,8 @@ type StackConfig struct {
 	Budget BudgetConfig
 	// Revocable says the driver's cascade pins may be revoked (soft pins
 	// of the primary): Revoke then withdraws the queued cascades reading a
-	// slot.
+	// slot, and takes single blocks back from the jobs of tiers that
+	// claim blocks. The driver must implement BlockReleaser.
 	Revocable bool
 }
 
@@ -91,6 +102,11 @@ type Stack struct {
 	// the stack is revocable.
 	bySlot  []int32
 	readers []uint16
+	// releaser is the driver when the stack is revocable and a tier
+	// claims blocks (nil otherwise: cascades get no Claims); release is
+	// its scratch.
+	releaser BlockReleaser
+	release  []int64
 
 	nextID uint64
 	// resetFloor is the first job id issued after the last Forget; results
@@ -111,6 +127,7 @@ type tier struct {
 	t        offload.SecondaryTier
 	queue    offload.JobQueue // nil unless the tier queues jobs
 	readOnly bool             // offload.ReadOnly: never cascaded to
+	claims   bool             // offload.BlockClaimer: blocks revocable one by one
 	idx      int
 	name     string
 	typ      string
@@ -134,7 +151,11 @@ type job struct {
 	start time.Duration // submission time, since the stack's epoch (8 bytes, not 24)
 	// gid names the cascade the job belongs to (0 for promotions).
 	gid int32
-	j   offload.Job
+	// released counts the blocks Revoke took back from this job (their
+	// pins already released); they are the blocks j.Claims reports
+	// revoked.
+	released int32
+	j        offload.Job
 }
 
 // cascadeGroup is the state the jobs of one cascade share. It holds no
@@ -208,6 +229,12 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 		ts.queue, _ = t.(offload.JobQueue)
 		if ro, ok := t.(offload.ReadOnly); ok {
 			ts.readOnly = ro.ReadOnly()
+		}
+		if c, ok := t.(offload.BlockClaimer); ok && c.ClaimsBlocks() && s.bySlot != nil {
+			ts.claims = true
+			if s.releaser, ok = cfg.Driver.(BlockReleaser); !ok {
+				return nil, errors.New("tiering: a revocable stack's driver must implement BlockReleaser")
+			}
 		}
 		ts.stats.Name, ts.stats.Type = ts.name, ts.typ
 		ts.stats.Medium, ts.stats.Locality = ts.medium, ts.locality
@@ -326,6 +353,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 	var slots []int64
 	var block []job // the cascade's jobs, one allocation
 	var gid int32
+	var claims *offload.Claims
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 || ts.readOnly {
 			continue
@@ -372,7 +400,13 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 		jb.j.Arena = a
 		if gid == 0 {
 			gid = s.newGroup(int32(len(keys)), jb.j.ID)
+			if s.releaser != nil {
+				claims = offload.NewClaims(len(keys))
+			}
 		}
+		// Every job of the cascade carries its claims, so that the last
+		// one to end knows which blocks Revoke took back.
+		jb.j.Claims = claims
 		g := &s.groups[gid-1]
 		g.n++
 		if g.jobs == 0 {
@@ -552,7 +586,7 @@ func (s *Stack) finishJob(jb *job, r offload.JobResult) {
 	d := s.latency(jb, r)
 	ts.store.observe(d)
 	ts.stats.CascadesOK++
-	ts.stats.CascadedBlocks += uint64(len(keys))
+	ts.stats.CascadedBlocks += uint64(len(keys) - int(jb.released))
 	ts.stats.BytesOut += uint64(max(r.Bytes, 0))
 	if s.adm.Disabled {
 		return
@@ -610,12 +644,16 @@ func (s *Stack) warn(ts *tier, msg string, args ...any) {
 func (s *Stack) endCascade(jb *job) {
 	ts := jb.tier
 	ts.cascadesInFlight--
-	ts.pinned -= len(jb.j.Keys)
+	ts.pinned -= len(jb.j.Keys) - int(jb.released)
+	claims := jb.j.Claims
 	g := &s.groups[jb.gid-1]
 	if g.jobs--; g.jobs == 0 {
 		s.pinned -= int(g.slots)
 		if s.bySlot != nil {
-			for _, sl := range jb.j.Slots {
+			for i, sl := range jb.j.Slots {
+				if claims != nil && claims.Revoked(i) {
+					continue // unindexed when Revoke took it back
+				}
 				s.readers[sl]--
 				if s.bySlot[sl] == jb.gid {
 					s.bySlot[sl] = 0
@@ -626,23 +664,39 @@ func (s *Stack) endCascade(jb *job) {
 			s.freeGroup(jb.gid)
 		}
 	}
-	s.drv.CascadeDone(&jb.j)
+	if jb.released == 0 {
+		s.drv.CascadeDone(&jb.j)
+		return
+	}
+	// The pins of the blocks Revoke took back are released already.
+	j := jb.j
+	j.Keys = make([]offload.Key, 0, len(j.Keys)-int(jb.released))
+	j.Slots = make([]int64, 0, cap(j.Keys))
+	for i, sl := range jb.j.Slots {
+		if !claims.Revoked(i) {
+			j.Keys, j.Slots = append(j.Keys, jb.j.Keys[i]), append(j.Slots, sl)
+		}
+	}
+	s.drv.CascadeDone(&j)
 }
 
-// Revoke withdraws the cascade reading slot if none of its jobs has
-// started: each job still queued in a tier that can withdraw it
-// (offload.JobQueue) is withdrawn, counted as dropped (DropCancelled) and
-// its pins released. It reports false, withdrawing nothing, when a job of
-// the cascade is in flight in a tier that cannot withdraw it; a job a
-// tier refuses to withdraw (it has started) keeps its pins. A started
-// transfer is never torn. The primary calls it (through the driver) when
-// eviction reaches a block held by cascades only, so that queued
-// cascades never keep a block the primary alone would have evicted.
+// Revoke releases the cascades' pins on slot, if it can do so without
+// tearing a transfer. For each cascade reading the slot, the jobs of
+// tiers that claim blocks (offload.BlockClaimer) give that one block back
+// unless a tier is reading it at this moment (they go on with their other
+// blocks); the other jobs are withdrawn whole if still queued in their
+// tier (offload.JobQueue), counted as dropped (DropCancelled). It reports
+// false, leaving the cascade's pins in place, when a job that does not
+// claim blocks has started or its tier cannot withdraw it, or a tier is
+// reading the block; jobs withdrawn by then stay withdrawn. The primary
+// calls it (through the driver) when eviction reaches a block held by
+// cascades only, so that cascades never keep a block the primary alone
+// would have evicted.
 func (s *Stack) Revoke(slot int64) bool {
 	if s.bySlot == nil || slot < 0 || slot >= int64(len(s.bySlot)) {
 		return false
 	}
-	if gid := s.bySlot[slot]; gid != 0 && !s.withdraw(gid) {
+	if gid := s.bySlot[slot]; gid != 0 && !s.withdraw(gid, slot) {
 		return false
 	}
 	if s.readers[slot] == 0 {
@@ -658,28 +712,34 @@ func (s *Stack) Revoke(slot int64) bool {
 		}
 	}
 	for _, gid := range others {
-		if !s.withdraw(gid) {
+		if !s.withdraw(gid, slot) {
 			return false
 		}
 	}
 	return true
 }
 
-// withdraw withdraws every job of cascade gid still in flight (see
-// Revoke) and reports whether it withdrew them all.
-func (s *Stack) withdraw(gid int32) bool {
+// withdraw releases cascade gid's pins on slot (see Revoke) and reports
+// whether none is left.
+func (s *Stack) withdraw(gid int32, slot int64) bool {
 	// The entry may be freed as its last job ends: copy what is needed.
 	g := s.groups[gid-1]
+	var claims *offload.Claims
 	for id := g.first; id < g.first+uint64(g.n); id++ {
-		if jb, live := s.jobs[id]; live && jb.tier.queue == nil {
+		jb, live := s.jobs[id]
+		switch {
+		case !live:
+		case jb.tier.claims:
+			claims = jb.j.Claims
+		case jb.tier.queue == nil:
 			return false
 		}
 	}
 	all := true
 	for id := g.first; id < g.first+uint64(g.n); id++ {
 		jb, live := s.jobs[id]
-		if !live {
-			continue // answered, or failed at submission
+		if !live || jb.tier.claims {
+			continue // answered, failed at submission, or given back per block
 		}
 		if !s.tierCancel(jb.tier, jb.j.ID) {
 			all = false
@@ -689,7 +749,49 @@ func (s *Stack) withdraw(gid int32) bool {
 		s.countDrop(jb.tier, DropCancelled, len(jb.j.Keys))
 		s.endCascade(jb)
 	}
-	return all
+	if !all || claims == nil {
+		return all
+	}
+	return s.takeBack(gid, claims, slot)
+}
+
+// takeBack takes the block in slot back from the jobs of cascade gid,
+// all of them of tiers that claim blocks, unless a tier is reading it:
+// each job's pin is released, the block no longer counts against the
+// budget nor names the cascade in the index.
+func (s *Stack) takeBack(gid int32, claims *offload.Claims, slot int64) bool {
+	g := &s.groups[gid-1]
+	var i int
+	s.release = s.release[:0]
+	for id := g.first; id < g.first+uint64(g.n); id++ {
+		jb, live := s.jobs[id]
+		if !live {
+			continue
+		}
+		if len(s.release) == 0 {
+			if i = slices.Index(jb.j.Slots, slot); i < 0 || claims.Revoked(i) {
+				return true // taken back before (the slot holds another block now)
+			}
+			if !claims.Revoke(i) {
+				return false // a tier is reading it
+			}
+		}
+		s.release = append(s.release, slot)
+		jb.released++
+		jb.tier.pinned--
+		jb.tier.stats.CascadeBlocksRevoked++
+	}
+	if len(s.release) == 0 {
+		return true
+	}
+	s.releaser.ReleaseBlock(s.release)
+	g.slots--
+	s.pinned--
+	s.readers[slot]--
+	if s.bySlot[slot] == gid {
+		s.bySlot[slot] = 0
+	}
+	return true
 }
 
 // OnNewRequest tells every tier about req and returns the tiers (a bit

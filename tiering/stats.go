@@ -59,6 +59,11 @@ type TierStats struct {
 	DroppedBy               [NumDropReasons]uint64
 	CascadesSkippedByFilter uint64
 	CascadedBlocks          uint64
+	// CascadeBlocksRevoked counts blocks that eviction took back from
+	// this tier's cascades in flight (offload.BlockClaimer), one per job:
+	// the tier stored them only if it had written them by then. They are
+	// not in CascadedBlocks.
+	CascadeBlocksRevoked uint64
 
 	// BytesIn were loaded from the tier, BytesOut stored to it, as the
 	// tier reported.

@@ -13,6 +13,15 @@ import (
 	"github.com/kvtier/kvtier/vfs"
 )
 
+// neverWorseMargin is how far below the primary alone a run may fall.
+// Eviction takes a block back from a cascade in flight unless a tier is
+// copying that very block at that moment (at most the tiers' writers'
+// worth of blocks, of 3 000), so in practice the hit rate is the primary
+// alone's. Before blocks could be taken back one by one, a started fs
+// job kept all its blocks, and a run on a busy machine fell 0.0067 short
+// (three fs tiers, nothing loaded from them).
+const neverWorseMargin = 0.002
+
 // A secondary tier never makes the cache worse than the primary alone
 // (DESIGN.md §7), at any tier speed and under any filter: random sets of
 // memory and fs tiers, 0 to 50 ms per block (the memory tier's
@@ -36,6 +45,29 @@ func TestTiersNeverWorseThanPrimaryAlone(t *testing.T) {
 	}
 	baseline := map[bool]float64{false: base(false), true: base(true)}
 	t.Logf("primary alone: %.4f sequential, %.4f timed", baseline[false], baseline[true])
+
+	// The case CI found: three fs tiers, slow writes, nothing loaded from
+	// them. Their started jobs once kept every block they had not yet
+	// written.
+	dir := t.TempDir()
+	cfg, err := config.Parse(fmt.Appendf(nil, `secondary_tiers:
+  - {name: t0, type: fs, root_dir: %q, locality: local, write_threads: 2, read_threads: 2}
+  - {name: t1, type: fs, root_dir: %q, locality: local, write_threads: 4, read_threads: 2}
+  - {name: t2, type: fs, root_dir: %q, locality: local, write_threads: 4, read_threads: 2}
+`, dir+"/0", dir+"/1", dir+"/2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Replay(context.Background(), Requests(reqs), Options{PrimaryBlocks: primary, BlockBytes: 64, Config: cfg,
+		Params:  []byte(`{"kv_load_tiers":[{"medium":"cpu","locality":"remote"}],"kv_store_tiers":[{"locality":"local"}]}`),
+		Speedup: 400, Step: 5 * time.Millisecond, SettleTimeout: 200 * time.Millisecond,
+		FS: delayedFS(map[string]time.Duration{"t0": 5 * time.Millisecond, "t1": 5 * time.Millisecond, "t2": 5 * time.Millisecond})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.HitRate < baseline[false]-neverWorseMargin {
+		t.Fatalf("three slow fs tiers: hit rate %.4f, primary alone %.4f\nresult %+v", res.HitRate, baseline[false], res)
+	}
 
 	latencies := []time.Duration{0, time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond}
 	filters := []string{"", `[]`, `[{"medium":"cpu"}]`, `[{"medium":"storage"}]`, `[{"locality":"local"}]`, `[{"medium":"cpu","locality":"remote"}]`}
@@ -91,26 +123,31 @@ func TestTiersNeverWorseThanPrimaryAlone(t *testing.T) {
 			Params: []byte("{" + strings.Join(params, ",") + "}"),
 			Timed:  timed, Speedup: 400, Step: 5 * time.Millisecond,
 			SettleTimeout: 200 * time.Millisecond,
-			FS: func(tier string) vfs.FS {
-				d := delays[tier]
-				if d == 0 {
-					return nil
-				}
-				return vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
-					if op == vfs.OpWrite || op == vfs.OpRead {
-						return &vfs.Fault{Delay: d}
-					}
-					return nil
-				})
-			},
+			FS:            delayedFS(delays),
 		}
 		res, err := Replay(context.Background(), Requests(reqs), opts)
 		if err != nil {
 			rt.Fatal(err)
 		}
-		if want := baseline[timed] - 0.005; res.HitRate < want {
+		if want := baseline[timed] - neverWorseMargin; res.HitRate < want {
 			rt.Fatalf("hit rate %.4f with the tiers, %.4f with the primary alone (timed %v)\nconfig:\n%s\nparams %s\nresult %+v",
 				res.HitRate, baseline[timed], timed, b.String(), opts.Params, res)
 		}
 	})
+}
+
+// delayedFS delays every read and write of the fs tiers in delays.
+func delayedFS(delays map[string]time.Duration) func(tier string) vfs.FS {
+	return func(tier string) vfs.FS {
+		d := delays[tier]
+		if d == 0 {
+			return nil
+		}
+		return vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
+			if op == vfs.OpWrite || op == vfs.OpRead {
+				return &vfs.Fault{Delay: d}
+			}
+			return nil
+		})
+	}
 }

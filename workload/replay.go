@@ -257,6 +257,9 @@ type TierResult struct {
 	CascadeBlocksDropped    uint64            `json:"cascade_blocks_dropped"`
 	CascadesSkippedByFilter uint64            `json:"cascades_skipped_by_filter"`
 	CascadedBlocks          uint64            `json:"cascaded_blocks"`
+	// CascadeBlocksRevoked counts blocks eviction took back from the
+	// tier's cascades in flight (tiering.TierStats).
+	CascadeBlocksRevoked uint64 `json:"cascade_blocks_revoked"`
 	// Evictions counts blocks the tier reported removed (only tiers that
 	// emit events report them); Held is the blocks it holds at the end,
 	// -1 when the tier cannot say.
@@ -717,6 +720,7 @@ func (d *driver) collect() {
 			CascadeBlocksDropped:    ts.CascadeBlocksDropped,
 			CascadesSkippedByFilter: ts.CascadesSkippedByFilter,
 			CascadedBlocks:          ts.CascadedBlocks,
+			CascadeBlocksRevoked:    ts.CascadeBlocksRevoked,
 			Evictions:               d.evictions[ts.Name],
 			Held:                    held,
 		}

@@ -472,15 +472,16 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 		for r := range tiering.NumDropReasons {
 			fmt.Fprintf(tw, "%s\t", r)
 		}
-		fmt.Fprint(tw, "blocks\t\n")
+		fmt.Fprint(tw, "blocks\ttaken back\t\n")
 		for _, t := range r.Tiers {
 			fmt.Fprintf(tw, "%s\t", t.Name)
 			for r := range tiering.NumDropReasons {
 				fmt.Fprintf(tw, "%d\t", t.DroppedBy[r.String()])
 			}
-			fmt.Fprintf(tw, "%d\t\n", t.CascadeBlocksDropped)
+			fmt.Fprintf(tw, "%d\t%d\t\n", t.CascadeBlocksDropped, t.CascadeBlocksRevoked)
 		}
 		tw.Flush()
+		b.WriteString("(taken back: blocks eviction took from cascades in flight, one by one)\n")
 	}
 	b.WriteString("\n")
 	if tr := r.Timed; tr != nil {

@@ -101,7 +101,7 @@ func (w *worker) store(job *offload.Job, start time.Time) {
 			break
 		}
 		var wr written
-		if wr, err = w.storeBlock(k, slots[i]); err != nil {
+		if wr, err = w.storeBlock(job, i, slots[i]); err != nil {
 			err = fmt.Errorf("fs tier: store %s: %w", k, err)
 			break
 		}
@@ -144,17 +144,20 @@ type written struct {
 	size      int64
 }
 
-// storeBlock writes one block unless its file exists.
-func (w *worker) storeBlock(k offload.Key, payload []byte) (written, error) {
+// storeBlock writes block i of job unless its file exists or the
+// manager has taken the block back (offload.Job.Claim): the slot is read
+// only between the claim and its release.
+func (w *worker) storeBlock(job *offload.Job, i int, payload []byte) (written, error) {
 	t := w.t
+	k := job.Keys[i]
 	dest := t.lay.path(k)
 	t.mu.Lock()
 	for {
-		i, ok := t.idx.find(k)
+		e, ok := t.idx.find(k)
 		if !ok {
 			break
 		}
-		if t.idx.ents[i].state == stateLive {
+		if t.idx.ents[e].state == stateLive {
 			t.mu.Unlock()
 			t.st.blocksSkipped.Add(1)
 			return written{}, nil
@@ -172,8 +175,8 @@ func (w *worker) storeBlock(k offload.Key, payload []byte) (written, error) {
 	if err := t.reserve(size); err != nil {
 		return written{}, err
 	}
-	tmp, err := w.writeFile(k, dest, payload)
-	if err != nil {
+	tmp, err := w.writeFile(job, i, dest, payload)
+	if tmp == "" { // failed, or taken back (err nil)
 		t.unreserve(size)
 		return written{}, err
 	}
@@ -254,10 +257,11 @@ func (t *Tier) abandon(batch []written) {
 	}
 }
 
-// writeFile writes payload (and the trailer) to a temp file next to dest
-// and returns its name; with fsync block the file is synced before it is
-// closed. On any error the temp file is removed.
-func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (tmp string, err error) {
+// writeFile writes payload, block i of job (and the trailer), to a temp
+// file next to dest and returns its name; with fsync block the file is
+// synced before it is closed. On any error the temp file is removed. It
+// returns "" and no error when the manager took the block back.
+func (w *worker) writeFile(job *offload.Job, i int, dest string, payload []byte) (tmp string, err error) {
 	t := w.t
 	fs := t.s.fs
 	tmp = dest + t.tmpPrefix + strconv.FormatUint(t.tmpSeq.Add(1), 36) + ".tmp"
@@ -265,11 +269,18 @@ func (w *worker) writeFile(k offload.Key, dest string, payload []byte) (tmp stri
 	if t.direct {
 		flag |= oDirect
 	}
+	// The slot is read from the claim to the end of the write (the sync
+	// after it reads the page cache or the device, not the slot).
+	if !job.Claim(i) {
+		return "", nil
+	}
 	f, err := t.openTemp(tmp, flag)
 	if err != nil {
+		job.Release(i)
 		return "", err
 	}
-	werr := w.writeBlock(f, k, payload)
+	werr := w.writeBlock(f, job.Keys[i], payload)
+	job.Release(i)
 	if werr == nil && t.s.fsync == fsyncBlock {
 		werr = f.Sync()
 	}

@@ -243,6 +243,10 @@ func (t *Tier) Medium() offload.Medium { return offload.MediumStorage }
 // Locality implements offload.SecondaryTier; it is the configured one.
 func (t *Tier) Locality() offload.Locality { return t.s.locality }
 
+// ClaimsBlocks implements offload.BlockClaimer: a store reads each
+// block's slot only while it writes that block.
+func (t *Tier) ClaimsBlocks() bool { return true }
+
 // Direct reports whether block I/O uses O_DIRECT.
 func (t *Tier) Direct() bool { return t.direct }
 

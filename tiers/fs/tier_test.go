@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -590,5 +591,43 @@ func TestBlockBytesMismatch(t *testing.T) {
 	res := run(t, tier, false, newArena(bs, 1, true), req("r"), []offload.Key{k(1)}, []int64{0})
 	if res.Success || !errors.Is(res.Err, ErrBadJob) {
 		t.Fatalf("store with the wrong slot size: %+v", res)
+	}
+}
+
+// A store job reads a block's slot only while it writes that block
+// (offload.BlockClaimer): the block being written cannot be taken back,
+// a later one can, and the job then stores and announces the others only.
+func TestStoreSkipsBlocksTakenBack(t *testing.T) {
+	keys := []offload.Key{k(1), k(2), k(3)}
+	claims := offload.NewClaims(len(keys))
+	var writing, later bool
+	var once sync.Once
+	in := vfs.NewInjector(vfs.OS(), func(op vfs.Op, path string) *vfs.Fault {
+		if op == vfs.OpWrite && strings.Contains(path, keys[1].HexHash()) {
+			once.Do(func() { writing, later = claims.Revoke(1), claims.Revoke(2) })
+		}
+		return nil
+	})
+	tier := newTier(t, t.TempDir(), func(c *Config) { c.Events, c.FS, c.WriteThreads = true, in, 1 })
+	if !tier.ClaimsBlocks() {
+		t.Fatal("the fs tier does not claim blocks")
+	}
+	a := newArena(bs, 3, true)
+	for i := range keys {
+		a.fill(int64(i), uint64(i+1))
+	}
+	tier.SubmitStore(&offload.Job{ID: 1, Keys: keys, Slots: []int64{0, 1, 2}, Arena: a, Claims: claims})
+	if res := collect(t, tier, 1); !res[0].Success {
+		t.Fatalf("store: %+v", res[0])
+	}
+	if writing || !later {
+		t.Fatalf("revoke during the write of block 1: %v (want false), of block 2: %v (want true)", writing, later)
+	}
+	if got := lookupAll(t, tier, req("r"), keys...); !slices.Equal(got, results(offload.Hit, offload.Hit, offload.Miss)) {
+		t.Fatalf("lookups %v, want HIT HIT MISS", got)
+	}
+	ev := tier.TakeEvents()
+	if len(ev) != 1 || !slices.Equal(ev[0].Keys, keys[:2]) {
+		t.Fatalf("events %+v, want one announcing the two blocks written", ev)
 	}
 }

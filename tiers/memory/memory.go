@@ -147,6 +147,10 @@ func (t *Tier) Medium() offload.Medium { return t.cfg.Medium }
 // Locality returns the configured locality (unspecified = dynamic).
 func (t *Tier) Locality() offload.Locality { return t.cfg.Locality }
 
+// ClaimsBlocks implements offload.BlockClaimer: a store reads its slots
+// only when it copies them, at the end of its latency.
+func (t *Tier) ClaimsBlocks() bool { return true }
+
 // Lookup answers Hit when the tier holds key. In async-lookup mode a key
 // not yet checked for this request answers Retry until the next
 // OnScheduleEnd. A key whose load failed for this request answers Miss.
@@ -372,10 +376,14 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 			t.moveToFront(e)
 			continue
 		}
+		if !job.Claim(i) {
+			continue // taken back by the manager: not stored
+		}
 		src, _ := job.Arena.Slot(job.Slots[i])
 		removed = t.evict(1, removed)
 		e := t.newEntry(k, len(src))
 		copy(e.data, src)
+		job.Release(i)
 		n += int64(len(src))
 		t.blocks[k] = e
 		t.pushFront(e)

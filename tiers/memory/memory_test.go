@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -600,5 +601,30 @@ func TestBlockLatency(t *testing.T) {
 	res := collect(t, tier, 1)
 	if !res[0].Success || res[0].Duration < 20*time.Millisecond {
 		t.Fatalf("result %+v, want success after at least 4 × 5ms", res[0])
+	}
+}
+
+// The tier claims blocks (offload.BlockClaimer): a block taken back
+// before the job copies it (here, before it is submitted) is neither
+// stored nor announced; the job's other blocks are.
+func TestStoreSkipsBlocksTakenBack(t *testing.T) {
+	tier := mustNew(t, Config{Name: "b", Events: true})
+	if !tier.ClaimsBlocks() {
+		t.Fatal("the memory tier does not claim blocks")
+	}
+	a := newArena(3, 16)
+	claims := offload.NewClaims(3)
+	if !claims.Revoke(1) {
+		t.Fatal("a block no tier reads could not be taken back")
+	}
+	tier.SubmitStore(&offload.Job{ID: 1, Keys: keys(1, 2, 3), Slots: []int64{0, 1, 2}, Arena: a, Req: offload.Background("r"), Claims: claims})
+	if res := collect(t, tier, 1); !res[0].Success {
+		t.Fatalf("store: %+v", res[0])
+	}
+	if !tier.Contains(K(1)) || tier.Contains(K(2)) || !tier.Contains(K(3)) {
+		t.Fatalf("tier holds 1: %v, 2: %v, 3: %v; want 1 and 3", tier.Contains(K(1)), tier.Contains(K(2)), tier.Contains(K(3)))
+	}
+	if got := flatten(tier.TakeEvents()); len(got) != 2 || !strings.Contains(got[0], K(1).String()) || !strings.Contains(got[1], K(3).String()) {
+		t.Fatalf("events %v, want 1 and 3 stored", got)
 	}
 }

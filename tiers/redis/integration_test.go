@@ -127,6 +127,13 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 	}
 }
 
+// A block the manager takes back before the tier reads it is not SET.
+func TestIntegrationTakenBack(t *testing.T) {
+	tier := newTier(t, sharedRedisConfig(t))
+	src := rt.NewArena(4096, 3)
+	rt.CheckTakenBack(t, tier, src, rt.Keys(700, 3), true)
+}
+
 func TestIntegrationCorruptValue(t *testing.T) {
 	cfg := sharedRedisConfig(t)
 	tier := newTier(t, cfg)

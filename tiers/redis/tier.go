@@ -343,13 +343,15 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 
 var sealPool = sync.Pool{New: func() any { return new([]byte) }}
 
-// store writes the job's blocks in one pipeline of SET.
-func (t *Tier) store(ctx context.Context, job *offload.Job) error {
+// store writes the job's blocks in one pipeline of SET. A block's slot
+// is read only while it is sealed (copied behind its header), so that is
+// all its claim covers.
+func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
 	if len(job.Slots) < len(job.Keys) {
-		return fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
+		return nil, fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
 	}
 	if need := int64(remote.HeaderSize + job.Arena.SlotSize()); need > t.cfg.MaxValueBytes {
-		return fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes)
+		return nil, fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes)
 	}
 	bufs := make([]*[]byte, len(job.Keys))
 	defer func() {
@@ -362,11 +364,11 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 	slots := make([][]byte, len(job.Keys))
 	for i, k := range job.Keys {
 		if !k.Valid() {
-			return fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey)
+			return nil, fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey)
 		}
 		slot, err := job.Arena.Slot(job.Slots[i])
 		if err != nil {
-			return fmt.Errorf("%s: store %s: %w", t.label(), k, err)
+			return nil, fmt.Errorf("%s: store %s: %w", t.label(), k, err)
 		}
 		slots[i] = slot
 		bufs[i] = sealPool.Get().(*[]byte)
@@ -374,24 +376,43 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 	// Sealing (checksum and copy) is the tier's own cost per byte: spread
 	// a job's blocks over the cores, as the transfer to several cluster
 	// nodes is.
-	remote.Parallel(len(job.Keys), func(i int) { *bufs[i] = remote.Seal(*bufs[i], job.Keys[i], slots[i]) })
+	var skipped []bool
+	if job.Claims != nil {
+		skipped = make([]bool, len(job.Keys))
+	}
+	remote.Parallel(len(job.Keys), func(i int) {
+		if !job.Claim(i) {
+			skipped[i] = true
+			return
+		}
+		*bufs[i] = remote.Seal(*bufs[i], job.Keys[i], slots[i])
+		job.Release(i)
+	})
 	select {
 	case t.ioSem <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, ctx.Err())
+		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, ctx.Err())
 	}
 	defer func() { <-t.ioSem }()
 
+	n := int64(0)
 	err := t.retry.Do(ctx, t.cfg.Retries, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
 		cmds := make([]*goredis.StatusCmd, len(job.Keys))
+		n = 0
 		for i, k := range job.Keys {
-			cmds[i] = pipe.Set(ctx, t.redisKey(k), *bufs[i], t.cfg.TTL)
+			if skipped == nil || !skipped[i] {
+				cmds[i] = pipe.Set(ctx, t.redisKey(k), *bufs[i], t.cfg.TTL)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil
 		}
 		_, err := pipe.Exec(ctx)
 		if err != nil {
 			for i, c := range cmds {
-				if c.Err() != nil {
+				if c != nil && c.Err() != nil {
 					return fmt.Errorf("set %s: %w", job.Keys[i], c.Err())
 				}
 			}
@@ -399,12 +420,11 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err)
+		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err)
 	}
-	n := int64(len(job.Keys))
 	t.c.BlocksStored.Add(n)
 	t.c.BytesWritten.Add(n * int64(job.Arena.SlotSize()))
-	return nil
+	return skipped, nil
 }
 
 // load GETs every key with a slot in one pipeline, verifies each value

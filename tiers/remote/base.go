@@ -11,9 +11,12 @@ import (
 )
 
 // StoreFunc writes the blocks of a store job that has keys and an arena
-// and returns the first error. It counts the blocks and bytes it wrote;
-// Base counts the job and emits its event.
-type StoreFunc func(ctx context.Context, job *offload.Job) error
+// and returns the first error. It reads a block's slot only between
+// job.Claim(i) and job.Release(i) (Base declares offload.BlockClaimer),
+// skips the blocks whose claim fails (the manager took them back) and
+// reports those in skipped (nil when none). It counts the blocks and
+// bytes it wrote; Base counts the job and emits its event.
+type StoreFunc func(ctx context.Context, job *offload.Job) (skipped []bool, err error)
 
 // LoadFunc reads the blocks of a load job into slots, verifying each: for
 // every i with slots[i] != nil it sets errs[i] (nil when block i is in
@@ -110,6 +113,10 @@ func (b *Base) Medium() offload.Medium { return b.medium }
 // Locality returns the configured locality.
 func (b *Base) Locality() offload.Locality { return b.locality }
 
+// ClaimsBlocks implements offload.BlockClaimer: the StoreFunc reads a
+// block's slot only while it claims it.
+func (b *Base) ClaimsBlocks() bool { return true }
+
 // Healthy reports whether the server is considered up.
 func (b *Base) Healthy() bool { return b.health.Healthy() }
 
@@ -179,12 +186,13 @@ func (b *Base) SubmitLoad(job *offload.Job) {
 func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult {
 	start := time.Now()
 	var err error
+	var skipped []bool
 	switch {
 	case len(job.Keys) == 0:
 	case job.Arena == nil:
 		err = fmt.Errorf("%s: store job %d: no arena", b.label, job.ID)
 	default:
-		err = b.callStore(ctx, job)
+		skipped, err = b.callStore(ctx, job)
 	}
 	res := offload.JobResult{Duration: time.Since(start)}
 	if err != nil {
@@ -194,10 +202,19 @@ func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	}
 	b.c.StoreJobsOK.Add(1)
 	res.Success = true
-	if len(job.Keys) > 0 {
-		res.Bytes = int64(len(job.Keys)) * int64(job.Arena.SlotSize())
-		b.forgetQ.Add(job.Keys...)
-		b.events.Stored(job.Keys)
+	stored := job.Keys
+	if skipped != nil {
+		stored = make([]offload.Key, 0, len(job.Keys))
+		for i, k := range job.Keys {
+			if !skipped[i] {
+				stored = append(stored, k)
+			}
+		}
+	}
+	if len(stored) > 0 {
+		res.Bytes = int64(len(stored)) * int64(job.Arena.SlotSize())
+		b.forgetQ.Add(stored...)
+		b.events.Stored(stored)
 	}
 	return res
 }
@@ -239,7 +256,7 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 // job's failure so that it is counted, and a load's keys marked Miss,
 // like any other failure (the job table alone would only answer the job,
 // and the manager would promote the keys again and again).
-func (b *Base) callStore(ctx context.Context, job *offload.Job) (err error) {
+func (b *Base) callStore(ctx context.Context, job *offload.Job) (skipped []bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%s: store job %d: panic: %v", b.label, job.ID, p)

@@ -42,20 +42,29 @@ func (f *fakeBackend) exists(_ context.Context, keys []offload.Key) ([]bool, err
 	return out, nil
 }
 
-func (f *fakeBackend) store(_ context.Context, job *offload.Job) error {
+func (f *fakeBackend) store(_ context.Context, job *offload.Job) ([]bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var skipped []bool
 	for i, k := range job.Keys {
 		if f.bad[k] {
-			return fmt.Errorf("store %s: refused", k)
+			return nil, fmt.Errorf("store %s: refused", k)
 		}
 		s, err := job.Arena.Slot(job.Slots[i])
 		if err != nil {
-			return err
+			return nil, err
+		}
+		if !job.Claim(i) {
+			if skipped == nil {
+				skipped = make([]bool, len(job.Keys))
+			}
+			skipped[i] = true
+			continue
 		}
 		f.blocks[k] = s[0]
+		job.Release(i)
 	}
-	return nil
+	return skipped, nil
 }
 
 func (f *fakeBackend) load(_ context.Context, job *offload.Job, slots [][]byte, errs []error) {
@@ -187,6 +196,29 @@ func TestBaseStoreLookupLoad(t *testing.T) {
 	}
 }
 
+// A block the manager took back is not stored, nor announced, nor
+// counted in the job's bytes; the job succeeds with the others.
+func TestBaseStoreSkipsBlocksTakenBack(t *testing.T) {
+	b, f, _ := newTestBase(t, true)
+	if !b.ClaimsBlocks() {
+		t.Fatal("Base does not claim blocks")
+	}
+	arena := &memArena{slots: [][]byte{{1, 0}, {2, 0}, {3, 0}}}
+	keys := []offload.Key{"k0-hash", "k1-hash", "k2-hash"}
+	claims := offload.NewClaims(3)
+	claims.Revoke(1)
+	b.SubmitStore(&offload.Job{ID: 1, Keys: keys, Slots: []int64{0, 1, 2}, Arena: arena, Claims: claims})
+	if r := results(t, b, 1)[1]; !r.Success || r.Bytes != 4 {
+		t.Fatalf("store: %+v, want success with 2 blocks of 2 bytes", r)
+	}
+	if _, ok := f.blocks[keys[1]]; ok || len(f.blocks) != 2 {
+		t.Fatalf("stored %v", f.blocks)
+	}
+	if evs := b.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != 2 || evs[0].Keys[0] != keys[0] || evs[0].Keys[1] != keys[2] {
+		t.Fatalf("events %+v, want keys 0 and 2", evs)
+	}
+}
+
 func TestBaseUnhealthyAndClosed(t *testing.T) {
 	b, _, h := newTestBase(t, false)
 	h.Failure(errors.New("connection refused"))
@@ -274,7 +306,7 @@ func TestSharedCheck(t *testing.T) {
 // the request instead of being promoted again.
 func TestBasePanicIsAFailedJob(t *testing.T) {
 	b, f, _ := newTestBase(t, false)
-	b.store = func(context.Context, *offload.Job) error { panic("store bug") }
+	b.store = func(context.Context, *offload.Job) ([]bool, error) { panic("store bug") }
 	b.load = func(context.Context, *offload.Job, [][]byte, []error) { panic("load bug") }
 	arena := &memArena{slots: [][]byte{{0}, {0}}}
 	k := offload.Key("key-hash")

@@ -112,6 +112,13 @@ func TestIntegrationRoundTrip2MiB(t *testing.T) {
 	}
 }
 
+// A block the manager takes back before the tier reads it is not
+// uploaded.
+func TestIntegrationTakenBack(t *testing.T) {
+	tier := newTier(t, realS3Config(t))
+	rt.CheckTakenBack(t, tier, rt.NewArena(4096, 3), rt.Keys(700, 3), true)
+}
+
 func TestIntegrationCorruptObject(t *testing.T) {
 	cfg := realS3Config(t)
 	tier := newTier(t, cfg)

@@ -325,20 +325,26 @@ func (t *Tier) head(ctx context.Context, r *remote.Retrier, k offload.Key, retri
 }
 
 // store uploads the job's blocks concurrently, skipping objects that
-// exist, and returns the first error.
-func (t *Tier) store(ctx context.Context, job *offload.Job) error {
+// exist and blocks the manager takes back, and returns the first error.
+func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
+	var skipped []bool
+	if job.Claims != nil {
+		skipped = make([]bool, len(job.Keys))
+	}
 	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
-		return t.storeBlock(ctx, job, i)
+		return t.storeBlock(ctx, job, i, skipped)
 	})
 	for _, err := range errs {
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return skipped, nil
 }
 
-func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
+// storeBlock uploads block i of job; its slot is read, claimed, for the
+// upload's duration (retries included).
+func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int, skipped []bool) error {
 	k := job.Keys[i]
 	if i >= len(job.Slots) {
 		return fmt.Errorf("%s: store %s: job has %d slots for %d keys", t.label(), k, len(job.Slots), len(job.Keys))
@@ -358,6 +364,11 @@ func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int) error {
 		t.c.BlocksExisted.Add(1)
 		return nil
 	}
+	if !job.Claim(i) {
+		skipped[i] = true
+		return nil
+	}
+	defer job.Release(i)
 	var hdr [remote.HeaderSize]byte
 	remote.PutHeader(hdr[:], k, slot)
 	okey := objectKey(t.prefix, t.cfg.Layout, k)

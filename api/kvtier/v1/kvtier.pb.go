@@ -2264,9 +2264,13 @@ type TierStats struct {
 	// verify, e.g. memory).
 	CorruptBlocks uint64 `protobuf:"varint,27,opt,name=corrupt_blocks,json=corruptBlocks,proto3" json:"corrupt_blocks,omitempty"`
 	// Bytes the tier holds (-1 when it cannot say).
-	Bytes         int64 `protobuf:"varint,28,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bytes int64 `protobuf:"varint,28,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Blocks eviction took back from the tier's cascades in flight, one
+	// per job (tiers that claim blocks: fs, memory): the tier stored them
+	// only if it had written them by then.
+	CascadeBlocksRevoked uint64 `protobuf:"varint,29,opt,name=cascade_blocks_revoked,json=cascadeBlocksRevoked,proto3" json:"cascade_blocks_revoked,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *TierStats) Reset() {
@@ -2491,6 +2495,13 @@ func (x *TierStats) GetCorruptBlocks() uint64 {
 func (x *TierStats) GetBytes() int64 {
 	if x != nil {
 		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TierStats) GetCascadeBlocksRevoked() uint64 {
+	if x != nil {
+		return x.CascadeBlocksRevoked
 	}
 	return 0
 }
@@ -5145,7 +5156,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x0fstores_rejected\x18\n" +
 	" \x01(\x04R\x0estoresRejected\x12'\n" +
 	"\x0frevocable_slots\x18\v \x01(\x03R\x0erevocableSlots\x12!\n" +
-	"\fleased_slots\x18\f \x01(\x03R\vleasedSlots\"\x84\t\n" +
+	"\fleased_slots\x18\f \x01(\x03R\vleasedSlots\"\xba\t\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12)\n" +
@@ -5177,7 +5188,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x06blocks\x18\x19 \x01(\x03R\x06blocks\x12\x1c\n" +
 	"\tevictions\x18\x1a \x01(\x04R\tevictions\x12%\n" +
 	"\x0ecorrupt_blocks\x18\x1b \x01(\x04R\rcorruptBlocks\x12\x14\n" +
-	"\x05bytes\x18\x1c \x01(\x03R\x05bytes\x1aJ\n" +
+	"\x05bytes\x18\x1c \x01(\x03R\x05bytes\x124\n" +
+	"\x16cascade_blocks_revoked\x18\x1d \x01(\x04R\x14cascadeBlocksRevoked\x1aJ\n" +
 	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xfa\x03\n" +

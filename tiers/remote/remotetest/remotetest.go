@@ -265,3 +265,33 @@ func Drain(t testing.TB, tier offload.SecondaryTier) {
 		t.Fatalf("DrainJobs: %v", err)
 	}
 }
+
+// CheckTakenBack stores three blocks of arena (slots 0–2, as keys) with
+// the middle one taken back by the manager before the tier reads it
+// (offload.Claims) and checks that the job succeeds, that the tier finds
+// the other two and not the middle one, and that its stored event, if
+// it emits events, announces the other two only.
+func CheckTakenBack(t testing.TB, tier offload.SecondaryTier, arena offload.Arena, keys []offload.Key, events bool) {
+	t.Helper()
+	if c, ok := tier.(offload.BlockClaimer); !ok || !c.ClaimsBlocks() {
+		t.Fatal("the tier does not claim blocks")
+	}
+	job := StoreJob(1, arena, keys[:3], Slots(0, 3))
+	job.Claims = offload.NewClaims(3)
+	job.Claims.Revoke(1)
+	if res := Run(t, tier, job); !res.Success || res.Bytes != 2*int64(arena.SlotSize()) {
+		t.Fatalf("store with a block taken back: %+v, want success with two blocks", res)
+	}
+	req, _ := offload.NewReqContext("taken-back", nil)
+	for i, want := range []offload.LookupResult{offload.Hit, offload.Miss, offload.Hit} {
+		if r := Resolve(t, tier, keys[i], req); r != want {
+			t.Fatalf("lookup of block %d: %v, want %v", i, r, want)
+		}
+	}
+	if !events {
+		return
+	}
+	if evs := tier.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != 2 || evs[0].Keys[0] != keys[0] || evs[0].Keys[1] != keys[2] {
+		t.Fatalf("events %+v, want one announcing blocks 0 and 2", evs)
+	}
+}
