@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
@@ -77,6 +78,24 @@ func throughput(b *testing.B, tier *Tier, bare goredis.UniversalClient, prefix s
 			pipe := bare.Pipeline()
 			for j := 0; j < width; j++ {
 				slot, _ := arena.Slot(int64(j))
+				pipe.Set(ctx, bareKey(j), slot, 0)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// The bare pipeline plus the checksum a verified store computes (the
+	// envelope's XXH3 of each block): the floor of any store that checks
+	// what it reads back, on a machine whose cores the servers share.
+	b.Run("bare_set_hashed"+suffix, func(b *testing.B) {
+		b.SetBytes(int64(width * benchBlock))
+		var hdr [remote.HeaderSize]byte
+		for i := 0; i < b.N; i++ {
+			pipe := bare.Pipeline()
+			for j := 0; j < width; j++ {
+				slot, _ := arena.Slot(int64(j))
+				remote.PutHeader(hdr[:], keys[j], slot)
 				pipe.Set(ctx, bareKey(j), slot, 0)
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
