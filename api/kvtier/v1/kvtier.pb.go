@@ -2266,8 +2266,8 @@ type TierStats struct {
 	// Bytes the tier holds (-1 when it cannot say).
 	Bytes int64 `protobuf:"varint,28,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// Blocks eviction took back from the tier's cascades in flight, one
-	// per job (tiers that claim blocks: fs, memory): the tier stored them
-	// only if it had written them by then.
+	// per job (tiers that claim blocks: fs, memory, s3, redis): the tier
+	// stored them only if it had written them by then.
 	CascadeBlocksRevoked uint64 `protobuf:"varint,29,opt,name=cascade_blocks_revoked,json=cascadeBlocksRevoked,proto3" json:"cascade_blocks_revoked,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
