@@ -19,41 +19,41 @@ type BlockClaimer interface {
 // reading each block now, and whether the manager has taken it back. A
 // block taken back is never read again by any job of the cascade. Tiers
 // use it through Job.Claim and Job.Release; the manager calls Revoke.
-// It is safe for concurrent use.
-type Claims struct {
-	s []atomic.Uint32 // readers in the low bits; revokedBit once taken back
-}
+// It is safe for concurrent use. Each word holds the block's readers in
+// its low bits and revokedBit once the block is taken back; a slice (one
+// allocation per cascade) rather than a pointer to one.
+type Claims []atomic.Uint32
 
 const revokedBit = 1 << 31
 
 // NewClaims returns the claims of a cascade of n blocks: none read, none
 // taken back.
-func NewClaims(n int) *Claims { return &Claims{s: make([]atomic.Uint32, n)} }
+func NewClaims(n int) Claims { return make(Claims, n) }
 
 // Revoke takes block i back unless a tier is reading it, and reports
 // whether it did so now: false if a tier holds a claim on it, or if it
 // was taken back before (see Revoked). After it returns true no tier
 // reads the block's slot again, and Claim(i) reports false.
-func (c *Claims) Revoke(i int) bool {
-	return c.s[i].CompareAndSwap(0, revokedBit)
+func (c Claims) Revoke(i int) bool {
+	return c[i].CompareAndSwap(0, revokedBit)
 }
 
 // Revoked reports whether block i has been taken back.
-func (c *Claims) Revoked(i int) bool { return c.s[i].Load()&revokedBit != 0 }
+func (c Claims) Revoked(i int) bool { return c[i].Load()&revokedBit != 0 }
 
-func (c *Claims) claim(i int) bool {
+func (c Claims) claim(i int) bool {
 	for {
-		v := c.s[i].Load()
+		v := c[i].Load()
 		if v&revokedBit != 0 {
 			return false
 		}
-		if c.s[i].CompareAndSwap(v, v+1) {
+		if c[i].CompareAndSwap(v, v+1) {
 			return true
 		}
 	}
 }
 
-func (c *Claims) release(i int) { c.s[i].Add(^uint32(0)) }
+func (c Claims) release(i int) { c[i].Add(^uint32(0)) }
 
 // Claim is what a tier that declares BlockClaimer calls before it reads
 // the slot of Keys[i] in a store job. On false the manager has taken the

@@ -115,7 +115,7 @@ type Job struct {
 	// Claims is set on the store jobs of a cascade whose blocks the
 	// manager may take back one by one; tiers reach it through Claim and
 	// Release (see BlockClaimer).
-	Claims *Claims
+	Claims Claims
 }
 
 // JobResult reports the outcome of one job. For a failed promotion,

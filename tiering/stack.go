@@ -353,7 +353,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 	var slots []int64
 	var block []job // the cascade's jobs, one allocation
 	var gid int32
-	var claims *offload.Claims
+	var claims offload.Claims
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 || ts.readOnly {
 			continue
@@ -724,7 +724,7 @@ func (s *Stack) Revoke(slot int64) bool {
 func (s *Stack) withdraw(gid int32, slot int64) bool {
 	// The entry may be freed as its last job ends: copy what is needed.
 	g := s.groups[gid-1]
-	var claims *offload.Claims
+	var claims offload.Claims
 	for id := g.first; id < g.first+uint64(g.n); id++ {
 		jb, live := s.jobs[id]
 		switch {
@@ -759,7 +759,7 @@ func (s *Stack) withdraw(gid int32, slot int64) bool {
 // all of them of tiers that claim blocks, unless a tier is reading it:
 // each job's pin is released, the block no longer counts against the
 // budget nor names the cascade in the index.
-func (s *Stack) takeBack(gid int32, claims *offload.Claims, slot int64) bool {
+func (s *Stack) takeBack(gid int32, claims offload.Claims, slot int64) bool {
 	g := &s.groups[gid-1]
 	var i int
 	s.release = s.release[:0]
