@@ -23,7 +23,13 @@ import (
 // scrape returns the daemon's /metrics page.
 func scrape(t *testing.T, e *env) string {
 	t.Helper()
-	resp, err := http.Get("http://" + e.srv.MetricsAddr() + "/metrics")
+	return scrapeURL(t, "http://"+e.srv.MetricsAddr()+"/metrics")
+}
+
+// scrapeURL returns the page at url.
+func scrapeURL(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,7 @@ package server_test
 
 import (
 	"bytes"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -61,12 +59,7 @@ func TestMetricSeries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Get("http://" + e.srv.MetricsAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, e)
 	tier := `locality="LOCAL",medium="STORAGE",namespace="",`
 	for _, want := range []string{
 		`kvtier_tier_lookups_total{` + tier + `result="hit",`,
@@ -93,7 +86,7 @@ func TestMetricSeries(t *testing.T) {
 		`kvtier_events_published_total{namespace=""}`,
 		`kvtier_events_dropped_total{namespace=""}`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -521,12 +520,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Get("http://" + e.srv.MetricsAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, e)
 	for _, want := range []string{
 		`kvtier_filter_warnings_total{reason="not_list"} 1`,
 		`kvtier_tier_lookups_total{locality="REMOTE",medium="CPU",namespace="",result="miss",tier="remote-cpu",type="memory"} 3`,
@@ -537,7 +531,7 @@ func TestMetrics(t *testing.T) {
 		`kvtier_tier_job_duration_seconds_bucket{kind="store",locality="LOCAL",medium="STORAGE",namespace="",tier="local-disk",type="memory",le="0.0001"}`,
 		`kvtier_tier_blocks{locality="LOCAL",medium="STORAGE",namespace="",tier="local-disk",type="memory"} 2`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,17 +142,8 @@ var metricRE = regexp.MustCompile(`(?m)^(go_memstats_heap_inuse_bytes|go_gorouti
 // test watches.
 func soakMetrics(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]float64{}
-	for _, m := range metricRE.FindAllStringSubmatch(string(body), -1) {
+	for _, m := range metricRE.FindAllStringSubmatch(scrapeURL(t, url), -1) {
 		name := m[1]
 		if i := strings.IndexByte(name, '{'); i >= 0 {
 			if strings.Contains(name, "pinned") {
