@@ -71,6 +71,7 @@ func TestMetricSeries(t *testing.T) {
 		`kvtier_tier_cascades_total{` + tier + `result="ok",`,
 		`kvtier_tier_cascades_total{` + tier + `result="failed",`,
 		`kvtier_tier_cascades_total{` + tier + `result="dropped",`,
+		`kvtier_tier_cascade_blocks_revoked_total{` + tier,
 		`kvtier_tier_bytes_total{direction="in",` + tier,
 		`kvtier_tier_bytes_total{direction="out",` + tier,
 		`kvtier_tier_job_duration_seconds_bucket{kind="load",` + tier,
