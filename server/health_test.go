@@ -41,6 +41,21 @@ func scrapeURL(t *testing.T, url string) string {
 	return string(body)
 }
 
+// scrapeUntil returns the daemon's /metrics page once cond holds for it,
+// or the last page scraped after a bound. The daemon counts a call after it
+// has answered it, so a client can hold its answer before the counter moves.
+func scrapeUntil(t *testing.T, e *env, cond func(page string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m := scrape(t, e)
+		if cond(m) || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // metricValue returns the value of the series name whose labels include
 // every one of labels (`k="v"`), and whether there is one.
 func metricValue(body, name string, labels ...string) (float64, bool) {

@@ -374,7 +374,12 @@ func TestPutGetBlocks(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			e := startEnv(t, envOptions{stream: true})
 			testPutGetBlocks(t, e.dialVia(t, path))
-			onStream := strings.Contains(scrape(t, e), `kvtier_stream_requests_total{kind="get_blocks",result="ok"}`)
+			const gets = `kvtier_stream_requests_total{kind="get_blocks",result="ok"}`
+			m := scrape(t, e)
+			if path == "tcp-stream" {
+				m = scrapeUntil(t, e, func(m string) bool { return strings.Contains(m, gets) })
+			}
+			onStream := strings.Contains(m, gets)
 			if onStream != (path == "tcp-stream") {
 				t.Errorf("%s: by-value gets on the block stream: %v", path, onStream)
 			}

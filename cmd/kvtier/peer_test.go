@@ -393,14 +393,23 @@ func TestByValueCallsSurviveDamageOnTheStream(t *testing.T) {
 	if err != nil || got.Hits != 1 || !bytes.Equal(got.Data[0], block) {
 		t.Fatalf("get through the damaging stream: hits %d, bytes equal %v, err %v", got.Hits, got.Hits == 1 && bytes.Equal(got.Data[0], block), err)
 	}
-	m := scrapeDaemon(t, a)
-	for _, series := range []string{
+	want := []string{
 		`kvtier_stream_blocks_total{direction="in",result="rejected"} 1`,
 		`kvtier_stream_requests_total{kind="put_blocks",result="ok"} 1`,
 		`kvtier_stream_blocks_total{direction="out",result="ok"} 1`,
 		`kvtier_api_calls_total{code="OK",method="PutBlocks"} 1`,
 		`kvtier_api_calls_total{code="OK",method="GetBlocks"} 2`,
-	} {
+	}
+	// The daemon counts a call after answering it: wait for the counters.
+	m := scrapeDaemonUntil(t, a, func(m string) bool {
+		for _, series := range want {
+			if !strings.Contains(m, series+"\n") {
+				return false
+			}
+		}
+		return true
+	})
+	for _, series := range want {
 		if !strings.Contains(m, series+"\n") {
 			t.Errorf("/metrics lacks %s:\n%s", series, grepLines(m, "kvtier_stream_"))
 		}
@@ -465,6 +474,20 @@ func scrapeDaemon(t *testing.T, d *peerDaemon) string {
 		t.Fatal(err)
 	}
 	return string(body)
+}
+
+// scrapeDaemonUntil returns d's /metrics page once cond holds for it, or
+// the last page scraped after a bound.
+func scrapeDaemonUntil(t *testing.T, d *peerDaemon, cond func(page string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m := scrapeDaemon(t, d)
+		if cond(m) || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // A daemon whose peer publishes its KV events answers lookups for that
