@@ -60,14 +60,27 @@
 //   - Lookup is asynchronous (package asynclookup): the first lookup of a
 //     key answers Retry; at OnScheduleEnd the step's keys are checked in
 //     one pipeline of EXISTS, and later lookups answer Hit or Miss.
-//   - A store job is one pipeline of SET (with PX ttl when configured); a
-//     load job is one pipeline of GET. GET returns one consistent value;
-//     the tier verifies the envelope (key, length, checksum) before it
-//     copies anything into the slot, so a value that vanished (reads as
-//     missing) or changed underneath (fails the checksum) is never
-//     served. A corrupt value is a Miss for the request, is counted, and
-//     is deleted by a script that deletes it only if it still holds the
-//     bytes read — a good value written since is kept.
+//   - A store job is one pipeline of SET (with PX ttl when configured)
+//     per master, and a load job one pipeline of GET per master, on the
+//     tier's own connections (package slotpipe): a SET's header and
+//     block go out in one vectored write straight from the slot, which
+//     is read, and claimed, only while its own command is written; a
+//     GET's value is read by the kernel into a header buffer and the
+//     slot, and verified there. Keys that path left without an answer —
+//     a MOVED or ASK after a resharding or failover, an error reply, a
+//     connection that failed — go again through the go-redis client
+//     (values sealed into a buffer, replies verified before they are
+//     copied), which follows redirections and reloads the slot map; a
+//     failure on the wire counts as the first of the job's attempts
+//     (retries), an answered error does not.
+//   - GET returns one consistent value; the tier verifies the envelope
+//     (key, length, checksum) before it reports a block loaded, so a
+//     value that vanished (reads as missing) or changed underneath
+//     (fails the checksum) is never served; the slot of a block that
+//     fails holds whatever was read, and the primary never exposes the
+//     slot of a failed load. A corrupt value is a Miss for the request,
+//     is counted, and is deleted by a script that deletes it only if it
+//     still holds the bytes read — a good value written since is kept.
 //   - A failed load marks its keys Miss for the request; a partially
 //     failed load reports the loaded prefix.
 //   - Commands have a timeout; transient failures are retried with

@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/redis/slotpipe"
 	"github.com/kvtier/kvtier/tiers/remote"
 )
 
@@ -30,15 +31,6 @@ var ErrNotFound = errors.New("block not found")
 // ErrValueTooLarge reports a block whose envelope exceeds max_value_bytes.
 var ErrValueTooLarge = errors.New("value exceeds max_value_bytes")
 
-// deleteIfUnchanged deletes KEYS[1] only if it still holds ARGV[1]: a
-// corrupt value is removed, but a good value written since the read is
-// not.
-var deleteIfUnchanged = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-	return redis.call('DEL', KEYS[1])
-end
-return 0`)
-
 // Tier is a Redis or Valkey server as a (usually remote) CPU secondary
 // tier. It implements offload.SecondaryTier; the embedded remote.Base
 // does the bookkeeping common to remote tiers.
@@ -48,6 +40,9 @@ type Tier struct {
 	log *slog.Logger
 
 	client goredis.UniversalClient // *goredis.Client, or *goredis.ClusterClient with Cluster
+	// pipes are the tier's own connections for stores straight from the
+	// slots (package slotpipe); nil: every store goes through client.
+	pipes  *slotpipe.Pools
 	health *remote.Health
 	// nodes tracks a cluster's masters: their keyspace subscriptions and
 	// health (nil for a single server).
@@ -102,12 +97,21 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
 	}
 	t.client = newClient(cfg)
+	t.pipes = slotpipe.New(slotpipe.Options{
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		DB:          cfg.DB,
+		DialTimeout: cfg.DialTimeout,
+		Timeout:     cfg.Timeout,
+		MaxIdle:     cfg.PoolSize,
+	})
 
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout+cfg.Timeout)
 	err := t.client.Ping(pctx).Err()
 	cancel()
 	if err != nil {
 		t.client.Close()
+		t.pipes.Close()
 		var re goredis.Error
 		if errors.As(err, &re) {
 			return nil, fmt.Errorf("%s: %s: %w", t.label(), strings.Join(cfg.seeds(), ","), err)
@@ -306,6 +310,7 @@ func (t *Tier) Close(ctx context.Context) error {
 		if t.sub != nil {
 			t.sub.stop()
 		}
+		t.pipes.Close()
 		if err := t.client.Close(); err != nil && t.closeErr == nil {
 			t.closeErr = fmt.Errorf("%s: close: %w", t.label(), err)
 		}
@@ -339,183 +344,4 @@ func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 		found[i] = c.Val() > 0
 	}
 	return found, nil
-}
-
-var sealPool = sync.Pool{New: func() any { return new([]byte) }}
-
-// store writes the job's blocks in one pipeline of SET. A block's slot
-// is read only while it is sealed (copied behind its header), so that is
-// all its claim covers.
-func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
-	if len(job.Slots) < len(job.Keys) {
-		return nil, fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
-	}
-	if need := int64(remote.HeaderSize + job.Arena.SlotSize()); need > t.cfg.MaxValueBytes {
-		return nil, fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes)
-	}
-	bufs := make([]*[]byte, len(job.Keys))
-	defer func() {
-		for _, b := range bufs {
-			if b != nil {
-				sealPool.Put(b)
-			}
-		}
-	}()
-	slots := make([][]byte, len(job.Keys))
-	for i, k := range job.Keys {
-		if !k.Valid() {
-			return nil, fmt.Errorf("%s: store: %w", t.label(), offload.ErrInvalidKey)
-		}
-		slot, err := job.Arena.Slot(job.Slots[i])
-		if err != nil {
-			return nil, fmt.Errorf("%s: store %s: %w", t.label(), k, err)
-		}
-		slots[i] = slot
-		bufs[i] = sealPool.Get().(*[]byte)
-	}
-	// Sealing (checksum and copy) is the tier's own cost per byte: spread
-	// a job's blocks over the cores, as the transfer to several cluster
-	// nodes is.
-	var skipped []bool
-	if job.Claims != nil {
-		skipped = make([]bool, len(job.Keys))
-	}
-	remote.Parallel(len(job.Keys), func(i int) {
-		if !job.Claim(i) {
-			skipped[i] = true
-			return
-		}
-		*bufs[i] = remote.Seal(*bufs[i], job.Keys[i], slots[i])
-		job.Release(i)
-	})
-	select {
-	case t.ioSem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, ctx.Err())
-	}
-	defer func() { <-t.ioSem }()
-
-	n := int64(0)
-	err := t.retry.Do(ctx, t.cfg.Retries, func(ctx context.Context) error {
-		pipe := t.client.Pipeline()
-		cmds := make([]*goredis.StatusCmd, len(job.Keys))
-		n = 0
-		for i, k := range job.Keys {
-			if skipped == nil || !skipped[i] {
-				cmds[i] = pipe.Set(ctx, t.redisKey(k), *bufs[i], t.cfg.TTL)
-				n++
-			}
-		}
-		if n == 0 {
-			return nil
-		}
-		_, err := pipe.Exec(ctx)
-		if err != nil {
-			for i, c := range cmds {
-				if c != nil && c.Err() != nil {
-					return fmt.Errorf("set %s: %w", job.Keys[i], c.Err())
-				}
-			}
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err)
-	}
-	t.c.BlocksStored.Add(n)
-	t.c.BytesWritten.Add(n * int64(job.Arena.SlotSize()))
-	return skipped, nil
-}
-
-// load GETs every key with a slot in one pipeline, verifies each value
-// and only then copies it into its slot. GET returns one consistent
-// value; a value that changed or vanished before the read is caught by
-// the checksum or reads as missing, so it is never served.
-func (t *Tier) load(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
-	select {
-	case t.ioSem <- struct{}{}:
-	case <-ctx.Done():
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = ctx.Err()
-			}
-		}
-		return
-	}
-	defer func() { <-t.ioSem }()
-
-	var cmds []*goredis.StringCmd
-	err := t.retry.Do(ctx, t.cfg.Retries, func(ctx context.Context) error {
-		pipe := t.client.Pipeline()
-		cmds = make([]*goredis.StringCmd, len(job.Keys))
-		for i, k := range job.Keys {
-			if slots[i] != nil {
-				cmds[i] = pipe.Get(ctx, t.redisKey(k))
-			}
-		}
-		_, err := pipe.Exec(ctx)
-		if err != nil && !errors.Is(err, goredis.Nil) {
-			for _, c := range cmds {
-				if c != nil && c.Err() != nil && !errors.Is(c.Err(), goredis.Nil) {
-					return c.Err()
-				}
-			}
-			return err
-		}
-		return nil
-	})
-	for i, k := range job.Keys {
-		if slots[i] == nil {
-			continue
-		}
-		if err != nil {
-			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, err)
-			continue
-		}
-		val, gerr := cmds[i].Result()
-		if errors.Is(gerr, goredis.Nil) {
-			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, ErrNotFound)
-			continue
-		}
-		if gerr != nil {
-			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, gerr)
-			continue
-		}
-		if verr := remote.OpenString(k, val, slots[i]); verr != nil {
-			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, verr)
-			switch {
-			case errors.Is(verr, remote.ErrCorrupt):
-				t.c.Corrupted.Add(1)
-				t.log.Warn("corrupt block deleted", "key", k.String(), "err", verr)
-				t.deleteCorrupt(ctx, k, val)
-			case errors.Is(verr, remote.ErrSizeMismatch):
-				t.c.SizeMismatch.Add(1)
-			}
-			continue
-		}
-		t.c.BlocksLoaded.Add(1)
-		t.c.BytesRead.Add(int64(len(slots[i])))
-	}
-}
-
-// deleteCorrupt removes k if it still holds the corrupt value val, and
-// reports the removal unless keyspace events will.
-func (t *Tier) deleteCorrupt(ctx context.Context, k offload.Key, val string) {
-	var n int64
-	err := t.retry.Do(ctx, 0, func(ctx context.Context) error {
-		var err error
-		n, err = deleteIfUnchanged.Run(ctx, t.client, []string{t.redisKey(k)}, val).Int64()
-		return err
-	})
-	if err != nil {
-		t.log.Warn("deleting corrupt block failed", "key", k.String(), "err", err)
-		return
-	}
-	if n == 0 {
-		return // replaced or gone since the read: nothing of ours to remove
-	}
-	t.c.Deleted.Add(1)
-	if !t.notify.Load() {
-		t.events.Removed([]offload.Key{k})
-	}
 }
