@@ -60,6 +60,26 @@ func Client(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
 	return c, nil
 }
 
+// ClientFiles names the PEM files of a TLS client connection, as a tier's
+// config spells them: ca_file to trust (default: the system's roots),
+// cert_file and key_file to present (mutual TLS), server_name to check
+// instead of the host dialled.
+type ClientFiles struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+// Config returns the client configuration f names (see Client); nil for
+// a nil f: no TLS.
+func (f *ClientFiles) Config() (*tls.Config, error) {
+	if f == nil {
+		return nil, nil
+	}
+	return Client(f.CAFile, f.CertFile, f.KeyFile, f.ServerName)
+}
+
 func pool(file string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(file)
 	if err != nil {

@@ -58,18 +58,10 @@ type PeerConfig struct {
 	// TLS talks TLS to a peer whose API serves it (its server.tls):
 	// ca_file to trust (default: the system's roots), cert_file and
 	// key_file for mutual TLS, server_name to check instead of the host.
-	TLS *PeerTLS `yaml:"tls"`
+	TLS *tlsconfig.ClientFiles `yaml:"tls"`
 	// BlockStream reads blocks over the peer's block stream (default
 	// true); false keeps every transfer on the API (GetBlocks).
 	BlockStream *bool `yaml:"block_stream"`
-}
-
-// PeerTLS names the PEM files of a TLS connection to a peer.
-type PeerTLS struct {
-	CAFile     string `yaml:"ca_file"`
-	CertFile   string `yaml:"cert_file"`
-	KeyFile    string `yaml:"key_file"`
-	ServerName string `yaml:"server_name"`
 }
 
 // Config configures a peer tier; the yaml tags are the keys of a `type:
@@ -300,14 +292,12 @@ func New(cfg Config) (*Tier, error) {
 	for _, pc := range cfg.Peers {
 		loc, _ := LocalityOf(pc)
 		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace, StreamTimeout: cfg.Timeout}
-		if pc.TLS != nil {
-			tc, err := tlsconfig.Client(pc.TLS.CAFile, pc.TLS.CertFile, pc.TLS.KeyFile, pc.TLS.ServerName)
-			if err != nil {
-				t.closePeers()
-				return nil, fmt.Errorf("peer tier %q: peer %q: %w", cfg.Name, pc.Name, err)
-			}
-			opts.TLS = tc
+		tc, err := pc.TLS.Config()
+		if err != nil {
+			t.closePeers()
+			return nil, fmt.Errorf("peer tier %q: peer %q: %w", cfg.Name, pc.Name, err)
 		}
+		opts.TLS = tc
 		c, err := client.Dial(pc.Addr, opts)
 		if err != nil {
 			t.closePeers()
