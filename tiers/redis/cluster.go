@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"slices"
 	"sync"
 	"time"
@@ -15,12 +16,13 @@ import (
 // (MaxRetries -1), so that it stops as soon as the server is marked down;
 // a cluster client still follows MOVED/ASK redirections and reloads the
 // slot map after a failover.
-func newClient(cfg Config) goredis.UniversalClient {
+func newClient(cfg Config, tc *tls.Config) goredis.UniversalClient {
 	if cfg.Cluster {
 		return goredis.NewClusterClient(&goredis.ClusterOptions{
 			Addrs:                 cfg.seeds(),
 			Username:              cfg.Username,
 			Password:              cfg.Password,
+			TLSConfig:             tc,
 			PoolSize:              cfg.PoolSize,
 			DialTimeout:           cfg.DialTimeout,
 			DialerRetries:         1,
@@ -33,15 +35,17 @@ func newClient(cfg Config) goredis.UniversalClient {
 			DisableIdentity:       true,
 		})
 	}
-	return goredis.NewClient(nodeOptions(cfg, cfg.Addr))
+	return goredis.NewClient(nodeOptions(cfg, cfg.Addr, tc))
 }
 
-// nodeOptions are the options of a client of one server.
-func nodeOptions(cfg Config, addr string) *goredis.Options {
+// nodeOptions are the options of a client of one server (over TLS with
+// tc).
+func nodeOptions(cfg Config, addr string, tc *tls.Config) *goredis.Options {
 	return &goredis.Options{
 		Addr:                     addr,
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
+		TLSConfig:                tc,
 		DB:                       cfg.DB,
 		PoolSize:                 cfg.PoolSize,
 		DialTimeout:              cfg.DialTimeout,
@@ -149,7 +153,7 @@ func (t *Tier) refreshNodes(ctx context.Context, initial bool) {
 	conns := make(map[string]*goredis.Client, len(masters))
 	for a := range masters {
 		if t.nodes.conns[a] == nil {
-			t.nodes.conns[a] = goredis.NewClient(nodeOptions(t.cfg, a))
+			t.nodes.conns[a] = goredis.NewClient(nodeOptions(t.cfg, a, t.tls))
 		}
 		conns[a] = t.nodes.conns[a]
 	}

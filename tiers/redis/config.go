@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/tiers/remote"
+	"github.com/kvtier/kvtier/tlsconfig"
 )
 
 // Config configures a Redis tier. The yaml tags are the type-specific
@@ -32,6 +33,14 @@ type Config struct {
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
 	DB       int    `yaml:"db"`
+	// TLS talks TLS to the server, or to every node of a cluster (a
+	// server's tls-port; a managed service with in-transit encryption):
+	// ca_file to trust (default: the system's roots), cert_file and
+	// key_file for servers that require client certificates
+	// (tls-auth-clients), server_name to check instead of the host
+	// dialled. Blocks carry what prompts computed: a store shared across
+	// hosts should not see them in the clear.
+	TLS *tlsconfig.ClientFiles `yaml:"tls"`
 	// KeyPrefix starts every key the tier writes. Each namespace (model)
 	// needs its own so that they never share blocks and removals are
 	// attributed correctly: a tier built from a config file (package
@@ -244,6 +253,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := remote.ParseLocality(c.Locality); err != nil {
 		return bad("locality", "%v", err)
+	}
+	if _, err := c.TLS.Config(); err != nil {
+		return bad("tls", "%v", err)
 	}
 	if err := c.shared().Check([]remote.Count{{Key: "pool_size", Value: c.PoolSize}}, []remote.Span{{Key: "dial_timeout", Value: c.DialTimeout}}); err != nil {
 		return fmt.Errorf("redis tier %q: %w", c.Name, err)

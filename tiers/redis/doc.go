@@ -10,6 +10,7 @@
 //	    addr: 10.0.0.7:6379          # required
 //	    password: …                  # optional; username for ACLs
 //	    db: 0
+//	    tls: {ca_file: ca.pem}       # optional; cert_file + key_file, server_name
 //	    key_prefix: "llama3-8b:"      # default (from a config file) kvtier:<model>:<bytes_per_block>:
 //	    ttl: 30m                     # optional expiry, refreshed by Touch
 //	    max_value_bytes: 536870912   # envelope included
@@ -25,6 +26,14 @@
 //
 // Invalid values are errors naming the key. New pings the server: an
 // unreachable server (ErrUnreachable) or a refused login fails startup.
+//
+// With tls every connection — go-redis' and the tier's own, to every node
+// of a cluster — negotiates TLS: ca_file is trusted (default: the
+// system's roots), cert_file and key_file are presented to a server that
+// requires client certificates (tls-auth-clients), server_name is checked
+// instead of the host dialled. A server that speaks TLS to a tier that
+// does not (or the reverse) fails startup. Blocks carry what prompts
+// computed; a store shared across hosts should not see them in the clear.
 //
 // # Redis Cluster and Valkey cluster
 //

@@ -3,6 +3,7 @@ package redis
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -71,15 +72,23 @@ type redisServer struct {
 
 func startRedis(t testing.TB, extra ...string) *redisServer {
 	t.Helper()
+	return startRedisOn(t, nil, func(port string) []string { return append([]string{"--port", port}, extra...) })
+}
+
+// startRedisOn starts a redis-server on a free loopback port with the
+// arguments args(port) returns, and waits until it answers a PING (over
+// TLS with tc).
+func startRedisOn(t testing.TB, tc *tls.Config, args func(port string) []string) *redisServer {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		rt.RequireIntegration(t, "redis-server on PATH")
 	}
 	p := &redisServer{t: t, addr: rt.FreeAddr(t)}
 	host, port, _ := net.SplitHostPort(p.addr)
-	args := append([]string{bin, "--port", port, "--bind", host, "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)
-	p.Process = rt.StartProcess(t, "redis-server", args, func() error {
-		c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1})
+	argv := append([]string{bin, "--bind", host, "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args(port)...)
+	p.Process = rt.StartProcess(t, "redis-server", argv, func() error {
+		c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1, TLSConfig: tc})
 		defer c.Close()
 		return c.Ping(context.Background()).Err()
 	}, 10*time.Second)

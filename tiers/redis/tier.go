@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ type Tier struct {
 	log *slog.Logger
 
 	client goredis.UniversalClient // *goredis.Client, or *goredis.ClusterClient with Cluster
+	tls    *tls.Config             // of every connection; nil: plain TCP
 	// pipes are the tier's own connections for stores straight from the
 	// slots (package slotpipe); nil: every store goes through client.
 	pipes  *slotpipe.Pools
@@ -96,18 +98,23 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if cfg.Events {
 		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
 	}
-	t.client = newClient(cfg)
+	var err error
+	if t.tls, err = cfg.TLS.Config(); err != nil {
+		return nil, fmt.Errorf("%s: tls: %w", t.label(), err)
+	}
+	t.client = newClient(cfg, t.tls)
 	t.pipes = slotpipe.New(slotpipe.Options{
 		Username:    cfg.Username,
 		Password:    cfg.Password,
 		DB:          cfg.DB,
+		TLS:         t.tls,
 		DialTimeout: cfg.DialTimeout,
 		Timeout:     cfg.Timeout,
 		MaxIdle:     cfg.PoolSize,
 	})
 
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout+cfg.Timeout)
-	err := t.client.Ping(pctx).Err()
+	err = t.client.Ping(pctx).Err()
 	cancel()
 	if err != nil {
 		t.client.Close()

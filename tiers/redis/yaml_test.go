@@ -18,6 +18,7 @@ secondary_tiers:
     addr: 10.0.0.7:6379
     password: pw
     db: 3
+    tls: {ca_file: /etc/kvtier/ca.pem, server_name: redis.internal}
     key_prefix: "llama:"
     ttl: 30m
     max_value_bytes: 4194304
@@ -31,9 +32,11 @@ secondary_tiers:
 		t.Fatal(err)
 	}
 	if c.Addr != "10.0.0.7:6379" || c.Password != "pw" || c.DB != 3 || c.KeyPrefix != "llama:" || c.TTL != 30*time.Minute ||
-		c.MaxValueBytes != 4<<20 || c.PoolSize != 8 || !c.KeyspaceEvents || !c.Events || c.Timeout != DefaultTimeout {
+		c.MaxValueBytes != 4<<20 || c.PoolSize != 8 || !c.KeyspaceEvents || !c.Events || c.Timeout != DefaultTimeout ||
+		c.TLS == nil || c.TLS.CAFile != "/etc/kvtier/ca.pem" || c.TLS.ServerName != "redis.internal" {
 		t.Fatalf("decoded %+v", c)
 	}
+	c.TLS = nil // the CA file is not on this machine (TestIntegrationTLS reads real ones)
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

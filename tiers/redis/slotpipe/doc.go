@@ -17,9 +17,11 @@
 // # Mechanism
 //
 // Pools holds, per server address, a bounded set of idle connections of
-// its own (RESP2; AUTH and SELECT on dial when configured; an idle
-// connection the server has closed is dropped, not handed out). On a
-// Conn:
+// its own (RESP2; TLS, AUTH and SELECT on dial when configured; an idle
+// plain-TCP connection the server has closed is dropped, not handed out —
+// a TLS one shows as a failed call). Over TLS the pieces go out as TLS
+// records one after another (crypto/tls has no vectored write), still
+// without being joined first. On a Conn:
 //
 //   - Set writes one SET and returns once the kernel has the bytes: the
 //     caller may then reuse or give up the pieces (kvtier's tiers release

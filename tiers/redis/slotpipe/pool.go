@@ -3,6 +3,7 @@ package slotpipe
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,9 @@ var ErrClosed = errors.New("slotpipe: closed")
 type Options struct {
 	Username, Password string // AUTH on dial when Password is set
 	DB                 int    // SELECT on dial when not 0
+	// TLS, when set, is negotiated on every connection; an empty
+	// ServerName checks the host dialled.
+	TLS *tls.Config
 	// DialTimeout bounds connecting and the login; Timeout bounds each
 	// write and each read. Zero: no bound but the context's.
 	DialTimeout, Timeout time.Duration
@@ -77,6 +81,20 @@ func (p *Pools) dial(ctx context.Context, addr string) (*Conn, error) {
 	nc, err := p.opts.Dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	if p.opts.TLS != nil {
+		cfg := p.opts.TLS
+		if cfg.ServerName == "" {
+			host, _, _ := net.SplitHostPort(addr)
+			cfg = cfg.Clone()
+			cfg.ServerName = host
+		}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("tls handshake with %s: %w", addr, err)
+		}
+		nc = tc
 	}
 	c := &Conn{pools: p, addr: addr, nc: nc, r: bufio.NewReaderSize(nc, MaxReplyLine)}
 	var login [][]string
