@@ -72,10 +72,11 @@
 //   - A store job is one pipeline of SET (with PX ttl when configured)
 //     per master, and a load job one pipeline of GET per master, on the
 //     tier's own connections (package slotpipe): a SET's header and
-//     block go out in one vectored write straight from the slot, which
-//     is read, and claimed, only while its own command is written; a
-//     GET's value is read by the kernel into a header buffer and the
-//     slot, and verified there. Keys that path left without an answer —
+//     block go out in one vectored write straight from the slot as far
+//     as the socket takes them at once, the rest is copied and sent in
+//     the background, so a slot is read, and claimed, only at memory
+//     speed, however slow the server; a GET's value is read by the kernel
+//     into a header buffer and the slot, and verified there. Keys that path left without an answer —
 //     a MOVED or ASK after a resharding or failover, an error reply, a
 //     connection that failed — go again through the go-redis client
 //     (values sealed into a buffer, replies verified before they are

@@ -13,8 +13,8 @@ import (
 
 // store writes the job's blocks with SET: first straight from the slots
 // (package slotpipe: one vectored write per block on the tier's own
-// connection to the block's master, the slot read only while its own
-// command is written and its claim held for that long), then through
+// connection to the block's master, the slot read and claimed at memory
+// speed: what the socket does not take at once is copied), then through
 // go-redis whatever that did not store — a redirection, a server error,
 // a connection that failed — from sealed copies, with the tier's retries.
 // SET is idempotent, so a block whose first write's fate is unknown is
@@ -90,60 +90,36 @@ const (
 )
 
 // storeOnNode writes the blocks idx of job to the master at addr on one
-// connection: every SET first, then the replies. A helper goroutine
-// claims and checksums the next block while the current one is written,
-// so the checksum costs no time on the wire; a block stays claimed from
-// its checksum to the end of its write, and at most two blocks of the
-// connection are claimed at once. Each goroutine touches only its own
-// indices of state.
+// connection: every SET first, then the replies. A block is claimed only
+// while Set reads its slot, which ends at memory speed however slow the
+// server (what the socket does not take at once is copied and sent in
+// the background); the connection is ready before the claim, so no claim
+// waits on the previous block's write. Each goroutine touches only its
+// own indices of state.
 func (t *Tier) storeOnNode(ctx context.Context, addr string, job *offload.Job, idx []int, slots [][]byte, state []blockState) error {
 	c, err := t.pipes.Get(ctx, addr)
 	if err != nil {
 		return err
 	}
-	type sealed struct {
-		i       int
-		claimed bool
-		hdr     [remote.HeaderSize]byte
-	}
-	next := make(chan *sealed) // unbuffered: one block ahead, no more
-	stop := make(chan struct{})
-	go func() {
-		defer close(next)
-		for _, i := range idx {
-			s := &sealed{i: i, claimed: job.Claim(i)}
-			if s.claimed {
-				remote.PutHeader(s.hdr[:], job.Keys[i], slots[i])
-			}
-			select {
-			case next <- s:
-			case <-stop:
-				if s.claimed {
-					job.Release(i)
-				}
-				return
-			}
-		}
-	}()
 	sent := make([]int, 0, len(idx))
-	for s := range next {
-		if !s.claimed {
-			state[s.i] = blockTakenBack
-			continue
-		}
-		err := c.Set(ctx, t.redisKey(job.Keys[s.i]), t.cfg.TTL, s.hdr[:], slots[s.i])
-		job.Release(s.i)
-		if err != nil {
-			close(stop)
-			for s := range next { // the one block sealed ahead, if any
-				if s.claimed {
-					job.Release(s.i)
-				}
-			}
+	var hdr [remote.HeaderSize]byte
+	for _, i := range idx {
+		if err := c.Ready(ctx); err != nil {
 			c.Close()
 			return err
 		}
-		sent = append(sent, s.i)
+		if !job.Claim(i) {
+			state[i] = blockTakenBack
+			continue
+		}
+		remote.PutHeader(hdr[:], job.Keys[i], slots[i])
+		err := c.Set(ctx, t.redisKey(job.Keys[i]), t.cfg.TTL, hdr[:], slots[i])
+		job.Release(i)
+		if err != nil {
+			c.Close()
+			return err
+		}
+		sent = append(sent, i)
 	}
 	if len(sent) == 0 {
 		c.Put()

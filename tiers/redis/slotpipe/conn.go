@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -21,26 +22,34 @@ type Conn struct {
 	gets   int    // GETs queued or written whose replies are unread
 	out    []byte // GET commands queued, not yet written
 	broken bool   // a transport or protocol error was seen
-	prefix []byte
-	suffix []byte
-	vec    net.Buffers
+	// raw writes without blocking (nil over TLS: Set then copies the
+	// whole value and writes it in the background).
+	raw        syscall.RawConn
+	background chan error // the background write of the last Set, if any
+	prefix     []byte
+	suffix     []byte
 }
 
 // Addr returns the server address of c.
 func (c *Conn) Addr() string { return c.addr }
 
-// Set writes SET key <pieces joined> [PX ttl] (ttl 0: no expiry) in one
-// vectored write and returns without waiting for the reply. Once it
-// returns, the pieces are not read again. On error the connection is
-// unusable: Close it. SETs and GETs do not mix on one connection between
-// two reads of their replies.
-func (c *Conn) Set(ctx context.Context, key string, ttl time.Duration, pieces ...[]byte) error {
+// Set writes SET key <head ++ body> [PX ttl] (ttl 0: no expiry) and
+// returns without waiting on the server. What the socket takes at once
+// goes straight from head and body in one vectored write; the rest is
+// copied into the connection's own buffer and written in the background.
+// Either way head and body are not read once Set returns, and the time
+// they are read is bounded by memory speed, not by the server's: a caller
+// that lends a buffer for the call (kvtier's slots) gets it back at once.
+// Set waits only for the background write of the previous Set; call Ready
+// before lending body to have that wait behind you. On error the
+// connection is unusable: Close it. SETs and GETs do not mix on one
+// connection between two reads of their replies.
+func (c *Conn) Set(ctx context.Context, key string, ttl time.Duration, head, body []byte) error {
+	if err := c.Ready(ctx); err != nil {
+		return err
+	}
 	if c.broken || c.gets != 0 {
 		return errors.New("slotpipe: set on a broken connection or one with GETs outstanding")
-	}
-	n := 0
-	for _, p := range pieces {
-		n += len(p)
 	}
 	args := 3
 	if ttl > 0 {
@@ -51,7 +60,7 @@ func (c *Conn) Set(ctx context.Context, key string, ttl time.Duration, pieces ..
 	b = append(b, "\r\n$3\r\nSET\r\n"...)
 	b = appendBulk(b, key)
 	b = append(b, '$')
-	b = strconv.AppendInt(b, int64(n), 10)
+	b = strconv.AppendInt(b, int64(len(head)+len(body)), 10)
 	b = append(b, "\r\n"...)
 	c.prefix = b
 	s := append(c.suffix[:0], "\r\n"...)
@@ -59,19 +68,66 @@ func (c *Conn) Set(ctx context.Context, key string, ttl time.Duration, pieces ..
 		s = appendBulk(appendBulk(s, "PX"), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10))
 	}
 	c.suffix = s
-	c.vec = append(append(append(c.vec[:0], c.prefix), pieces...), c.suffix)
-	err := c.bounded(ctx, func() error {
-		v := c.vec // WriteTo consumes its receiver
-		_, err := v.WriteTo(c.nc)
-		return err
-	})
-	clear(c.vec) // keep no reference to the caller's pieces
-	if err != nil {
-		c.broken = true
-		return fmt.Errorf("set %s on %s: %w", key, c.addr, err)
+	vec := [4][]byte{c.prefix, head, body, c.suffix}
+	n := 0
+	if c.raw != nil {
+		err := c.bounded(ctx, func() error {
+			var err error
+			n, err = writeNow(c.raw, vec[:])
+			return err
+		})
+		if err != nil {
+			c.broken = true
+			return fmt.Errorf("set %s on %s: %w", key, c.addr, err)
+		}
 	}
 	c.sets++
+	total := -n
+	for _, p := range vec {
+		total += len(p)
+	}
+	if total == 0 {
+		return nil
+	}
+	// Copy what the socket did not take, and write it in the background.
+	spill := c.pools.spill(total)
+	rest := (*spill)[:0]
+	for _, p := range vec {
+		skip := min(n, len(p))
+		n -= skip
+		rest = append(rest, p[skip:]...)
+	}
+	done := make(chan error, 1)
+	c.background = done
+	go func() {
+		done <- c.bounded(ctx, func() error {
+			_, err := c.nc.Write(rest)
+			return err
+		})
+		c.pools.spills.Put(spill)
+	}()
 	return nil
+}
+
+// Ready waits until every byte of the previous Set is written, so that
+// the next Set returns at memory speed. An error is the previous Set's
+// (the connection is then unusable) or the context's.
+func (c *Conn) Ready(ctx context.Context) error {
+	if c.background == nil {
+		return nil
+	}
+	select {
+	case err := <-c.background:
+		c.background = nil
+		if err != nil {
+			c.broken = true
+			return fmt.Errorf("set on %s: %w", c.addr, err)
+		}
+		return nil
+	case <-ctx.Done():
+		c.broken = true // the write goes on until Close
+		return ctx.Err()
+	}
 }
 
 // Replies reads the replies of every Set since the last call, in order:
@@ -79,6 +135,9 @@ func (c *Conn) Set(ctx context.Context, key string, ttl time.Duration, pieces ..
 // transport or protocol failure after which the verdicts of the unread
 // commands are unknown; the connection is then unusable.
 func (c *Conn) Replies(ctx context.Context) ([]error, error) {
+	if err := c.Ready(ctx); err != nil {
+		return nil, err
+	}
 	var verdicts []error
 	err := c.bounded(ctx, func() error {
 		var err error
@@ -143,7 +202,7 @@ func (c *Conn) ReadValue(ctx context.Context, maxOther int, pieces ...[]byte) (V
 // Put returns c to its pool, or closes it if it is broken or has replies
 // outstanding.
 func (c *Conn) Put() {
-	if c.broken || c.sets != 0 || c.gets != 0 {
+	if c.broken || c.sets != 0 || c.gets != 0 || c.background != nil {
 		c.nc.Close()
 		return
 	}

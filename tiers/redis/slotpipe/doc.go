@@ -11,25 +11,32 @@
 // byte, and a load costs a 2 MiB allocation, its zeroing and a copy into
 // the slot. On a machine whose cores the servers share those copies took
 // a fifth of the throughput. Here each SET is one vectored write (writev)
-// of the command's prefix, the value's pieces and its suffix, and each
-// GET's value is read by the kernel into the pieces themselves.
+// of the command's prefix, the value's pieces and its suffix as far as the
+// socket takes them, and each GET's value is read by the kernel into the
+// pieces themselves.
 //
 // # Mechanism
 //
 // Pools holds, per server address, a bounded set of idle connections of
 // its own (RESP2; TLS, AUTH and SELECT on dial when configured; an idle
 // plain-TCP connection the server has closed is dropped, not handed out —
-// a TLS one shows as a failed call). Over TLS the pieces go out as TLS
-// records one after another (crypto/tls has no vectored write), still
-// without being joined first. On a Conn:
+// a TLS one shows as a failed call). Over TLS, which has no non-blocking
+// write, Set copies the whole value and writes it in the background. On
+// a Conn:
 //
-//   - Set writes one SET and returns once the kernel has the bytes: the
-//     caller may then reuse or give up the pieces (kvtier's tiers release
-//     the block's slot there, so a slot is read only while its own
-//     command is written). Replies then reads one verdict per SET: nil
-//     for OK, an Error for a server error reply.
-//   - Get queues one GET; the first Value writes every queued command at
-//     once, and each Value reads the next reply: missing, the server's
+//   - Set writes one SET without waiting on the server: what the socket
+//     takes at once goes straight from the pieces in one non-blocking
+//     vectored write, the rest is copied into a pooled buffer and
+//     written in the background. Either way the pieces are not read once
+//     Set returns, so the time a caller lends them is bounded by memory
+//     speed, not by the server's (kvtier's tiers claim a block's slot only
+//     for that long, so eviction can take it back whatever the network
+//     does). Ready waits for the background write of the previous Set, so
+//     that the next Set does not wait while a buffer is lent. Replies then
+//     reads one verdict per SET: nil for OK, an Error for a server error
+//     reply.
+//   - Get queues one GET; the first ReadValue writes every queued command
+//     at once, and each ReadValue reads the next reply: missing, the server's
 //     error, or the value — into the caller's pieces when its length is
 //     theirs, else into a buffer of its own up to a bound, else discarded.
 //

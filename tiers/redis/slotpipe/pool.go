@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -37,6 +38,9 @@ type Pools struct {
 	mu     sync.Mutex
 	idle   map[string][]*Conn
 	closed bool
+	// spills hold what Set copies for its background writes (*[]byte):
+	// buffers live while a write is in flight, not per connection.
+	spills sync.Pool
 }
 
 // New returns empty pools with opts.
@@ -97,6 +101,11 @@ func (p *Pools) dial(ctx context.Context, addr string) (*Conn, error) {
 		nc = tc
 	}
 	c := &Conn{pools: p, addr: addr, nc: nc, r: bufio.NewReaderSize(nc, MaxReplyLine)}
+	if sc, ok := nc.(syscall.Conn); ok && canWriteNow && p.opts.TLS == nil {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw = rc
+		}
+	}
 	var login [][]string
 	switch {
 	case p.opts.Password != "" && p.opts.Username != "":
@@ -130,6 +139,18 @@ func (p *Pools) dial(ctx context.Context, addr string) (*Conn, error) {
 		return nil, fmt.Errorf("login to %s: %w", addr, err)
 	}
 	return c, nil
+}
+
+// spill returns a buffer from the pool with room for n bytes.
+func (p *Pools) spill(n int) *[]byte {
+	b, _ := p.spills.Get().(*[]byte)
+	if b == nil {
+		b = new([]byte)
+	}
+	if cap(*b) < n {
+		*b = make([]byte, 0, n)
+	}
+	return b
 }
 
 // Close closes every idle connection; connections in use are closed when

@@ -35,17 +35,17 @@ func TestSetStoresThePiecesJoined(t *testing.T) {
 	}
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
 	cases := []struct {
-		key    string
-		ttl    time.Duration
-		pieces [][]byte
+		key        string
+		ttl        time.Duration
+		head, body []byte
 	}{
-		{"a", 0, [][]byte{[]byte("head:"), big}},
-		{"b", 90 * time.Second, [][]byte{[]byte("x")}},
-		{"c", 0, nil},
-		{"d", time.Microsecond, [][]byte{{}, []byte("y"), {}}}, // rounds up to 1 ms
+		{"a", 0, []byte("head:"), big},
+		{"b", 90 * time.Second, nil, []byte("x")},
+		{"c", 0, nil, nil},
+		{"d", time.Microsecond, []byte("y"), nil}, // rounds up to 1 ms
 	}
 	for _, tc := range cases {
-		if err := c.Set(ctx, tc.key, tc.ttl, tc.pieces...); err != nil {
+		if err := c.Set(ctx, tc.key, tc.ttl, tc.head, tc.body); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -58,7 +58,7 @@ func TestSetStoresThePiecesJoined(t *testing.T) {
 			t.Errorf("%s: %v", tc.key, errs[i])
 		}
 		got, err := m.Get(tc.key)
-		if want := string(bytes.Join(tc.pieces, nil)); err != nil || got != want {
+		if want := string(tc.head) + string(tc.body); err != nil || got != want {
 			t.Errorf("%s: stored %d bytes (%v), want %d", tc.key, len(got), err, len(want))
 		}
 		if ttl := m.TTL(tc.key); ttl != tc.ttl {
@@ -94,7 +94,7 @@ func TestLogin(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		if err := c.Set(ctx, "k", 0, []byte("v")); err != nil {
+		if err := c.Set(ctx, "k", 0, nil, []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 		if errs, err := c.Replies(ctx); err != nil || errs[0] != nil {
@@ -207,7 +207,7 @@ func TestReplies(t *testing.T) {
 				n++
 			}
 			for range n {
-				if err := c.Set(ctx, "k", 0, []byte("v")); err != nil {
+				if err := c.Set(ctx, "k", 0, nil, []byte("v")); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -236,7 +236,7 @@ func TestReplies(t *testing.T) {
 			}
 			c.Put() // broken or not, it must not be reused
 			if tc.proto {
-				if c.Set(ctx, "k", 0, []byte("v")) == nil {
+				if c.Set(ctx, "k", 0, nil, []byte("v")) == nil {
 					t.Error("a connection that saw an error accepted another command")
 				}
 			}
@@ -244,8 +244,9 @@ func TestReplies(t *testing.T) {
 	}
 }
 
-// A write to a server that does not read ends with the timeout or with
-// the context; it never hangs.
+// A write to a server that does not read returns at once from Set (the
+// rest goes on in the background) and ends with the timeout or with the
+// context at the next Ready or Replies; it never hangs.
 func TestWritesAreBounded(t *testing.T) {
 	accepted := make(chan struct{}, 2)
 	release := make(chan struct{})
@@ -262,7 +263,10 @@ func TestWritesAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Set(ctx, "k", 0, big); err == nil || !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+	if err := c.Set(ctx, "k", 0, nil, big); err != nil {
+		t.Fatalf("set: %v", err)
+	}
+	if _, err := c.Replies(ctx); err == nil || !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
 		t.Fatalf("write to a stalled server: %v", err)
 	}
 	c.Close()
@@ -273,15 +277,81 @@ func TestWritesAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
+	if err := c.Set(cctx, "k", 0, nil, big); err != nil {
+		t.Fatalf("set: %v", err)
+	}
 	go func() {
 		<-accepted
-		<-accepted // the second connection is up: the Set is under way or about to be
+		<-accepted // the second connection is up: its write is under way
 		cancel()
 	}()
-	if err := c.Set(cctx, "k", 0, big); !errors.Is(err, context.Canceled) {
+	if err := c.Ready(cctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("write canceled: %v", err)
 	}
 	c.Close()
+}
+
+// Set does not read head or body once it returns, however slow the
+// server: bytes changed after it are not the bytes the server gets.
+func TestSetReadsThePiecesOnlyUntilItReturns(t *testing.T) {
+	const size = 16 << 20 // more than the socket takes at once
+	orig := func(i int) byte { return byte(i*7 + i>>11) }
+	body := make([]byte, size)
+	for i := range body {
+		body[i] = orig(i)
+	}
+	head := []byte("HEAD")
+	start := make(chan struct{})
+	got := make(chan error, 1)
+	addr := serveTCP(t, func(_ int, nc net.Conn) {
+		<-start // read nothing until the client has changed its buffers
+		r := bufio.NewReader(nc)
+		var n, l int
+		if _, err := fmtSscanLine(r, "*%d", &n); err != nil {
+			got <- err
+			return
+		}
+		for range 2 { // SET, the key
+			fmtSscanLine(r, "$%d", &l)
+			r.Discard(l + 2)
+		}
+		fmtSscanLine(r, "$%d", &l)
+		v := make([]byte, l+2)
+		if _, err := io.ReadFull(r, v); err != nil {
+			got <- err
+			return
+		}
+		err := error(nil)
+		if string(v[:4]) != "HEAD" {
+			err = errors.New("the head changed on the wire")
+		}
+		for i, b := range v[4 : 4+size] {
+			if b != orig(i) {
+				err = errors.New("the body changed on the wire")
+				break
+			}
+		}
+		io.WriteString(nc, "+OK\r\n")
+		got <- err
+	})
+	ctx := ctxT(t)
+	c, err := New(Options{}).Get(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Set(ctx, "k", 0, head, body); err != nil {
+		t.Fatal(err)
+	}
+	clear(body)
+	copy(head, "XXXX")
+	close(start)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Replies(ctx); err != nil || v[0] != nil {
+		t.Fatal(v, err)
+	}
 }
 
 func isTimeout(err error) bool {
@@ -303,7 +373,7 @@ func TestClosedPools(t *testing.T) {
 		t.Fatalf("get after close: %v", err)
 	}
 	c.Put()
-	if c.Set(ctx, "k", 0, []byte("v")) == nil {
+	if c.Set(ctx, "k", 0, nil, []byte("v")) == nil {
 		if _, err := c.Replies(ctx); err == nil {
 			t.Fatal("a connection put back into closed pools still works")
 		}
@@ -397,7 +467,7 @@ func TestClosedIdleConnectionIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Set(ctx, "k", 0, []byte("v")); err != nil {
+	if err := c.Set(ctx, "k", 0, nil, []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Replies(ctx); err != nil {
@@ -462,7 +532,7 @@ func TestGetReadsIntoThePieces(t *testing.T) {
 			t.Errorf("exact: other bytes in the pieces")
 		}
 	}
-	if err := c.Set(ctx, "after", 0, []byte("x")); err != nil {
+	if err := c.Set(ctx, "after", 0, nil, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := c.Replies(ctx); err != nil || v[0] != nil {
