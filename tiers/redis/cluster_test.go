@@ -134,38 +134,12 @@ func TestIntegrationClusterRoundTrip2MiB(t *testing.T) {
 	cfg := clusterConfig(addrs)
 	tier := newTier(t, cfg)
 	raw := rawCluster(t, addrs)
-	const slot, n = 2 << 20, 16
-	src := rt.NewArena(slot, n)
-	for i := range n {
-		src.Fill(int64(i), uint64(i+1))
-	}
-	keys := rt.Keys(0, n)
+	keys := rt.Keys(0, 16)
 	if by := mastersOf(t, raw, tier, keys); len(by) < 3 {
 		t.Fatalf("16 keys on %d masters, want all 3 (slot spread)", len(by))
 	}
-	// Two jobs of 8 blocks: each pipeline spans several nodes.
-	for j := range 2 {
-		if res := rt.Run(t, tier, rt.StoreJob(uint64(j+1), src, keys[8*j:8*j+8], rt.Slots(8*j, 8))); !res.Success {
-			t.Fatalf("store %d: %+v", j, res)
-		}
-	}
-	req, _ := offload.NewReqContext("c", nil)
-	for _, k := range keys {
-		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
-			t.Fatalf("lookup %s: %v", k, r)
-		}
-	}
-	dst := rt.NewArena(slot, n)
-	if res := rt.Run(t, tier, rt.LoadJob(10, dst, keys, rt.Slots(0, n), req)); !res.Success {
-		t.Fatalf("load: %+v", res)
-	}
-	for i := range n {
-		a, _ := src.Slot(int64(i))
-		b, _ := dst.Slot(int64(i))
-		if !bytes.Equal(a, b) {
-			t.Fatalf("block %d differs", i)
-		}
-	}
+	// Two store jobs of 8 blocks: each pipeline spans several nodes.
+	roundTrip(t, tier, keys, 2<<20, 8)
 	if nodes := tier.Nodes(); len(nodes) != 3 {
 		t.Fatalf("nodes %+v, want 3 healthy masters", nodes)
 	}

@@ -95,6 +95,41 @@ func startRedisOn(t testing.TB, tc *tls.Config, args func(port string) []string)
 	return p
 }
 
+// roundTrip stores blocks of slot bytes under keys, perJob blocks per
+// store job, then checks that each looks up Hit and that one load job
+// reads every block back as it was.
+func roundTrip(t *testing.T, tier *Tier, keys []offload.Key, slot, perJob int) {
+	t.Helper()
+	n := len(keys)
+	src := rt.NewArena(slot, n)
+	for i := range n {
+		src.Fill(int64(i), uint64(i+1))
+	}
+	for j := 0; j < n; j += perJob {
+		m := min(perJob, n-j)
+		if res := rt.Run(t, tier, rt.StoreJob(uint64(j+1), src, keys[j:j+m], rt.Slots(j, m))); !res.Success {
+			t.Fatalf("store of blocks %d to %d: %+v", j, j+m-1, res)
+		}
+	}
+	req, _ := offload.NewReqContext("round-trip", nil)
+	for _, k := range keys {
+		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
+			t.Fatalf("lookup %s: %v", k, r)
+		}
+	}
+	dst := rt.NewArena(slot, n)
+	if res := rt.Run(t, tier, rt.LoadJob(uint64(n+1), dst, keys, rt.Slots(0, n), req)); !res.Success {
+		t.Fatalf("load: %+v", res)
+	}
+	for i := range int64(n) {
+		a, _ := src.Slot(i)
+		b, _ := dst.Slot(i)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d read back other bytes", i)
+		}
+	}
+}
+
 func (p *redisServer) client() *goredis.Client {
 	c := goredis.NewClient(&goredis.Options{Addr: p.addr})
 	p.t.Cleanup(func() { c.Close() })
@@ -104,33 +139,8 @@ func (p *redisServer) client() *goredis.Client {
 func TestIntegrationRoundTrip2MiB(t *testing.T) {
 	cfg := sharedRedisConfig(t)
 	tier := newTier(t, cfg)
-	const slot = 2 << 20
 	const n = 6
-	src := rt.NewArena(slot, n)
-	for i := 0; i < n; i++ {
-		src.Fill(int64(i), uint64(i+50))
-	}
-	keys := rt.Keys(300, n)
-	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, n))); !res.Success {
-		t.Fatalf("store %+v", res)
-	}
-	req, _ := offload.NewReqContext("it", nil)
-	for _, k := range keys {
-		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
-			t.Fatalf("lookup %v", r)
-		}
-	}
-	dst := rt.NewArena(slot, n)
-	if res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
-		t.Fatalf("load %+v", res)
-	}
-	for i := 0; i < n; i++ {
-		a, _ := src.Slot(int64(i))
-		b, _ := dst.Slot(int64(i))
-		if !bytes.Equal(a, b) {
-			t.Fatalf("block %d differs", i)
-		}
-	}
+	roundTrip(t, tier, rt.Keys(300, n), 2<<20, n)
 	if evs := tier.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != n {
 		t.Fatalf("events %+v", evs)
 	}

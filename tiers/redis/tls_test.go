@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -9,7 +8,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/kvtier/kvtier/offload"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 	"github.com/kvtier/kvtier/tlsconfig"
 	"github.com/kvtier/kvtier/tlsconfig/tlstest"
@@ -36,32 +34,9 @@ func TestIntegrationTLS(t *testing.T) {
 	tier := newTier(t, cfg)
 	rec := &roundTrips{}
 	tier.client.AddHook(rec)
-	const slot, n = 2 << 20, 4
-	src := rt.NewArena(slot, n)
-	for i := range n {
-		src.Fill(int64(i), uint64(i+70))
-	}
+	const n = 4
 	keys := rt.Keys(900, n)
-	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, n))); !res.Success {
-		t.Fatalf("store %+v", res)
-	}
-	req, _ := offload.NewReqContext("tls", nil)
-	for _, k := range keys {
-		if r := rt.Resolve(t, tier, k, req); r != offload.Hit {
-			t.Fatalf("lookup %v", r)
-		}
-	}
-	dst := rt.NewArena(slot, n)
-	if res := rt.Run(t, tier, rt.LoadJob(2, dst, keys, rt.Slots(0, n), req)); !res.Success {
-		t.Fatalf("load %+v", res)
-	}
-	for i := range int64(n) {
-		a, _ := src.Slot(i)
-		b, _ := dst.Slot(i)
-		if !bytes.Equal(a, b) {
-			t.Fatalf("block %d read back other bytes", i)
-		}
-	}
+	roundTrip(t, tier, keys, 2<<20, n)
 	if st := tier.Stats(); st.Retries != 0 || st.BlocksStored != n || st.BlocksLoaded != n {
 		t.Fatalf("stats %+v: every transfer should have gone through on the first attempt", st)
 	}
