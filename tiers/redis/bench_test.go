@@ -12,8 +12,6 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
-	"github.com/kvtier/kvtier/tlsconfig"
-	"github.com/kvtier/kvtier/tlsconfig/tlstest"
 )
 
 // Throughput with 2 MiB blocks through the tier against the bare go-redis
@@ -161,20 +159,12 @@ func BenchmarkClusterThroughput(b *testing.B) {
 //
 //	go test -run '^$' -bench TLSThroughput -benchtime=40x ./tiers/redis/
 func BenchmarkTLSThroughput(b *testing.B) {
-	ca, sc, sk, cc, ck := tlstest.PKI(b, b.TempDir())
-	tc, err := tlsconfig.Client(ca, cc, ck, "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := startRedisOn(b, tc, func(port string) []string {
-		return []string{"--port", "0", "--tls-port", port, "--tls-cert-file", sc, "--tls-key-file", sk,
-			"--tls-ca-cert-file", ca, "--tls-auth-clients", "yes"}
-	})
+	srv, files, tc := startTLSRedis(b)
 	cfg := DefaultConfig()
 	cfg.Name = "bench"
 	cfg.Addr = srv.addr
 	cfg.KeyPrefix = rt.UniqueName() + ":"
-	cfg.TLS = &tlsconfig.ClientFiles{CAFile: ca, CertFile: cc, KeyFile: ck}
+	cfg.TLS = files
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	tier, err := New(context.Background(), cfg)
 	if err != nil {

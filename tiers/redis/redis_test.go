@@ -203,6 +203,20 @@ func TestMaxValueBytes(t *testing.T) {
 	}
 }
 
+// storeTwo stores two distinct blocks of slot bytes and returns them and
+// their keys.
+func storeTwo(t *testing.T, tier *Tier, slot int) (*rt.Arena, []offload.Key) {
+	t.Helper()
+	src := rt.NewArena(slot, 2)
+	src.Fill(0, 1)
+	src.Fill(1, 2)
+	keys := rt.Keys(0, 2)
+	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
+		t.Fatal(res)
+	}
+	return src, keys
+}
+
 func TestCorruptValueIsMissDeletedCounted(t *testing.T) {
 	const slot = 2048
 	cases := []struct {
@@ -222,13 +236,7 @@ func TestCorruptValueIsMissDeletedCounted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := miniredis.RunT(t)
 			tier := newTier(t, testConfig(m.Addr()))
-			src := rt.NewArena(slot, 2)
-			src.Fill(0, 1)
-			src.Fill(1, 2)
-			keys := rt.Keys(0, 2)
-			if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
-				t.Fatal(res)
-			}
+			_, keys := storeTwo(t, tier, slot)
 			tier.TakeEvents()
 			good, _ := m.Get(tier.redisKey(keys[0]))
 			other, _ := m.Get(tier.redisKey(keys[1]))
@@ -276,13 +284,7 @@ func TestOversizedValueIsMiss(t *testing.T) {
 	cfg := testConfig(m.Addr())
 	cfg.MaxValueBytes = remote.HeaderSize + slot
 	tier := newTier(t, cfg)
-	src := rt.NewArena(slot, 2)
-	src.Fill(0, 1)
-	src.Fill(1, 2)
-	keys := rt.Keys(0, 2)
-	if res := rt.Run(t, tier, rt.StoreJob(1, src, keys, rt.Slots(0, 2))); !res.Success {
-		t.Fatal(res)
-	}
+	src, keys := storeTwo(t, tier, slot)
 	good, _ := m.Get(tier.redisKey(keys[0]))
 	m.Set(tier.redisKey(keys[0]), good+"more")
 	req, _ := offload.NewReqContext("r", nil)

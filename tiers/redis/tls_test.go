@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
@@ -19,18 +20,11 @@ import (
 // lookup, a load, keyspace events); one without a client certificate, or
 // speaking plain TCP, is refused at start-up with an error that says so.
 func TestIntegrationTLS(t *testing.T) {
-	ca, sc, sk, cc, ck := tlstest.PKI(t, t.TempDir())
-	pingTLS, err := tlsconfig.Client(ca, cc, ck, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startRedisOn(t, pingTLS, func(port string) []string {
-		return []string{"--port", "0", "--tls-port", port, "--tls-cert-file", sc, "--tls-key-file", sk,
-			"--tls-ca-cert-file", ca, "--tls-auth-clients", "yes"}
-	})
+	srv, files, pingTLS := startTLSRedis(t)
+	ca := files.CAFile
 	cfg := itConfig(srv.addr)
 	cfg.KeyspaceEvents = true
-	cfg.TLS = &tlsconfig.ClientFiles{CAFile: ca, CertFile: cc, KeyFile: ck}
+	cfg.TLS = files
 	tier := newTier(t, cfg)
 	rec := &roundTrips{}
 	tier.client.AddHook(rec)
@@ -80,4 +74,22 @@ func TestIntegrationTLS(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "tls: ") || !strings.Contains(err.Error(), "/nonexistent/ca.pem") {
 		t.Errorf("a missing CA file: %v", err)
 	}
+}
+
+// startTLSRedis starts a redis-server that serves only TLS and requires
+// client certificates, and returns it, the files of a client it accepts
+// (as a tier's tls: names them) and that client's configuration.
+func startTLSRedis(t testing.TB) (*redisServer, *tlsconfig.ClientFiles, *tls.Config) {
+	t.Helper()
+	ca, sc, sk, cc, ck := tlstest.PKI(t, t.TempDir())
+	files := &tlsconfig.ClientFiles{CAFile: ca, CertFile: cc, KeyFile: ck}
+	tc, err := files.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startRedisOn(t, tc, func(port string) []string {
+		return []string{"--port", "0", "--tls-port", port, "--tls-cert-file", sc, "--tls-key-file", sk,
+			"--tls-ca-cert-file", ca, "--tls-auth-clients", "yes"}
+	})
+	return srv, files, tc
 }
