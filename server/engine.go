@@ -64,7 +64,7 @@ func (sv *service) EngineAttach(ctx context.Context, in *kvtierv1.EngineAttachRe
 	if a.SlotSize != l.RowStride {
 		return nil, toStatus(fmt.Errorf("%w: namespace %q has %d-byte slots, the engine's rows are %d bytes", ErrInvalidArgument, ns.name, a.SlotSize, l.RowStride))
 	}
-	return &kvtierv1.EngineAttachResponse{Namespace: ns.name, SlotSize: int64(a.SlotSize), NumSlots: int64(a.NumSlots), FdSocket: s.fdPath}, nil
+	return &kvtierv1.EngineAttachResponse{Namespace: ns.name, SlotSize: int64(a.SlotSize), NumSlots: int64(a.NumSlots), FdSocket: s.fdPath, Epoch: a.Epoch}, nil
 }
 
 // engineNamespace returns the namespace of layout l, creating it.
@@ -123,6 +123,11 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 	}
 	if s == nil {
 		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
+	}
+	if e := in.GetEpoch(); e != 0 && e != ns.epoch {
+		// The engine's slots and pins are another arena's: binding or
+		// unpinning them here would name this arena's slots.
+		return nil, fmt.Errorf("%w: the step is for epoch %016x of namespace %q, which is at %016x (the daemon restarted): attach again", ErrStaleEpoch, e, ns.name, ns.epoch)
 	}
 	keysOf := func(packed []byte, size uint32) ([]offload.Key, error) {
 		return packedKeys(packed, size, ns.limits.MaxKeysPerCall)

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
@@ -145,5 +148,57 @@ func TestEngineAttachLeaseStoreLookup(t *testing.T) {
 			t.Fatalf("after engine 1 ended: %v (want its 4 leased slots back, engine 2's pin kept)", p)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A restarted daemon's namespace of the same layout is another epoch: a
+// step that names the old one is refused whole, so no slot or pin of the
+// old arena is taken for one of the new.
+func TestEngineStepOfAnotherEpochIsRefused(t *testing.T) {
+	ctx := ctxT(t)
+	attach := func(sock string) (*client.Client, *kvtierv1.EngineAttachResponse) {
+		c, err := client.Dial(sock, client.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, att
+	}
+	sock1, _ := startEngineDaemon(t)
+	c1, a1 := attach(sock1)
+	_, a1b := attach(sock1)
+	if a1.GetEpoch() == 0 || a1b.GetEpoch() != a1.GetEpoch() {
+		t.Fatalf("epochs of one namespace: %x and %x, want one nonzero epoch", a1.GetEpoch(), a1b.GetEpoch())
+	}
+	sock2, _ := startEngineDaemon(t) // the daemon, restarted
+	c2, a2 := attach(sock2)
+	if a2.GetNamespace() != a1.GetNamespace() || a2.GetEpoch() == a1.GetEpoch() || a2.GetEpoch() == 0 {
+		t.Fatalf("restarted namespace %q epoch %x; the first %q epoch %x", a2.GetNamespace(), a2.GetEpoch(), a1.GetNamespace(), a1.GetEpoch())
+	}
+	step := func(c *client.Client, epoch uint64) error {
+		_, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: a2.GetNamespace(), Epoch: epoch,
+			NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "r"}}, WantFreeSlots: 1})
+		return err
+	}
+	err := step(c2, a1.GetEpoch())
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "attach again") {
+		t.Fatalf("a step of the old epoch: %v, want FAILED_PRECONDITION naming the remedy", err)
+	}
+	st, err := c2.WithNamespace(a2.GetNamespace()).Stats(ctx)
+	if err != nil || st.GetActiveRequests() != 0 || st.GetPrimary().GetPinnedSlots() != 0 {
+		t.Fatalf("the refused step left state: %v %v", st, err)
+	}
+	if err := step(c2, a2.GetEpoch()); err != nil {
+		t.Fatalf("a step of the current epoch: %v", err)
+	}
+	if err := step(c2, 0); err != nil {
+		t.Fatalf("a step without an epoch (no check): %v", err)
+	}
+	if err := step(c1, a1.GetEpoch()); err != nil {
+		t.Fatalf("the first daemon, still up, answers its own epoch: %v", err)
 	}
 }

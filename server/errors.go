@@ -31,6 +31,11 @@ var (
 	// ErrArenaNotShared: the arena cannot be mapped by another process
 	// (FAILED_PRECONDITION).
 	ErrArenaNotShared = errors.New("arena cannot be shared")
+	// ErrStaleEpoch: an engine step whose slots and pins belong to an
+	// earlier instance of the namespace (the daemon restarted, or the
+	// namespace was created anew): the engine must attach again
+	// (FAILED_PRECONDITION).
+	ErrStaleEpoch = errors.New("stale namespace epoch")
 	// ErrClosed: the namespace is shutting down (UNAVAILABLE).
 	ErrClosed = errors.New("daemon shutting down")
 )
@@ -57,7 +62,7 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, offload.ErrSlotOutOfRange):
 		code = codes.OutOfRange
-	case errors.Is(err, ErrProtocol), errors.Is(err, ErrArenaNotShared):
+	case errors.Is(err, ErrProtocol), errors.Is(err, ErrArenaNotShared), errors.Is(err, ErrStaleEpoch):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrClosed):
 		code = codes.Unavailable

@@ -29,7 +29,10 @@ type arenaReply struct {
 	NumSlots  int    `json:"num_slots,omitempty"`
 	Size      int64  `json:"size,omitempty"`
 	Kind      string `json:"kind,omitempty"`
-	Error     string `json:"error,omitempty"`
+	// Epoch is the namespace's (EngineAttachResponse.epoch): the arena
+	// whose descriptor this is.
+	Epoch uint64 `json:"epoch,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // serveFDs answers arena descriptor requests on the side channel (see the
@@ -72,7 +75,7 @@ func (s *Server) answerFD(c *net.UnixConn) error {
 		reply.Error = fmt.Sprintf("%v %q", ErrUnknownNamespace, name)
 	default:
 		a := ns.Arena()
-		reply.Kind, reply.SlotSize, reply.NumSlots = a.Kind, a.SlotSize, a.NumSlots
+		reply.Kind, reply.SlotSize, reply.NumSlots, reply.Epoch = a.Kind, a.SlotSize, a.NumSlots, a.Epoch
 		reply.Size = int64(a.SlotSize) * int64(a.NumSlots)
 		if a.file == nil {
 			reply.Error = fmt.Sprintf("%v: namespace %q has a %s arena; configure primary.arena kind file or memfd, or use PutBlocks/GetBlocks", ErrArenaNotShared, name, a.Kind)

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -115,7 +117,11 @@ const notLookedUp offload.LookupResult = 255
 // Namespace is one manager with its request registry. All methods are safe
 // for concurrent use; they are serialised by a mutex.
 type Namespace struct {
-	name   string
+	name string
+	// epoch tells this instance of the namespace from any other of the
+	// same name (a restarted daemon's): engines send it with every step
+	// and their workers map the arena of that epoch (engine.go).
+	epoch  uint64
 	limits Limits
 	// leases are the free slots leased to each engine session (manager
 	// mode, engine.go); guarded by mu.
@@ -165,6 +171,7 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 	}
 	ns := &Namespace{
 		name:       cfg.Name,
+		epoch:      newEpoch(),
 		limits:     limits,
 		arena:      cfg.Arena,
 		share:      cfg.Share,
@@ -639,12 +646,14 @@ type ArenaInfo struct {
 	SlotSize int
 	NumSlots int
 	Path     string
-	file     *os.File
+	// Epoch is the namespace's epoch: slots are slots of this arena.
+	Epoch uint64
+	file  *os.File
 }
 
 // Arena describes the namespace's arena.
 func (ns *Namespace) Arena() ArenaInfo {
-	info := ArenaInfo{Kind: "anonymous", SlotSize: ns.arena.SlotSize(), NumSlots: ns.arena.NumSlots()}
+	info := ArenaInfo{Kind: "anonymous", SlotSize: ns.arena.SlotSize(), NumSlots: ns.arena.NumSlots(), Epoch: ns.epoch}
 	if ns.share != nil {
 		info.Kind = ns.share.Kind()
 		info.Path = ns.sharePath
@@ -699,4 +708,17 @@ func (ns *Namespace) Close(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// newEpoch draws a namespace epoch: random, so that no two instances of
+// a namespace (across restarts of the daemon) share one, and never 0,
+// which engines send for "no check".
+func newEpoch() uint64 {
+	for {
+		var b [8]byte
+		rand.Read(b[:]) // never fails (crypto/rand)
+		if e := binary.LittleEndian.Uint64(b[:]); e != 0 {
+			return e
+		}
+	}
 }

@@ -4488,7 +4488,12 @@ type EngineAttachResponse struct {
 	SlotSize  int64                  `protobuf:"varint,2,opt,name=slot_size,json=slotSize,proto3" json:"slot_size,omitempty"`
 	NumSlots  int64                  `protobuf:"varint,3,opt,name=num_slots,json=numSlots,proto3" json:"num_slots,omitempty"`
 	// The arena side channel (GetArenaResponse.fd_socket).
-	FdSocket      string `protobuf:"bytes,4,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	FdSocket string `protobuf:"bytes,4,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	// The namespace's epoch: a random number drawn when the daemon creates
+	// the namespace, so a restarted daemon's namespace of the same name has
+	// another. Slots are slots of one epoch's arena: the engine sends it
+	// with every EngineStep, and its workers map the arena of that epoch.
+	Epoch         uint64 `protobuf:"fixed64,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4549,6 +4554,13 @@ func (x *EngineAttachResponse) GetFdSocket() string {
 		return x.FdSocket
 	}
 	return ""
+}
+
+func (x *EngineAttachResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type EngineNewRequest struct {
@@ -4760,8 +4772,13 @@ type EngineStepRequest struct {
 	ResetCache          bool     `protobuf:"varint,10,opt,name=reset_cache,json=resetCache,proto3" json:"reset_cache,omitempty"`
 	ScheduledRequestIds []string `protobuf:"bytes,11,rep,name=scheduled_request_ids,json=scheduledRequestIds,proto3" json:"scheduled_request_ids,omitempty"`
 	PreemptedRequestIds []string `protobuf:"bytes,12,rep,name=preempted_request_ids,json=preemptedRequestIds,proto3" json:"preempted_request_ids,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The epoch of the attach this step's slots and pins came from
+	// (EngineAttachResponse.epoch): a step of another epoch is refused whole
+	// (FAILED_PRECONDITION), since its slots name another arena's. 0 skips
+	// the check.
+	Epoch         uint64 `protobuf:"fixed64,13,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineStepRequest) Reset() {
@@ -4876,6 +4893,13 @@ func (x *EngineStepRequest) GetPreemptedRequestIds() []string {
 		return x.PreemptedRequestIds
 	}
 	return nil
+}
+
+func (x *EngineStepRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type EngineLookupResult struct {
@@ -5341,12 +5365,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"\x15\n" +
 	"\x13RegionDrainResponse\"-\n" +
 	"\x13EngineAttachRequest\x12\x16\n" +
-	"\x06layout\x18\x01 \x01(\tR\x06layout\"\x8b\x01\n" +
+	"\x06layout\x18\x01 \x01(\tR\x06layout\"\xa1\x01\n" +
 	"\x14EngineAttachResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tslot_size\x18\x02 \x01(\x03R\bslotSize\x12\x1b\n" +
 	"\tnum_slots\x18\x03 \x01(\x03R\bnumSlots\x12\x1b\n" +
-	"\tfd_socket\x18\x04 \x01(\tR\bfdSocket\"_\n" +
+	"\tfd_socket\x18\x04 \x01(\tR\bfdSocket\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x06R\x05epoch\"_\n" +
 	"\x10EngineNewRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12,\n" +
@@ -5365,7 +5390,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"packedKeys\x12\x19\n" +
 	"\bkey_size\x18\x03 \x01(\rR\akeySize\x12\x14\n" +
 	"\x05slots\x18\x04 \x03(\x03R\x05slots\x12\x18\n" +
-	"\asuccess\x18\x05 \x01(\bR\asuccess\"\xb8\x04\n" +
+	"\asuccess\x18\x05 \x01(\bR\asuccess\"\xce\x04\n" +
 	"\x11EngineStepRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12>\n" +
 	"\fnew_requests\x18\x02 \x03(\v2\x1b.kvtier.v1.EngineNewRequestR\vnewRequests\x12-\n" +
@@ -5380,7 +5405,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	" \x01(\bR\n" +
 	"resetCache\x122\n" +
 	"\x15scheduled_request_ids\x18\v \x03(\tR\x13scheduledRequestIds\x122\n" +
-	"\x15preempted_request_ids\x18\f \x03(\tR\x13preemptedRequestIds\"_\n" +
+	"\x15preempted_request_ids\x18\f \x03(\tR\x13preemptedRequestIds\x12\x14\n" +
+	"\x05epoch\x18\r \x01(\x06R\x05epoch\"_\n" +
 	"\x12EngineLookupResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
