@@ -111,8 +111,8 @@ func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepReques
 }
 
 // EngineStep runs one engine step (see the package's manager-mode notes):
-// requests, unpins, stores, touches, lookups, finishes and returned slots
-// in that order, then the manager's step end, the lease top-up and the
+// requests, unpins, stores, the cache reset, touches, lookups, finishes
+// and returned slots in that order, then the manager's step end, the lease top-up and the
 // step's events. An entry that names an unknown request or a slot not
 // leased to the session is skipped with a warning in the answer: one bad
 // entry must not cost the engine its step.
@@ -191,6 +191,14 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 			warn("store for %q: %v", st.GetRequestId(), err)
 		}
 	}
+	// vLLM resets between steps, so the reset comes before the lookups
+	// of the step after it: a block the reset drops is not leased to them.
+	// Blocks held through pins (loads in flight) survive it.
+	if in.GetResetCache() {
+		if err := ns.mgr.Reset(context.Background()); err != nil {
+			warn("reset: %v", err)
+		}
+	}
 	for _, t := range in.GetTouches() {
 		keys, err := keysOf(t.GetPackedKeys(), t.GetKeySize())
 		if err != nil {
@@ -255,11 +263,6 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 			for _, sl := range ret {
 				delete(leases, sl)
 			}
-		}
-	}
-	if in.GetResetCache() {
-		if err := ns.mgr.Reset(context.Background()); err != nil {
-			warn("reset: %v", err)
 		}
 	}
 	ns.mgr.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: scoped(s, in.GetScheduledRequestIds()), PreemptedReqIDs: scoped(s, in.GetPreemptedRequestIds())})

@@ -202,3 +202,45 @@ func TestEngineStepOfAnotherEpochIsRefused(t *testing.T) {
 		t.Fatalf("the first daemon, still up, answers its own epoch: %v", err)
 	}
 }
+
+// vLLM resets its cache between steps, so a reset and the next step's
+// lookups travel in one EngineStep: the reset comes first, and a block it
+// drops is neither answered HIT nor left leased to the lookup.
+func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
+	sock, _ := startEngineDaemon(t)
+	ctx := ctxT(t)
+	c, err := client.Dial(sock, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := att.GetNamespace()
+	r1, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 1})
+	if err != nil || len(r1.GetGrantedSlots()) != 1 {
+		t.Fatalf("step 1: %v %v", r1, err)
+	}
+	k := offload.MakeKey([]byte("reset-block"), 0)
+	packed, size := pack(k)
+	if _, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+		Stores: []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots(), Success: true}},
+		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "b"}}}); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(), ResetCache: true,
+		Lookups: []*kvtierv1.EngineKeys{{RequestId: "b", PackedKeys: packed, KeySize: size}}})
+	if err != nil || len(r3.GetLookups()) != 1 {
+		t.Fatalf("reset step: %v %v", r3, err)
+	}
+	if f := r3.GetLookups()[0].GetFound()[0]; f != byte(kvtierv1.RegionFound_REGION_FOUND_MISS) {
+		t.Fatalf("a lookup after the reset in its step answered %d, want MISS", f)
+	}
+	st, err := c.WithNamespace(ns).Stats(ctx)
+	if err != nil || st.GetPrimary().GetPinnedSlots() != 0 || st.GetPrimary().GetUsedSlots() != 0 {
+		t.Fatalf("after the reset: %v %v, want no block and no pin", st.GetPrimary(), err)
+	}
+}
