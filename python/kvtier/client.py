@@ -124,6 +124,12 @@ class Client:
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            # A connection of its own: the daemon's sessions are
+            # connections (requests, pins and leased slots belong to one),
+            # and gRPC otherwise shares one connection among every channel
+            # of the process to the same address, so that two engines, or
+            # an engine's old and new attach, would be one session.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         path = _unix_path(target)
         address = "unix:" + os.path.abspath(path) if path is not None else target

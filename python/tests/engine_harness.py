@@ -149,7 +149,9 @@ class Engine:
         self.worker.start_load_kv(ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={}))
         if out.total_num_scheduled_tokens > 0:
             self._compute(out)
-            self.worker.wait_for_save()
+        # As vLLM's model runner, with or without a forward: the step's
+        # stores are queued here.
+        self.worker.wait_for_save()
         # As vLLM's KVConnectorModelRunnerMixin reports a step.
         tr = self.worker.get_transfer_results(out.finished_req_ids)
         kvo = KVConnectorOutput(
@@ -187,8 +189,22 @@ class Engine:
             "tiers": [(type(t).__name__, t.has_pending_work(), vars(t).get("_outstanding"), vars(t).get("_inflight_lookups"), vars(t).get("_finished")) for t in getattr(m, "secondary_tiers", [])],
             "manager_jobs": len(getattr(m, "_jobs", {})),
             "req_state": list(getattr(m, "_req_state", {})),
+            "waiting": [(r.request_id, str(r.status)) for r in self.scheduler.waiting],
+            "running": [r.request_id for r in self.scheduler.running],
+            "connector_jobs": {j: (st.req_id, st.is_store, st.pending_count) for j, st in self.scheduler.connector.connector_scheduler._jobs.items()},
+            "proxy": {k: v for k, v in vars(m).items() if k in ("_in_flight", "_up", "_attached", "_gen", "_outstanding")
+                      or k.startswith("_b_") and v},
+            "pending": {rid: [k.hex()[:8] for k, v in r.known.items() if type(v) is float]
+                        for rid, r in getattr(m, "_reqs", {}).items()},
         }
-        raise AssertionError(f"engine not idle after {max_steps} steps: {detail}")
+        import sys
+        import threading
+        import traceback
+
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = {f"{names.get(i)}-{i}": traceback.format_stack(f)[-6:] for i, f in sys._current_frames().items()
+                  if str(names.get(i, "")).startswith("kvtier")}
+        raise AssertionError(f"engine not idle after {max_steps} steps: {detail}; kvtier threads: {stacks}")
 
     def _block_ok(self, toks: list[int], blocks: list[int], j: int) -> bool:
         return all(torch.equal(self.gpu_block(layer, blocks[j]), block_bytes(toks[j * BLOCK:(j + 1) * BLOCK], layer, self.page))

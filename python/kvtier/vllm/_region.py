@@ -148,7 +148,9 @@ class RegionLink:
         self.path = path
         self._sock, self.region_id, self.namespace = register(path, layout, fd, timeout)
         self._timeout = timeout
-        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        # A connection of its own (see kvtier.Client): one engine, one session.
+        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.use_local_subchannel_pool", 1)]
         self._channel = grpc.insecure_channel("unix://" + path, options=opts)
         self._md = (("authorization", "Bearer " + token),) if token else None
         self._api = pb_grpc.KVTierStub(self._channel)

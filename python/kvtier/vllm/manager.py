@@ -18,6 +18,42 @@ Everything the scheduler calls is answered locally:
 The step-end call runs on a thread of its own: ``on_schedule_end`` hands it
 the step's batch and returns; its answer is applied at the next call of
 the scheduler. Nothing here blocks the scheduler thread on the daemon.
+
+The link to the daemon
+----------------------
+
+Everything the engine holds on the daemon — pins, leased slots, requests —
+belongs to one *link*: one connection (a daemon session) attached to one
+*epoch* of the namespace (a restarted daemon's namespace has another).
+Links are numbered by generation. When a step call fails (the daemon died,
+is unreachable, timed out, or forgot the namespace) the link is *down*:
+
+* lookups answer MISS at once, and a lookup the daemon has not answered
+  within ``lookup_timeout_s`` answers MISS too, so no request waits on the
+  daemon longer than that bound;
+* ``prepare_store`` answers None (vLLM keeps the blocks on the GPU and
+  counts an allocation failure);
+* loads and stores already handed to the workers finish against the
+  mapping they were prepared for: the arena's memory outlives the daemon
+  while a worker maps it, and a lookup lease's bytes are never rewritten
+  (vLLM 0.33 has no way to fail a transfer: its connector asserts every
+  job's success).
+
+The sending thread reattaches every ``reconnect_interval_s`` on a new
+connection, so the daemon sees a new session. At the next step boundary the
+scheduler switches to the new link: every request is announced again, the
+store pool is rebuilt, and every slot of the old link is forgotten; jobs of
+the old link still in flight are *stale* and are never committed to the new
+one. The old connection stays open until its stale jobs have completed, so
+that a daemon that was only slow keeps their pins and slots reserved while
+a worker may still touch them. Every slot handed to a worker carries its
+epoch (``KvtierSlotSpec``); the worker maps that epoch's arena before the
+first transfer that names it and never touches the old mapping again
+(``kvtier.vllm.spec.ArenaWorker``).
+
+Switches happen only between steps (at ``on_schedule_end`` or at the first
+call of a step): within a step, a lookup HIT and the ``prepare_load`` that
+follows it always see the same link.
 """
 
 from __future__ import annotations
@@ -26,6 +62,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Collection, Iterable
@@ -37,24 +74,71 @@ log = logging.getLogger("kvtier.vllm")
 _ABSENT = object()
 _HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
 _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
+_WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
+
+
+# A request's known state of a key: an int is a leased HIT's slot; False a
+# miss; a float the monotonic deadline of a lookup in flight (past it, the
+# key answers MISS).
 
 
 def _is_slot(v: Any) -> bool:
     """Whether a known-state value is a leased HIT's slot (not a miss,
     not pending; slot 0 included)."""
-    return v is not None and v is not False and v is not _ABSENT
+    return type(v) is int
+
+
+def _is_pending(v: Any) -> bool:
+    return type(v) is float
 
 
 @dataclass
 class _Req:
     ctx: Any
     params: str
-    # key -> slot (a leased HIT), False (miss) or None (being looked up)
     known: dict[bytes, Any] = field(default_factory=dict)
     lease_age: dict[bytes, int] = field(default_factory=dict)  # HITs not loaded yet
     loading: dict[bytes, int] = field(default_factory=dict)    # key -> pins loaded, not completed
     storing: dict[bytes, int] = field(default_factory=dict)    # key -> leased slot being written
+    # Jobs of a link that went down, not completed yet: key -> the
+    # generation of each. Their completions commit nothing.
+    stale_loading: dict[bytes, list[int]] = field(default_factory=dict)
+    stale_storing: dict[bytes, list[int]] = field(default_factory=dict)
     finished: bool = False
+
+
+@dataclass
+class _Link:
+    """One attach: a connection (a daemon session) and the epoch of the
+    namespace it attached to."""
+
+    gen: int
+    client: Any
+    namespace: str
+    epoch: int
+    num_slots: int
+
+
+@dataclass
+class _Answer:
+    gen: int
+    req: Any
+    lookups: dict[str, list[bytes]]
+    rep: Any = None          # the EngineStepResponse
+    err: BaseException | None = None
+    stale: bool = False      # not sent: its link was down already
+
+
+@dataclass
+class _Attached:
+    link: _Link
+    old_client: Any
+    down_for: float
+
+
+@dataclass
+class _Close:
+    clients: list[Any]
 
 
 class KvtierProxyManager(vc.OffloadingManager):
@@ -63,30 +147,56 @@ class KvtierProxyManager(vc.OffloadingManager):
 
         self._pb = pb
         self._spec = spec
-        self._client = spec.client()
-        self._ns = spec.namespace
         self._lease_steps = spec._lease_steps
         self._min_free = min(spec._min_free, max(spec.num_chunks // 4, 1))
         self._timeout = spec._timeout
+        self._lookup_timeout = spec._lookup_timeout
+        self._reconnect_interval = spec._reconnect_interval
+        self._target = spec._target
         self._reqs: dict[str, _Req] = {}
         self._pool: list[int] = []
         self._stored_recent: deque[int] = deque(maxlen=16)  # blocks stored per step
         self._events: list[Any] = []
         self._events_on = vc.events_enabled(spec)
         self._reset = False
-        # Keys of each request's lookups in flight, in the order they were
-        # sent: an answer's found bytes are co-indexed with them.
-        self._plk: dict[str, deque[list[bytes]]] = {}
+        # The scheduler's view of the link: the generation its batches are
+        # for, the epoch its slots belong to, whether it is up.
+        link = _Link(1, spec.client(), spec.namespace, spec.epoch, spec.num_chunks)
+        self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
+        self._up = True
+        self._invalidated = True  # nothing of a down link is left to drop
+        self._attached: _Attached | None = None  # a new link, switched to between steps
+        self._in_step = False
+        self._now = time.monotonic()
+        # Keys of loads and stores handed to workers and not completed, by
+        # link generation; the connections of earlier links stay open until
+        # theirs are done (a worker may still touch their slots).
+        self._outstanding: dict[int, int] = {}
+        self._old_clients: dict[int, Any] = {}
+        # Jobs in flight at a cache reset, which vLLM never completes:
+        # (generation, request id, load pins, store slots), released by
+        # on_reset_flushed.
+        self._fenced: list[tuple[int, str, dict[bytes, int], dict[bytes, int]]] = []
+        # Counters (get_stats and tests): lookups answered MISS past the
+        # bound, outages, reattaches.
+        self.late_lookups = 0
+        self.outages = 0
+        self.reattaches = 0
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._in_flight = 0
-        self._thread = threading.Thread(target=self._send_loop, name="kvtier-step", daemon=True)
+        self._thread = threading.Thread(target=self._send_loop, args=(link,), name="kvtier-step", daemon=True)
         self._thread.start()
-        # A first pool of store slots before the first step.
-        self._apply(self._call(self._take_batch(want=self._min_free)))
+        # A first pool of store slots before the first step (bounded by
+        # the call timeout; a daemon gone by now leaves the link down).
+        self._post(want=self._min_free)
+        try:
+            self._handle(self._answers.get(timeout=self._timeout + 1.0))
+        except queue.Empty:
+            pass
 
     # -- the step-end call --------------------------------------------------
 
@@ -99,10 +209,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._b_finished: list[str] = []
         self._b_return: list[int] = []
 
-    def _take_batch(self, want: int, scheduled: Collection[str] = (), preempted: Collection[str] = ()) -> Any:
+    def _post(self, want: int, scheduled: Collection[str] = (), preempted: Collection[str] = ()) -> None:
+        """Hands the batch to the sending thread and starts a new one."""
         pb = self._pb
         req = pb.EngineStepRequest(
-            namespace=self._ns, want_free_slots=want, finished_request_ids=self._b_finished,
+            namespace=self._ns, epoch=self._epoch, want_free_slots=want, finished_request_ids=self._b_finished,
             return_slots=self._b_return, reset_cache=self._reset,
             scheduled_request_ids=list(scheduled), preempted_request_ids=list(preempted),
         )
@@ -116,71 +227,137 @@ class KvtierProxyManager(vc.OffloadingManager):
             req.touches.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         for rid, keys in self._b_lookups.items():
             req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
+        lookups = self._b_lookups
         self._reset = False
         self._new_batch()
-        return req
+        self._in_flight += 1
+        self._out.put((self._gen, req, lookups))
 
-    def _call(self, req: Any) -> Any:
-        try:
-            return self._client.stub.EngineStep(req, timeout=self._timeout, metadata=self._client._md)
-        except Exception as e:  # noqa: BLE001 - a failed step must not kill the scheduler
-            log.warning("kvtier: step call failed: %s", e)
-            return e
+    # -- the sending thread -------------------------------------------------
 
-    def _send_loop(self) -> None:
+    def _send_loop(self, link: _Link | None) -> None:
         while True:
-            req = self._out.get()
-            if req is None:
-                return
-            self._answers.put((req, self._call(req)))
+            item = self._out.get()
+            if item is None:
+                break
+            if isinstance(item, _Close):
+                _close_all(item.clients)
+                continue
+            gen, req, lookups = item
+            if link is None or gen != link.gen:
+                self._answers.put(_Answer(gen, req, lookups, stale=True))
+                continue
+            try:
+                rep = link.client.stub.EngineStep(req, timeout=self._timeout, metadata=link.client._md)
+            except Exception as e:  # noqa: BLE001 - a failed step must not kill the scheduler
+                self._answers.put(_Answer(gen, req, lookups, err=e))
+                link = self._reattach(link, e)
+                continue
+            self._answers.put(_Answer(gen, req, lookups, rep=rep))
+        if link is not None:
+            _close_all([link.client])
+
+    def _reattach(self, old: _Link, err: BaseException) -> _Link | None:
+        """Attaches again every reconnect_interval_s until it succeeds
+        (returns the new link) or the manager shuts down (None). Batches
+        that arrive meanwhile are answered stale."""
+        t0 = time.monotonic()
+        log.warning("kvtier: the daemon at %s did not answer a step (%s): lookups answer MISS and stores are skipped "
+                    "until it is back; attaching again every %.1fs", self._target, _err_text(err), self._reconnect_interval)
+        next_try = t0 + self._reconnect_interval
+        next_warn = t0 + _WARN_EVERY
+        while True:
+            try:
+                item = self._out.get(timeout=max(next_try - time.monotonic(), 0.0))
+            except queue.Empty:
+                item = _ABSENT
+            if item is None:
+                self._out.put(None)
+                _close_all([old.client])
+                return None
+            if isinstance(item, _Close):
+                _close_all(item.clients)
+                continue
+            if item is not _ABSENT:
+                gen, req, lookups = item
+                self._answers.put(_Answer(gen, req, lookups, stale=True))
+                continue
+            try:
+                link = self._attach(old.gen + 1)
+            except Exception as e:  # noqa: BLE001
+                now = time.monotonic()
+                next_try = now + self._reconnect_interval
+                log.debug("kvtier: attach to %s: %s", self._target, _err_text(e))
+                if now >= next_warn:
+                    next_warn = now + _WARN_EVERY
+                    log.warning("kvtier: the daemon at %s is still unreachable after %.0fs: %s", self._target, now - t0,
+                                _err_text(e))
+                continue
+            self._answers.put(_Attached(link, old.client, time.monotonic() - t0))
+            return link
+
+    def _attach(self, gen: int) -> _Link:
+        """A new connection attached to the daemon's namespace of the
+        engine's layout (created anew by a restarted daemon)."""
+        import kvtier
+
+        spec = self._spec
+        c = kvtier.Client("unix://" + spec._path, token=spec._token)
+        try:
+            rep = c.stub.EngineAttach(self._pb.EngineAttachRequest(layout=json.dumps(spec._layout())),
+                                      timeout=self._timeout, metadata=c._md)
+            if rep.slot_size != spec.kv_bytes_per_chunk:
+                raise RuntimeError(f"namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks "
+                                   f"are {spec.kv_bytes_per_chunk} bytes")
+        except BaseException:
+            c.close()
+            raise
+        return _Link(gen, c, rep.namespace, int(rep.epoch), int(rep.num_slots))
+
+    # -- answers, applied on the scheduler thread ---------------------------
 
     def _drain(self) -> None:
         while not self._answers.empty():
-            req, rep = self._answers.get_nowait()
-            self._in_flight -= 1
-            if isinstance(rep, Exception):
-                self._failed(req)
-            else:
-                self._apply(rep)
+            self._handle(self._answers.get_nowait())
 
-    def _failed(self, req: Any) -> None:
-        """A step the daemon did not answer: its lookups are asked again;
-        its stores' slots may be gone with the daemon, so they are not
-        reused; the keys it pinned are unknown."""
-        for lk in req.lookups:
-            r = self._reqs.get(lk.request_id)
-            if r is None:
-                continue
-            n = lk.key_size
-            for i in range(0, len(lk.packed_keys), n):
-                k = lk.packed_keys[i:i + n]
-                if r.known.get(k, _ABSENT) is None:
-                    del r.known[k]
-
-    def _apply(self, rep: Any) -> None:
-        if isinstance(rep, Exception):
+    def _handle(self, a: Any) -> None:
+        if isinstance(a, _Attached):
+            self._attached = a  # one reattach at a time: the sending thread waits for no other
             return
+        self._in_flight -= 1
+        if a.gen != self._gen or a.stale:
+            return
+        if a.err is not None:
+            if self._up:
+                self._up = False
+                self._invalidated = False
+                self.outages += 1
+            return
+        self._apply(a)
+
+    def _apply(self, a: _Answer) -> None:
+        rep = a.rep
         for lk in rep.lookups:
-            r = self._reqs.get(lk.request_id)
+            rid = lk.request_id
+            r = self._reqs.get(rid)
             slots = iter(lk.slots)
-            n = len(lk.found)
-            sent = self._plk.get(lk.request_id)
-            batch = sent.popleft() if sent else []
-            for i in range(min(n, len(batch))):
+            batch = a.lookups.get(rid, ())
+            for i in range(min(len(lk.found), len(batch))):
                 k = batch[i]
                 f = lk.found[i]
                 if f == 2:  # HIT: a lease on slot
                     slot = next(slots)
-                    if r is None or r.finished or r.known.get(k, _ABSENT) is not None:
-                        # Nobody will load it: give the pin back.
-                        self._b_unpins.setdefault(lk.request_id, []).append(k)
+                    if r is None or r.finished or not _is_pending(r.known.get(k)):
+                        # Nobody will load it (answered MISS past the
+                        # bound, or the request went): give the pin back.
+                        self._b_unpins.setdefault(rid, []).append(k)
                         continue
                     r.known[k] = slot
                     r.lease_age[k] = 0
                 elif f == 1:
-                    if r is not None and r.known.get(k, _ABSENT) is None:
+                    if r is not None and _is_pending(r.known.get(k)):
                         r.known[k] = False
-                elif r is not None and r.known.get(k, _ABSENT) is None:
+                elif r is not None and _is_pending(r.known.get(k)):
                     del r.known[k]  # unknown: asked again next time
         self._pool.extend(rep.granted_slots)
         if self._events_on:
@@ -191,6 +368,78 @@ class KvtierProxyManager(vc.OffloadingManager):
                     locality={1: vc.Locality.LOCAL, 2: vc.Locality.REMOTE}.get(e.locality)))
         for w in rep.warnings:
             log.debug("kvtier: %s", w)
+
+    # -- link switches, between steps --------------------------------------
+
+    def _step_begin(self) -> None:
+        """The first call of a step: answers that arrived between steps
+        are applied, and a down link is dropped or a new one taken."""
+        self._in_step = True
+        self._now = time.monotonic()
+        self._boundary()
+
+    def _boundary(self) -> None:
+        if not self._answers.empty():
+            self._drain()
+        if not self._up and not self._invalidated:
+            self._invalidate()
+        if self._attached is not None:
+            self._switch(self._attached)
+            self._attached = None
+
+    def _invalidate(self) -> None:
+        """Forgets everything that named the down link's slots: the pool,
+        the lookup leases and lookups in flight, the batch. Loads and stores
+        handed to workers become stale."""
+        self._invalidated = True
+        self._pool.clear()
+        self._new_batch()
+        for r in self._reqs.values():
+            self._stale(r)
+            r.known = {k: v for k, v in r.known.items() if v is False}
+            r.lease_age.clear()
+
+    def _stale(self, r: _Req) -> None:
+        """Moves a request's loads and stores in flight to its stale sets."""
+        g = self._gen
+        for k, n in r.loading.items():
+            r.stale_loading.setdefault(k, []).extend([g] * n)
+        for k in r.storing:
+            r.stale_storing.setdefault(k, []).append(g)
+        r.loading.clear()
+        r.storing.clear()
+
+    def _switch(self, a: _Attached) -> None:
+        link = a.link
+        self._old_clients[self._gen] = a.old_client
+        self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
+        self._up = True
+        self.reattaches += 1
+        # The new session knows no request: announce the live ones again
+        # (their lookups start afresh: misses are asked again too).
+        for rid, r in list(self._reqs.items()):
+            r.known.clear()
+            if r.finished:
+                self._maybe_forget(r)
+            else:
+                self._b_new.append((rid, r.params))
+        log.warning("kvtier: attached again to %s after %.1fs (namespace %s, epoch %016x, %d slots)", self._target,
+                    a.down_for, link.namespace, link.epoch, link.num_slots)
+        self._close_old()
+
+    def _close_old(self) -> None:
+        done = [g for g in self._old_clients if not self._outstanding.get(g)]
+        if done:
+            self._out.put(_Close([self._old_clients.pop(g) for g in done]))
+
+    def _done(self, gen: int, n: int = 1) -> None:
+        left = self._outstanding.get(gen, 0) - n
+        if left > 0:
+            self._outstanding[gen] = left
+            return
+        self._outstanding.pop(gen, None)
+        if gen in self._old_clients:
+            self._close_old()
 
     # -- OffloadingManager --------------------------------------------------
 
@@ -213,55 +462,92 @@ class KvtierProxyManager(vc.OffloadingManager):
         return vc.RequestOffloadingContext()
 
     def lookup(self, key: Any, req_context: Any) -> Any:
-        if not self._answers.empty():
+        if not self._in_step:
+            self._step_begin()
+        elif not self._answers.empty():
             self._drain()
         r = self._reqs.get(req_context.req_id)
         if r is None:
             r = self._req(req_context)
         st = r.known.get(key, _ABSENT)
+        if type(st) is int:
+            return _HIT
+        if st is False or not self._up:
+            return _MISS
         if st is _ABSENT:
-            r.known[key] = None
+            r.known[key] = self._now + self._lookup_timeout
             if (b := self._b_lookups.get(req_context.req_id)) is None:
                 self._b_lookups[req_context.req_id] = [key]
             else:
                 b.append(key)
             return _RETRY
-        if st is None:
-            return _RETRY
-        return _MISS if st is False else _HIT
+        if self._now > st:
+            # The daemon has not answered within the bound: a miss (its
+            # answer, if it comes, gives the pin back).
+            r.known[key] = False
+            self.late_lookups += 1
+            return _MISS
+        return _RETRY
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+        from kvtier.vllm.spec import KvtierSlotSpec
+
         r = self._req(req_context)
         slots = []
         for k in keys:
             slot = r.known.get(k)
-            if slot is None or slot is False:
+            if type(slot) is not int:
                 raise RuntimeError(f"kvtier: prepare_load of key {bytes(k).hex()} that did not answer HIT")
             slots.append(slot)
             r.lease_age.pop(k, None)
             r.loading[k] = r.loading.get(k, 0) + 1
-        return vc.CPULoadStoreSpec(slots)
+        self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(slots)
+        return KvtierSlotSpec(slots, self._epoch)
 
     def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
         r = self._reqs.get(req_context.req_id)
-        unpins = self._b_unpins.setdefault(req_context.req_id, [])
+        if r is None:
+            return
+        unpins = None
         for k in keys:
+            if self._stale_done(r.stale_loading, k):
+                continue  # its pin went with the old link
+            n = r.loading.get(k)
+            if n is None:
+                continue
+            self._done(self._gen)
+            if unpins is None:
+                unpins = self._b_unpins.setdefault(req_context.req_id, [])
             unpins.append(k)
-            if r is not None and k in r.loading:
-                if r.loading[k] <= 1:
-                    del r.loading[k]
-                    # The pin is going: a later lookup asks the daemon again.
-                    r.known.pop(k, None)
-                else:
-                    r.loading[k] -= 1
+            if n <= 1:
+                del r.loading[k]
+                # The pin is going: a later lookup asks the daemon again.
+                r.known.pop(k, None)
+            else:
+                r.loading[k] = n - 1
+        self._maybe_forget(r)
+
+    def _stale_done(self, stale: dict[bytes, list[int]], k: bytes) -> bool:
+        gens = stale.get(k)
+        if gens is None:
+            return False
+        g = gens.pop()
+        if not gens:
+            del stale[k]
+        self._done(g)
+        return True
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
-        if keys:
+        if keys and self._up:
             self._b_touches.setdefault(req_context.req_id, []).extend(keys)
 
     def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
-        if not self._answers.empty():
+        if not self._in_step:
+            self._step_begin()
+        elif not self._answers.empty():
             self._drain()
+        if not self._up:
+            return None  # vLLM keeps the blocks on the GPU
         r = self._req(req_context)
         # A key this request holds a lease on is in the primary already.
         to_store = [k for k in keys if not _is_slot(r.known.get(k)) and k not in r.storing]
@@ -272,7 +558,10 @@ class KvtierProxyManager(vc.OffloadingManager):
             r.storing[k] = s
         if to_store:
             self._stored_recent.append(len(to_store))
-        return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=vc.CPULoadStoreSpec(slots), evicted_keys=[])
+            self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(to_store)
+        from kvtier.vllm.spec import KvtierSlotSpec
+
+        return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
     def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
         r = self._reqs.get(req_context.req_id)
@@ -280,8 +569,11 @@ class KvtierProxyManager(vc.OffloadingManager):
             return
         ks, ss = [], []
         for k in keys:
+            if self._stale_done(r.stale_storing, k):
+                continue  # its slot was the old link's
             s = r.storing.pop(k, None)
             if s is not None:
+                self._done(self._gen)
                 ks.append(k)
                 ss.append(s)
         if ks:
@@ -303,12 +595,17 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._maybe_forget(r)
 
     def _maybe_forget(self, r: _Req) -> None:
-        if r.finished and not r.storing and not r.loading:
+        if r.finished and not (r.storing or r.loading or r.stale_loading or r.stale_storing):
             self._reqs.pop(r.ctx.req_id, None)
 
     def on_schedule_end(self, context: Any) -> None:
-        if not self._answers.empty():
-            self._drain()
+        self._in_step = False
+        self._boundary()
+        if not self._up:
+            # Nothing reaches a down link: what the step produced named its
+            # session, which is gone or abandoned.
+            self._new_batch()
+            return
         # Age the lookup leases; release those unused for lease_steps.
         for rid, r in self._reqs.items():
             if not r.lease_age:
@@ -327,22 +624,21 @@ class KvtierProxyManager(vc.OffloadingManager):
         if len(self._pool) > 2 * want:
             self._b_return.extend(self._pool[want:])
             del self._pool[want:]
-        sent = self._plk
-        for rid, keys in self._b_lookups.items():
-            sent.setdefault(rid, deque()).append(keys)
-        batch = self._take_batch(want=max(want - len(self._pool), 0) + len(self._pool),
-                                 scheduled=context.new_req_ids, preempted=context.preempted_req_ids)
-        self._in_flight += 1
-        self._out.put(batch)
+        self._post(want=max(want - len(self._pool), 0) + len(self._pool),
+                   scheduled=context.new_req_ids, preempted=context.preempted_req_ids)
 
     def has_pending_work(self) -> bool:
         if not self._answers.empty():
             self._drain()
+        if self._attached is not None:
+            return True  # a step switches to the new link
+        if not self._up:
+            return self._in_flight > 0
         # Anything for the daemon not sent yet, a step not answered yet, or
         # a lookup not answered yet keeps vLLM stepping.
         return (self._in_flight > 0 or bool(self._b_lookups or self._b_stores or self._b_unpins or self._b_finished
                                             or self._b_new or self._b_return)
-                or any(None in r.known.values() for r in self._reqs.values()))
+                or any(_is_pending(v) for r in self._reqs.values() for v in r.known.values()))
 
     def take_events(self) -> Iterable[Any]:
         if not self._answers.empty():
@@ -351,16 +647,63 @@ class KvtierProxyManager(vc.OffloadingManager):
         return out
 
     def reset_cache(self) -> None:
+        """vLLM's cache reset: the daemon drops every block no one holds,
+        and the lookup leases go back. vLLM never completes the jobs in
+        flight at a reset; their pins and slots are given back once the
+        workers have reported them (on_reset_flushed)."""
         self._reset = True
-        for r in self._reqs.values():
-            for k in [k for k, v in r.known.items() if v is False]:
-                del r.known[k]
+        for rid, r in self._reqs.items():
+            if r.lease_age:
+                self._b_unpins.setdefault(rid, []).extend(r.lease_age)
+            r.lease_age.clear()
+            r.known.clear()
+            if r.loading or r.storing:
+                self._fenced.append((self._gen, rid, dict(r.loading), dict(r.storing)))
+            for stale in (r.stale_loading, r.stale_storing):
+                for k, gens in stale.items():
+                    for g in gens:
+                        self._fenced.append((g, rid, {k: 1}, {}) if stale is r.stale_loading else (g, rid, {}, {k: -1}))
+            r.loading.clear()
+            r.storing.clear()
+            r.stale_loading.clear()
+            r.stale_storing.clear()
+        for r in list(self._reqs.values()):
+            self._maybe_forget(r)
+
+    def on_reset_flushed(self) -> None:
+        """The workers reported every job in flight at the last reset: the
+        pins its loads held and the slots its stores wrote go back (to a
+        link that is still the current one; an earlier link's session is
+        closed once nothing of it is outstanding)."""
+        fenced, self._fenced = self._fenced, []
+        for g, rid, loading, storing in fenced:
+            if g == self._gen and self._up:
+                if loading:
+                    self._b_unpins.setdefault(rid, []).extend(k for k, n in loading.items() for _ in range(n))
+                if storing:
+                    self._b_stores.append((rid, list(storing), list(storing.values()), False))
+            self._done(g, sum(loading.values()) + len(storing))
 
     def shutdown(self) -> None:
         self._out.put(None)
         self._thread.join(self._timeout)
+        _close_all(self._old_clients.values())
+        self._old_clients = {}
+
+
+def _close_all(clients: Iterable[Any]) -> None:
+    for c in clients:
         try:
-            self._client.close()
+            c.close()
         except Exception:  # noqa: BLE001
             pass
 
+
+def _err_text(e: BaseException) -> str:
+    code = getattr(e, "code", None)
+    if callable(code):
+        try:
+            return f"{code().name}: {e.details()}"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001
+            pass
+    return str(e) or type(e).__name__

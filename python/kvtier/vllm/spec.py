@@ -9,14 +9,16 @@ into, shared by every engine attached to the daemon with the same layout.
 The spec computes vLLM's chunk layout from the engine's config, attaches
 to (or has the daemon create) the namespace whose slots fit it, and maps
 the daemon's arena. get_manager() returns KvtierProxyManager, which talks
-to the daemon once per step, off the scheduler thread; get_worker() copies
-with vLLM's CPUOffloadingWorker on CUDA/XPU, with HostCopyWorker on the CPU
-backend.
+to the daemon once per step, off the scheduler thread; get_worker() returns
+an ArenaWorker, which copies with vLLM's CPUOffloadingWorker on CUDA/XPU and
+with HostCopyWorker on the CPU backend, through the arena of the epoch each
+transfer names (a restarted daemon's arena is another; see manager.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 from typing import Any
@@ -26,6 +28,10 @@ from kvtier.vllm import _region
 
 PAGESIZE = mmap.PAGESIZE
 
+log = logging.getLogger("kvtier.vllm")
+
+_KEYS = ("target", "token", "timeout_s", "lookup_timeout_s", "reconnect_interval_s", "lease_steps", "min_free_slots")
+
 
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
@@ -33,21 +39,26 @@ def _round_up(n: int, to: int) -> int:
 
 class KvtierOffloadingSpec(vc.OffloadingSpec):
     """Keys of ``kv_connector_extra_config["kvtier"]``: ``target`` (the
-    daemon's Unix socket), ``token``, ``timeout_s`` (10), ``lease_steps``
-    (how many steps an unused lookup lease is kept, 8), ``min_free_slots``
-    (the smallest pool of leased store slots, 64)."""
+    daemon's Unix socket), ``token``, ``timeout_s`` (the bound on one call
+    to the daemon, 10), ``lookup_timeout_s`` (how long a lookup may wait for
+    the daemon's answer before it answers MISS, 1), ``reconnect_interval_s``
+    (how often to attach again while the daemon is away, 1),
+    ``lease_steps`` (how many steps an unused lookup lease is kept, 8),
+    ``min_free_slots`` (the smallest pool of leased store slots, 64)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         kc = dict(self.extra_config.get("kvtier") or {})
         self._target = kc.pop("target", "unix:///run/kvtier/kvtier.sock")
         self._token = kc.pop("token", None)
-        self._timeout = float(kc.pop("timeout_s", 10.0))
+        self._timeout = _positive(kc, "timeout_s", 10.0)
+        self._lookup_timeout = min(_positive(kc, "lookup_timeout_s", 1.0), self._timeout)
+        self._reconnect_interval = _positive(kc, "reconnect_interval_s", 1.0)
         self._lease_steps = int(kc.pop("lease_steps", 8))
         self._min_free = int(kc.pop("min_free_slots", 64))
         if kc:
             raise ValueError(f"kvtier spec: unknown key(s) {sorted(kc)} in kv_connector_extra_config.kvtier "
-                             "(known: target, token, timeout_s, lease_steps, min_free_slots)")
+                             f"(known: {', '.join(_KEYS)})")
         self._path = _region.unix_path(self._target)
         par = config.parallel
         self.replicated_layout = bool(config.replicated_layout)
@@ -58,7 +69,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         self._manager: Any = None
         self._worker: Any = None
         self._client: Any = None
-        self.namespace, self.num_chunks, self._fd_socket = self._attach()
+        self.namespace, self.num_chunks, self._fd_socket, self.epoch = self._attach()
 
     def _layout(self) -> dict[str, Any]:
         cfg = self.config
@@ -78,7 +89,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             "groups": [{"tokens_per_block": int(g.tokens_per_block), "layer_names": [str(n) for n in g.layer_names]} for g in cfg.groups],
         }
 
-    def _attach(self) -> tuple[str, int, str]:
+    def _attach(self) -> tuple[str, int, str, int]:
         import grpc
 
         from kvtier.v1 import kvtier_pb2 as pb
@@ -94,7 +105,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             raise RuntimeError(f"kvtier spec: the daemon at {self._target} refused the engine: {e.code().name}: {e.details()}") from e
         if rep.slot_size != self.kv_bytes_per_chunk:
             raise RuntimeError(f"kvtier spec: namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks are {self.kv_bytes_per_chunk} bytes")
-        return rep.namespace, int(rep.num_slots), rep.fd_socket
+        return rep.namespace, int(rep.num_slots), rep.fd_socket, int(rep.epoch)
 
     def client(self) -> Any:
         if self._client is None:
@@ -110,31 +121,160 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             self._manager = KvtierProxyManager(self)
         return self._manager
 
-    def arena_region(self, rank: int) -> "ArenaRegion":
-        """The daemon's arena as a vLLM region, for this worker rank."""
+    def arena_region(self, rank: int, epoch: int | None = None) -> "ArenaRegion":
+        """The daemon's arena as a vLLM region, for this worker rank; with
+        epoch, only that epoch's arena (else DaemonUnavailable)."""
         import kvtier
 
-        fd, _ = kvtier.receive_arena_fd(self._fd_socket, self.namespace)
-        return ArenaRegion(fd, self.num_chunks, self.kv_bytes_per_chunk, self.cpu_page_size_per_worker, rank)
+        try:
+            fd, reply = kvtier.receive_arena_fd(self._fd_socket, self.namespace)
+        except (OSError, RuntimeError) as e:
+            raise _region.DaemonUnavailable(f"kvtier spec: no arena from the daemon at {self._target}: {e}") from e
+        got = int(reply.get("epoch") or 0)
+        if epoch is not None and got != epoch:
+            os.close(fd)
+            raise _region.DaemonUnavailable(
+                f"kvtier spec: the daemon at {self._target} serves epoch {got:016x} of namespace {self.namespace}, "
+                f"not {epoch:016x} (it restarted)")
+        try:
+            return ArenaRegion(fd, int(reply.get("num_slots") or self.num_chunks), self.kv_bytes_per_chunk,
+                               self.cpu_page_size_per_worker, rank, got)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def get_worker(self, kv_caches: Any) -> Any:
         if self._worker is None:
             rank = 0 if self.replicated_layout else self.config.parallel.rank
-            region = self.arena_region(rank)
-            try:
-                if vc.current_platform.is_cuda_alike() or vc.current_platform.is_xpu():
-                    self._worker = vc.CPUOffloadingWorker(
-                        kv_caches=kv_caches, blocks_per_chunk=self.blocks_per_chunk, num_cpu_chunks=self.num_chunks,
-                        mmap_region=region, canonical_layout=bool(getattr(self.config, "canonical_layout", False)),
-                    )
-                else:
-                    from kvtier.vllm.worker import HostCopyWorker
-
-                    self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, region)
-            except Exception:
-                region.cleanup()
-                raise
+            self._worker = ArenaWorker(self, kv_caches, rank)
         return self._worker
+
+
+def _positive(kc: dict[str, Any], key: str, default: float) -> float:
+    v = float(kc.pop(key, default))
+    if not v > 0:
+        raise ValueError(f"kvtier spec: {key} must be a positive number of seconds, not {v}")
+    return v
+
+
+class KvtierSlotSpec(vc.CPULoadStoreSpec):
+    """Slots of the daemon's arena, and the epoch of the arena they belong
+    to: a worker copies through that epoch's mapping or not at all."""
+
+    def __init__(self, block_ids: list[int], epoch: int) -> None:  # noqa: D107
+        super().__init__(block_ids)
+        self.epoch = epoch
+
+
+class ArenaWorker(vc.OffloadingWorker):
+    """vLLM's worker (or HostCopyWorker) over the daemon's arena, mapped
+    per epoch.
+
+    Every transfer's slots name the epoch of the arena they belong to
+    (KvtierSlotSpec). Before the first transfer of a new epoch the worker
+    waits for every transfer of the old mapping, unmaps it and maps the new
+    epoch's arena; no transfer touches the old mapping after that. The
+    scheduler switches links only between steps and vLLM submits a step's
+    deferred stores before its loads, so every job of an epoch reaches the
+    worker before any job of the next.
+
+    When the daemon no longer serves the epoch a transfer names (it
+    restarted again before this worker mapped it), a store is skipped —
+    its slot was never bound, nothing reads it — and a load fails loudly:
+    vLLM 0.33 cannot fail a transfer, and copying nothing would let the
+    engine compute on bytes that are not the block's."""
+
+    def __init__(self, spec: KvtierOffloadingSpec, kv_caches: Any, rank: int) -> None:  # noqa: D107
+        self._spec = spec
+        self._kv = kv_caches
+        self._rank = rank
+        self._pending: set[int] = set()
+        self._done: list[Any] = []
+        self._inner: Any = None
+        self.epoch: int | None = None
+        self.remaps = 0
+        self._map(None)
+
+    def _map(self, epoch: int | None) -> None:
+        region = self._spec.arena_region(self._rank, epoch)
+        try:
+            if vc.current_platform.is_cuda_alike() or vc.current_platform.is_xpu():
+                inner = vc.CPUOffloadingWorker(
+                    kv_caches=self._kv, blocks_per_chunk=self._spec.blocks_per_chunk, num_cpu_chunks=region.num_chunks,
+                    mmap_region=region, canonical_layout=bool(getattr(self._spec.config, "canonical_layout", False)),
+                )
+            else:
+                from kvtier.vllm.worker import HostCopyWorker
+
+                inner = HostCopyWorker(self._kv, self._spec.blocks_per_chunk, region)
+        except Exception:
+            region.cleanup()
+            raise
+        if self._inner is not None:
+            self._retire()
+            self.remaps += 1
+            log.warning("kvtier: worker rank %d maps the arena of epoch %016x (was %016x)", self._rank, region.epoch,
+                        self.epoch or 0)
+        self._inner, self.epoch = inner, region.epoch
+
+    def _retire(self) -> None:
+        """Waits for every transfer of the current mapping, keeps their
+        results, and unmaps it."""
+        inner = self._inner
+        if self._pending:
+            inner.wait(set(self._pending))
+        self._collect(inner)
+        inner.shutdown()
+        self._inner = None
+
+    def _collect(self, inner: Any) -> None:
+        for r in inner.get_finished():
+            self._pending.discard(r.job_id)
+            self._done.append(r)
+
+    def _ready(self, spec: Any) -> bool:
+        e = getattr(spec, "epoch", None)
+        if e is None or e == self.epoch:
+            return True
+        try:
+            self._map(e)
+            return True
+        except _region.DaemonUnavailable as err:
+            log.warning("kvtier: %s", err)
+            return False
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        if not self._ready(dst_spec):
+            # Never bound (its link is gone): skipping the copy loses
+            # nothing, and no one reads the slot.
+            self._done.append(vc.TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
+            return True
+        self._pending.add(job_id)
+        return self._inner.submit_store(job_id, src_spec, dst_spec)
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+        if not self._ready(src_spec):
+            raise RuntimeError(
+                f"kvtier: load job {job_id} reads slots of epoch {src_spec.epoch:016x}, whose arena is gone (the daemon "
+                "restarted twice within a step); vLLM cannot fail a transfer, and the engine must not compute on "
+                "bytes that are not the block's")
+        self._pending.add(job_id)
+        return self._inner.submit_load(job_id, src_spec, dst_spec, expedited=expedited)
+
+    def get_finished(self) -> list[Any]:
+        if self._inner is not None:
+            self._collect(self._inner)
+        out, self._done = self._done, []
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        ids = job_ids & self._pending
+        if ids and self._inner is not None:
+            self._inner.wait(ids)
+
+    def shutdown(self) -> None:
+        if self._inner is not None:
+            self._retire()
 
 
 class ArenaRegion(vc.SharedOffloadRegion):
@@ -145,9 +285,11 @@ class ArenaRegion(vc.SharedOffloadRegion):
     region methods read (pinned in tests/test_compat.py) instead of
     creating a /dev/shm file."""
 
-    def __init__(self, fd: int, num_chunks: int, row_stride: int, cpu_page_size: int, rank: int | None) -> None:  # noqa: D107
+    def __init__(self, fd: int, num_chunks: int, row_stride: int, cpu_page_size: int, rank: int | None,
+                 epoch: int = 0) -> None:  # noqa: D107
         import torch
 
+        self.epoch = epoch
         self.page_size = PAGESIZE
         self.num_chunks = num_chunks
         self._row_stride = row_stride

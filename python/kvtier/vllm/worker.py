@@ -82,6 +82,9 @@ class HostCopyWorker(vc.OffloadingWorker):
         return  # every job is finished when submitted
 
     def shutdown(self) -> None:
+        # The views export the mapping: drop them, or it cannot be unmapped.
+        self._cpu.clear()
+        self._gpu.clear()
         self._region.cleanup()
 
 
