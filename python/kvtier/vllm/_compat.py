@@ -80,7 +80,13 @@ try:
 except ImportError as e:  # pragma: no cover
     raise _fail("vLLM's offloading spec and worker API", e) from e
 
+#: Whether vLLM tells the manager when the jobs a cache reset flushed are
+#: done (OffloadingManager.on_reset_flushed, vLLM 0.33). Earlier releases
+#: flush them to the workers in the step after the reset.
+RESET_FLUSH_CALLBACK = hasattr(OffloadingManager, "on_reset_flushed")
+
 __all__ = [
+    "RESET_FLUSH_CALLBACK",
     "CPULoadStoreSpec",
     "CPUOffloadingWorker",
     "OffloadingManager",

@@ -17,7 +17,9 @@ Everything the scheduler calls is answered locally:
 
 The step-end call runs on a thread of its own: ``on_schedule_end`` hands it
 the step's batch and returns; its answer is applied at the next call of
-the scheduler. Nothing here blocks the scheduler thread on the daemon.
+the scheduler. One call is out at a time: steps that end while it is out
+add their work to the next batch, which goes when the answer is in. Nothing
+here blocks the scheduler thread on the daemon.
 
 The link to the daemon
 ----------------------
@@ -177,6 +179,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         # (generation, request id, load pins, store slots), released by
         # on_reset_flushed.
         self._fenced: list[tuple[int, str, dict[bytes, int], dict[bytes, int]]] = []
+        # Without vLLM's callback: the step ends until the flush is done
+        # (the workers finish the flushed jobs in the step after a reset).
+        self._flush_in = 0
         # Counters (get_stats and tests): lookups answered MISS past the
         # bound, outages, reattaches.
         self.late_lookups = 0
@@ -208,14 +213,16 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._b_lookups: dict[str, list[bytes]] = {}
         self._b_finished: list[str] = []
         self._b_return: list[int] = []
+        self._b_scheduled: list[str] = []
+        self._b_preempted: list[str] = []
 
-    def _post(self, want: int, scheduled: Collection[str] = (), preempted: Collection[str] = ()) -> None:
+    def _post(self, want: int) -> None:
         """Hands the batch to the sending thread and starts a new one."""
         pb = self._pb
         req = pb.EngineStepRequest(
             namespace=self._ns, epoch=self._epoch, want_free_slots=want, finished_request_ids=self._b_finished,
             return_slots=self._b_return, reset_cache=self._reset,
-            scheduled_request_ids=list(scheduled), preempted_request_ids=list(preempted),
+            scheduled_request_ids=self._b_scheduled, preempted_request_ids=self._b_preempted,
         )
         for rid, params in self._b_new:
             req.new_requests.add(request_id=rid, kv_transfer_params=params)
@@ -601,6 +608,10 @@ class KvtierProxyManager(vc.OffloadingManager):
     def on_schedule_end(self, context: Any) -> None:
         self._in_step = False
         self._boundary()
+        if self._flush_in and not vc.RESET_FLUSH_CALLBACK:
+            self._flush_in -= 1
+            if not self._flush_in:
+                self.on_reset_flushed()
         if not self._up:
             # Nothing reaches a down link: what the step produced named its
             # session, which is gone or abandoned.
@@ -624,8 +635,17 @@ class KvtierProxyManager(vc.OffloadingManager):
         if len(self._pool) > 2 * want:
             self._b_return.extend(self._pool[want:])
             del self._pool[want:]
-        self._post(want=max(want - len(self._pool), 0) + len(self._pool),
-                   scheduled=context.new_req_ids, preempted=context.preempted_req_ids)
+        if context.new_req_ids:
+            self._b_scheduled.extend(context.new_req_ids)
+        if context.preempted_req_ids:
+            self._b_preempted.extend(context.preempted_req_ids)
+        if self._in_flight:
+            # One step call at a time: while it is out, the steps' work
+            # joins the next batch. A queue of calls would grow without
+            # bound while vLLM spins on a waiting request, and a lookup
+            # would wait behind all of them.
+            return
+        self._post(want=max(want - len(self._pool), 0) + len(self._pool))
 
     def has_pending_work(self) -> bool:
         if not self._answers.empty():
@@ -637,7 +657,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         # Anything for the daemon not sent yet, a step not answered yet, or
         # a lookup not answered yet keeps vLLM stepping.
         return (self._in_flight > 0 or bool(self._b_lookups or self._b_stores or self._b_unpins or self._b_finished
-                                            or self._b_new or self._b_return)
+                                            or self._b_new or self._b_return or self._reset)
                 or any(_is_pending(v) for r in self._reqs.values() for v in r.known.values()))
 
     def take_events(self) -> Iterable[Any]:
@@ -669,6 +689,9 @@ class KvtierProxyManager(vc.OffloadingManager):
             r.stale_storing.clear()
         for r in list(self._reqs.values()):
             self._maybe_forget(r)
+        # The flush reaches the workers with the next step and is done
+        # when the one after it is scheduled.
+        self._flush_in = 2
 
     def on_reset_flushed(self) -> None:
         """The workers reported every job in flight at the last reset: the
