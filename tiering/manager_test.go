@@ -573,3 +573,33 @@ func TestReadOnlyTierGetsNoCascades(t *testing.T) {
 		t.Errorf("read-only tier not looked up: %v", got)
 	}
 }
+
+// A key asked again while an earlier tier is not sure yet counts one
+// miss for each tier that missed, when the answer is final — not one per
+// ask (a memory tier behind an fs tier counted three misses per key).
+func TestLookupCountsOneMissPerFinalAnswer(t *testing.T) {
+	f := newFixture(t)
+	f.t1.retry, f.t2.retry = true, false
+	req := reqWith("r", offload.All(), nil)
+	f.m.OnNewRequest(req)
+	for i := 0; i < 3; i++ {
+		if got := f.m.Lookup(K(7), req); got != offload.Retry {
+			t.Fatalf("ask %d: %v, want RETRY while tier 1 is not sure", i, got)
+		}
+	}
+	f.t1.retry = false
+	if got := f.m.Lookup(K(7), req); got != offload.Miss {
+		t.Fatalf("final ask: %v, want MISS", got)
+	}
+	st := f.m.Stats().Tiers
+	if st[0].Retries != 3 || st[0].Misses != 1 || st[1].Misses != 1 {
+		t.Fatalf("tier 1 retries %d misses %d, tier 2 misses %d; want 3, 1, 1", st[0].Retries, st[0].Misses, st[1].Misses)
+	}
+	// A hit in a later tier is final too (the manager promotes the
+	// block): the tiers before it missed once.
+	f.t2.blocks[K(8)] = true
+	f.m.Lookup(K(8), req)
+	if st := f.m.Stats().Tiers; st[0].Misses != 2 || st[1].Hits != 1 {
+		t.Fatalf("after the hit: tier 1 misses %d, tier 2 hits %d; want 2, 1", st[0].Misses, st[1].Hits)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -283,9 +284,14 @@ func (s *Stack) Tiers() []offload.SecondaryTier {
 // holds key; a tier the filter excludes is not called. It returns Hit and
 // the index of the first tier that holds key, Retry when no tier holds it
 // but one is not sure yet, or Miss (index -1 for both).
+//
+// A tier's miss is counted only when the answer is final (Hit or Miss): while
+// another tier is not sure yet the key is asked again, and a tier that
+// missed each time would count one miss per ask.
 func (s *Stack) Lookup(key offload.Key, req *offload.ReqContext) (offload.LookupResult, int) {
 	filter := req.LoadFilter
 	retry := false
+	var missed uint64 // tiers (by index, the first 64) that answered Miss
 	for _, ts := range s.tiers {
 		if !filter.Allows(ts.medium, ts.locality) {
 			ts.stats.SkippedByFilter++
@@ -294,6 +300,7 @@ func (s *Stack) Lookup(key offload.Key, req *offload.ReqContext) (offload.Lookup
 		switch s.tierLookup(ts, key, req) {
 		case offload.Hit:
 			ts.stats.Hits++
+			s.countMisses(missed)
 			return offload.Hit, ts.idx
 		case offload.Retry, offload.HitPending:
 			// A tier has no pending state of its own to report; treat
@@ -301,13 +308,25 @@ func (s *Stack) Lookup(key offload.Key, req *offload.ReqContext) (offload.Lookup
 			ts.stats.Retries++
 			retry = true
 		default:
-			ts.stats.Misses++
+			if ts.idx < 64 {
+				missed |= 1 << ts.idx
+			} else {
+				ts.stats.Misses++
+			}
 		}
 	}
 	if retry {
 		return offload.Retry, -1
 	}
+	s.countMisses(missed)
 	return offload.Miss, -1
+}
+
+// countMisses counts a miss for each tier of the mask (by index).
+func (s *Stack) countMisses(mask uint64) {
+	for ; mask != 0; mask &= mask - 1 {
+		s.tiers[bits.TrailingZeros64(mask)].stats.Misses++
+	}
 }
 
 // Load submits a promotion of keys from tier i into slots (co-indexed),
