@@ -244,3 +244,27 @@ func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
 		t.Fatalf("after the reset: %v %v, want no block and no pin", st.GetPrimary(), err)
 	}
 }
+
+// A daemon without a namespace of its own (primary.bytes: 0) says so
+// when asked for its default namespace, and once one engine layout has
+// attached answers for it.
+func TestStatsWithoutANamespaceOfItsOwn(t *testing.T) {
+	sock, _ := startEngineDaemon(t)
+	ctx := ctxT(t)
+	c, err := client.Dial(sock, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Stats(ctx); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no namespace yet") {
+		t.Fatalf("stats of a daemon with no namespace: %v", err)
+	}
+	att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Stats(ctx)
+	if err != nil || st.GetNamespace() != att.GetNamespace() || st.GetPrimary().GetNumSlots() != 16 {
+		t.Fatalf("stats with one engine namespace: %v %v", st, err)
+	}
+}

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -22,12 +24,31 @@ type service struct {
 func (sv *service) ns(name string) (*Namespace, error) {
 	ns, ok := sv.s.Namespace(name)
 	if !ok {
-		if name == "" {
-			return nil, fmt.Errorf("%w: no default namespace; name one of %v", ErrUnknownNamespace, sv.s.namespaceNames())
+		names := sv.allNames()
+		switch {
+		case len(names) == 0:
+			return nil, fmt.Errorf("%w: the daemon has no namespace yet (primary.bytes is 0: namespaces appear as engines attach in manager mode or register regions in tier mode)", ErrUnknownNamespace)
+		case name == "":
+			return nil, fmt.Errorf("%w: no default namespace; name one of %v", ErrUnknownNamespace, names)
 		}
-		return nil, fmt.Errorf("%w %q (have %v)", ErrUnknownNamespace, name, sv.s.namespaceNames())
+		return nil, fmt.Errorf("%w %q (have %v)", ErrUnknownNamespace, name, names)
 	}
 	return ns, nil
+}
+
+// allNames lists, quoted and sorted, the daemon's namespaces: its own,
+// the engines' and those of tier mode's regions.
+func (sv *service) allNames() []string {
+	names := sv.s.namespaceNames()
+	if sv.s.regions != nil {
+		for _, rs := range sv.s.regions.Stats(context.Background()) {
+			if q := fmt.Sprintf("%q", rs.Name); !slices.Contains(names, q) {
+				names = append(names, q)
+			}
+		}
+		slices.Sort(names)
+	}
+	return names
 }
 
 func (sv *service) NewRequest(ctx context.Context, in *kvtierv1.NewRequestRequest) (*kvtierv1.NewRequestResponse, error) {
@@ -200,9 +221,17 @@ func (sv *service) Reset(ctx context.Context, in *kvtierv1.ResetRequest) (*kvtie
 }
 
 func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtierv1.StatsResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	name := in.GetNamespace()
+	if _, ok := sv.s.Namespace(name); !ok && name == "" {
+		// No default namespace: a daemon with one namespace (one engine
+		// layout, one tier-mode layout) answers for it.
+		if names := sv.allNames(); len(names) == 1 {
+			name, _ = strconv.Unquote(names[0])
+		}
+	}
+	ns, err := sv.ns(name)
 	if err != nil {
-		if st, ok := sv.regionStats(ctx, in.GetNamespace()); ok {
+		if st, ok := sv.regionStats(ctx, name); ok {
 			return statsProto(st), nil
 		}
 		return nil, toStatus(err)
