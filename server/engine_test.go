@@ -227,7 +227,7 @@ func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
 	k := offload.MakeKey([]byte("reset-block"), 0)
 	packed, size := pack(k)
 	if _, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
-		Stores: []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots(), Success: true}},
+		Stores:      []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots(), Success: true}},
 		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "b"}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -187,82 +187,102 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEventsDrp, st.EventsDropped, n)
 		counter(descEventsSent, st.SinkEventsPublished, n)
 		counter(descBatchesDrp, st.SinkBatchesDropped, n)
-		for _, t := range st.Tiers {
-			d := tierset.Declaration{Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality}
-			l := []string{n, t.Name, t.Type, d.MediumString(), d.LocalityString()}
-			with := func(extra string) []string { return append(append([]string(nil), l...), extra) }
-			counter(descTierLookups, t.Hits, with("hit")...)
-			counter(descTierLookups, t.Misses, with("miss")...)
-			counter(descTierLookups, t.Retries, with("retry")...)
-			counter(descTierSkipped, t.SkippedByFilter, l...)
-			counter(descTierPromos, t.PromotionsOK, with("ok")...)
-			counter(descTierPromos, t.PromotionsFailed, with("failed")...)
-			counter(descTierCascades, t.CascadesOK, with("ok")...)
-			counter(descTierCascades, t.CascadesFailed, with("failed")...)
-			counter(descTierCascades, t.CascadesDropped, with("dropped")...)
-			counter(descTierCascades, t.CascadesFiltered, with("filtered")...)
-			for r, v := range t.DroppedBy {
-				counter(descTierDropped, v, with(tiering.DropReason(r).String())...)
+		collectTiers(ch, n, st.Tiers)
+	}
+	// Tier mode: the namespaces of the engines' regions have no primary
+	// here (vLLM's CPU cache is theirs), but their tiers are the daemon's.
+	if c.s.regions != nil {
+		for _, rs := range c.s.regions.Stats(context.Background()) {
+			gauge(descRequests, float64(rs.Requests), rs.Name)
+			gauge(descSessions, float64(rs.Regions), rs.Name)
+			collectTiers(ch, rs.Name, tierStatsOf(rs.Tiers, rs.TierObjects, int64(rs.RowStride)))
+		}
+	}
+}
+
+// collectTiers sends the series of namespace n's secondary tiers.
+func collectTiers(ch chan<- prometheus.Metric, n string, tiers []TierStats) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, t := range tiers {
+		d := tierset.Declaration{Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality}
+		l := []string{n, t.Name, t.Type, d.MediumString(), d.LocalityString()}
+		with := func(extra string) []string { return append(append([]string(nil), l...), extra) }
+		counter(descTierLookups, t.Hits, with("hit")...)
+		counter(descTierLookups, t.Misses, with("miss")...)
+		counter(descTierLookups, t.Retries, with("retry")...)
+		counter(descTierSkipped, t.SkippedByFilter, l...)
+		counter(descTierPromos, t.PromotionsOK, with("ok")...)
+		counter(descTierPromos, t.PromotionsFailed, with("failed")...)
+		counter(descTierCascades, t.CascadesOK, with("ok")...)
+		counter(descTierCascades, t.CascadesFailed, with("failed")...)
+		counter(descTierCascades, t.CascadesDropped, with("dropped")...)
+		counter(descTierCascades, t.CascadesFiltered, with("filtered")...)
+		for r, v := range t.DroppedBy {
+			counter(descTierDropped, v, with(tiering.DropReason(r).String())...)
+		}
+		counter(descTierRevoked, t.CascadeBlocksRevoked, l...)
+		gauge(descTierPinned, float64(t.PinnedSlots), l...)
+		gauge(descTierPinBudget, float64(t.PinBudget), l...)
+		gauge(descTierQueued, float64(t.Queued), l...)
+		gauge(descTierQueueCap, float64(t.QueueCapacity), l...)
+		counter(descTierBytes, t.BytesIn, with("in")...)
+		counter(descTierBytes, t.BytesOut, with("out")...)
+		pressure := 0.0
+		if t.UnderPressure {
+			pressure = 1
+		}
+		gauge(descTierPressure, pressure, l...)
+		if t.OccupancyBlocks >= 0 {
+			gauge(descTierBlocks, float64(t.OccupancyBlocks), l...)
+		}
+		if t.OccupancyBytes >= 0 {
+			gauge(descTierHeld, float64(t.OccupancyBytes), l...)
+		}
+		counter(descTierEvictions, t.Evictions, l...)
+		counter(descTierCorrupt, t.CorruptBlocks, l...)
+		counter(descTierCorrDel, t.CorruptDeleted, l...)
+		healthy := 1.0
+		if r := t.Remote; r != nil {
+			if !r.Healthy {
+				healthy = 0
 			}
-			counter(descTierRevoked, t.CascadeBlocksRevoked, l...)
-			gauge(descTierPinned, float64(t.PinnedSlots), l...)
-			gauge(descTierPinBudget, float64(t.PinBudget), l...)
-			gauge(descTierQueued, float64(t.Queued), l...)
-			gauge(descTierQueueCap, float64(t.QueueCapacity), l...)
-			counter(descTierBytes, t.BytesIn, with("in")...)
-			counter(descTierBytes, t.BytesOut, with("out")...)
-			pressure := 0.0
-			if t.UnderPressure {
-				pressure = 1
-			}
-			gauge(descTierPressure, pressure, l...)
-			if t.OccupancyBlocks >= 0 {
-				gauge(descTierBlocks, float64(t.OccupancyBlocks), l...)
-			}
-			if t.OccupancyBytes >= 0 {
-				gauge(descTierHeld, float64(t.OccupancyBytes), l...)
-			}
-			counter(descTierEvictions, t.Evictions, l...)
-			counter(descTierCorrupt, t.CorruptBlocks, l...)
-			counter(descTierCorrDel, t.CorruptDeleted, l...)
-			healthy := 1.0
-			if r := t.Remote; r != nil {
-				if !r.Healthy {
-					healthy = 0
+			counter(descTierLookDown, r.LookupsUnhealthy, l...)
+			counter(descTierJobsSkip, r.LoadJobsSkipped, with("load")...)
+			counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
+			counter(descTierReconRm, r.ReconciledRemovals, l...)
+			counter(descTierReconErr, r.ReconcileFailures, l...)
+			for _, nd := range r.Nodes {
+				v := 0.0
+				if nd.Healthy {
+					v = 1
 				}
-				counter(descTierLookDown, r.LookupsUnhealthy, l...)
-				counter(descTierJobsSkip, r.LoadJobsSkipped, with("load")...)
-				counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
-				counter(descTierReconRm, r.ReconciledRemovals, l...)
-				counter(descTierReconErr, r.ReconcileFailures, l...)
-				for _, nd := range r.Nodes {
-					v := 0.0
-					if nd.Healthy {
+				gauge(descTierNode, v, with(nd.Addr)...)
+				if ix := nd.Index; ix != nil {
+					v = 0
+					if ix.Current {
 						v = 1
 					}
-					gauge(descTierNode, v, with(nd.Addr)...)
-					if ix := nd.Index; ix != nil {
-						v = 0
-						if ix.Current {
-							v = 1
-						}
-						gauge(descNodeIndexed, v, with(nd.Addr)...)
-						gauge(descNodeIndexKeys, float64(ix.Blocks), with(nd.Addr)...)
-						counter(descNodeIndexGaps, uint64(ix.Gaps), with(nd.Addr)...)
-					}
+					gauge(descNodeIndexed, v, with(nd.Addr)...)
+					gauge(descNodeIndexKeys, float64(ix.Blocks), with(nd.Addr)...)
+					counter(descNodeIndexGaps, uint64(ix.Gaps), with(nd.Addr)...)
 				}
 			}
-			gauge(descTierHealthy, healthy, l...)
-			for kind, h := range map[string]*Histogram{"load": t.LoadLatency, "store": t.StoreLatency} {
-				if h == nil || len(h.Bounds) != len(h.Counts) {
-					continue
-				}
-				buckets := make(map[float64]uint64, len(h.Bounds))
-				for i, b := range h.Bounds {
-					buckets[b] = h.Counts[i]
-				}
-				ch <- prometheus.MustNewConstHistogram(descTierJobs, h.Count, h.Sum, buckets, with(kind)...)
+		}
+		gauge(descTierHealthy, healthy, l...)
+		for kind, h := range map[string]*Histogram{"load": t.LoadLatency, "store": t.StoreLatency} {
+			if h == nil || len(h.Bounds) != len(h.Counts) {
+				continue
 			}
+			buckets := make(map[float64]uint64, len(h.Bounds))
+			for i, b := range h.Bounds {
+				buckets[b] = h.Counts[i]
+			}
+			ch <- prometheus.MustNewConstHistogram(descTierJobs, h.Count, h.Sum, buckets, with(kind)...)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,14 @@ import (
 // in-memory storage tier per region namespace.
 func startRegionDaemon(t *testing.T) (sock string, svc *region.Service) {
 	t.Helper()
+	sock, svc, _ = startRegionDaemonWith(t, server.Config{})
+	return sock, svc
+}
+
+// startRegionDaemonWith starts a tier-mode daemon (no primary) from cfg,
+// whose regions and socket it sets.
+func startRegionDaemonWith(t *testing.T, cfg server.Config) (sock string, svc *region.Service, srv *server.Server) {
+	t.Helper()
 	svc, err := region.New(region.Config{
 		Tiers: func(context.Context, string, region.Layout) ([]offload.SecondaryTier, error) {
 			m, err := memory.New(memory.Config{Name: "mem", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Events: true})
@@ -39,7 +48,8 @@ func startRegionDaemon(t *testing.T) (sock string, svc *region.Service) {
 	}
 	dir := shortTempDir(t)
 	sock = filepath.Join(dir, "k.sock")
-	srv, err := server.New(server.Config{Regions: svc, UnixSocket: sock})
+	cfg.Regions, cfg.UnixSocket = svc, sock
+	srv, err = server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +57,58 @@ func startRegionDaemon(t *testing.T) (sock string, svc *region.Service) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
-	return sock, svc
+	return sock, svc, srv
+}
+
+// Tier mode's namespaces have no primary on the daemon, but their tiers
+// are the daemon's: /metrics has their series as it has an engine
+// namespace's.
+func TestRegionTiersOnMetrics(t *testing.T) {
+	sock, _, srv := startRegionDaemonWith(t, server.Config{MetricsAddr: "127.0.0.1:0"})
+	c, err := client.Dial(sock, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	f, _ := regionFile(t, 4*4096)
+	r, err := c.RegisterRegion(ctx, layoutJSON{NumBlocks: 4, RowStride: 4096, BlocksPerChunk: 1, Model: "m", DType: "float16", WorldSize: 1}, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx)
+	results, err := r.Results(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := offload.MakeKey([]byte("metrics-block"), 0)
+	if err := r.Submit(ctx, []client.RegionJob{{ID: 1, RequestID: "a", Keys: []offload.Key{k}, Slots: []int64{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := results.Recv(); err != nil || !res.GetResults()[0].GetSuccess() {
+		t.Fatalf("store result %v, %v", res, err)
+	}
+	if _, err := r.Step(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	page := scrapeURL(t, "http://"+srv.MetricsAddr()+"/metrics")
+	want := fmt.Sprintf(`kvtier_tier_cascades_total{locality="LOCAL",medium="STORAGE",namespace=%q,result="ok",tier="mem",type="memory"} 1`, r.Namespace)
+	if !strings.Contains(page, want) {
+		t.Fatalf("/metrics lacks %s:\n%s", want, grepLines(page, "kvtier_tier_cascades_total"))
+	}
+	if !strings.Contains(page, fmt.Sprintf(`kvtier_sessions{namespace=%q} 1`, r.Namespace)) {
+		t.Fatalf("/metrics lacks the region namespace's sessions:\n%s", grepLines(page, "kvtier_sessions"))
+	}
+}
+
+func grepLines(page, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 type layoutJSON struct {
