@@ -184,3 +184,26 @@ def test_arena_region_sets_every_field_vllms_region_has() -> None:
     finally:
         real.cleanup()
         ours.cleanup()
+
+
+def test_manager_mode_reattach_assumptions() -> None:
+    """What manager mode's reattach relies on (kvtier/vllm/manager.py,
+    spec.ArenaWorker), pinned against the installed vLLM:
+
+    * a step submits the stores deferred from the last step before its own
+      loads, so every job of an old epoch reaches the worker before any of
+      the next;
+    * vLLM cannot fail a transfer (it asserts every job's success), so jobs
+      in flight at a restart finish against the mapping they started in;
+    * on_schedule_end is the step's last manager call (switches happen
+      there or before the step's first lookup);
+    * vLLM 0.33 calls on_reset_flushed once a reset's jobs are done."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler, worker
+
+    src = inspect.getsource(worker.OffloadingConnectorWorker.start_kv_transfers)
+    assert src.index("_unsubmitted_store_jobs") < src.index("metadata.load_jobs"), src
+    assert "assert transfer_result.success" in inspect.getsource(worker.OffloadingConnectorWorker.get_finished)
+    build = inspect.getsource(scheduler.OffloadingConnectorScheduler._build_connector_meta)
+    tail = [ln.strip() for ln in build.rstrip().splitlines()[-3:]]
+    assert tail[-2].startswith("self.manager.on_schedule_end(") and tail[-1] == "return meta", tail
+    assert vc.RESET_FLUSH_CALLBACK == (vc.vllm_version() >= "0.33")

@@ -258,7 +258,11 @@ class KvtierProxyManager(vc.OffloadingManager):
                 rep = link.client.stub.EngineStep(req, timeout=self._timeout, metadata=link.client._md)
             except Exception as e:  # noqa: BLE001 - a failed step must not kill the scheduler
                 self._answers.put(_Answer(gen, req, lookups, err=e))
-                link = self._reattach(link, e)
+                try:
+                    link = self._reattach(link, e)
+                except Exception:  # noqa: BLE001 - this thread must outlive anything
+                    log.exception("kvtier: attaching again failed unexpectedly; the engine serves without kvtier")
+                    link = None  # every later batch is answered stale
                 continue
             self._answers.put(_Answer(gen, req, lookups, rep=rep))
         if link is not None:
