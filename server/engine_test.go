@@ -50,6 +50,18 @@ func startEngineDaemon(t *testing.T) (string, *server.Server) {
 	return sock, srv
 }
 
+// dialEngine connects to sock as one engine (one session), closed with
+// the test.
+func dialEngine(t *testing.T, sock string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(sock, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func engineLayout() string {
 	b, _ := json.Marshal(map[string]any{"row_stride": 4096, "blocks_per_chunk": 1, "model": "m", "dtype": "float16", "world_size": 1})
 	return string(b)
@@ -157,11 +169,7 @@ func TestEngineAttachLeaseStoreLookup(t *testing.T) {
 func TestEngineStepOfAnotherEpochIsRefused(t *testing.T) {
 	ctx := ctxT(t)
 	attach := func(sock string) (*client.Client, *kvtierv1.EngineAttachResponse) {
-		c, err := client.Dial(sock, client.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := dialEngine(t, sock)
 		att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
 		if err != nil {
 			t.Fatal(err)
@@ -209,11 +217,7 @@ func TestEngineStepOfAnotherEpochIsRefused(t *testing.T) {
 func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
 	sock, _ := startEngineDaemon(t)
 	ctx := ctxT(t)
-	c, err := client.Dial(sock, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialEngine(t, sock)
 	att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
 	if err != nil {
 		t.Fatal(err)
@@ -251,11 +255,7 @@ func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
 func TestStatsWithoutANamespaceOfItsOwn(t *testing.T) {
 	sock, _ := startEngineDaemon(t)
 	ctx := ctxT(t)
-	c, err := client.Dial(sock, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialEngine(t, sock)
 	if _, err := c.Stats(ctx); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no namespace yet") {
 		t.Fatalf("stats of a daemon with no namespace: %v", err)
 	}

@@ -105,6 +105,19 @@ server: {{unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_ti
 """
 
 
+def engine_daemon_config(dir: pathlib.Path, primary_bytes: str) -> str:
+    """A manager-mode daemon: each engine layout gets a primary of
+    primary_bytes, with a disk tier under dir behind it."""
+    return f"""
+namespace: {{model: unused, bytes_per_block: 4KiB}}
+primary: {{bytes: 0}}
+engines: {{primary_bytes: {primary_bytes}}}
+secondary_tiers:
+  - {{name: disk, type: fs, root_dir: {dir}/data, locality: local}}
+server: {{unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
+"""
+
+
 @pytest.fixture
 def daemon(kvtier_bin: str) -> Iterator[Daemon]:
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))  # short: socket paths are limited

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Daemon
+from conftest import Daemon, engine_daemon_config, wait_until
 
 HERE = pathlib.Path(__file__).parent
 
@@ -87,22 +87,13 @@ def test_a_real_engine_keeps_generating_through_a_daemon_restart(kvtier_bin: str
     model = d / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL))
-    daemon = Daemon(kvtier_bin, d, f"""
-namespace: {{model: unused, bytes_per_block: 4KiB}}
-primary: {{bytes: 0}}
-engines: {{primary_bytes: 256MiB}}
-secondary_tiers:
-  - {{name: disk, type: fs, root_dir: {d}/data, locality: local}}
-server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
-""").start()
+    daemon = Daemon(kvtier_bin, d, engine_daemon_config(d, "256MiB")).start()
     drv = Driver(py, mode, "unix://" + daemon.sock, model)
     try:
         first = drv.phase("first")
         ns = _namespace(daemon, mode)
         # Wait until the prompt's blocks are on disk: they must outlive
         # the daemon.
-        from conftest import wait_until
-
         wait_until(lambda: daemon.tier_stats(ns)["disk"].cascades_ok >= 1, 60, "the first prompt's blocks on disk")
         daemon.kill()
         drv.go()

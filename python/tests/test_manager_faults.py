@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import Daemon, wait_until
+from conftest import Daemon, engine_daemon_config, wait_until
 from engine_harness import BLOCK, Engine, tiny_model_dir
 
 BOUND = 0.5  # lookup_timeout_s of these engines
@@ -28,14 +28,7 @@ def prompt(seed: int, blocks: int = 4) -> list[int]:
 
 
 def daemon_at(kvtier_bin: str, d: pathlib.Path) -> Daemon:
-    return Daemon(kvtier_bin, d, f"""
-namespace: {{model: unused, bytes_per_block: 4KiB}}
-primary: {{bytes: 0}}
-engines: {{primary_bytes: 1MiB}}
-secondary_tiers:
-  - {{name: disk, type: fs, root_dir: {d}/data, locality: local}}
-server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
-""")
+    return Daemon(kvtier_bin, d, engine_daemon_config(d, "1MiB"))
 
 
 @pytest.fixture

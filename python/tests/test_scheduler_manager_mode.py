@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import Daemon
+from conftest import Daemon, engine_daemon_config
 from engine_harness import BLOCK, Engine, tiny_model_dir
 
 PROMPT = list(range(300, 300 + 4 * BLOCK + 5))
@@ -21,15 +21,7 @@ PROMPT = list(range(300, 300 + 4 * BLOCK + 5))
 @pytest.fixture
 def engine_daemon(kvtier_bin: str) -> Iterator[Daemon]:
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
-    cfg = f"""
-namespace: {{model: unused, bytes_per_block: 4KiB}}
-primary: {{bytes: 0}}
-engines: {{primary_bytes: 1MiB}}
-secondary_tiers:
-  - {{name: disk, type: fs, root_dir: {d}/data, locality: local}}
-server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
-"""
-    dm = Daemon(kvtier_bin, d, cfg).start()
+    dm = Daemon(kvtier_bin, d, engine_daemon_config(d, "1MiB")).start()
     yield dm
     dm.stop()
 
