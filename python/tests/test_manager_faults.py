@@ -160,7 +160,8 @@ def test_each_engine_is_a_session_of_its_own(daemon: Daemon) -> None:
     e1, e2 = engine(daemon, model), engine(daemon, model)
     ns = e1.manager._ns
     try:
-        assert len(e1.manager._pool) == len(e2.manager._pool) == 64
+        wait_until(lambda: (e1.step(), e2.step(), len(e1.manager._pool) == len(e2.manager._pool) == 64)[2], 20,
+                   "both engines' first pools of store slots")
         assert daemon.client(ns).stats().primary.leased_slots == 128
     finally:
         e1.shutdown()
