@@ -79,26 +79,20 @@ _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
 _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 
 
-# A request's known state of a key: an int is a leased HIT's slot; False a
-# miss; a float the monotonic deadline of a lookup in flight (past it, the
-# key answers MISS).
-
-
 def _is_slot(v: Any) -> bool:
     """Whether a known-state value is a leased HIT's slot (not a miss,
     not pending; slot 0 included)."""
-    return type(v) is int
-
-
-def _is_pending(v: Any) -> bool:
-    return type(v) is float
+    return v is not None and v is not False and v is not _ABSENT
 
 
 @dataclass
 class _Req:
     ctx: Any
     params: str
+    # key -> slot (a leased HIT), False (miss) or None (being looked up)
     known: dict[bytes, Any] = field(default_factory=dict)
+    # key -> monotonic deadline of a lookup in flight: past it, a MISS
+    asked: dict[bytes, float] = field(default_factory=dict)
     lease_age: dict[bytes, int] = field(default_factory=dict)  # HITs not loaded yet
     loading: dict[bytes, int] = field(default_factory=dict)    # key -> pins loaded, not completed
     storing: dict[bytes, int] = field(default_factory=dict)    # key -> leased slot being written
@@ -358,18 +352,22 @@ class KvtierProxyManager(vc.OffloadingManager):
                 f = lk.found[i]
                 if f == 2:  # HIT: a lease on slot
                     slot = next(slots)
-                    if r is None or r.finished or not _is_pending(r.known.get(k)):
+                    if r is None or r.finished or r.known.get(k, _ABSENT) is not None:
                         # Nobody will load it (answered MISS past the
                         # bound, or the request went): give the pin back.
                         self._b_unpins.setdefault(rid, []).append(k)
                         continue
                     r.known[k] = slot
+                    r.asked.pop(k, None)
                     r.lease_age[k] = 0
+                elif r is None or r.known.get(k, _ABSENT) is not None:
+                    continue
                 elif f == 1:
-                    if r is not None and _is_pending(r.known.get(k)):
-                        r.known[k] = False
-                elif r is not None and _is_pending(r.known.get(k)):
+                    r.known[k] = False
+                    r.asked.pop(k, None)
+                else:
                     del r.known[k]  # unknown: asked again next time
+                    r.asked.pop(k, None)
         self._pool.extend(rep.granted_slots)
         if self._events_on:
             for e in rep.events:
@@ -408,6 +406,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         for r in self._reqs.values():
             self._stale(r)
             r.known = {k: v for k, v in r.known.items() if v is False}
+            r.asked.clear()
             r.lease_age.clear()
 
     def _stale(self, r: _Req) -> None:
@@ -430,6 +429,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         # (their lookups start afresh: misses are asked again too).
         for rid, r in list(self._reqs.items()):
             r.known.clear()
+            r.asked.clear()
             if r.finished:
                 self._maybe_forget(r)
             else:
@@ -473,32 +473,36 @@ class KvtierProxyManager(vc.OffloadingManager):
         return vc.RequestOffloadingContext()
 
     def lookup(self, key: Any, req_context: Any) -> Any:
+        # Answers are applied when a step begins, not per lookup: the hot
+        # path is one dict lookup.
         if not self._in_step:
             self._step_begin()
-        elif not self._answers.empty():
-            self._drain()
         r = self._reqs.get(req_context.req_id)
         if r is None:
             r = self._req(req_context)
         st = r.known.get(key, _ABSENT)
-        if type(st) is int:
-            return _HIT
-        if st is False or not self._up:
-            return _MISS
         if st is _ABSENT:
-            r.known[key] = self._now + self._lookup_timeout
+            if not self._up:
+                return _MISS
+            r.known[key] = None
+            r.asked[key] = self._now + self._lookup_timeout
             if (b := self._b_lookups.get(req_context.req_id)) is None:
                 self._b_lookups[req_context.req_id] = [key]
             else:
                 b.append(key)
             return _RETRY
-        if self._now > st:
-            # The daemon has not answered within the bound: a miss (its
-            # answer, if it comes, gives the pin back).
-            r.known[key] = False
-            self.late_lookups += 1
-            return _MISS
-        return _RETRY
+        if st is None:
+            if not self._up:
+                return _MISS
+            if self._now > r.asked.get(key, self._now):
+                # The daemon has not answered within the bound: a miss
+                # (its answer, if it comes, gives the pin back).
+                r.known[key] = False
+                del r.asked[key]
+                self.late_lookups += 1
+                return _MISS
+            return _RETRY
+        return _MISS if st is False else _HIT
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
         from kvtier.vllm.spec import KvtierSlotSpec
@@ -507,7 +511,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         slots = []
         for k in keys:
             slot = r.known.get(k)
-            if type(slot) is not int:
+            if slot is None or slot is False:
                 raise RuntimeError(f"kvtier: prepare_load of key {bytes(k).hex()} that did not answer HIT")
             slots.append(slot)
             r.lease_age.pop(k, None)
@@ -662,7 +666,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         # a lookup not answered yet keeps vLLM stepping.
         return (self._in_flight > 0 or bool(self._b_lookups or self._b_stores or self._b_unpins or self._b_finished
                                             or self._b_new or self._b_return or self._reset)
-                or any(_is_pending(v) for r in self._reqs.values() for v in r.known.values()))
+                or any(r.asked for r in self._reqs.values()))
 
     def take_events(self) -> Iterable[Any]:
         if not self._answers.empty():
@@ -681,6 +685,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 self._b_unpins.setdefault(rid, []).extend(r.lease_age)
             r.lease_age.clear()
             r.known.clear()
+            r.asked.clear()
             if r.loading or r.storing:
                 self._fenced.append((self._gen, rid, dict(r.loading), dict(r.storing)))
             for stale in (r.stale_loading, r.stale_storing):
