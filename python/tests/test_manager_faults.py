@@ -218,11 +218,13 @@ class WorkerProbe:
         for name, arg in (("submit_store", 2), ("submit_load", 1)):
             inner = getattr(w, name)
 
-            def wrapped(*a: Any, _inner: Any = inner, _arg: int = arg, **kw: Any) -> Any:
-                skipped = len(w._done)
-                ok = _inner(*a, **kw)
-                if len(w._done) == skipped:  # handed on, not skipped
-                    check(a[_arg])
+            def wrapped(job_id: int, *a: Any, _inner: Any = inner, _arg: int = arg, **kw: Any) -> Any:
+                ok = _inner(job_id, *a, **kw)
+                # Handed on, unless skipped (a skipped store is answered at
+                # once; a remap also moves the old mapping's results there,
+                # but never this job's).
+                if not any(r.job_id == job_id for r in w._done):
+                    check(a[_arg - 1])
                 return ok
 
             setattr(w, name, wrapped)

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Iterable
 
 from kvtier.vllm import _compat as vc
+from kvtier.vllm._region import _rpc_msg
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -169,10 +170,12 @@ class KvtierProxyManager(vc.OffloadingManager):
         # theirs are done (a worker may still touch their slots).
         self._outstanding: dict[int, int] = {}
         self._old_clients: dict[int, Any] = {}
-        # Jobs in flight at a cache reset, which vLLM never completes:
-        # (generation, request id, load pins, store slots), released by
-        # on_reset_flushed.
+        # Jobs in flight at a cache reset, which vLLM never completes,
+        # released by on_reset_flushed: the current link's as (generation,
+        # request id, load pins, store slots); a down link's as their
+        # generations only (its session holds them and goes).
         self._fenced: list[tuple[int, str, dict[bytes, int], dict[bytes, int]]] = []
+        self._fenced_stale: list[int] = []
         # Without vLLM's callback: the step ends until the flush is done
         # (the workers finish the flushed jobs in the step after a reset).
         self._flush_in = 0
@@ -268,7 +271,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         that arrive meanwhile are answered stale."""
         t0 = time.monotonic()
         log.warning("kvtier: the daemon at %s did not answer a step (%s): lookups answer MISS and stores are skipped "
-                    "until it is back; attaching again every %.1fs", self._target, _err_text(err), self._reconnect_interval)
+                    "until it is back; attaching again every %gs", self._target, _rpc_msg(err), self._reconnect_interval)
         next_try = t0 + self._reconnect_interval
         next_warn = t0 + _WARN_EVERY
         while True:
@@ -292,11 +295,11 @@ class KvtierProxyManager(vc.OffloadingManager):
             except Exception as e:  # noqa: BLE001
                 now = time.monotonic()
                 next_try = now + self._reconnect_interval
-                log.debug("kvtier: attach to %s: %s", self._target, _err_text(e))
+                log.debug("kvtier: attach to %s: %s", self._target, _rpc_msg(e))
                 if now >= next_warn:
                     next_warn = now + _WARN_EVERY
                     log.warning("kvtier: the daemon at %s is still unreachable after %.0fs: %s", self._target, now - t0,
-                                _err_text(e))
+                                _rpc_msg(e))
                 continue
             self._answers.put(_Attached(link, old.client, time.monotonic() - t0))
             return link
@@ -309,11 +312,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         spec = self._spec
         c = kvtier.Client("unix://" + spec._path, token=spec._token)
         try:
-            rep = c.stub.EngineAttach(self._pb.EngineAttachRequest(layout=json.dumps(spec._layout())),
-                                      timeout=self._timeout, metadata=c._md)
-            if rep.slot_size != spec.kv_bytes_per_chunk:
-                raise RuntimeError(f"namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks "
-                                   f"are {spec.kv_bytes_per_chunk} bytes")
+            rep = spec.attach(c)
         except BaseException:
             c.close()
             raise
@@ -689,9 +688,8 @@ class KvtierProxyManager(vc.OffloadingManager):
             if r.loading or r.storing:
                 self._fenced.append((self._gen, rid, dict(r.loading), dict(r.storing)))
             for stale in (r.stale_loading, r.stale_storing):
-                for k, gens in stale.items():
-                    for g in gens:
-                        self._fenced.append((g, rid, {k: 1}, {}) if stale is r.stale_loading else (g, rid, {}, {k: -1}))
+                for gens in stale.values():
+                    self._fenced_stale.extend(gens)
             r.loading.clear()
             r.storing.clear()
             r.stale_loading.clear()
@@ -708,6 +706,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         link that is still the current one; an earlier link's session is
         closed once nothing of it is outstanding)."""
         fenced, self._fenced = self._fenced, []
+        stale, self._fenced_stale = self._fenced_stale, []
+        for g in stale:
+            self._done(g)
         for g, rid, loading, storing in fenced:
             if g == self._gen and self._up:
                 if loading:
@@ -719,6 +720,11 @@ class KvtierProxyManager(vc.OffloadingManager):
     def shutdown(self) -> None:
         self._out.put(None)
         self._thread.join(self._timeout)
+        if not self._answers.empty():
+            self._drain()
+        if self._attached is not None:  # attached again, never switched to
+            self._old_clients[self._gen] = self._attached.old_client
+            self._attached = None
         _close_all(self._old_clients.values())
         self._old_clients = {}
 
@@ -730,12 +736,3 @@ def _close_all(clients: Iterable[Any]) -> None:
         except Exception:  # noqa: BLE001
             pass
 
-
-def _err_text(e: BaseException) -> str:
-    code = getattr(e, "code", None)
-    if callable(code):
-        try:
-            return f"{code().name}: {e.details()}"  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001
-            pass
-    return str(e) or type(e).__name__

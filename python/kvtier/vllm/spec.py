@@ -90,11 +90,17 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         }
 
     def _attach(self) -> tuple[str, int, str, int]:
+        rep = self.attach(self.client())
+        return rep.namespace, int(rep.num_slots), rep.fd_socket, int(rep.epoch)
+
+    def attach(self, c: Any) -> Any:
+        """Attaches the engine's layout on connection c (the daemon creates
+        the namespace if it has none); returns the EngineAttachResponse
+        once its slots fit the engine's chunks."""
         import grpc
 
         from kvtier.v1 import kvtier_pb2 as pb
 
-        c = self.client()
         try:
             rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(self._layout())), timeout=self._timeout,
                                       metadata=c._md)
@@ -105,7 +111,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             raise RuntimeError(f"kvtier spec: the daemon at {self._target} refused the engine: {e.code().name}: {e.details()}") from e
         if rep.slot_size != self.kv_bytes_per_chunk:
             raise RuntimeError(f"kvtier spec: namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks are {self.kv_bytes_per_chunk} bytes")
-        return rep.namespace, int(rep.num_slots), rep.fd_socket, int(rep.epoch)
+        return rep
 
     def client(self) -> Any:
         if self._client is None:
