@@ -131,6 +131,34 @@ def test_a_stopped_daemon_holds_no_lookup_past_the_bound(daemon: Daemon) -> None
     assert daemon.client(m._ns).stats().primary.pinned_slots == 0
 
 
+def test_a_slow_promotion_holds_no_lookup_past_the_bound(kvtier_bin: str) -> None:
+    """The daemon answers "not sure yet" while a promotion from a slow tier
+    is in flight, step after step: the key is asked again, and the bound
+    still runs from its first ask, so the request is served (computed) at
+    the bound rather than when the tier gets round to it."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    daemon = Daemon(kvtier_bin, d, f"""
+namespace: {{model: unused, bytes_per_block: 4KiB}}
+primary: {{bytes: 0}}
+engines: {{primary_bytes: 1MiB}}
+secondary_tiers:
+  - {{name: slow, type: memory, medium: storage, locality: local, latency: 3s}}
+server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
+""").start()
+    e = engine(daemon, tiny_model_dir())
+    try:
+        m = e.manager
+        probe = Probe(e)
+        assert serve(e, "a", prompt(1)) == (0, 0)
+        wait_until(lambda: daemon.tier_stats(m._ns)["slow"].cascades_ok >= 1, 30, "the prefix on the slow tier")
+        e.reset_prefix_cache()  # the primary forgets it: only the slow tier has it
+        assert serve(e, "b", prompt(1)) == (0, 0)
+        assert m.late_lookups >= 1 and not probe.late, (m.late_lookups, probe.late)
+    finally:
+        e.shutdown()
+        daemon.stop()
+
+
 def test_two_engines_reattach_through_one_restart(kvtier_bin: str) -> None:
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
     daemon = daemon_at(kvtier_bin, d).start()

@@ -94,6 +94,10 @@ class _Req:
     known: dict[bytes, Any] = field(default_factory=dict)
     # key -> monotonic deadline of a lookup in flight: past it, a MISS
     asked: dict[bytes, float] = field(default_factory=dict)
+    # key -> the deadline of a key the daemon was not sure of yet (a
+    # promotion in flight): it is asked again, and the bound still runs
+    # from its first ask
+    retry_by: dict[bytes, float] = field(default_factory=dict)
     lease_age: dict[bytes, int] = field(default_factory=dict)  # HITs not loaded yet
     loading: dict[bytes, int] = field(default_factory=dict)    # key -> pins loaded, not completed
     storing: dict[bytes, int] = field(default_factory=dict)    # key -> leased slot being written
@@ -365,8 +369,10 @@ class KvtierProxyManager(vc.OffloadingManager):
                     r.known[k] = False
                     r.asked.pop(k, None)
                 else:
-                    del r.known[k]  # unknown: asked again next time
-                    r.asked.pop(k, None)
+                    # Not sure yet: asked again next time, within the
+                    # deadline of its first ask.
+                    del r.known[k]
+                    r.retry_by[k] = r.asked.pop(k, self._now + self._lookup_timeout)
         self._pool.extend(rep.granted_slots)
         if self._events_on:
             for e in rep.events:
@@ -406,6 +412,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             self._stale(r)
             r.known = {k: v for k, v in r.known.items() if v is False}
             r.asked.clear()
+            r.retry_by.clear()
             r.lease_age.clear()
 
     def _stale(self, r: _Req) -> None:
@@ -429,6 +436,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         for rid, r in list(self._reqs.items()):
             r.known.clear()
             r.asked.clear()
+            r.retry_by.clear()
             if r.finished:
                 self._maybe_forget(r)
             else:
@@ -483,8 +491,15 @@ class KvtierProxyManager(vc.OffloadingManager):
         if st is _ABSENT:
             if not self._up:
                 return _MISS
+            deadline = r.retry_by.pop(key, None) if r.retry_by else None
+            if deadline is None:
+                deadline = self._now + self._lookup_timeout
+            elif self._now > deadline:
+                r.known[key] = False
+                self.late_lookups += 1
+                return _MISS
             r.known[key] = None
-            r.asked[key] = self._now + self._lookup_timeout
+            r.asked[key] = deadline
             if (b := self._b_lookups.get(req_context.req_id)) is None:
                 self._b_lookups[req_context.req_id] = [key]
             else:
@@ -663,8 +678,11 @@ class KvtierProxyManager(vc.OffloadingManager):
             return self._in_flight > 0
         # Anything for the daemon not sent yet, a step not answered yet, or
         # a lookup not answered yet keeps vLLM stepping.
+        # So does a reset's flush that only step ends complete (vLLM
+        # without on_reset_flushed).
         return (self._in_flight > 0 or bool(self._b_lookups or self._b_stores or self._b_unpins or self._b_finished
                                             or self._b_new or self._b_return or self._reset)
+                or (self._flush_in > 0 and not vc.RESET_FLUSH_CALLBACK)
                 or any(r.asked for r in self._reqs.values()))
 
     def take_events(self) -> Iterable[Any]:
@@ -685,6 +703,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             r.lease_age.clear()
             r.known.clear()
             r.asked.clear()
+            r.retry_by.clear()
             if r.loading or r.storing:
                 self._fenced.append((self._gen, rid, dict(r.loading), dict(r.storing)))
             for stale in (r.stale_loading, r.stale_storing):
