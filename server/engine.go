@@ -112,10 +112,10 @@ func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepReques
 
 // EngineStep runs one engine step (see the package's manager-mode notes):
 // requests, unpins, stores, the cache reset, touches, lookups, finishes
-// and returned slots in that order, then the manager's step end, the lease top-up and the
-// step's events. An entry that names an unknown request or a slot not
-// leased to the session is skipped with a warning in the answer: one bad
-// entry must not cost the engine its step.
+// and returned slots in that order, then the manager's step end, the
+// lease top-up and the step's events. An entry that names an unknown
+// request or a slot not leased to the session is skipped with a warning
+// in the answer: one bad entry must not cost the engine its step.
 func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kvtierv1.EngineStepResponse, error) {
 	lm, ok := ns.mgr.(leaser)
 	if !ok {
