@@ -155,6 +155,7 @@ figures.`,
 	fl.BoolVar(&f.peers, "peers", false, "with a fleet: a peer tier on every node over the other nodes' primaries")
 	fl.IntVar(&f.sharedBlocks, "shared-blocks", 0, "with a fleet: one remote store of this many blocks shared by all nodes")
 	_ = cmd.MarkFlagRequired("trace") // only fails for an unknown flag name
+	cmd.AddCommand(newBenchPlotServingCmd())
 	return cmd
 }
 

@@ -112,10 +112,10 @@ func writeFleetJSON(w io.Writer, rep *fleetReport, err error) error {
 }
 
 func writeFleetPlot(name string, rep *fleetReport) error {
-	var bars []plot.FleetBar
+	var bars []plot.Bar
 	for _, r := range rep.Fleets {
 		x := r.Rates
-		bars = append(bars, plot.FleetBar{Label: r.Routing, Splits: []plot.Split{
+		bars = append(bars, plot.Bar{Label: r.Routing, Splits: []plot.Split{
 			{Label: "own DRAM", Rate: x.OwnDRAM}, {Label: "own disk", Rate: x.OwnDisk}, {Label: "own other tiers", Rate: x.OwnOther},
 			{Label: "peer", Rate: x.Peer}, {Label: "shared remote", Rate: x.Shared},
 		}})

@@ -10,6 +10,7 @@ import (
 	"image/color"
 	"io"
 	"math"
+	"sort"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -177,29 +178,50 @@ func sweepPlot(r Report) (*plot.Plot, error) {
 	return p, nil
 }
 
-// FleetBar is one bar of the fleet chart: a configuration (routing policy,
-// peers, shared store) and its hit rate split by source.
-type FleetBar struct {
+// Bar is one bar of a stacked-bar chart: a configuration and its value
+// split by source.
+type Bar struct {
 	Label  string
 	Splits []Split // the same sources, in the same order, on every bar
 }
 
+// Bars is a chart of stacked bars, one per configuration, with an
+// optional reference value drawn as a horizontal line.
+type Bars struct {
+	Title, YLabel string
+	Bars          []Bar
+	// Ref is drawn when > 0, labelled RefLabel.
+	Ref      float64
+	RefLabel string
+	// Format prints a bar's total under its label (default %.4f).
+	Format string
+}
+
 // WriteFleetPNG draws the fleet chart into w: one stacked bar per
 // configuration, with the single-node maximum as a horizontal line.
-func WriteFleetPNG(w io.Writer, title string, bars []FleetBar, maxHitRate float64, width, height vg.Length) error {
-	if len(bars) == 0 {
+func WriteFleetPNG(w io.Writer, title string, bars []Bar, maxHitRate float64, width, height vg.Length) error {
+	return WriteBarsPNG(w, Bars{Title: title, YLabel: "fleet prefix hit rate", Bars: bars, Ref: maxHitRate, RefLabel: "maximum (unbounded)"}, width, height)
+}
+
+// WriteBarsPNG draws c as a PNG of width×height points into w.
+func WriteBarsPNG(w io.Writer, c Bars, width, height vg.Length) error {
+	if len(c.Bars) == 0 {
 		return fmt.Errorf("plot: no bars")
 	}
+	format := c.Format
+	if format == "" {
+		format = "%.4f"
+	}
 	p := plot.New()
-	p.Title.Text = title
-	p.Y.Label.Text = "fleet prefix hit rate"
+	p.Title.Text = c.Title
+	p.Y.Label.Text = c.YLabel
 	p.Y.Min = 0
 	var stacked []*plotter.BarChart
-	top := maxHitRate
-	totals := make([]float64, len(bars))
-	for s := range bars[0].Splits {
-		vals := make(plotter.Values, len(bars))
-		for i, b := range bars {
+	top := c.Ref
+	totals := make([]float64, len(c.Bars))
+	for s := range c.Bars[0].Splits {
+		vals := make(plotter.Values, len(c.Bars))
+		for i, b := range c.Bars {
 			if s < len(b.Splits) {
 				vals[i] = b.Splits[s].Rate
 				totals[i] += b.Splits[s].Rate
@@ -216,26 +238,83 @@ func WriteFleetPNG(w io.Writer, title string, bars []FleetBar, maxHitRate float6
 		}
 		stacked = append(stacked, bc)
 		p.Add(bc)
-		p.Legend.Add(bars[0].Splits[s].Label, bc)
+		p.Legend.Add(c.Bars[0].Splits[s].Label, bc)
 	}
-	labels := make([]string, len(bars))
-	for i, b := range bars {
-		labels[i] = fmt.Sprintf("%s\n%.4f", b.Label, totals[i])
+	labels := make([]string, len(c.Bars))
+	for i, b := range c.Bars {
+		labels[i] = b.Label + "\n" + fmt.Sprintf(format, totals[i])
 		top = math.Max(top, totals[i])
 	}
-	if maxHitRate > 0 {
-		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: maxHitRate}, {X: float64(len(bars)) - 0.5, Y: maxHitRate}})
+	if c.Ref > 0 {
+		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: c.Ref}, {X: float64(len(c.Bars)) - 0.5, Y: c.Ref}})
 		if err != nil {
 			return fmt.Errorf("plot: %w", err)
 		}
 		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		l.Color = color.Gray{Y: 100}
 		p.Add(l)
-		p.Legend.Add(fmt.Sprintf("maximum (unbounded) %.4f", maxHitRate), l)
+		p.Legend.Add(c.RefLabel+" "+fmt.Sprintf(format, c.Ref), l)
 	}
 	p.NominalX(labels...)
+	if top <= 0 {
+		top = 1
+	}
 	p.Y.Max = top * 1.6 // room for the legend above the bars
 	p.Legend.Top = true
+	img := vgimg.New(width, height)
+	p.Draw(draw.New(img))
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
+
+// Series is one line of a CDF chart: a configuration's samples.
+type Series struct {
+	Label  string
+	Values []float64
+}
+
+// WriteCDFPNG draws the empirical CDF of each series (x: the sample
+// value, y: the share of samples at or below it) as a PNG of
+// width×height points into w.
+func WriteCDFPNG(w io.Writer, title, xlabel string, series []Series, width, height vg.Length) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = "share of requests"
+	p.Y.Min, p.Y.Max = 0, 1
+	p.X.Min = 0
+	drawn := 0
+	for i, s := range series {
+		if len(s.Values) == 0 {
+			continue
+		}
+		v := append([]float64(nil), s.Values...)
+		sort.Float64s(v)
+		xy := make(plotter.XYs, 0, 2*len(v)+1)
+		xy = append(xy, plotter.XY{X: v[0], Y: 0})
+		for j, x := range v {
+			// A step: the share jumps at each sample.
+			xy = append(xy, plotter.XY{X: x, Y: float64(j) / float64(len(v))}, plotter.XY{X: x, Y: float64(j+1) / float64(len(v))})
+		}
+		l, err := plotter.NewLine(xy)
+		if err != nil {
+			return fmt.Errorf("plot: %s: %w", s.Label, err)
+		}
+		l.Color = palette[i%len(palette)]
+		l.Width = vg.Points(1.5)
+		if i >= len(palette) {
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
+		p.Add(l)
+		p.Legend.Add(s.Label, l)
+		drawn++
+	}
+	if drawn == 0 {
+		return fmt.Errorf("plot: no samples")
+	}
+	p.Add(plotter.NewGrid())
+	p.Legend.Top = false
+	p.Legend.Left = false
 	img := vgimg.New(width, height)
 	p.Draw(draw.New(img))
 	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
