@@ -64,3 +64,34 @@ def test_two_engines_share_one_cpu_cache(engine_daemon: Daemon) -> None:
     finally:
         e1.shutdown()
         e2.shutdown()
+
+
+def test_a_prompt_larger_than_the_slot_pool_is_stored(engine_daemon: Daemon) -> None:
+    """A prompt with more blocks than the engine's pool of leased store
+    slots: its leading blocks are stored at once, the pool grows to the
+    demand, and the next such prompt is stored whole (before, every store
+    of it was refused and the pool never grew: nothing was ever offloaded)."""
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    model = tiny_model_dir()
+    cfg = {"spec_name": "KvtierOffloadingSpec", "kvtier": {"target": "unix://" + engine_daemon.sock, "min_free_slots": 1}}
+    e1, e2 = Engine(cfg, model=model), Engine(cfg, model=model)
+    try:
+        first = list(range(1000, 1000 + 8 * BLOCK + 5))
+        e1.add("a", first)
+        e1.run()
+        assert e1.manager.store_shortfalls >= 1
+        # The leading blocks that fitted are in the shared cache.
+        e2.add("a", first)
+        e2.run()
+        assert e2.reused["a"][0] >= 1, e2.reused["a"]
+        second = list(range(3000, 3000 + 8 * BLOCK + 5))
+        e1.add("b", second)
+        e1.run()
+        e2.add("b", second)
+        e2.run()
+        assert e2.reused["b"] == (8, 8), e2.reused["b"]
+    finally:
+        e1.shutdown()
+        e2.shutdown()

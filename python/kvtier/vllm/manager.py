@@ -188,6 +188,8 @@ class KvtierProxyManager(vc.OffloadingManager):
         self.late_lookups = 0
         self.outages = 0
         self.reattaches = 0
+        # prepare_store calls that wanted more leased slots than the pool had
+        self.store_shortfalls = 0
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
@@ -581,7 +583,17 @@ class KvtierProxyManager(vc.OffloadingManager):
         # A key this request holds a lease on is in the primary already.
         to_store = [k for k in keys if not _is_slot(r.known.get(k)) and k not in r.storing]
         if len(to_store) > len(self._pool):
-            return None  # no room this step; the pool grows at the step end
+            # Fewer leased slots than the step wants: the demand sizes the
+            # pool the step end asks for. The leading blocks that fit are
+            # stored now, since vLLM never offers the rest again (it moves
+            # past every key it was offered once stores start) and a
+            # request's prefix is what later requests can hit; with none
+            # leased, None makes vLLM offer them all again next step.
+            self._stored_recent.append(len(to_store))
+            self.store_shortfalls += 1
+            if not self._pool:
+                return None
+            to_store = to_store[:len(self._pool)]
         slots = [self._pool.pop() for _ in to_store]
         for k, s in zip(to_store, slots):
             r.storing[k] = s
