@@ -19,20 +19,23 @@ import (
 
 const refLeased = -2
 
-// Lease reserves up to n slots for the caller to write, evicting blocks
-// like PrepareStore when free slots are short; it returns the slots and
-// the keys it evicted. It leases fewer than n when eviction cannot make
-// room for all (blocks pinned or pending).
+// Lease reserves up to n slots for the caller to write, evicting settled
+// blocks in eviction order when free slots are short; it returns the slots
+// and the keys it evicted. Unlike PrepareStore it never revokes a
+// cascade in flight. It leases fewer than n when eviction cannot make room
+// for all (blocks pinned, pending or being cascaded).
 func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 	if n <= 0 {
 		return nil, nil
 	}
 	free := p.numFree + int(p.numSlots-p.numAllocated)
 	if need := n - free; need > 0 {
+		// Only settled blocks make room for a lease, never blocks a tier
+		// is still copying: a lease reserves room for stores that may
+		// never come, and revoking a cascade for it would lose a block
+		// the tier was about to hold, for nothing. PrepareStore, a store
+		// that is happening, may revoke.
 		avail := p.numEvictable
-		if p.revoker != nil {
-			avail += p.numRevocable
-		}
 		if need > avail {
 			need = avail
 		}
@@ -40,7 +43,7 @@ func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 			epoch := p.nextEpoch()
 			p.victims = p.victims[:0]
 			var ok bool
-			p.victims, ok = p.pol.evict(need, epoch, p.victims, p.revokeFn)
+			p.victims, ok = p.pol.evict(need, epoch, p.victims, neverRevoke)
 			if !ok {
 				p.victims = p.victims[:0]
 			}
@@ -78,6 +81,8 @@ func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 	p.numLeased += n
 	return slots, evicted
 }
+
+func neverRevoke(int32) bool { return false }
 
 // Leased reports whether slot is leased.
 func (p *Primary) Leased(slot int64) bool {

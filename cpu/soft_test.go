@@ -128,3 +128,29 @@ func TestSoftPinsStoreThatCannotFit(t *testing.T) {
 		t.Fatalf("after the failed store: %+v", st)
 	}
 }
+
+// A lease never revokes a cascade: it reserves room for stores that may
+// not come, so it evicts only settled blocks and leases fewer slots when
+// the rest are softly pinned.
+func TestLeaseLeavesSoftPinnedBlocks(t *testing.T) {
+	for _, policy := range []string{PolicyLRU, PolicyARC} {
+		t.Run(policy, func(t *testing.T) {
+			p := newPrimary(t, 3, policy)
+			storeOK(t, p, 1)
+			storeOK(t, p, 2)
+			storeOK(t, p, 3)
+			if _, err := p.PinSoft(ks(1, 2)); err != nil {
+				t.Fatal(err)
+			}
+			asked := 0
+			p.SetRevoker(func(s int64) bool { asked++; return p.UnpinSoft([]int64{s}) == nil })
+			slots, evicted := p.Lease(3)
+			if len(slots) != 1 || len(evicted) != 1 || evicted[0] != ks(3)[0] || asked != 0 {
+				t.Fatalf("lease: slots %v, evicted %v, revoker asked %d times", slots, evicted, asked)
+			}
+			if st := p.Stats(); st.Revocable != 2 || st.Revocations != 0 {
+				t.Fatalf("after the lease: %+v", st)
+			}
+		})
+	}
+}
