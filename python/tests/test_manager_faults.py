@@ -188,12 +188,14 @@ def test_each_engine_is_a_session_of_its_own(daemon: Daemon) -> None:
     e1, e2 = engine(daemon, model), engine(daemon, model)
     ns = e1.manager._ns
     try:
-        wait_until(lambda: (e1.step(), e2.step(), len(e1.manager._pool) == len(e2.manager._pool) == 64)[2], 20,
+        n = e1.manager._min_free
+        assert n > 1 and e2.manager._min_free == n
+        wait_until(lambda: (e1.step(), e2.step(), len(e1.manager._pool) == len(e2.manager._pool) == n)[2], 20,
                    "both engines' first pools of store slots")
-        assert daemon.client(ns).stats().primary.leased_slots == 128
+        assert daemon.client(ns).stats().primary.leased_slots == 2 * n
     finally:
         e1.shutdown()
-    wait_until(lambda: daemon.client(ns).stats().primary.leased_slots == 64, 20, "engine 1's slots to come back")
+    wait_until(lambda: daemon.client(ns).stats().primary.leased_slots == n, 20, "engine 1's slots to come back")
     e2.shutdown()
     wait_until(lambda: daemon.client(ns).stats().primary.leased_slots == 0, 20, "engine 2's slots to come back")
 

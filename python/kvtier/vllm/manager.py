@@ -149,14 +149,20 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._pb = pb
         self._spec = spec
         self._lease_steps = spec._lease_steps
-        self._min_free = min(spec._min_free, max(spec.num_chunks // 4, 1))
+        # Leased store slots hold no block: the pool is room the cache
+        # does not use, so it follows the stores of one step (the step end
+        # refills it) and stays within a quarter of the primary, which
+        # other engines may share.
+        self._max_free = max(spec.num_chunks // 4, 1)
+        self._min_free = min(spec._min_free, self._max_free)
         self._timeout = spec._timeout
         self._lookup_timeout = spec._lookup_timeout
         self._reconnect_interval = spec._reconnect_interval
         self._target = spec._target
         self._reqs: dict[str, _Req] = {}
         self._pool: list[int] = []
-        self._stored_recent: deque[int] = deque(maxlen=16)  # blocks stored per step
+        self._stored_recent: deque[int] = deque(maxlen=16)  # blocks the recent steps wanted to store
+        self._step_stores = 0  # blocks this step wanted to store
         self._events: list[Any] = []
         self._events_on = vc.events_enabled(spec)
         self._reset = False
@@ -582,14 +588,14 @@ class KvtierProxyManager(vc.OffloadingManager):
         r = self._req(req_context)
         # A key this request holds a lease on is in the primary already.
         to_store = [k for k in keys if not _is_slot(r.known.get(k)) and k not in r.storing]
+        self._step_stores += len(to_store)
         if len(to_store) > len(self._pool):
-            # Fewer leased slots than the step wants: the demand sizes the
-            # pool the step end asks for. The leading blocks that fit are
-            # stored now, since vLLM never offers the rest again (it moves
-            # past every key it was offered once stores start) and a
+            # Fewer leased slots than the step wants: the step's demand
+            # sizes the pool the step end asks for. The leading blocks that
+            # fit are stored now, since vLLM never offers the rest again (it
+            # moves past every key it was offered once stores start) and a
             # request's prefix is what later requests can hit; with none
             # leased, None makes vLLM offer them all again next step.
-            self._stored_recent.append(len(to_store))
             self.store_shortfalls += 1
             if not self._pool:
                 return None
@@ -598,7 +604,6 @@ class KvtierProxyManager(vc.OffloadingManager):
         for k, s in zip(to_store, slots):
             r.storing[k] = s
         if to_store:
-            self._stored_recent.append(len(to_store))
             self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(to_store)
         from kvtier.vllm.spec import KvtierSlotSpec
 
@@ -663,9 +668,11 @@ class KvtierProxyManager(vc.OffloadingManager):
                 self._b_unpins.setdefault(rid, []).extend(expired)
             for k in r.lease_age:
                 r.lease_age[k] += 1
-        # The pool the next steps will want: twice the largest recent
-        # step's stores, at least min_free_slots.
-        want = min(max(self._min_free, 2 * max(self._stored_recent, default=0)), _MAX_FREE)
+        # The pool the next steps will want: the largest recent step's
+        # stores, at least min_free_slots, at most the cap.
+        self._stored_recent.append(self._step_stores)
+        self._step_stores = 0
+        want = min(max(self._min_free, max(self._stored_recent)), self._max_free, _MAX_FREE)
         if len(self._pool) > 2 * want:
             self._b_return.extend(self._pool[want:])
             del self._pool[want:]
