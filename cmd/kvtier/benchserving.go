@@ -35,7 +35,7 @@ type servingRun struct {
 func newBenchPlotServingCmd() *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "plot-serving RESULTS.json",
+		Use:   "plot-serving RESULTS.json|-",
 		Short: "Draw the serving benchmark's charts from its --json results",
 		Long: `plot-serving reads the --json results of the serving benchmark
 (scripts/serving-bench.sh) and writes, for each workload, a CDF of time to
@@ -45,12 +45,16 @@ Rounds of the same configuration are merged.`,
 		Example: `  kvtier bench plot-serving --out bench-out serving.json`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := os.Open(args[0])
-			if err != nil {
-				return err
+			var in io.Reader = cmd.InOrStdin()
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
 			}
-			defer f.Close()
-			names, err := plotServing(f, out)
+			names, err := plotServing(in, out)
 			for _, n := range names {
 				fmt.Fprintln(cmd.OutOrStdout(), n)
 			}
