@@ -43,6 +43,12 @@ type Server struct {
 	// AutoStep: when no engine has ended a step for this long and tier
 	// work is pending, the daemon ends one (default 100ms; negative: never).
 	AutoStep Duration `yaml:"auto_step"`
+	// EngineLookupSettle: how long a manager-mode engine step's answer may
+	// wait for the lookups it left unsure (an fs tier's existence check, a
+	// promotion from a tier) to settle, so that the engine learns the
+	// verdict one step sooner (default 3ms; negative: never wait). The
+	// engine does not wait for the answer; keep it under its step time.
+	EngineLookupSettle Duration `yaml:"engine_lookup_settle"`
 	// StreamAddr is the block stream's address, where peer daemons read
 	// primary blocks without the API's copies (default: the TCP API's host
 	// on a free port, which peers learn from Stats; "off" disables it).

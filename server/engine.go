@@ -208,42 +208,24 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 			ns.mgr.Touch(keys, r.ctx)
 		}
 	}
+	var lookups []stepLookup
 	for _, lk := range in.GetLookups() {
 		keys, err := keysOf(lk.GetPackedKeys(), lk.GetKeySize())
 		if err != nil {
 			return nil, err
 		}
 		res := &kvtierv1.EngineLookupResult{RequestId: lk.GetRequestId(), Found: make([]byte, len(keys))}
+		out.Lookups = append(out.Lookups, res)
 		r, err := ns.liveReq(s, lk.GetRequestId(), "lookup")
 		if err != nil {
 			warn("lookup for %q: %v", lk.GetRequestId(), err)
-			out.Lookups = append(out.Lookups, res) // all unknown
-			continue
+			continue // all unknown
 		}
-		for i, k := range keys {
-			switch ns.mgr.Lookup(k, r.ctx) {
-			case offload.Hit:
-				// The lookup lease: pinned for the request now, so that
-				// the engine's prepare_load needs no call and cannot race
-				// an eviction.
-				sl, err := ns.mgr.PrepareLoad([]offload.Key{k}, r.ctx)
-				if err != nil {
-					continue // unknown: asked again
-				}
-				if r.pins == nil {
-					r.pins = make(map[offload.Key]int32)
-				}
-				r.pins[k]++
-				res.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_HIT)
-				res.Slots = append(res.Slots, sl[0])
-			case offload.Miss:
-				res.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_MISS)
-			default:
-				// A promotion is on its way (or a tier has not settled):
-				// unknown, looked up again next step.
-			}
+		l := stepLookup{res: res, r: r, keys: keys, slots: make([]int64, len(keys))}
+		for i := range keys {
+			ns.lookupKeyLocked(&l, i)
 		}
-		out.Lookups = append(out.Lookups, res)
+		lookups = append(lookups, l)
 	}
 	for _, id := range in.GetFinishedRequestIds() {
 		r, err := ns.req(s, id)
@@ -266,6 +248,14 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 		}
 	}
 	ns.mgr.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: scoped(s, in.GetScheduledRequestIds()), PreemptedReqIDs: scoped(s, in.GetPreemptedRequestIds())})
+	ns.settleLookupsLocked(lookups)
+	for _, l := range lookups {
+		for i, f := range l.res.Found {
+			if f == byte(kvtierv1.RegionFound_REGION_FOUND_HIT) {
+				l.res.Slots = append(l.res.Slots, l.slots[i])
+			}
+		}
+	}
 	ns.lastStep = time.Now()
 	want := min(int(in.GetWantFreeSlots()), maxEngineLeases)
 	if need := want - len(leases); need > 0 {
@@ -286,6 +276,109 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 		})
 	}
 	return out, nil
+}
+
+// stepLookup is one request's lookup in an engine step: its answer, and
+// the slot of each key answered HIT.
+type stepLookup struct {
+	res   *kvtierv1.EngineLookupResult
+	r     *request
+	keys  []offload.Key
+	slots []int64
+}
+
+// lookupKeyLocked answers key i of l: HIT (pinned for the request: the
+// lookup lease, so that the engine's prepare_load needs no call and
+// cannot race an eviction), MISS, or left unknown (a promotion is on its
+// way or a tier has not settled: asked again).
+func (ns *Namespace) lookupKeyLocked(l *stepLookup, i int) {
+	k := l.keys[i]
+	switch ns.mgr.Lookup(k, l.r.ctx) {
+	case offload.Hit:
+		sl, err := ns.mgr.PrepareLoad([]offload.Key{k}, l.r.ctx)
+		if err != nil {
+			return
+		}
+		if l.r.pins == nil {
+			l.r.pins = make(map[offload.Key]int32)
+		}
+		l.r.pins[k]++
+		l.res.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_HIT)
+		l.slots[i] = sl[0]
+	case offload.Miss:
+		l.res.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_MISS)
+	}
+}
+
+// settleSlice is how long the settle pass sleeps between asks.
+const settleSlice = 250 * time.Microsecond
+
+// settleLookupsLocked gives the step's unknown answers up to
+// EngineLookupSettle to settle: an fs tier answers an existence check on
+// its worker within microseconds and a promotion of a few blocks takes
+// about a millisecond, but each would otherwise cost the engine a whole
+// step (on vLLM's CPU backend, tens to hundreds of milliseconds) before
+// it asks again. The lock is released while it waits (other engines'
+// steps and the tiers' completions go on), the unknown keys are asked
+// again, and what that starts (promotions, checks) is flushed by a step
+// end of the daemon's own, as an idle engine's auto step would. A
+// request finished or released meanwhile is left as it is.
+func (ns *Namespace) settleLookupsLocked(lookups []stepLookup) {
+	budget := ns.limits.EngineLookupSettle
+	if budget <= 0 || !anyUnknown(lookups) {
+		return
+	}
+	deadline := time.Now().Add(budget)
+	for time.Now().Before(deadline) {
+		ns.mu.Unlock()
+		time.Sleep(settleSlice)
+		ns.mu.Lock()
+		if ns.closed {
+			return
+		}
+		asked := false
+		for li := range lookups {
+			l := &lookups[li]
+			if !ns.live(l.r) {
+				continue
+			}
+			for i, f := range l.res.Found {
+				if f == 0 {
+					ns.lookupKeyLocked(l, i)
+					asked = true
+				}
+			}
+		}
+		if !asked || !anyUnknown(lookups) {
+			return
+		}
+		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
+	}
+}
+
+// live reports whether r is still the registered, active request of its
+// id (another call may have finished, expired or released it while the
+// settle pass waited).
+func (ns *Namespace) live(r *request) bool {
+	if r.finished || r.expired || r.sess == nil {
+		return false
+	}
+	cur, ok := ns.reqs[r.sess.scope(r.id)]
+	return ok && cur == r
+}
+
+func anyUnknown(lookups []stepLookup) bool {
+	for _, l := range lookups {
+		if l.r.finished || l.r.expired {
+			continue
+		}
+		for _, f := range l.res.Found {
+			if f == 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // leasesOf returns the slots leased to s (created empty).

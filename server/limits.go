@@ -28,6 +28,9 @@ const (
 	// DefaultAutoStepInterval: when no engine has ended a step for this
 	// long and tier work is pending, the daemon ends one itself.
 	DefaultAutoStepInterval = 100 * time.Millisecond
+	// DefaultEngineLookupSettle: a manager-mode step's answer waits up to
+	// this long for the lookups it left unsure.
+	DefaultEngineLookupSettle = 3 * time.Millisecond
 	// DefaultMaxConnections bounds each listener's connections; beyond it
 	// new connections wait in the kernel's backlog. It is lowered to fit
 	// the process's file descriptor limit.
@@ -71,6 +74,11 @@ type Limits struct {
 	// AutoStepInterval: the daemon ends a step itself when no engine has
 	// for this long and tier work is pending; negative disables it.
 	AutoStepInterval time.Duration
+	// EngineLookupSettle: how long EngineStep may wait, without the
+	// namespace's lock, for lookups it answered "not sure yet" (a tier's
+	// existence check, a promotion) and ask them again before it answers;
+	// negative never waits.
+	EngineLookupSettle time.Duration
 	// MaxConnections bounds each listener's concurrent connections.
 	MaxConnections int
 	// ConnectionIdleTimeout closes connections without calls; keep-alive
@@ -112,6 +120,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	}
 	if l.AutoStepInterval == 0 {
 		l.AutoStepInterval = DefaultAutoStepInterval
+	}
+	if l.EngineLookupSettle == 0 {
+		l.EngineLookupSettle = DefaultEngineLookupSettle
 	}
 	if l.MaxConnections == 0 {
 		l.MaxConnections = DefaultMaxConnections

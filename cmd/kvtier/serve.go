@@ -77,6 +77,7 @@ server:
   # keepalive_time: 30s           # ping quiet clients; close on no answer
   # keepalive_timeout: 10s
   # auto_step: 100ms              # end a step for an idle engine with tier work pending
+  # engine_lookup_settle: 3ms     # a manager-mode step's answer waits this long for unsure lookups
 
 # limits:                   # per API call; 0 = default
 #   max_keys_per_call: 65536
@@ -381,6 +382,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			MaxParamsBytesTotal:   int64(cfg.Limits.MaxParamsBytesTotal),
 			RequestIdleTimeout:    time.Duration(cfg.Server.RequestIdleTimeout),
 			AutoStepInterval:      time.Duration(cfg.Server.AutoStep),
+			EngineLookupSettle:    time.Duration(cfg.Server.EngineLookupSettle),
 			MaxConnections:        cfg.Server.MaxConnections,
 			ConnectionIdleTimeout: time.Duration(cfg.Server.ConnectionIdleTimeout),
 			KeepaliveTime:         time.Duration(cfg.Server.KeepaliveTime),
