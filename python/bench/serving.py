@@ -63,7 +63,7 @@ LABELS = {
     "kvtier-manager": "kvtier manager mode", "lmcache": "LMCache MP",
 }
 # What vLLM's external_unspecified source means per configuration.
-EXTERNAL = {"kvtier-manager": "kvtier", "lmcache": "lmcache"}
+EXTERNAL = {"kvtier-manager": "kvtier", "kvtier-tier": "kvtier", "lmcache": "lmcache"}
 
 
 @dataclasses.dataclass
@@ -102,6 +102,7 @@ class Run:
     hit_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     kvtier_tiers: dict[str, int] = dataclasses.field(default_factory=dict)  # tokens served by the daemon, per tier
     startup_s: float = 0.0
+    cache_cpu_s: float | None = None  # CPU seconds the kvtier daemon / LMCache server used during the workload
     error: str = ""
 
     @property
@@ -132,9 +133,11 @@ class Run:
         return {
             "config": self.config, "label": self.label, "engines": self.engines, "workload": self.workload,
             "round": self.round, "cpu_bytes": self.cpu_bytes, "device_blocks": self.device_blocks,
-            "startup_s": self.startup_s, "error": self.error, "summary": self.summary(),
+            "startup_s": self.startup_s, "cache_cpu_s": self.cache_cpu_s, "error": self.error, "summary": self.summary(),
             "prompt_tokens": self.summary()["prompt_tokens"], "hit_tokens": self.hit_tokens,
             "kvtier_tier_tokens": self.kvtier_tiers, "ttft_s": [r.ttft_s for r in self.ok()],
+            "requests": [{"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "ttft_s": r.ttft_s,
+                          "e2e_s": r.e2e_s, "error": r.error} for r in self.results],
             "request_errors": sorted({r.error for r in self.results if r.error})[:5],
         }
 
@@ -160,6 +163,7 @@ class Stack:
         self.procs: list[procs.Proc] = []
         self.engines: list[tuple[str, int]] = []
         self.daemon_metrics: tuple[str, int] | None = None
+        self.cache_proc: procs.Proc | None = None  # the kvtier daemon or the LMCache server
         # What the run's engines share (vLLM's FS tier directory, as engines
         # would share a volume).
         self.shared = dir
@@ -175,7 +179,7 @@ class Stack:
                     "--skip-tokenizer-init", "--enforce-eager", "--dtype", "bfloat16", "--seed", "0",
                     "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(self.run.max_model_len),
                     "--block-size", str(self.s.block_tokens), "--enable-prefix-caching",
-                    "--num-gpu-blocks-override", str(self.run.device_blocks)]
+                    "--num-gpu-blocks-override", str(self.run.device_blocks), "--enable-prompt-tokens-details"]
             if extra is not None:
                 ktc = {"kv_connector": extra.pop("_connector", "OffloadingConnector"), "kv_role": "kv_both",
                        "kv_connector_extra_config": extra}
@@ -237,6 +241,7 @@ server: {{unix_socket: {sock}, tcp_addr: "", metrics_addr: "127.0.0.1:{port}", s
 """)
         p = procs.Proc("kvtier serve", [self.s.kvtier_bin, "serve", "--config", str(cfg)], self.dir / "kvtier.log")
         self.procs.append(p)
+        self.cache_proc = p
         p.wait_ready(procs.log_contains(p, "kvtier API listening"), 30)
         self.daemon_metrics = ("127.0.0.1", port)
         return "unix://" + str(sock)
@@ -251,6 +256,7 @@ server: {{unix_socket: {sock}, tcp_addr: "", metrics_addr: "127.0.0.1:{port}", s
                 "--l2-adapter", json.dumps({"type": "fs", "base_path": str(self.dir / "lmcache-fs")})]
         p = procs.Proc("lmcache server", argv, self.dir / "lmcache.log", env=procs.quiet_env(), cwd=self.dir)
         self.procs.append(p)
+        self.cache_proc = p
         p.wait_ready(procs.log_contains(p, "cache server is running"), self.s.startup_timeout)
         return port
 
@@ -338,8 +344,13 @@ def execute(s: Setup, runs: list[Run], workloads: list[wl.Workload], log: Callab
 
 def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callable[[str], None]) -> None:
     before, dbefore = scrape_all(stack), daemon_tier_tokens(stack, s.block_tokens)
+    cpu0 = stack.cache_proc.cpu_seconds() if stack.cache_proc else 0.0
     run.results, run.wall_s = client.replay(stack.engines, str(s.model), workload.requests,
                                             concurrency=s.concurrency * run.engines, timeout=s.timeout)
+    if stack.cache_proc:
+        # The cache process's CPU time: on a small machine it is taken from
+        # the engines' compute.
+        run.cache_cpu_s = stack.cache_proc.cpu_seconds() - cpu0
     run.hit_tokens = hit_tokens(run.config, client.delta(before, scrape_all(stack)))
     dafter = daemon_tier_tokens(stack, s.block_tokens)
     run.kvtier_tiers = {k: int(v - dbefore.get(k, 0.0)) for k, v in dafter.items() if v - dbefore.get(k, 0.0) > 0}

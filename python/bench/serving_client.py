@@ -28,6 +28,7 @@ class Result:
     ttft_s: float = 0.0  # from sending the request to its first token
     e2e_s: float = 0.0  # to its last token
     itl_s: list[float] = dataclasses.field(default_factory=list)  # between tokens after the first
+    cached_tokens: int | None = None  # prompt tokens the engine did not compute (its usage report)
     error: str = ""
 
 
@@ -38,6 +39,7 @@ def complete(host: str, port: int, model: str, req: Request, timeout: float) -> 
     body = json.dumps({
         "model": model, "prompt": list(req.prompt), "max_tokens": req.max_tokens, "min_tokens": req.max_tokens,
         "temperature": 0.0, "ignore_eos": True, "stream": True, "detokenize": False, "return_token_ids": True,
+        "stream_options": {"include_usage": True},
     })
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     t0 = time.monotonic()
@@ -59,6 +61,10 @@ def complete(host: str, port: int, model: str, req: Request, timeout: float) -> 
             if "error" in chunk:
                 res.error = str(chunk["error"])
                 return res
+            if usage := chunk.get("usage"):
+                details = usage.get("prompt_tokens_details") or {}
+                if details.get("cached_tokens") is not None:
+                    res.cached_tokens = int(details["cached_tokens"])
             n = sum(len(c.get("token_ids") or []) or (1 if c.get("text") else 0) for c in chunk.get("choices", []))
             if n == 0:
                 continue

@@ -35,6 +35,14 @@ class Proc:
         self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                      start_new_session=True)
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of the process so far (Linux /proc)."""
+        try:
+            fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
