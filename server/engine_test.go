@@ -23,17 +23,30 @@ import (
 // A daemon whose engines attach in manager mode, each layout getting a
 // 16-slot primary.
 func startEngineDaemon(t *testing.T) (string, *server.Server) {
+	return startEngineDaemonWith(t, server.Limits{}, nil)
+}
+
+// startEngineDaemonWith is startEngineDaemon with limits and, when tiers
+// is not nil, the secondary tiers it makes for each namespace.
+func startEngineDaemonWith(t *testing.T, limits server.Limits, tiers func() ([]offload.SecondaryTier, error)) (string, *server.Server) {
 	t.Helper()
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "k.sock")
 	srv, err := server.New(server.Config{
 		UnixSocket: sock,
+		Limits:     limits,
 		Engines: func(_ context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
 			p, err := cpu.New(cpu.Config{SlotSize: l.RowStride, Capacity: int64(16 * l.RowStride), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}, Events: true})
 			if err != nil {
 				return server.NamespaceConfig{}, err
 			}
-			m, err := tiering.New(tiering.Config{Primary: p})
+			var ts []offload.SecondaryTier
+			if tiers != nil {
+				if ts, err = tiers(); err != nil {
+					return server.NamespaceConfig{}, err
+				}
+			}
+			m, err := tiering.New(tiering.Config{Primary: p, Tiers: ts})
 			if err != nil {
 				return server.NamespaceConfig{}, err
 			}

@@ -1,17 +1,12 @@
 package server_test
 
 import (
-	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
-	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/server"
-	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/memory"
 )
 
@@ -31,36 +26,11 @@ func TestEngineStepSettlesUnsureLookups(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t)
-			dir := shortTempDir(t)
-			sock := filepath.Join(dir, "k.sock")
-			var tier *memory.Tier
-			srv, err := server.New(server.Config{
-				UnixSocket: sock,
-				Limits:     server.Limits{EngineLookupSettle: tc.settle},
-				Engines: func(_ context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
-					p, err := cpu.New(cpu.Config{SlotSize: l.RowStride, Capacity: int64(16 * l.RowStride), Arena: cpu.ArenaConfig{Kind: cpu.ArenaMemfd}})
-					if err != nil {
-						return server.NamespaceConfig{}, err
-					}
-					tier, err = memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal,
-						Latency: time.Millisecond, AsyncLookup: true})
-					if err != nil {
-						return server.NamespaceConfig{}, err
-					}
-					m, err := tiering.New(tiering.Config{Primary: p, Tiers: []offload.SecondaryTier{tier}})
-					if err != nil {
-						return server.NamespaceConfig{}, err
-					}
-					return server.ManagerNamespace(name, m, p, offload.Parser{}), nil
-				},
+			sock, _ := startEngineDaemonWith(t, server.Limits{EngineLookupSettle: tc.settle}, func() ([]offload.SecondaryTier, error) {
+				m, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal,
+					Latency: time.Millisecond, AsyncLookup: true})
+				return []offload.SecondaryTier{m}, err
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Shutdown(context.Background()) })
 			c := dialEngine(t, sock)
 			att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
 			if err != nil {
