@@ -80,6 +80,7 @@ class Setup:
     concurrency: int
     timeout: float
     startup_timeout: float
+    speedup: float  # 0: closed loop; else arrivals at the trace's times / speedup
     bind_one: str  # VLLM_CPU_OMP_THREADS_BIND of a lone engine
     bind_two: tuple[str, str]  # of each of two engines
     keep_logs: bool
@@ -346,7 +347,8 @@ def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callab
     before, dbefore = scrape_all(stack), daemon_tier_tokens(stack, s.block_tokens)
     cpu0 = stack.cache_proc.cpu_seconds() if stack.cache_proc else 0.0
     run.results, run.wall_s = client.replay(stack.engines, str(s.model), workload.requests,
-                                            concurrency=s.concurrency * run.engines, timeout=s.timeout)
+                                            concurrency=s.concurrency * run.engines, timeout=s.timeout,
+                                            speedup=s.speedup)
     if stack.cache_proc:
         # The cache process's CPU time: on a small machine it is taken from
         # the engines' compute.
@@ -441,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=0, help="cut the Mooncake workload to this many requests")
     ap.add_argument("--tokens-per-hash", type=int, default=64, help="tokens per trace block (512 in production)")
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request (at most)")
-    ap.add_argument("--concurrency", type=int, default=2, help="requests in flight per engine")
+    ap.add_argument("--concurrency", type=int, default=2, help="requests in flight per engine (closed loop)")
+    ap.add_argument("--speedup", type=float, default=0.0,
+                    help="send requests at their arrival times divided by this (the trace's, the document's 2 s apart); "
+                         "0 (default): a closed loop of --concurrency per engine")
     ap.add_argument("--cpu-share", type=float, default=0.25, help="CPU cache per engine, as a share of the distinct prompt KV")
     ap.add_argument("--device-share", type=float, default=0.1, help="device cache, as a share of the distinct prompt KV")
     ap.add_argument("--seed", type=int, default=1)
@@ -468,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown workload(s) {', '.join(bad)}: want mooncake, document")
     if a.rounds < 1:
         ap.error("--rounds: want >= 1")
+    if a.speedup < 0:
+        ap.error("--speedup: want > 0, or 0 for a closed loop")
     if not a.kvtier_bin and any(c.startswith("kvtier") for c in configs):
         ap.error("--kvtier-bin (or KVTIER_BIN) names no kvtier binary")
     for name, py in (("--vllm-python", a.vllm_python),) + ((("--lmcache-python", a.lmcache_python),) if "lmcache" in configs else ()):
@@ -501,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(work=work, kvtier_bin=a.kvtier_bin, vllm_python=a.vllm_python, lmcache_python=a.lmcache_python,
               model=model, block_tokens=block, kv_bytes_per_token=kv_per_token,
               concurrency=a.concurrency, timeout=300, startup_timeout=a.startup_timeout,
-              bind_one=bind_one, bind_two=(two[0], two[1]), keep_logs=a.keep_logs)
+              speedup=a.speedup, bind_one=bind_one, bind_two=(two[0], two[1]), keep_logs=a.keep_logs)
     vocab = model_cfg["vocab_size"]
     workloads: list[wl.Workload] = []
     if "mooncake" in workloads_wanted:
@@ -559,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "machine": {"cpus": ncpu, "platform": platform.platform(), "python": sys.version.split()[0],
                     "load_avg_end": os.getloadavg()},
-        "setup": {"model": model_cfg, "kv_bytes_per_token": kv_per_token, "block_tokens": block,
+        "setup": {"model": model_cfg, "kv_bytes_per_token": kv_per_token, "block_tokens": block, "speedup": a.speedup,
                   "concurrency_per_engine": a.concurrency, "cpu_share": a.cpu_share, "device_share": a.device_share,
                   "tokens_per_hash": a.tokens_per_hash, "max_tokens": a.max_tokens, "seed": a.seed,
                   "workloads": {w.name: {"requests": len(w.requests), "prompt_tokens": w.prompt_tokens(),

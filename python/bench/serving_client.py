@@ -86,17 +86,25 @@ def complete(host: str, port: int, model: str, req: Request, timeout: float) -> 
 
 
 def replay(servers: Sequence[tuple[str, int]], model: str, reqs: Iterable[Request], *, concurrency: int,
-           timeout: float) -> tuple[list[Result], float]:
-    """Sends reqs in order, at most `concurrency` in flight (a closed loop:
-    the next request leaves when one finishes), round-robin over servers.
-    Returns the results in request order and the wall time."""
+           timeout: float, speedup: float = 0.0) -> tuple[list[Result], float]:
+    """Sends reqs in order, round-robin over servers. With speedup 0, at
+    most `concurrency` in flight (a closed loop: the next request leaves
+    when one finishes); else each at its arrival time divided by speedup
+    (an open loop: TTFT then includes the wait for the engine). Returns the
+    results in request order and the wall time."""
     reqs = list(reqs)
     results: list[Result | None] = [None] * len(reqs)
-    slots = threading.Semaphore(concurrency)
+    open_loop = speedup > 0
+    slots = threading.Semaphore(256 if open_loop else concurrency)
     t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    with concurrent.futures.ThreadPoolExecutor(256 if open_loop else concurrency) as pool:
         futs = []
+        first = reqs[0].at if reqs else 0.0
         for i, r in enumerate(reqs):
+            if open_loop:
+                delay = t0 + (r.at - first) / speedup - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
             slots.acquire()
             host, port = servers[i % len(servers)]
 

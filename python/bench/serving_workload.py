@@ -29,6 +29,7 @@ class Request:
     prompt: tuple[int, ...]
     max_tokens: int
     group: str  # what the request belongs to (a conversation, a user)
+    at: float = 0.0  # arrival, seconds from the workload's start (before any speed-up)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,7 @@ def mooncake(trace: pathlib.Path, *, conversations: int, tokens_per_hash: int, m
         t0 = rows[turns[0]]["timestamp"]
         at += [(start + rows[i]["timestamp"] - t0, i) for i in turns]
     order = [i for _, i in sorted(at)]
+    arrival = {i: t for t, i in at}
     if max_requests:
         order = order[:max_requests]
     reqs = []
@@ -105,26 +107,27 @@ def mooncake(trace: pathlib.Path, *, conversations: int, tokens_per_hash: int, m
         for h in ids:
             prompt += _block_tokens(h, tokens_per_hash, vocab, seed)
         key = tuple(row["hash_ids"][:2])
-        reqs.append(Request(tuple(prompt[:max(n, 1)]), max(1, min(row["output_length"], max_tokens)), f"conv{key[1]}"))
+        reqs.append(Request(tuple(prompt[:max(n, 1)]), max(1, min(row["output_length"], max_tokens)), f"conv{key[1]}",
+                            arrival[i] / 1000))
     return Workload("mooncake", tuple(reqs))
 
 
 def document(*, users: int, questions: int, doc_tokens: int, question_tokens: int, noise: int, max_tokens: int,
-             vocab: int, seed: int) -> Workload:
+             vocab: int, seed: int, gap_s: float = 2.0) -> Workload:
     """Many users asking about one long document: every prompt is the
     document followed by a user's question. Between rounds of questions,
     `noise` requests with long prompts of their own (other tenants'
     documents) push the document out of the engine's device cache, so a
     user's question finds the document only if an offloading cache kept
-    it."""
+    it. Requests arrive gap_s apart."""
     rng = random.Random(seed)
     doc = [rng.randrange(16, vocab) for _ in range(doc_tokens)]
     reqs = []
     for q in range(questions):
         for u in range(users):
             question = [rng.randrange(16, vocab) for _ in range(question_tokens)]
-            reqs.append(Request(tuple(doc + question), max_tokens, f"user{u}"))
+            reqs.append(Request(tuple(doc + question), max_tokens, f"user{u}", len(reqs) * gap_s))
         for n in range(noise):
             other = [rng.randrange(16, vocab) for _ in range(doc_tokens + question_tokens)]
-            reqs.append(Request(tuple(other), max_tokens, f"noise{q}.{n}"))
+            reqs.append(Request(tuple(other), max_tokens, f"noise{q}.{n}", len(reqs) * gap_s))
     return Workload("document", tuple(reqs))
