@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown workload(s) {', '.join(bad)}: want mooncake, document")
     if a.rounds < 1:
         ap.error("--rounds: want >= 1")
+    if "mooncake" in workloads_wanted and not TRACE.is_file():
+        ap.error(f"the Mooncake trace {TRACE} is not a file (set KVTIER_TRACE)")
     if a.speedup < 0:
         ap.error("--speedup: want > 0, or 0 for a closed loop")
     if not a.kvtier_bin and any(c.startswith("kvtier") for c in configs):
