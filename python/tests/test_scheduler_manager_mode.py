@@ -95,3 +95,32 @@ def test_a_prompt_larger_than_the_slot_pool_is_stored(engine_daemon: Daemon) -> 
     finally:
         e1.shutdown()
         e2.shutdown()
+
+
+def test_steps_that_store_nothing_keep_the_pool(engine_daemon: Daemon) -> None:
+    """Decode steps and idle spins store nothing; they must not shrink the
+    slot pool below what the last prefill needed, or the next such prompt
+    would be stored only in part."""
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    model = tiny_model_dir()
+    cfg = {"spec_name": "KvtierOffloadingSpec", "kvtier": {"target": "unix://" + engine_daemon.sock, "min_free_slots": 1}}
+    e1, e2 = Engine(cfg, model=model), Engine(cfg, model=model)
+    try:
+        e1.add("a", list(range(1000, 1000 + 8 * BLOCK + 5)))
+        e1.run()
+        for _ in range(40):  # more than the pool remembers steps
+            e1.step()
+        e1.run()
+        shortfalls = e1.manager.store_shortfalls
+        second = list(range(3000, 3000 + 8 * BLOCK + 5))
+        e1.add("b", second)
+        e1.run()
+        assert e1.manager.store_shortfalls == shortfalls
+        e2.add("b", second)
+        e2.run()
+        assert e2.reused["b"] == (8, 8), e2.reused["b"]
+    finally:
+        e1.shutdown()
+        e2.shutdown()

@@ -161,7 +161,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._target = spec._target
         self._reqs: dict[str, _Req] = {}
         self._pool: list[int] = []
-        self._stored_recent: deque[int] = deque(maxlen=16)  # blocks the recent steps wanted to store
+        self._stored_recent: deque[int] = deque(maxlen=16)  # blocks the recent storing steps wanted to store
         self._step_stores = 0  # blocks this step wanted to store
         self._events: list[Any] = []
         self._events_on = vc.events_enabled(spec)
@@ -668,11 +668,15 @@ class KvtierProxyManager(vc.OffloadingManager):
                 self._b_unpins.setdefault(rid, []).extend(expired)
             for k in r.lease_age:
                 r.lease_age[k] += 1
-        # The pool the next steps will want: the largest recent step's
-        # stores, at least min_free_slots, at most the cap.
-        self._stored_recent.append(self._step_stores)
+        # The pool the next steps will want: the largest of the recent
+        # storing steps' stores, at least min_free_slots, at most the cap.
+        # Steps that store nothing (decode steps, idle spins) are left out:
+        # sixteen of them would otherwise shrink the pool below the next
+        # prefill's stores, whose tail would then never be offloaded.
+        if self._step_stores:
+            self._stored_recent.append(self._step_stores)
         self._step_stores = 0
-        want = min(max(self._min_free, max(self._stored_recent)), self._max_free, _MAX_FREE)
+        want = min(max(self._min_free, max(self._stored_recent, default=0)), self._max_free, _MAX_FREE)
         if len(self._pool) > 2 * want:
             self._b_return.extend(self._pool[want:])
             del self._pool[want:]
