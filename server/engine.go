@@ -325,7 +325,7 @@ const settleSlice = 250 * time.Microsecond
 // request finished or released meanwhile is left as it is.
 func (ns *Namespace) settleLookupsLocked(lookups []stepLookup) {
 	budget := ns.limits.EngineLookupSettle
-	if budget <= 0 || !anyUnknown(lookups) {
+	if budget <= 0 || !ns.anyUnknownLocked(lookups) {
 		return
 	}
 	deadline := time.Now().Add(budget)
@@ -349,7 +349,7 @@ func (ns *Namespace) settleLookupsLocked(lookups []stepLookup) {
 				}
 			}
 		}
-		if !asked || !anyUnknown(lookups) {
+		if !asked || !ns.anyUnknownLocked(lookups) {
 			return
 		}
 		ns.mgr.ScheduleEnd(offload.ScheduleEnd{})
@@ -367,9 +367,11 @@ func (ns *Namespace) live(r *request) bool {
 	return ok && cur == r
 }
 
-func anyUnknown(lookups []stepLookup) bool {
+// anyUnknownLocked reports whether a live request of lookups has a key
+// still unknown.
+func (ns *Namespace) anyUnknownLocked(lookups []stepLookup) bool {
 	for _, l := range lookups {
-		if l.r.finished || l.r.expired {
+		if !ns.live(l.r) {
 			continue
 		}
 		for _, f := range l.res.Found {

@@ -54,7 +54,7 @@ func TestEngineStepSettlesUnsureLookups(t *testing.T) {
 			step(&kvtierv1.EngineStepRequest{
 				Stores:             []*kvtierv1.EngineStore{{RequestId: "w", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots()[:1], Success: true}},
 				FinishedRequestIds: []string{"w"}})
-			for i := 0; ; i++ {
+			for deadline := time.Now().Add(time.Minute); ; {
 				st, err := c.WithNamespace(ns).Stats(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -62,7 +62,7 @@ func TestEngineStepSettlesUnsureLookups(t *testing.T) {
 				if ts := st.GetTiers(); len(ts) == 1 && ts[0].GetCascadesOk() >= 1 {
 					break
 				}
-				if i > 5000 {
+				if time.Now().After(deadline) {
 					t.Fatal("the block never reached the tier")
 				}
 				step(&kvtierv1.EngineStepRequest{}) // steps end the cascade

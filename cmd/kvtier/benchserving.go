@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"gonum.org/v1/plot/vg"
@@ -155,7 +156,7 @@ func plotServing(r io.Reader, dir string) ([]string, error) {
 // sourceRank orders hit sources from the engine outwards.
 func sourceRank(s string) int {
 	for i, x := range []string{"device", "host", "cpu", "disk", "kvtier"} {
-		if len(s) >= len(x) && s[:len(x)] == x {
+		if strings.HasPrefix(s, x) {
 			return i
 		}
 	}

@@ -105,6 +105,9 @@ class Stack:
     def start(self) -> None:
         t0 = time.monotonic()
         extra = self._cache()
+        ktc = None if extra is None else json.dumps({
+            "kv_connector": extra.pop("_connector", "OffloadingConnector"), "kv_role": "kv_both",
+            "kv_connector_extra_config": extra})
         py = self.s.lmcache_python if self.run.config == "lmcache" else self.s.vllm_python
         starting = []
         for i in range(self.run.engines):
@@ -114,11 +117,8 @@ class Stack:
                     "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(self.run.max_model_len),
                     "--block-size", str(self.s.block_tokens), "--enable-prefix-caching",
                     "--num-gpu-blocks-override", str(self.run.device_blocks), "--enable-prompt-tokens-details"]
-            if extra is not None:
-                ktc = {"kv_connector": extra.pop("_connector", "OffloadingConnector"), "kv_role": "kv_both",
-                       "kv_connector_extra_config": extra}
-                argv += ["--kv-transfer-config", json.dumps(ktc)]
-                extra = dict(ktc["kv_connector_extra_config"], _connector=ktc["kv_connector"])
+            if ktc is not None:
+                argv += ["--kv-transfer-config", ktc]
             env = procs.quiet_env(VLLM_CPU_OMP_THREADS_BIND=self.s.bind(self.run.engines, i), VLLM_CPU_KVCACHE_SPACE="1")
             p = procs.Proc(f"vllm serve #{i}", argv, self.dir / f"vllm{i}.log", env=env, cwd=self.dir)
             self.procs.append(p)
@@ -130,7 +130,9 @@ class Stack:
 
     def _cache(self) -> dict[str, Any] | None:
         """Starts the configuration's cache process and returns the engines'
-        kv_connector_extra_config (None: no connector)."""
+        kv_connector_extra_config, with the connector's name under
+        "_connector" where it is not the OffloadingConnector (None: no
+        connector)."""
         c, budget = self.run.config, self.run.cpu_bytes
         if c == "none":
             return None
