@@ -613,6 +613,14 @@ func (m *Manager) Bind(keys []offload.Key, slots []int64, req *offload.ReqContex
 	if !success {
 		return 0, m.primary.Unlease(slots)
 	}
+	if !m.polled {
+		// Finished cascades release their pins first, so that the
+		// budget admits this batch's cascade against the cascades still
+		// in flight, not against ones that ended since the last step (an
+		// engine that stores in bursts, as SGLang's backup thread does,
+		// would see every other burst dropped).
+		m.poll()
+	}
 	req = m.ctx(req)
 	var bound []offload.Key
 	for i, s := range slots {
