@@ -408,3 +408,41 @@ func TestStoresTakeBlocksBackFromStartedCascades(t *testing.T) {
 		t.Fatalf("budget counts %d pinned slots after the jobs", pinned)
 	}
 }
+
+// An engine that binds leased stores in bursts (SGLang's backup thread)
+// has a burst's cascade admitted once the previous one has ended, even
+// when no poll has collected that end yet: the daemon's step tops the
+// lease pool up after its step end (the lease polls, closing the step's
+// gate), and an idle engine's auto step then ends the step without
+// polling. Bind polls first, as Lease does.
+func TestBindAfterAnEndedCascadeIsAdmitted(t *testing.T) {
+	disk := newFake("disk", offload.MediumStorage, offload.LocalityLocal, nil)
+	disk.hold = true
+	m := budgetManager(t, 16, BudgetConfig{}, disk) // budget 4
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	lease := func(n int) []int64 {
+		t.Helper()
+		slots, _, err := m.Lease(n)
+		if err != nil || len(slots) != n {
+			t.Fatalf("lease %d: %v, %v", n, slots, err)
+		}
+		return slots
+	}
+	bind := func(keys []offload.Key, slots []int64) {
+		t.Helper()
+		if n, err := m.Bind(keys, slots, req, true); err != nil || n != len(keys) {
+			t.Fatalf("bind: %d, %v", n, err)
+		}
+	}
+	bind(keyRange(0, 4), lease(4)) // a daemon step: stores, step end, top-up
+	m.ScheduleEnd(offload.ScheduleEnd{})
+	next := lease(4)
+	disk.release()                       // the cascade ends
+	m.ScheduleEnd(offload.ScheduleEnd{}) // an auto step: the gate was closed by the lease
+	bind(keyRange(4, 8), next)
+	st := m.Stats().Tiers[0]
+	if st.CascadesDropped != 0 || len(disk.stores) != 2 {
+		t.Fatalf("second burst: %d jobs, dropped %v; want it cascaded", len(disk.stores), st.DroppedBy)
+	}
+}
