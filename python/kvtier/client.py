@@ -34,6 +34,17 @@ RETRY = pb.LOOKUP_RESULT_RETRY
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
+def rpc_message(e):
+    """A failed call's error as one line: the gRPC status code and details
+    for an RpcError, else the exception's text."""
+    if isinstance(e, grpc.RpcError):
+        try:
+            return "%s: %s" % (e.code().name, e.details())
+        except Exception:  # noqa: BLE001 - an RpcError without a status
+            pass
+    return str(e)
+
+
 def make_key(block_hash, group=0):
     """Returns the offload key of an engine block hash in a KV group: the
     hash bytes followed by the 4-byte big-endian group index (spec §1.1)."""

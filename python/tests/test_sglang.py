@@ -342,3 +342,50 @@ def test_hicache_controller_on_cpu(engine_daemon: Daemon) -> None:
             assert torch.equal(host.get_data_page(int(pf.host_indices[i * PS]), flat=True), want[i]), f"page {i}"
     finally:
         ctl.detach_storage_backend()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_operations_keep_the_invariants(engine_daemon: Daemon, seed: int) -> None:
+    """Random sets, exists and gets (with and without the exists first) on
+    a 32-page primary over a disk tier: every page served is the bytes
+    stored under its key, no key never stored is reported present, and
+    once the backend is idle no pin, request or stray lease is left on
+    the daemon."""
+    import random
+
+    rng = random.Random(seed)
+    host = host_pool()
+    b = backend(engine_daemon, host, hold_s=0.2)
+    ks = keys(f"m{seed}", 24)  # key i is always page i's bytes
+    want = [page_bytes(host, i) for i in range(24)]
+    stored: set[int] = set()
+    for step in range(150):
+        op = rng.choice(["set", "exists", "get", "exists+get"])
+        idx = rng.sample(range(24), rng.randint(1, 8))
+        if op == "set":
+            ok = b.batch_set_v1([ks[i] for i in idx], torch.cat([pages(i, 1) for i in idx]))
+            stored.update(i for i, good in zip(idx, ok) if good)
+            continue
+        n = len(idx)
+        if op.startswith("exists"):
+            hits = b.batch_exists([ks[i] for i in idx])
+            assert 0 <= hits <= n
+            assert all(i in stored for i in idx[:hits]), f"step {step}: a key never stored is present"
+            if op == "exists":
+                continue
+            idx = idx[:hits]
+        ok = b.batch_get_v1([ks[i] for i in idx], pages(24, len(idx)) if idx else torch.arange(0))
+        for j, (i, good) in enumerate(zip(idx, ok)):
+            if good:
+                assert i in stored
+                assert torch.equal(page_bytes(host, 24 + j), want[i]), f"step {step}: wrong bytes for key {i}"
+
+    def idle() -> bool:
+        with engine_daemon.client(b._link.namespace) as c:  # type: ignore[union-attr]
+            st = c.stats()
+        return (st.active_requests == 0 and st.primary.pinned_slots == 0
+                and st.primary.leased_slots == len(b._link.free))  # type: ignore[union-attr]
+
+    wait_until(idle, what="no pin, request or stray lease left")
+    assert b.counters["failed_calls"] == 0
+    b.close()

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import grpc
 
+from kvtier.client import rpc_message as _rpc_msg
 from kvtier.v1 import kvtier_pb2 as pb
 from kvtier.v1 import kvtier_pb2_grpc as pb_grpc
 
@@ -314,15 +315,6 @@ class RegionLink:
         self._channel.close()
         self._sock.close()
         return released
-
-
-def _rpc_msg(e: BaseException) -> str:
-    if isinstance(e, grpc.RpcError):
-        try:
-            return f"{e.code().name}: {e.details()}"  # type: ignore[attr-defined]
-        except Exception:  # pragma: no cover
-            pass
-    return str(e)
 
 
 def monotonic() -> float:
