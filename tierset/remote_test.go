@@ -339,3 +339,23 @@ secondary_tiers:
 		}
 	}
 }
+
+// A peer tier has no events of its own (its peers publish theirs): a
+// daemon with events on builds it, instead of failing on an "events" key
+// the peer tier does not take.
+func TestEventsOnWithAPeerTier(t *testing.T) {
+	cfg := mustParse(t, `
+namespace: {model: m, bytes_per_block: 4KiB}
+primary: {bytes: 1MiB}
+events: {enabled: true, endpoint: "tcp://127.0.0.1:1"}
+secondary_tiers:
+  - {name: fleet, type: peer, peers: [{name: a, addr: "127.0.0.1:1"}]}
+`)
+	tiers, err := Build(context.Background(), cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closeAll(context.Background(), tiers); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -75,12 +75,15 @@ type plan struct {
 var tierTypes = []struct {
 	name string
 	plan func(spec config.TierSpec, cfg *config.Config) (plan, error)
+	// events: the type publishes KV events of its own (an "events" key).
+	// A peer tier has none: its peers publish theirs.
+	events bool
 }{
-	{fsType, planFS},
-	{memory.Type, planMemory},
-	{peer.Type, planPeer},
-	{redis.Type, planRedis},
-	{s3.Type, planS3},
+	{fsType, planFS, true},
+	{memory.Type, planMemory, true},
+	{peer.Type, planPeer, false},
+	{redis.Type, planRedis, true},
+	{s3.Type, planS3, true},
 }
 
 // Types returns the supported tier types, sorted.
@@ -110,13 +113,13 @@ func planTiers(cfg *config.Config) ([]plan, error) {
 }
 
 func planTier(spec config.TierSpec, cfg *config.Config) (plan, error) {
-	// A tier emits events when the daemon does, unless its entry says
-	// otherwise.
-	if cfg.Events.Enabled && !spec.Has("events") {
-		spec = spec.With("events", "true")
-	}
 	for _, t := range tierTypes {
 		if t.name == spec.Type {
+			// A tier emits events when the daemon does, unless its
+			// entry says otherwise.
+			if t.events && cfg.Events.Enabled && !spec.Has("events") {
+				spec = spec.With("events", "true")
+			}
 			return t.plan(spec, cfg)
 		}
 	}
