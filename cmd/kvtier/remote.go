@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tlsconfig"
 )
 
 // The operator commands (put, get, lookup, stats) talk to a running
@@ -39,6 +42,9 @@ type remoteFlags struct {
 	token     string
 	namespace string
 	timeout   time.Duration
+	// TLS to a TCP daemon whose API serves it (server.tls).
+	tls                                   bool
+	tlsCA, tlsCert, tlsKey, tlsServerName string
 }
 
 func (f *remoteFlags) register(cmd *cobra.Command) {
@@ -47,6 +53,39 @@ func (f *remoteFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.token, "token", "", "auth token for a TCP daemon (default $KVTIER_TOKEN)")
 	fl.StringVar(&f.namespace, "namespace", "", "daemon namespace (default: the default namespace)")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on the whole command")
+	fl.BoolVar(&f.tls, "tls", false, "talk TLS to a TCP daemon (server.tls), trusting the system's roots; implied by the --tls-* flags")
+	fl.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signed the daemon's certificate (default $KVTIER_TLS_CA)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "PEM client certificate, for a daemon that wants one (server.tls.client_ca_file; default $KVTIER_TLS_CERT)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "PEM key of --tls-cert (default $KVTIER_TLS_KEY)")
+	fl.StringVar(&f.tlsServerName, "tls-server-name", "", "name to check the daemon's certificate against instead of the host dialled (default $KVTIER_TLS_SERVER_NAME)")
+}
+
+// tlsConfig is the TLS configuration the flags (or $KVTIER_TLS_*) ask
+// for; nil without any.
+func (f *remoteFlags) tlsConfig() (*tls.Config, error) {
+	env := func(v *string, name string) {
+		if *v == "" {
+			*v = os.Getenv(name)
+		}
+	}
+	env(&f.tlsCA, "KVTIER_TLS_CA")
+	env(&f.tlsCert, "KVTIER_TLS_CERT")
+	env(&f.tlsKey, "KVTIER_TLS_KEY")
+	env(&f.tlsServerName, "KVTIER_TLS_SERVER_NAME")
+	if !f.tls && f.tlsCA == "" && f.tlsCert == "" && f.tlsKey == "" && f.tlsServerName == "" {
+		return nil, nil
+	}
+	if _, unix := client.IsUnixTarget(f.target); unix {
+		return nil, fmt.Errorf("--target %q is a Unix socket: TLS applies to a TCP daemon (HOST:PORT)", f.target)
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	c, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-*: %w", err)
+	}
+	return c, nil
 }
 
 // dial connects to the daemon. The connection is lazy: the first call
@@ -56,11 +95,49 @@ func (f *remoteFlags) dial() (*client.Client, error) {
 	if tok == "" {
 		tok = os.Getenv("KVTIER_TOKEN")
 	}
-	c, err := client.Dial(f.target, client.Options{Token: tok, Namespace: f.namespace})
+	tc, err := f.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.Dial(f.target, client.Options{Token: tok, Namespace: f.namespace, TLS: tc})
 	if err != nil {
 		return nil, fmt.Errorf("--target %q: %w", f.target, err)
 	}
 	return c, nil
+}
+
+// tlsTrouble explains a transport error that a TLS handshake (or its
+// absence) caused, or returns "".
+func (f *remoteFlags) tlsTrouble(msg string) string {
+	why := f.tlsCause(msg)
+	switch {
+	case why == "":
+		return ""
+	case strings.HasPrefix(why, "the daemon closed"):
+		return fmt.Sprintf("no answer from %s: %s", f.target, why)
+	}
+	return fmt.Sprintf("TLS handshake with %s failed: %s", f.target, why)
+}
+
+func (f *remoteFlags) tlsCause(msg string) string {
+	usingTLS := f.tls || f.tlsCA != "" || f.tlsCert != "" || f.tlsServerName != ""
+	switch {
+	case strings.Contains(msg, "certificate signed by unknown authority"):
+		return "the daemon's TLS certificate is not signed by a CA this client trusts (--tls-ca names the daemon's CA)"
+	case strings.Contains(msg, "certificate is valid for"), strings.Contains(msg, "doesn't contain any IP SANs"),
+		strings.Contains(msg, "not valid for any names"):
+		return "the daemon's TLS certificate is not for the name dialled (--tls-server-name sets the name to check)"
+	case strings.Contains(msg, "certificate required"), strings.Contains(msg, "bad certificate"):
+		return "the daemon wants a TLS client certificate signed by its server.tls.client_ca_file (--tls-cert and --tls-key)"
+	case strings.Contains(msg, "unknown certificate authority"):
+		return "the daemon does not trust the client certificate's CA (server.tls.client_ca_file)"
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return "the daemon does not serve TLS on this address (drop --tls-*)"
+	case !usingTLS && (strings.Contains(msg, "error reading server preface") || strings.Contains(msg, "connection reset by peer") ||
+		strings.Contains(msg, "EOF")):
+		return "the daemon closed the connection without a word: if it serves TLS (server.tls), pass --tls-ca (and --tls-cert/--tls-key for mutual TLS)"
+	}
+	return ""
 }
 
 func (f *remoteFlags) context(extra time.Duration) (context.Context, context.CancelFunc) {
@@ -75,6 +152,9 @@ func (f *remoteFlags) rpcError(what string, err error) error {
 	}
 	switch st.Code() {
 	case codes.Unavailable:
+		if why := f.tlsTrouble(st.Message()); why != "" {
+			return fmt.Errorf("%s: %s: %s", what, why, st.Message())
+		}
 		return fmt.Errorf("%s: cannot reach a kvtier daemon at %s (is `kvtier serve` running there? --target sets the address): %s", what, f.target, st.Message())
 	case codes.Unauthenticated:
 		return fmt.Errorf("%s: the daemon at %s wants an auth token (--token or $KVTIER_TOKEN): %s", what, f.target, st.Message())

@@ -10,4 +10,7 @@ from kvtier.client import (  # noqa: F401
     Client,
     make_key,
     receive_arena_fd,
+    rpc_message,
+    tls_credentials,
+    tls_trouble,
 )

@@ -124,14 +124,65 @@ def receive_arena_fd(path, namespace=""):
     return fds[0], reply
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError("kvtier: %s %s: %s" % (what, path, e.strerror)) from None
+
+
+def tls_credentials(ca_file=None, cert_file=None, key_file=None):
+    """gRPC channel credentials for a daemon whose TCP API serves TLS
+    (server.tls): trusting ca_file (default: the system's roots) and, with
+    cert_file and key_file, presenting that client certificate."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("kvtier: tls_cert and tls_key go together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca_file, "tls_ca") if ca_file else None,
+        private_key=_read(key_file, "tls_key") if key_file else None,
+        certificate_chain=_read(cert_file, "tls_cert") if cert_file else None)
+
+
+def tls_trouble(e):
+    """What a failed call's TLS handshake says went wrong, in an
+    operator's terms, or None when it was not a TLS failure."""
+    if not isinstance(e, grpc.RpcError):
+        return None
+    try:
+        msg = (e.details() or "").lower()
+    except Exception:  # noqa: BLE001
+        return None
+    if "certificate_verify_failed" in msg or "unknown authority" in msg or "unable to get local issuer" in msg:
+        return "the daemon's TLS certificate is not signed by a CA this client trusts (tls_ca names the daemon's CA)"
+    if "hostname" in msg or "peer name" in msg or "does not match" in msg:
+        return "the daemon's TLS certificate is not for the name dialled (tls_server_name sets the name to check)"
+    if "certificate required" in msg or "certificate_required" in msg or "bad certificate" in msg:
+        return "the daemon wants a TLS client certificate signed by its server.tls.client_ca_file (tls_cert and tls_key)"
+    if "tsi_data_corrupted" in msg or "unwrap failed" in msg:
+        # gRPC's C core reports the daemon's alert (certificate required,
+        # unknown CA) only in its own log; the call sees a broken record.
+        return ("the daemon broke off the TLS session after the handshake: it wants a client certificate signed by its "
+                "server.tls.client_ca_file (tls_cert and tls_key), or does not trust the one sent")
+    if "wrong_version_number" in msg or "wrong version number" in msg or "handshake" in msg:
+        return "the TLS handshake failed: does the daemon serve TLS on this address (server.tls)?"
+    return None
+
+
 class Client:
     """A connection to a kvtier daemon.
 
     target is a Unix socket path ("./kvtier.sock", "unix:/run/kvtier.sock")
-    or a TCP "host:port". token is the daemon's TCP auth token, if any."""
+    or a TCP "host:port". token is the daemon's TCP auth token, if any.
+    A TCP daemon that serves TLS (server.tls) takes tls=True (the system's
+    roots) or tls_ca (its CA's PEM file), with tls_cert and tls_key for
+    mutual TLS and tls_server_name to check another name than the host
+    dialled. A failed handshake raises grpc.RpcError (UNAVAILABLE) on the
+    first call; kvtier.tls_trouble(e) names the cause."""
 
     def __init__(self, target="./kvtier.sock", token=None, namespace="",
-                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls=False, tls_ca=None, tls_cert=None,
+                 tls_key=None, tls_server_name=None):
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -144,7 +195,15 @@ class Client:
         ]
         path = _unix_path(target)
         address = "unix:" + os.path.abspath(path) if path is not None else target
-        self._channel = grpc.insecure_channel(address, options=options)
+        use_tls = tls or tls_ca or tls_cert or tls_key or tls_server_name
+        if use_tls and path is not None:
+            raise ValueError("kvtier: target %r is a Unix socket: TLS applies to a TCP daemon (host:port)" % target)
+        if use_tls:
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(address, tls_credentials(tls_ca, tls_cert, tls_key), options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.KVTierStub(self._channel)
         self._md = (("authorization", "Bearer " + token),) if token else None
         self.namespace = namespace
