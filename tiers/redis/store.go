@@ -23,7 +23,7 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
 	if len(job.Slots) < len(job.Keys) {
 		return nil, fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
 	}
-	if need := int64(remote.HeaderSize + job.Arena.SlotSize()); need > t.cfg.MaxValueBytes {
+	if need := int64(remote.HeaderSize + job.Arena.SlotSize()); need > int64(t.cfg.MaxValueBytes) {
 		return nil, fmt.Errorf("%s: store job %d: %w: %d-byte value, max_value_bytes %d", t.label(), job.ID, ErrValueTooLarge, need, t.cfg.MaxValueBytes)
 	}
 	slots := make([][]byte, len(job.Keys))

@@ -40,6 +40,12 @@ secondary_tiers:
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// Sizes take units, as every other size key does.
+	c = DefaultConfig()
+	if err := rt.DecodeTier(strings.Replace(doc, "max_value_bytes: 4194304", "max_value_bytes: 4MiB", 1), &c); err != nil ||
+		c.MaxValueBytes != 4<<20 {
+		t.Fatalf("max_value_bytes: 4MiB: %d, %v", c.MaxValueBytes, err)
+	}
 	c = DefaultConfig()
 	err := rt.DecodeTier(strings.Replace(doc, "ttl: 30m", "ttl: soon", 1), &c)
 	if err == nil || !strings.Contains(err.Error(), "ttl") {
