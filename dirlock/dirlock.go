@@ -43,6 +43,20 @@ func Acquire(dir, what string) (*Lock, error) {
 // AcquireFile locks the file at path (created 0600 if absent), for locks
 // that cannot live inside a directory of their own, such as a socket's.
 func AcquireFile(path, what string) (*Lock, error) {
+	for attempt := 0; ; attempt++ {
+		l, err := acquireFile(path, what)
+		if !errors.Is(err, errRemoved) || attempt == 2 {
+			return l, err
+		}
+		// The holder removed the file as it released it (ReleaseAndRemove):
+		// the lock just taken is on a file no one else can find.
+	}
+}
+
+// errRemoved: the file was locked after its holder had removed it.
+var errRemoved = errors.New("lock file removed by its previous holder")
+
+func acquireFile(path, what string) (*Lock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	created := err == nil
 	if errors.Is(err, os.ErrExist) {
@@ -58,6 +72,12 @@ func AcquireFile(path, what string) (*Lock, error) {
 			return nil, fmt.Errorf("%s: %w (%s)", filepath.Dir(path), ErrLocked, strings.TrimSpace(strings.ReplaceAll(string(owner), "\n", ", ")))
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	held, herr := f.Stat()
+	named, nerr := os.Lstat(path)
+	if herr != nil || nerr != nil || !os.SameFile(held, named) {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, errRemoved)
 	}
 	l := &Lock{f: f, Created: created}
 	if prev, err := os.ReadFile(path); err == nil {
@@ -86,8 +106,8 @@ func Held(dir string) (bool, string) {
 	return false, ""
 }
 
-// Release releases the lock (the file stays: removing it would race with
-// a process about to lock it). Release of a nil Lock does nothing.
+// Release releases the lock; the file stays. Release of a nil Lock does
+// nothing.
 func (l *Lock) Release() {
 	if l == nil || l.f == nil {
 		return
@@ -97,7 +117,10 @@ func (l *Lock) Release() {
 }
 
 // ReleaseAndRemove removes the lock file, then releases the lock: for a
-// lock file next to a file that is gone too (a file arena's).
+// lock file next to a file that is gone too (a file arena's, a daemon's
+// socket). A process that opened the file before it went and locks it
+// after sees that the path names another file, or none, and tries again
+// (AcquireFile), so two processes never both hold the lock of one path.
 func (l *Lock) ReleaseAndRemove() {
 	if l == nil || l.f == nil {
 		return

@@ -227,7 +227,7 @@ func claimDaemon(cfg *config.Config) (*dirlock.Lock, error) {
 		}
 		ln, err := net.Listen("tcp", a.addr)
 		if err != nil {
-			lock.Release()
+			lock.ReleaseAndRemove()
 			return nil, fmt.Errorf("%s %s: %w", a.key, a.addr, err)
 		}
 		ln.Close()
@@ -276,7 +276,9 @@ func serve(ctx context.Context, f serveFlags, stderr interface{ Write([]byte) (i
 	if err != nil {
 		return err
 	}
-	defer lock.Release()
+	// The lock file goes with the socket, on a failed start as on a
+	// clean stop (a crash leaves it, unlocked: the next start takes it).
+	defer lock.ReleaseAndRemove()
 	srv, err := buildDaemon(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -404,43 +406,14 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 // over them (with the event publisher when events are on), and returns a
 // function that closes them for a start that fails later.
 func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Logger) (server.NamespaceConfig, func(), error) {
-	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
-	p, err := cpu.New(cpu.Config{
-		SlotSize: slotSize,
-		Capacity: int64(cfg.Primary.Bytes),
-		Policy:   string(cfg.Primary.Policy),
-		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
-		Events:   cfg.Events.Enabled,
-	})
-	if err != nil {
-		return server.NamespaceConfig{}, nil, fmt.Errorf("primary: %w", err)
-	}
-	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: log})
-	if err != nil {
-		p.Close()
-		return server.NamespaceConfig{}, nil, err
-	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
-	if err != nil {
-		for _, t := range tiers {
-			t.Close(ctx)
-		}
-		p.Close()
-		return server.NamespaceConfig{}, nil, err
-	}
-	closeFn := func() { m.Close(ctx) }
-	st := p.Stats()
-	log.Info("tier", "name", "primary", "type", "cpu", "medium", "CPU", "locality", "-",
-		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
-		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
-	for _, t := range tiers {
-		d := tierset.DeclarationOf(t)
-		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
-	}
-	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
+	// The event publisher binds its endpoints first: a bad or busy
+	// endpoint must fail the start before any tier creates a directory,
+	// config.json or lock on disk.
+	var pub *events.Publisher
 	if cfg.Events.Enabled {
 		ev := cfg.Events
-		pub, err := events.New(events.Config{
+		var err error
+		pub, err = events.New(events.Config{
 			Endpoint:       ev.Endpoint,
 			ReplayEndpoint: ev.ReplayEndpoint,
 			Topic:          ev.Topic,
@@ -456,9 +429,59 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 			Logger:         log.With("component", "events"),
 		})
 		if err != nil {
-			closeFn()
 			return server.NamespaceConfig{}, nil, fmt.Errorf("events: %w", err)
 		}
+	}
+	closePub := func() {
+		if pub != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			pub.Close(cctx)
+		}
+	}
+	fail := func(err error) (server.NamespaceConfig, func(), error) {
+		closePub()
+		return server.NamespaceConfig{}, nil, err
+	}
+	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
+	p, err := cpu.New(cpu.Config{
+		SlotSize: slotSize,
+		Capacity: int64(cfg.Primary.Bytes),
+		Policy:   string(cfg.Primary.Policy),
+		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
+		Events:   cfg.Events.Enabled,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("primary: %w", err))
+	}
+	tiers, err := tierset.Build(ctx, cfg, tierset.Options{Logger: log})
+	if err != nil {
+		p.Close()
+		return fail(err)
+	}
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
+	if err != nil {
+		for _, t := range tiers {
+			t.Close(ctx)
+		}
+		p.Close()
+		return fail(err)
+	}
+	closeFn := func() {
+		m.Close(ctx)
+		closePub()
+	}
+	st := p.Stats()
+	log.Info("tier", "name", "primary", "type", "cpu", "medium", "CPU", "locality", "-",
+		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
+		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
+	for _, t := range tiers {
+		d := tierset.DeclarationOf(t)
+		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
+	}
+	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
+	if pub != nil {
+		ev := cfg.Events
 		nc = server.WithPublisher(nc, pub)
 		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
 	}

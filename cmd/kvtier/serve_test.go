@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -174,5 +175,39 @@ func TestServeStartErrorsNameTheKey(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit 1 naming %q", code, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// A start that fails leaves nothing behind: a busy events endpoint is
+// found before the fs tier creates its directory, and the socket's lock
+// file goes with the failed start.
+func TestFailedStartLeavesNothingBehind(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	data := filepath.Join(dir, "data")
+	cfg := writeFile(t, "kvtier.yaml", fmt.Sprintf(`
+namespace: {bytes_per_block: 4KiB}
+primary: {bytes: 64KiB, arena: {kind: anonymous}}
+secondary_tiers: [{name: d, type: fs, root_dir: %s}]
+server: {unix_socket: %s/k.sock, tcp_addr: "", metrics_addr: ""}
+events: {enabled: true, endpoint: "tcp://%s", mode: bind}
+`, data, dir, busy.Addr()))
+	code, _, stderr := runCLI(t, "", "serve", "--config", cfg)
+	if code != 1 || !strings.Contains(stderr, "events") {
+		t.Fatalf("exit %d, stderr %q; want a start error naming events", code, stderr)
+	}
+	if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the fs tier's directory exists after the failed start (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "k.sock.lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket's lock file is left behind (%v)", err)
 	}
 }
