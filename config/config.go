@@ -122,7 +122,17 @@ func parse(data []byte, file string) (*Config, error) {
 		return nil, &Error{File: file, Line: extra.Line, Msg: "want one YAML document, found more"}
 	}
 	d := &decoder{file: file}
-	if n := resolve(&doc); !isNull(n) {
+	n := resolve(&doc)
+	if isNull(n) && file != "" {
+		// An empty file would run on the built-in defaults (no secondary
+		// tier), which is not the embedded default config either: most
+		// likely a file written by mistake or a template that rendered
+		// nothing.
+		return nil, &Error{File: file, Msg: "the file has no keys (empty, or only comments); put the settings you want in it " +
+			"(`kvtier serve --print-default-config` prints a commented config to start from), or leave out --config " +
+			"to run the embedded default"}
+	}
+	if !isNull(n) {
 		d.decodeStruct(n, "", reflect.ValueOf(cfg).Elem(), nil)
 	}
 	if len(d.errs) == 0 {

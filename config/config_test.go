@@ -423,3 +423,21 @@ func TestAliasExpansionIsBounded(t *testing.T) {
 		t.Fatalf("Decode of %d×%d aliased values: error %v, want one naming the path and the aliases", n, n, err)
 	}
 }
+
+// An empty config file (or one of comments only) is refused with a reason:
+// it would run the daemon on built-in defaults without a word.
+func TestEmptyFileIsRefused(t *testing.T) {
+	for _, doc := range []string{"", "\n\n", "# all commented out\n# primary: {bytes: 1GiB}\n"} {
+		p := filepath.Join(t.TempDir(), "kvtier.yaml")
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(p)
+		if err == nil || !strings.Contains(err.Error(), "has no keys") || !strings.Contains(err.Error(), p) {
+			t.Errorf("%q: %v; want an error naming the file and saying it has no keys", doc, err)
+		}
+	}
+	if _, err := Parse(nil); err != nil {
+		t.Errorf("Parse of no document (the defaults, for callers without a file): %v", err)
+	}
+}

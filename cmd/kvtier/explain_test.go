@@ -139,7 +139,7 @@ func TestExplainJSON(t *testing.T) {
 
 func TestExplainText(t *testing.T) {
 	strict := writeFile(t, "strict.yaml", strictConfig)
-	empty := writeFile(t, "empty.yaml", "")
+	empty := writeFile(t, "empty.yaml", "secondary_tiers: []  # the built-in defaults: the primary alone\n")
 	cases := []struct {
 		name   string
 		args   []string
