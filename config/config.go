@@ -39,6 +39,11 @@ type Config struct {
 	Events Events `yaml:"events"`
 	// Engines configures vLLM manager mode.
 	Engines Engines `yaml:"engines"`
+	// Cascades bounds and paces the cascades from the primary to the
+	// secondary tiers, in every namespace.
+	Cascades Cascades `yaml:"cascades"`
+	// Regions configures vLLM tier mode's registered regions.
+	Regions Regions `yaml:"regions"`
 }
 
 // Namespace describes the blocks kvtier stores.
@@ -171,6 +176,7 @@ func (c *Config) check(d *decoder) {
 	}
 
 	c.checkDaemon(d)
+	c.checkCascades(d)
 
 	byName := make(map[string]int, len(c.SecondaryTiers))
 	for i := range c.SecondaryTiers {

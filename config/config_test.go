@@ -131,7 +131,7 @@ func TestParseErrors(t *testing.T) {
 		want []string // substrings of the error, in order of appearance
 	}{
 		{"unknown top-level key", "colour: red\n",
-			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events, engines)`}},
+			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events, engines, cascades, regions)`}},
 		{"unknown daemon key", "events: {enable: true}\n",
 			[]string{`events.enable: unknown key`}},
 		{"unknown event medium", "events:\n  medium_names: {cpu: DRAM, gpu: HBM}\n",
@@ -439,5 +439,44 @@ func TestEmptyFileIsRefused(t *testing.T) {
 	}
 	if _, err := Parse(nil); err != nil {
 		t.Errorf("Parse of no document (the defaults, for callers without a file): %v", err)
+	}
+}
+
+// The cascade budget, back-pressure and region settings are config keys,
+// validated with the key's path.
+func TestCascadeAndRegionKeys(t *testing.T) {
+	c, err := Parse([]byte(`
+cascades:
+  pin_budget: 0.5
+  tier_share: 1
+  back_pressure: {enabled: false, alpha: 0.5, high: 2s, low: 1s, warmup: -1}
+regions: {max_regions: 8, max_requests: 100, lookup_wait: 1s, tick: 2ms}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if share, _ := c.Cascades.PinBudgetShare(); share != 0.5 || c.Cascades.TierShare != 1 || *c.Cascades.BackPressure.Enabled ||
+		c.Cascades.BackPressure.Warmup != -1 || c.Regions.MaxRegions != 8 || time.Duration(c.Regions.Tick) != 2*time.Millisecond {
+		t.Fatalf("decoded %+v %+v", c.Cascades, c.Regions)
+	}
+	if c, err := Parse([]byte("cascades: {pin_budget: \"off\"}\n")); err != nil {
+		t.Fatal(err)
+	} else if share, _ := c.Cascades.PinBudgetShare(); share != -1 {
+		t.Fatalf("off: %v", share)
+	}
+	for doc, want := range map[string]string{
+		"cascades: {pin_budget: 1.5}":                        "cascades.pin_budget",
+		"cascades: {pin_budget: lots}":                       "cascades.pin_budget",
+		"cascades: {tier_share: 0}\ncascades2: 1":            "cascades2: unknown key",
+		"cascades: {tier_share: 2}":                          "cascades.tier_share",
+		"cascades: {back_pressure: {alpha: 2}}":              "cascades.back_pressure.alpha",
+		"cascades: {back_pressure: {high: 1s, low: 2s}}":     "cascades.back_pressure.low",
+		"cascades: {back_pressure: {warmup: -5}}":            "cascades.back_pressure.warmup",
+		"regions: {max_regions: -1}":                         "regions.max_regions",
+		"cascades: {back_pressure: {enabled: true, hi: 1s}}": "cascades.back_pressure.hi: unknown key",
+	} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want an error naming %s", doc, err, want)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -273,5 +275,103 @@ func (c *Config) checkDaemon(d *decoder) {
 	}
 	if c.Limits.MaxKeyBytes > 1024 {
 		d.errorf(nil, "limits.max_key_bytes", "%d exceeds the maximum key length 1024", c.Limits.MaxKeyBytes)
+	}
+}
+
+// Cascades bounds the primary slots cascades pin and paces cascades to
+// slow tiers (tiering.BudgetConfig, tiering.AdmissionConfig). Zero values
+// are the defaults.
+type Cascades struct {
+	// PinBudget is the share of the primary's slots that cascades in
+	// flight may pin together, in (0, 1], or "off" for no bound (default
+	// 0.25; BENCHMARKS.md "Cascade pin budget" measures the fractions).
+	PinBudget string `yaml:"pin_budget"`
+	// TierShare is the share of the pin budget one tier's cascades may pin
+	// when there are several tiers, in (0, 1] (default 0.5; 1 with one
+	// tier).
+	TierShare float64 `yaml:"tier_share"`
+	// BackPressure drops cascades to a tier whose cascades have become
+	// slow, until they are fast again.
+	BackPressure BackPressure `yaml:"back_pressure"`
+}
+
+// BackPressure is a tier's cascade back-pressure (tiering.AdmissionConfig):
+// an EMA of cascade latency with hysteresis.
+type BackPressure struct {
+	// Enabled turns it on (default true).
+	Enabled *bool `yaml:"enabled"`
+	// Alpha is the EMA weight of a new latency sample, in (0, 1] (0.3).
+	Alpha float64 `yaml:"alpha"`
+	// High turns back-pressure on when the EMA exceeds it (1s); Low turns
+	// it off again below it (500ms; at most High).
+	High Duration `yaml:"high"`
+	Low  Duration `yaml:"low"`
+	// Warmup is the number of first samples ignored (3); -1 for none.
+	Warmup int `yaml:"warmup"`
+}
+
+// Regions configures vLLM tier mode (region.Config). Zero values are the
+// defaults.
+type Regions struct {
+	// MaxRegions bounds the regions registered at once (64).
+	MaxRegions int `yaml:"max_regions"`
+	// MaxRequests bounds the requests one region holds state for (65536).
+	MaxRequests int `yaml:"max_requests"`
+	// LookupWait bounds how long a lookup waits for tiers that answer
+	// asynchronously before it answers "unknown" for keys they have not
+	// settled (2s).
+	LookupWait Duration `yaml:"lookup_wait"`
+	// Tick is how often a namespace's executor polls its tiers while work
+	// is pending (1ms).
+	Tick Duration `yaml:"tick"`
+}
+
+// PinBudgetShare returns PinBudget as a share: 0 for the default, -1 for
+// "off".
+func (c Cascades) PinBudgetShare() (float64, error) {
+	switch c.PinBudget {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	f, err := strconv.ParseFloat(c.PinBudget, 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, fmt.Errorf(`want a share of the primary in (0, 1] or "off", got %q`, c.PinBudget)
+	}
+	return f, nil
+}
+
+func (c *Config) checkCascades(d *decoder) {
+	k := c.Cascades
+	if _, err := k.PinBudgetShare(); err != nil {
+		d.errorf(nil, "cascades.pin_budget", "%v", err)
+	}
+	if k.TierShare != 0 && !(k.TierShare > 0 && k.TierShare <= 1) {
+		d.errorf(nil, "cascades.tier_share", "want a share of the pin budget in (0, 1], got %v", k.TierShare)
+	}
+	b := k.BackPressure
+	if b.Alpha != 0 && !(b.Alpha > 0 && b.Alpha <= 1) {
+		d.errorf(nil, "cascades.back_pressure.alpha", "want an EMA weight in (0, 1], got %v", b.Alpha)
+	}
+	if b.High < 0 || b.Low < 0 {
+		d.errorf(nil, "cascades.back_pressure", "high and low must not be negative")
+	} else if b.High > 0 && b.Low > b.High {
+		d.errorf(nil, "cascades.back_pressure.low", "%v is above high %v", time.Duration(b.Low), time.Duration(b.High))
+	}
+	if b.Warmup < -1 {
+		d.errorf(nil, "cascades.back_pressure.warmup", "want samples to ignore, or -1 for none; got %d", b.Warmup)
+	}
+	r := c.Regions
+	for _, v := range []struct {
+		key string
+		n   int64
+	}{
+		{"regions.max_regions", int64(r.MaxRegions)}, {"regions.max_requests", int64(r.MaxRequests)},
+		{"regions.lookup_wait", int64(r.LookupWait)}, {"regions.tick", int64(r.Tick)},
+	} {
+		if v.n < 0 {
+			d.errorf(nil, v.key, "must not be negative")
+		}
 	}
 }

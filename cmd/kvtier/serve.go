@@ -99,6 +99,27 @@ events:
   # medium_names:           # wire names of the media, for routers with
   #   cpu: CPU              # another vocabulary (keys cpu, storage)
   #   storage: STORAGE
+
+# cascades:                 # primary -> secondary tiers, in every namespace
+#   pin_budget: 0.25        # share of the primary cascades in flight may pin; "off"
+#   tier_share: 0.5         # share of that budget one tier may pin (1 with one tier)
+#   back_pressure:          # drop cascades to a tier while its cascades are slow
+#     enabled: true
+#     alpha: 0.3            # EMA weight of a new latency sample
+#     high: 1s              # on above this EMA ...
+#     low: 500ms            # ... off again below this one
+#     warmup: 3             # first samples ignored (-1: none)
+
+# engines:                  # vLLM manager mode (needs server.unix_socket)
+#   enabled: true
+#   primary_bytes: 1GiB     # each engine layout's primary (default primary.bytes)
+#   max_namespaces: 4
+
+# regions:                  # vLLM tier mode
+#   max_regions: 64
+#   max_requests: 65536     # per region
+#   lookup_wait: 2s         # then keys tiers have not settled answer "unknown"
+#   tick: 1ms               # executor poll interval while work is pending
 `
 
 type serveFlags struct {
@@ -459,7 +480,8 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		p.Close()
 		return fail(err)
 	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log})
+	budget, admission := cascadeConfig(cfg)
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Logger: log})
 	if err != nil {
 		for _, t := range tiers {
 			t.Close(ctx)
@@ -520,7 +542,8 @@ func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, i
 			p.Close()
 			return server.NamespaceConfig{}, err
 		}
-		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Logger: log.With("namespace", name)})
+		budget, admission := cascadeConfig(cfg)
+		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Logger: log.With("namespace", name)})
 		if err != nil {
 			for _, t := range tiers {
 				t.Close(ctx)
@@ -558,8 +581,35 @@ func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error)
 			}
 			return parser.NewReqContext(id, params)
 		},
-		Logger: log,
+		Logger:      log,
+		Admission:   admissionConfig(cfg),
+		MaxRegions:  cfg.Regions.MaxRegions,
+		MaxRequests: cfg.Regions.MaxRequests,
+		LookupWait:  time.Duration(cfg.Regions.LookupWait),
+		Tick:        time.Duration(cfg.Regions.Tick),
 	})
+}
+
+// cascadeConfig returns the cascade pin budget and back-pressure of every
+// namespace's stack (config.Cascades; validated when it was parsed).
+func cascadeConfig(cfg *config.Config) (tiering.BudgetConfig, tiering.AdmissionConfig) {
+	share, _ := cfg.Cascades.PinBudgetShare()
+	b := tiering.BudgetConfig{Disabled: share < 0, TierFraction: cfg.Cascades.TierShare}
+	if share > 0 {
+		b.Fraction = share
+	}
+	return b, admissionConfig(cfg)
+}
+
+func admissionConfig(cfg *config.Config) tiering.AdmissionConfig {
+	bp := cfg.Cascades.BackPressure
+	return tiering.AdmissionConfig{
+		Disabled: bp.Enabled != nil && !*bp.Enabled,
+		Alpha:    bp.Alpha,
+		High:     time.Duration(bp.High),
+		Low:      time.Duration(bp.Low),
+		Warmup:   bp.Warmup,
+	}
 }
 
 // wireMediumNames keys the configured names by canonical medium, as the

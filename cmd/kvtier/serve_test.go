@@ -211,3 +211,28 @@ events: {enabled: true, endpoint: "tcp://%s", mode: bind}
 		t.Errorf("the socket's lock file is left behind (%v)", err)
 	}
 }
+
+// cascades.pin_budget and cascades.tier_share reach the manager: the
+// daemon's stats report the budget they make.
+func TestCascadeBudgetFromConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cascades string
+		want     int64
+	}{
+		{"", 16},                          // 64 slots x the default 0.25
+		{"cascades: {pin_budget: 0.5}", 32},
+		{`cascades: {pin_budget: "off"}`, 0},
+	} {
+		d := newPeerDaemon(t, "budget")
+		d.events = tc.cascades
+		d.start(t, "[{name: dram, type: memory, medium: cpu, locality: local}]")
+		st, err := d.c.Stats(ctxFor(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.GetCascadePinBudget(); got != tc.want {
+			t.Errorf("%q: cascade pin budget %d, want %d", tc.cascades, got, tc.want)
+		}
+		d.stop()
+	}
+}
