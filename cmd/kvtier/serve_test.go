@@ -219,7 +219,7 @@ func TestCascadeBudgetFromConfig(t *testing.T) {
 		cascades string
 		want     int64
 	}{
-		{"", 16},                          // 64 slots x the default 0.25
+		{"", 16}, // 64 slots x the default 0.25
 		{"cascades: {pin_budget: 0.5}", 32},
 		{`cascades: {pin_budget: "off"}`, 0},
 	} {
