@@ -262,9 +262,22 @@ type TierResult struct {
 	CascadeBlocksRevoked uint64 `json:"cascade_blocks_revoked"`
 	// Evictions counts blocks the tier reported removed (only tiers that
 	// emit events report them); Held is the blocks it holds at the end,
-	// -1 when the tier cannot say.
-	Evictions uint64 `json:"evictions"`
-	Held      int    `json:"held"`
+	// HeldAtStart those it held before the replay (an fs tier keeps the
+	// files of earlier runs), -1 when the tier cannot say. A tier may hold
+	// more than HeldAtStart + CascadedBlocks: a revoked block (counted in
+	// CascadeBlocksRevoked, not in CascadedBlocks) is kept if the tier had
+	// written it before eviction took it back.
+	Evictions   uint64 `json:"evictions"`
+	Held        int    `json:"held"`
+	HeldAtStart int    `json:"held_at_start"`
+}
+
+// tierLen is the blocks a tier holds, -1 when it cannot say.
+func tierLen(t offload.SecondaryTier) int {
+	if l, ok := t.(interface{ Len() int }); ok {
+		return l.Len()
+	}
+	return -1
 }
 
 // KeyOf returns the offload key of a trace hash id: the id as 8 bytes
@@ -418,6 +431,7 @@ type driver struct {
 	promoted  []uint64 // per tier: PromotedBlocks before the request
 	tierHits  []uint64
 	evictions map[string]uint64
+	heldStart []int // each tier's blocks before the replay (-1: it cannot say)
 	lastProg  time.Time
 	start     time.Time
 	// onEvents, when set, sees every batch of the manager's events (a
@@ -436,6 +450,10 @@ func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.Re
 		promoted:  make([]uint64, n),
 		tierHits:  make([]uint64, n),
 		evictions: make(map[string]uint64),
+		heldStart: make([]int, n),
+	}
+	for i, t := range m.Tiers() {
+		d.heldStart[i] = tierLen(t)
 	}
 	for _, w := range tmpl.Warnings {
 		d.res.Warnings = append(d.res.Warnings, w.Message)
@@ -698,10 +716,7 @@ func (d *driver) collect() {
 	r.Tiers = make([]TierResult, len(st.Tiers))
 	for i, ts := range st.Tiers {
 		decl := tierset.DeclarationOf(tiers[i])
-		held := -1
-		if l, ok := tiers[i].(interface{ Len() int }); ok {
-			held = l.Len()
-		}
+		held := tierLen(tiers[i])
 		r.Tiers[i] = TierResult{
 			Name:                    ts.Name,
 			Type:                    ts.Type,
@@ -723,6 +738,7 @@ func (d *driver) collect() {
 			CascadeBlocksRevoked:    ts.CascadeBlocksRevoked,
 			Evictions:               d.evictions[ts.Name],
 			Held:                    held,
+			HeldAtStart:             d.heldStart[i],
 		}
 	}
 	if r.Blocks > 0 {

@@ -121,6 +121,14 @@ func checkCounts(t *testing.T, res *Result, reqs []Request) {
 	if byTier != res.PromotedHitBlocks {
 		t.Errorf("tiers credited %d hit blocks, %d were promoted", byTier, res.PromotedHitBlocks)
 	}
+	for _, tr := range res.Tiers {
+		// What a tier holds came from before the replay, its cascades, or
+		// cascades eviction revoked after the tier had written them.
+		if tr.Held >= 0 && tr.HeldAtStart >= 0 && uint64(tr.Held) > uint64(tr.HeldAtStart)+tr.CascadedBlocks+tr.CascadeBlocksRevoked {
+			t.Errorf("tier %s holds %d blocks > %d before + %d cascaded + %d revoked", tr.Name, tr.Held, tr.HeldAtStart,
+				tr.CascadedBlocks, tr.CascadeBlocksRevoked)
+		}
+	}
 	if want := float64(res.HitBlocks) / float64(res.Blocks); res.HitRate != want {
 		t.Errorf("hit rate %v, want %v", res.HitRate, want)
 	}

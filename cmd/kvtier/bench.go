@@ -455,18 +455,21 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 	fmt.Fprintf(&b, "primary: %d evictions, %d blocks stored, %d held\n", r.Primary.Evictions, r.Primary.StoredBlocks, r.Primary.Held)
 	if len(r.Tiers) > 0 {
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "tier\tlookup hits\tskipped\tpromoted\tcascaded\tcascades ok\tfailed\tdropped\tfiltered\tevicted\theld\t\n")
-		for _, t := range r.Tiers {
-			held := fmt.Sprint(t.Held)
-			if t.Held < 0 {
-				held = "?"
+		fmt.Fprintf(tw, "tier\tlookup hits\tskipped\tpromoted\theld before\tcascaded\trevoked\tcascades ok\tfailed\tdropped\tfiltered\tevicted\theld\t\n")
+		count := func(n int) string {
+			if n < 0 {
+				return "?"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", t.Name, t.LookupHits, t.SkippedByFilter,
-				t.PromotedBlocks, t.CascadedBlocks, t.CascadesOK, t.CascadesFailed, t.CascadesDropped,
-				t.CascadesSkippedByFilter, t.Evictions, held)
+			return fmt.Sprint(n)
+		}
+		for _, t := range r.Tiers {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", t.Name, t.LookupHits, t.SkippedByFilter,
+				t.PromotedBlocks, count(t.HeldAtStart), t.CascadedBlocks, t.CascadeBlocksRevoked, t.CascadesOK, t.CascadesFailed,
+				t.CascadesDropped, t.CascadesSkippedByFilter, t.Evictions, count(t.Held))
 		}
 		tw.Flush()
-		b.WriteString("(blocks except cascade counts, which are jobs; evicted counts only tiers that emit events)\n")
+		b.WriteString("(blocks except cascade counts, which are jobs; evicted counts only tiers that emit events; held ≤ held before\n" +
+			" + cascaded + revoked: a revoked block stays if the tier had written it before eviction took it back)\n")
 		b.WriteString("\ncascades dropped, by reason (jobs):\n")
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprint(tw, "tier\t")

@@ -117,7 +117,7 @@ func TestBenchTiersText(t *testing.T) {
 	for _, re := range []string{
 		`secondary tiers \(config .*tiers.yaml\): slow-disk \(memory, STORAGE/LOCAL\)`,
 		`promoted from slow-disk +0\.1000 +3 blocks`,
-		`slow-disk +3 +0 +3 +27 +9 +0 +0 +0 +0 +27`,
+		`slow-disk +3 +0 +3 +0 +27 +0 +9 +0 +0 +0 +0 +27`,
 	} {
 		if !regexp.MustCompile(re).MatchString(stdout) {
 			t.Errorf("output does not match %q:\n%s", re, stdout)

@@ -131,6 +131,13 @@ func (f *remoteFlags) tlsCause(msg string) string {
 		return "the daemon wants a TLS client certificate signed by its server.tls.client_ca_file (--tls-cert and --tls-key)"
 	case strings.Contains(msg, "unknown certificate authority"):
 		return "the daemon does not trust the client certificate's CA (server.tls.client_ca_file)"
+	case usingTLS && (strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset by peer")):
+		// The daemon's alert raced the client's first write.
+		cert := "(--tls-cert and --tls-key)"
+		if f.tlsCert != "" {
+			cert = "(or does not trust the one sent)"
+		}
+		return "the daemon broke off the TLS connection, as one that wants a TLS client certificate signed by its server.tls.client_ca_file does " + cert
 	case strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return "the daemon does not serve TLS on this address (drop --tls-*)"
 	case !usingTLS && (strings.Contains(msg, "error reading server preface") || strings.Contains(msg, "connection reset by peer") ||
