@@ -328,3 +328,46 @@ func TestREADMEChecksCatchDrift(t *testing.T) {
 		t.Fatalf("command lines %q", lines)
 	}
 }
+
+// Every package of the tree has a row in the README's Layout table (a
+// package directory named there, or its parent: `tiers/fs` is under
+// `tiers/memory`, `tiers/fs`, …).
+func TestREADMELayoutNamesEveryPackage(t *testing.T) {
+	doc := readme(t)
+	i := strings.Index(doc, "## Layout")
+	if i < 0 {
+		t.Fatal("README has no Layout section")
+	}
+	layout := doc[i:]
+	named := map[string]bool{}
+	for _, m := range backticked.FindAllStringSubmatch(layout, -1) {
+		for _, p := range strings.Split(m[1], ",") {
+			named[strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(p), "/…"))] = true
+		}
+	}
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" || rel == "python" || rel == "docs" ||
+			rel == "examples" || rel == "dist" || strings.HasPrefix(rel, "serving-bench-out")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		pkg := filepath.ToSlash(filepath.Dir(rel))
+		for q := pkg; q != "."; q = filepath.ToSlash(filepath.Dir(q)) {
+			if named[q] {
+				return nil
+			}
+		}
+		t.Errorf("package %s has no row in the README's Layout table", pkg)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
