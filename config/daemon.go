@@ -98,6 +98,10 @@ type Limits struct {
 	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
 	// MaxRequests bounds the active requests (default 65536).
 	MaxRequests int `yaml:"max_requests"`
+	// MaxSessionRequests bounds the active requests of one client session
+	// (connection) in a namespace (default max_requests / 4), so that no
+	// single client can take every request slot.
+	MaxSessionRequests int `yaml:"max_session_requests"`
 	// MaxParamsBytes bounds one kv_transfer_params document (default 64KiB).
 	MaxParamsBytes ByteSize `yaml:"max_params_bytes"`
 	// MaxWait caps GetBlocks' wait (default 10s).
@@ -255,6 +259,7 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_key_bytes", int64(c.Limits.MaxKeyBytes)},
 		{"limits.max_message_bytes", int64(c.Limits.MaxMessageBytes)},
 		{"limits.max_requests", int64(c.Limits.MaxRequests)},
+		{"limits.max_session_requests", int64(c.Limits.MaxSessionRequests)},
 		{"limits.max_params_bytes", int64(c.Limits.MaxParamsBytes)},
 		{"limits.max_wait", int64(c.Limits.MaxWait)},
 		{"limits.max_session_params_bytes", int64(c.Limits.MaxSessionParamsBytes)},

@@ -59,6 +59,10 @@ type Limits struct {
 	MaxMessageBytes int
 	// MaxRequests bounds the active requests of one namespace.
 	MaxRequests int
+	// MaxSessionRequests bounds the active requests one session (a client
+	// connection) holds in one namespace, so that no single client can
+	// take the whole request table (default MaxRequests / 4).
+	MaxSessionRequests int
 	// MaxParamsBytes bounds a kv_transfer_params document.
 	MaxParamsBytes int
 	// MaxWait caps GetBlocks' wait_ms.
@@ -103,6 +107,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxRequests == 0 {
 		l.MaxRequests = DefaultMaxRequests
 	}
+	if l.MaxSessionRequests == 0 {
+		l.MaxSessionRequests = max(1, l.MaxRequests/4)
+	}
 	if l.MaxParamsBytes == 0 {
 		l.MaxParamsBytes = DefaultMaxParamsBytes
 	}
@@ -145,6 +152,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_message_bytes %d: want at least 65536", l.MaxMessageBytes)
 	case l.MaxRequests < 0:
 		return l, fmt.Errorf("limits: max_requests %d: must be positive", l.MaxRequests)
+	case l.MaxSessionRequests < 0:
+		return l, fmt.Errorf("limits: max_session_requests %d: must be positive", l.MaxSessionRequests)
 	case l.MaxParamsBytes < 0:
 		return l, fmt.Errorf("limits: max_params_bytes %d: must be positive", l.MaxParamsBytes)
 	case l.MaxWait < 0:

@@ -121,6 +121,7 @@ var (
 	descCascadeBud = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
 	descRevoked    = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
 	descSessions   = prometheus.NewDesc("kvtier_sessions", "Client sessions (connections) holding requests.", []string{"namespace"}, nil)
+	descRefused    = prometheus.NewDesc("kvtier_requests_refused_total", "New requests refused, by why: full (the namespace holds limits.max_requests), session_cap (the session holds limits.max_session_requests).", []string{"namespace", "why"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_requests_released_total", "Requests released without their client finishing them, by why: session_ended (disconnect, crash, keep-alive), idle (no call for the request idle timeout).", []string{"namespace", "why"}, nil)
 	descConns      = prometheus.NewDesc("kvtier_connections", "Client connections (sessions) open, over all listeners; compare with server.max_connections per listener.", nil, nil)
 	descSessEnded  = prometheus.NewDesc("kvtier_sessions_ended_total", "Client sessions ended (disconnect, crash, keep-alive failure).", nil, nil)
@@ -142,7 +143,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
-		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descRefused, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
 	}
@@ -182,6 +183,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSessions, float64(st.Sessions), n)
 		counter(descReleased, st.ReleasedRequests, n, "session_ended")
 		counter(descReleased, st.ExpiredRequests, n, "idle")
+		counter(descRefused, st.RefusedFull, n, "full")
+		counter(descRefused, st.RefusedSession, n, "session_cap")
 		counter(descAutoSteps, st.AutoSteps, n)
 		counter(descEventsPub, st.EventsPublished, n)
 		counter(descEventsDrp, st.EventsDropped, n)

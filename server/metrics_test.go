@@ -2,13 +2,18 @@ package server_test
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/server"
 )
 
 // syncBuffer is a log destination safe for concurrent handlers.
@@ -95,5 +100,37 @@ func TestMetricSeries(t *testing.T) {
 		if n := strings.Count(logs.String(), msg); n != 1 {
 			t.Errorf("warning %s logged %d times, want once:\n%s", msg, n, logs.String())
 		}
+	}
+}
+
+// One client at its request cap is refused (and counted); another
+// keeps creating requests.
+func TestSessionRequestCap(t *testing.T) {
+	e := startEnv(t, envOptions{limits: server.Limits{MaxRequests: 100, MaxSessionRequests: 3}})
+	ctx := ctxT(t)
+	greedy, other := e.dial(t, e.unix), e.dial(t, e.unix)
+	for i := range 3 {
+		if _, err := greedy.NewRequest(ctx, fmt.Sprint("g", i), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := greedy.NewRequest(ctx, "g3", "")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_session_requests") {
+		t.Fatalf("a session past its cap: %v, want RESOURCE_EXHAUSTED naming limits.max_session_requests", err)
+	}
+	for i := range 3 {
+		if _, err := other.NewRequest(ctx, fmt.Sprint("o", i), ""); err != nil {
+			t.Fatalf("another session at the greedy one's cap: %v", err)
+		}
+	}
+	// A finished request frees its place in the cap.
+	if err := greedy.FinishRequest(ctx, "g0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := greedy.NewRequest(ctx, "g3", ""); err != nil {
+		t.Fatalf("after a finish: %v", err)
+	}
+	if body := scrape(t, e); !strings.Contains(body, `kvtier_requests_refused_total{namespace="",why="session_cap"} 1`) {
+		t.Errorf("metrics lack the refusal:\n%s", body)
 	}
 }

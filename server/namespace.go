@@ -160,6 +160,10 @@ type Namespace struct {
 	// expired counts requests released after RequestIdleTimeout without a
 	// call; released those released because their session ended.
 	expired, released uint64
+	// refusedFull and refusedSession count NewRequest calls refused
+	// because the namespace's request table was full, or the session held
+	// its cap.
+	refusedFull, refusedSession uint64
 }
 
 func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarning func(offload.Warning), paramTotal *atomic.Int64) (*Namespace, error) {
@@ -267,7 +271,13 @@ func (ns *Namespace) newRequestLocked(s *session, id string, params []byte) (*of
 		return nil, 0, fmt.Errorf("%w: %q", ErrRequestExists, id)
 	}
 	if len(ns.reqs) >= ns.limits.MaxRequests {
+		ns.refusedFull++
 		return nil, 0, fmt.Errorf("%w: %d active requests in namespace %q (max %d); finish requests", ErrLimit, len(ns.reqs), ns.name, ns.limits.MaxRequests)
+	}
+	if s != nil && len(ns.bySession[s]) >= ns.limits.MaxSessionRequests {
+		ns.refusedSession++
+		return nil, 0, fmt.Errorf("%w: this session holds %d active requests in namespace %q (limits.max_session_requests %d); finish requests",
+			ErrLimit, len(ns.bySession[s]), ns.name, ns.limits.MaxSessionRequests)
 	}
 	rc, err := ns.parser.NewReqContext(key, params)
 	if err != nil {
@@ -633,6 +643,7 @@ func (ns *Namespace) Stats() (Stats, error) {
 	st.ActiveRequests = len(ns.reqs)
 	st.Sessions = len(ns.bySession)
 	st.ExpiredRequests, st.ReleasedRequests, st.AutoSteps = ns.expired, ns.released, ns.autoSteps
+	st.RefusedFull, st.RefusedSession = ns.refusedFull, ns.refusedSession
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {
 		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -66,6 +67,9 @@ type reservation struct {
 	written bool
 }
 
+// modelSessionRequests is the session model's Limits.MaxSessionRequests.
+const modelSessionRequests = 2
+
 func TestSessionsModel(t *testing.T) {
 	counts := map[string]int{}
 	defer func() { t.Logf("over all runs: %v", counts) }()
@@ -73,6 +77,9 @@ func TestSessionsModel(t *testing.T) {
 		const slotSize, slots, numKeys = 64, 8, 14
 		ns, p, m := modelNamespace(rt, slotSize, slots, 10, tiering.BudgetConfig{Fraction: 0.5})
 		defer ns.Close(context.Background())
+		// Two requests per session: the model reaches the cap (its ids
+		// repeat over three names per session).
+		ns.limits.MaxSessionRequests = modelSessionRequests
 		arena := p.Arena()
 		universe := make([]offload.Key, numKeys)
 		for i := range universe {
@@ -161,7 +168,16 @@ func TestSessionsModel(t *testing.T) {
 					rt.Skip("id taken in this session")
 				}
 				params := rapid.SampledFrom([]string{"", `{"kv_load_tiers":[]}`, `{"kv_store_tiers":[]}`}).Draw(rt, "params")
-				if _, _, err := ns.NewRequest(s.s, r.id, []byte(params)); err != nil {
+				_, _, err := ns.NewRequest(s.s, r.id, []byte(params))
+				if len(s.reqs) >= modelSessionRequests {
+					// At its cap the session is refused; the others are not.
+					if !errors.Is(err, ErrLimit) {
+						rt.Fatalf("new request of a session holding %d requests (cap %d): %v, want ErrLimit", len(s.reqs), modelSessionRequests, err)
+					}
+					counts["refused at the cap"]++
+					return
+				}
+				if err != nil {
 					rt.Fatalf("new request: %v", err)
 				}
 				s.reqs = append(s.reqs, r)

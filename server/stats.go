@@ -33,6 +33,10 @@ type Stats struct {
 	Sessions                          int
 	ExpiredRequests, ReleasedRequests uint64
 	AutoSteps                         uint64
+	// RefusedFull and RefusedSession count new requests refused because
+	// the namespace held Limits.MaxRequests, or their session
+	// Limits.MaxSessionRequests.
+	RefusedFull, RefusedSession uint64
 }
 
 // PrimaryStats are the primary tier's counters and gauges.

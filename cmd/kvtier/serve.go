@@ -84,6 +84,7 @@ server:
 #   max_key_bytes: 1024
 #   max_message_bytes: 64MiB
 #   max_requests: 65536
+#   max_session_requests: 16384       # per client connection (max_requests / 4)
 #   max_params_bytes: 64KiB
 #   max_wait: 10s
 #   max_session_params_bytes: 64MiB   # kv_transfer_params held per session
@@ -394,12 +395,13 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		StreamAddr:    streamAddr(cfg.Server.StreamAddr, cfg.Server.TCPAddr),
 		MetricsAddr:   cfg.Server.MetricsAddr,
 		Limits: server.Limits{
-			MaxKeysPerCall:  cfg.Limits.MaxKeysPerCall,
-			MaxKeyBytes:     cfg.Limits.MaxKeyBytes,
-			MaxMessageBytes: int(cfg.Limits.MaxMessageBytes),
-			MaxRequests:     cfg.Limits.MaxRequests,
-			MaxParamsBytes:  int(cfg.Limits.MaxParamsBytes),
-			MaxWait:         time.Duration(cfg.Limits.MaxWait),
+			MaxKeysPerCall:     cfg.Limits.MaxKeysPerCall,
+			MaxKeyBytes:        cfg.Limits.MaxKeyBytes,
+			MaxMessageBytes:    int(cfg.Limits.MaxMessageBytes),
+			MaxRequests:        cfg.Limits.MaxRequests,
+			MaxSessionRequests: cfg.Limits.MaxSessionRequests,
+			MaxParamsBytes:     int(cfg.Limits.MaxParamsBytes),
+			MaxWait:            time.Duration(cfg.Limits.MaxWait),
 
 			MaxSessionParamsBytes: int64(cfg.Limits.MaxSessionParamsBytes),
 			MaxParamsBytesTotal:   int64(cfg.Limits.MaxParamsBytesTotal),
