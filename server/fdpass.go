@@ -51,7 +51,7 @@ func (s *Server) serveFDs(ln *net.UnixListener) error {
 			defer func() { <-sem }()
 			defer c.Close()
 			if err := s.answerFD(c); err != nil {
-				s.log.Warn("arena side channel", "err", err)
+				s.sideLogs.Warn(s.log, "side", "arena side channel", "err", err)
 			}
 		}()
 	}

@@ -89,7 +89,7 @@ func (s *Server) holdRegion(c *net.UnixConn) {
 	r, err := s.regions.Register(ctx, l, files[0])
 	cancel()
 	if err != nil {
-		s.log.Warn("region registration refused", "err", err)
+		s.sideLogs.Warn(s.log, "region", "region registration refused", "err", err)
 		answer(regionReply{Error: err.Error()})
 		return
 	}

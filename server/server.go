@@ -26,6 +26,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/api/wire"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/ratelog"
 	"github.com/kvtier/kvtier/region"
 )
 
@@ -70,9 +71,12 @@ type Config struct {
 
 // Server is the kvtier daemon.
 type Server struct {
-	cfg        Config
-	limits     Limits
-	log        *slog.Logger
+	cfg    Config
+	limits Limits
+	log    *slog.Logger
+	// sideLogs bounds the lines of the side sockets' refusals (arena
+	// descriptors, region registrations): one per interval with a count.
+	sideLogs   ratelog.Limiter
 	nsMu       sync.RWMutex // namespaces and order grow when engines attach
 	namespaces map[string]*Namespace
 	order      []*Namespace

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvtier/kvtier/ratelog"
 )
 
 // PubOptions configures a PubSocket. Zero values select the defaults.
@@ -91,12 +93,15 @@ type PubStats struct {
 // and writer goroutine: Send never blocks, and a subscriber that stops
 // reading loses only its own messages.
 type PubSocket struct {
-	opts   PubOptions
-	log    *slog.Logger
-	ctx    context.Context // canceled when Close starts: stops dials and handshakes
-	cancel context.CancelFunc
-	abort  chan struct{} // closed when Close gives up draining
-	wg     sync.WaitGroup
+	opts PubOptions
+	log  *slog.Logger
+	// refusals logs refused connections at most once per interval, with
+	// a count: a flood of connections must not flood the log.
+	refusals ratelog.Limiter
+	ctx      context.Context // canceled when Close starts: stops dials and handshakes
+	cancel   context.CancelFunc
+	abort    chan struct{} // closed when Close gives up draining
+	wg       sync.WaitGroup
 
 	mu        sync.RWMutex
 	closed    bool
@@ -178,7 +183,7 @@ func (p *PubSocket) acceptLoop(ln net.Listener) {
 		if full {
 			nc.Close()
 			p.refused.Add(1)
-			p.log.Warn("zmtp pub: connection refused: too many connections", "max", p.opts.MaxConns, "remote", nc.RemoteAddr())
+			p.refusals.Warn(p.log, "max_conns", "zmtp pub: connection refused: too many connections", "max", p.opts.MaxConns, "remote", nc.RemoteAddr(), "refused_total", p.refused.Load())
 			continue
 		}
 		p.wg.Add(1)

@@ -8,6 +8,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/kvtier/kvtier/ratelog"
 )
 
 // Handler answers one request received by a RouterSocket. id is the
@@ -39,11 +41,13 @@ type RouterOptions struct {
 // RouterSocket is a ZMQ ROUTER socket that hands each inbound message to a
 // Handler and writes the replies on the connection it came from.
 type RouterSocket struct {
-	h      Handler
-	opts   RouterOptions
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	h    Handler
+	opts RouterOptions
+	// refusals logs refused connections at most once per interval.
+	refusals ratelog.Limiter
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 
 	mu        sync.Mutex
 	closed    bool
@@ -115,7 +119,7 @@ func (r *RouterSocket) acceptLoop(ln net.Listener) {
 			r.mu.Unlock()
 			nc.Close()
 			if full {
-				r.opts.Logger.Warn("zmtp router: connection refused: too many connections", "max", r.opts.MaxConns, "remote", nc.RemoteAddr())
+				r.refusals.Warn(r.opts.Logger, "max_conns", "zmtp router: connection refused: too many connections", "max", r.opts.MaxConns, "remote", nc.RemoteAddr())
 			}
 			continue
 		}
