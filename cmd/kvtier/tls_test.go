@@ -13,19 +13,27 @@ import (
 	"github.com/kvtier/kvtier/tlsconfig/tlstest"
 )
 
-// A daemon serving its TCP API over mutual TLS: a peer tier with the CA
-// and a client certificate loads from it; one without a client
-// certificate is refused (a miss, not an error).
-func TestPeerTierOverMutualTLS(t *testing.T) {
-	pki := t.TempDir()
-	ca, sc, sk, cc, ck := tlstest.PKI(t, pki)
-	a := &peerDaemon{name: "A", tcp: freeTCP(t)}
+// startMutualTLSDaemon starts a daemon whose TCP API serves mutual TLS;
+// it returns the daemon, the CA, and a client certificate and key the
+// daemon accepts.
+func startMutualTLSDaemon(t *testing.T) (a *peerDaemon, ca, clientCert, clientKey string) {
+	t.Helper()
+	ca, sc, sk, cc, ck := tlstest.PKI(t, t.TempDir())
+	a = &peerDaemon{name: "A", tcp: freeTCP(t)}
 	var err error
 	if a.dir, err = os.MkdirTemp("", "kvp"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(a.dir) })
 	a.startWith(t, "[]", fmt.Sprintf(", tls: {cert_file: %q, key_file: %q, client_ca_file: %q}", sc, sk, ca))
+	return a, ca, cc, ck
+}
+
+// A daemon serving its TCP API over mutual TLS: a peer tier with the CA
+// and a client certificate loads from it; one without a client
+// certificate is refused (a miss, not an error).
+func TestPeerTierOverMutualTLS(t *testing.T) {
+	a, ca, cc, ck := startMutualTLSDaemon(t)
 	block := bytes.Repeat([]byte{4, 3, 2, 1}, 1024)
 	key := offload.MakeKey([]byte("tls-block-0001"), 0)
 	if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: key, Data: block}}, client.CallOptions{}); err != nil {
@@ -56,16 +64,8 @@ func TestPeerTierOverMutualTLS(t *testing.T) {
 // client certificate they work; without the certificate, without TLS,
 // with another CA or the wrong name, the message names the cause.
 func TestClientCommandsOverMutualTLS(t *testing.T) {
-	pki := t.TempDir()
-	ca, sc, sk, cc, ck := tlstest.PKI(t, pki)
+	a, ca, cc, ck := startMutualTLSDaemon(t)
 	otherCA, _, _, _, _ := tlstest.PKI(t, t.TempDir())
-	a := &peerDaemon{name: "A", tcp: freeTCP(t)}
-	var err error
-	if a.dir, err = os.MkdirTemp("", "kvp"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(a.dir) })
-	a.startWith(t, "[]", fmt.Sprintf(", tls: {cert_file: %q, key_file: %q, client_ca_file: %q}", sc, sk, ca))
 
 	stats := func(env map[string]string, flags ...string) (int, string) {
 		t.Helper()
