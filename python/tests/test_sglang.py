@@ -389,3 +389,24 @@ def test_random_operations_keep_the_invariants(engine_daemon: Daemon, seed: int)
     wait_until(idle, what="no pin, request or stray lease left")
     assert b.counters["failed_calls"] == 0
     b.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_every_page_layout_round_trips(engine_daemon: Daemon, layout: str) -> None:
+    """A page of each host-pool layout (2 runs per page for page_first,
+    2 x layers for layer_first) goes to the daemon and comes back into
+    other pages of the pool byte for byte, through the zero-copy and the
+    generic interfaces."""
+    host = host_pool(layout)
+    b = backend(engine_daemon, host)
+    ks = keys(layout, 4)
+    assert b.batch_set_v1(ks, pages(0, 4)) == [True] * 4
+    assert b.batch_exists(ks) == 4
+    assert b.batch_get_v1(ks, pages(8, 4)) == [True] * 4
+    for i in range(4):
+        assert torch.equal(page_bytes(host, 8 + i), page_bytes(host, i)), f"{layout} page {i}"
+    flat = [host.get_dummy_flat_data_page() for _ in range(4)]
+    got = b.batch_get(ks, flat)
+    for i in range(4):
+        assert got[i] is not None and torch.equal(got[i], page_bytes(host, i)), f"{layout} generic page {i}"
+    b.close()
