@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
@@ -41,6 +42,11 @@ type Options struct {
 	NoStream bool
 	// StreamTimeout bounds a block-stream dial and hello (default 5s).
 	StreamTimeout time.Duration
+	// MaxReconnectDelay caps the wait between attempts to reconnect to a
+	// daemon that went away (default gRPC's: growing to 120s), so that a
+	// daemon back after a long outage is reached as soon as after a short
+	// one (the peer tier sets its probe_interval).
+	MaxReconnectDelay time.Duration
 }
 
 // Client is a connection to a kvtier daemon.
@@ -89,6 +95,12 @@ func Dial(target string, opts Options) (*Client, error) {
 	}
 	if opts.Token != "" {
 		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))
+	}
+	if d := opts.MaxReconnectDelay; d > 0 {
+		b := backoff.DefaultConfig
+		b.BaseDelay = min(b.BaseDelay, d)
+		b.MaxDelay = d
+		dopts = append(dopts, grpc.WithConnectParams(grpc.ConnectParams{Backoff: b, MinConnectTimeout: 20 * time.Second}))
 	}
 	c := &Client{ns: opts.Namespace}
 	addr := target

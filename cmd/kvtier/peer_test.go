@@ -563,3 +563,51 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A peer back after an outage is used again as soon after a long outage
+// as after a short one: the peer tier's reconnects never back off past
+// probe_interval (gRPC's own backoff grows to two minutes). Both outages
+// are waited out on events (the first hit after the restart); the times
+// are logged for BENCHMARKS-style records, not asserted.
+func TestPeerRecoveryIndependentOfOutageLength(t *testing.T) {
+	block := bytes.Repeat([]byte{7, 7, 7, 7}, 1024)
+	keyOf := func(i int) offload.Key { return offload.MakeKey(fmt.Appendf(nil, "peer-recovery-%04d", i), 0) }
+	a := startPeerDaemon(t, "A", "[]")
+	put := func(k offload.Key) {
+		t.Helper()
+		if _, err := a.c.PutBlocks(ctxFor(t), []client.Block{{Key: k, Data: block}}, client.CallOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(keyOf(0))
+	b := startPeerDaemon(t, "B", fmt.Sprintf(`[{name: fleet, type: peer, timeout: 500ms, unhealthy_after: 1, probe_interval: 100ms,
+  peers: [{name: a, addr: %q}]}]`, a.tcp))
+	if _, ok := b.get(t, keyOf(0), ""); !ok {
+		t.Fatal("no hit before the outage")
+	}
+	for i, outage := range []time.Duration{300 * time.Millisecond, 6 * time.Second} {
+		// Each round's block is new: B's own primary holds the earlier ones.
+		k := keyOf(i + 1)
+		a.stop()
+		deadline := time.Now().Add(outage)
+		for time.Now().Before(deadline) { // B keeps asking (and failing) all through the outage
+			if _, ok := b.get(t, k, ""); ok {
+				t.Fatal("a hit for a block no daemon holds")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		a.start(t, "[]")
+		put(k)
+		back := time.Now()
+		for {
+			if _, ok := b.get(t, k, ""); ok {
+				break
+			}
+			if time.Since(back) > time.Minute {
+				t.Fatalf("after a %v outage the peer is not used again a minute after it is back", outage)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("outage %v: the peer is used again %v after it is back", outage, time.Since(back).Round(time.Millisecond))
+	}
+}

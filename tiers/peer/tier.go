@@ -291,7 +291,9 @@ func New(cfg Config) (*Tier, error) {
 	t.jobs = remote.NewJobTable(fmt.Sprintf("peer tier %q", cfg.Name), 0)
 	for _, pc := range cfg.Peers {
 		loc, _ := LocalityOf(pc)
-		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace, StreamTimeout: cfg.Timeout}
+		// Reconnects never back off past probe_interval: a peer back after
+		// a long outage is used as soon as after a short one.
+		opts := client.Options{Token: pc.Token, Namespace: cfg.Namespace, StreamTimeout: cfg.Timeout, MaxReconnectDelay: cfg.ProbeInterval}
 		tc, err := pc.TLS.Config()
 		if err != nil {
 			t.closePeers()
