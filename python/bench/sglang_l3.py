@@ -211,27 +211,23 @@ def main() -> None:
         "exists-miss", "exists-miss-cold", "exists-miss-128")}
     loads = []
     for r in range(args.rounds + 1):
-        t = {}
-        t0 = time.perf_counter()
-        ok = b.batch_set_v1(keys(f"new{r}", PAGES), src)
-        t["set"] = time.perf_counter() - t0
+        t: dict[str, float] = {}
+
+        def clock(name: str, fn: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn()
+            t[name] = time.perf_counter() - t0
+            return out
+
+        ok = clock("set", lambda: b.batch_set_v1(keys(f"new{r}", PAGES), src))
         assert all(ok), ok
-        t0 = time.perf_counter()
-        stream.write()
-        t["tcp-write"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ok = b.batch_get_v1(resident, dst)
-        t["get"] = time.perf_counter() - t0
+        clock("tcp-write", stream.write)
+        ok = clock("get", lambda: b.batch_get_v1(resident, dst))
         assert all(ok), ok
-        t0 = time.perf_counter()
-        stream.read()
-        t["tcp-read"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        grpc_put(f"grpc{r}")
-        t["grpc-put"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        grpc_get()
-        t["grpc-get"] = time.perf_counter() - t0
+        clock("tcp-read", stream.read)
+        clock("grpc-put", lambda: grpc_put(f"grpc{r}"))
+        clock("grpc-get", grpc_get)
+
         def timed(ks: list[str], want: int) -> float:
             t0 = time.perf_counter()
             n = bs.batch_exists(ks)
@@ -251,7 +247,7 @@ def main() -> None:
         for k, v in t.items():
             results[k].append(v)
         loads.append(os.getloadavg()[0])
-        time.sleep(0.2)  # let the round's cascades finish and held pins expire into the next round's flush
+        time.sleep(0.2)  # let the round's cascades to the fs tier finish outside the next round's copies
     stream.close()
     b.close()
     bs.close()

@@ -72,7 +72,6 @@ class Link:
         self.unpins: dict[str, list[bytes]] = {}
         self.finished: list[str] = []
         self.closed = False
-        self.outage = False  # a failed call took it down (counted once)
 
     @property
     def memory(self) -> mmap.mmap:
@@ -132,7 +131,8 @@ class Link:
 
     def step(self, req: Any) -> Any:
         """Sends one EngineStep with this link's deferred releases; raises
-        on failure (after marking the link down)."""
+        on failure. The caller reports a failure with fail(), which takes
+        the link down (the deferred releases go with its session)."""
         req.namespace = self.namespace
         req.epoch = self.epoch
         with self.mu:
@@ -141,11 +141,7 @@ class Link:
         for rid, keys in unpins.items():
             req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         req.finished_request_ids.extend(finished)
-        try:
-            rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client._md)
-        except Exception as e:  # noqa: BLE001
-            self.outage = self.fail(e) or self.outage
-            raise
+        rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client._md)
         for w in rep.warnings:
             log.debug("kvtier: %s", w)
         return rep

@@ -297,9 +297,8 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
     def _failed(self, link: _link.Link, e: BaseException) -> None:
         with self._mu:
             self.counters["failed_calls"] += 1
-            if link.fail(e) or link.outage:
+            if link.fail(e):
                 self.counters["outages"] += 1
-            link.outage = False
             # The connection's end releases them on the daemon.
             for k in [k for k, p in self._held.items() if p[0] is link]:
                 del self._held[k]
@@ -575,6 +574,8 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
                 self._failed(link, e)
                 return [False] * n
             m = len(slots)
+            if m == 0:
+                return [False] * n  # the primary lent no slot (all pinned): nothing to bind
             base = link.arena_t.data_ptr()  # type: ignore[attr-defined]
             try:
                 for i in range(m):
@@ -592,9 +593,7 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
             rid = self._rid("set")
             req = pb.EngineStepRequest(want_free_slots=link.target_free)  # type: ignore[attr-defined]
             req.new_requests.add(request_id=rid, kv_transfer_params=self._params("kv_store_tiers", extra_info))
-            if m:
-                req.stores.add(request_id=rid, packed_keys=pack_keys(keys[:m]), key_size=32,
-                               slots=slots, success=True)
+            req.stores.add(request_id=rid, packed_keys=pack_keys(keys[:m]), key_size=32, slots=slots, success=True)
             req.finished_request_ids.append(rid)
             try:
                 rep = link.step(req)
