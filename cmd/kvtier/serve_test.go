@@ -147,19 +147,33 @@ events:
 	}
 }
 
-// Issue 11, finding 9: a port in use, a bad events.endpoint and an
-// over-long socket path gave errors that did not name the key.
-func TestServeStartErrorsNameTheKey(t *testing.T) {
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
+// busyPort holds a loopback port open for the test.
+func busyPort(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close()
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// shortTempDir is a temporary directory with a short path (t.TempDir's
+// are too long for Unix socket paths), removed after the test.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "kvt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// Issue 11, finding 9: a port in use, a bad events.endpoint and an
+// over-long socket path gave errors that did not name the key.
+func TestServeStartErrorsNameTheKey(t *testing.T) {
+	busy, dir := busyPort(t), shortTempDir(t)
 	long := filepath.Join(dir, strings.Repeat("s", 110)+".sock")
 	for _, tc := range []struct{ extra, want string }{
 		{fmt.Sprintf(`server: {unix_socket: %s/a.sock, tcp_addr: %q, metrics_addr: ""}`, dir, busy.Addr()), "server.tcp_addr " + busy.Addr().String()},
@@ -182,16 +196,7 @@ func TestServeStartErrorsNameTheKey(t *testing.T) {
 // found before the fs tier creates its directory, and the socket's lock
 // file goes with the failed start.
 func TestFailedStartLeavesNothingBehind(t *testing.T) {
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	dir, err := os.MkdirTemp("", "kvt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	busy, dir := busyPort(t), shortTempDir(t)
 	data := filepath.Join(dir, "data")
 	cfg := writeFile(t, "kvtier.yaml", fmt.Sprintf(`
 namespace: {bytes_per_block: 4KiB}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,12 +18,7 @@ import (
 func startMutualTLSDaemon(t *testing.T) (a *peerDaemon, ca, clientCert, clientKey string) {
 	t.Helper()
 	ca, sc, sk, cc, ck := tlstest.PKI(t, t.TempDir())
-	a = &peerDaemon{name: "A", tcp: freeTCP(t)}
-	var err error
-	if a.dir, err = os.MkdirTemp("", "kvp"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(a.dir) })
+	a = &peerDaemon{name: "A", tcp: freeTCP(t), dir: shortTempDir(t)}
 	a.startWith(t, "[]", fmt.Sprintf(", tls: {cert_file: %q, key_file: %q, client_ca_file: %q}", sc, sk, ca))
 	return a, ca, cc, ck
 }
