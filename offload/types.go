@@ -121,11 +121,16 @@ type Job struct {
 // JobResult reports the outcome of one job. For a failed promotion,
 // SuccessfulKeys holds the keys that were loaded completely, in the order
 // of Keys (any subsequence of it: a bad block fails only itself)
-// (the remaining keys were not); nil means none.
+// (the remaining keys were not); nil means none. A successful cascade
+// may have refused some of its blocks without I/O because the server
+// that holds them (one node of a cluster) is down: Refused counts them,
+// and the manager counts them as dropped (RefusedTierDown) rather than
+// cascaded.
 type JobResult struct {
 	JobID          uint64
 	Success        bool
 	SuccessfulKeys []Key
+	Refused        int
 	Bytes          int64
 	Duration       time.Duration
 	Err            error

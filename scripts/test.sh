@@ -245,7 +245,7 @@ for i in 0 1 2 3 4 5; do
   bus=$(free_port)
   mkdir -p "$cluster_dir/$port"
   (cd "$cluster_dir/$port" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-    --cluster-enabled yes --cluster-port "$bus" --cluster-node-timeout 2000 \
+    --cluster-enabled yes --cluster-port "$bus" --cluster-node-timeout 2000 --cluster-require-full-coverage no \
     --cluster-config-file nodes.conf --daemonize no >redis.log 2>&1) &
   server_pids+=($!)
   wait_for "redis-server (cluster node $i)" "$!" "$cluster_dir/$port/redis.log" redis-cli -h 127.0.0.1 -p "$port" ping

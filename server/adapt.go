@@ -160,6 +160,7 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 		for _, n := range rt.Nodes() {
 			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: n.Addr, Healthy: n.Healthy})
 		}
+		out.Remote.NodeDownBlocks, out.Remote.SlotMapChanges = uint64(rs.BlocksNodeDown), uint64(rt.SlotMapReloads())
 	}
 	out.CorruptBlocks, out.CorruptDeleted = uint64(rs.Corrupted), uint64(rs.Deleted)
 }

@@ -105,6 +105,8 @@ var (
 	descTierReconRm   = prometheus.NewDesc("kvtier_tier_reconciled_removals_total", "Removed events a remote tier published late, after a reconciliation pass found blocks it had announced gone from the server (a keyspace subscription down, a server restarted empty, an object lifecycle rule); remote tiers with events only.", tierLabels, nil)
 	descTierReconErr  = prometheus.NewDesc("kvtier_tier_reconcile_failures_total", "Reconciliation passes of a remote tier that could not finish (the server failed a check); they are retried.", tierLabels, nil)
 	descTierNode      = prometheus.NewDesc("kvtier_tier_node_healthy", "1 while a node of a clustered remote tier (a Redis Cluster master) answers its probe, else 0.", append(tierLabels, "node"), nil)
+	descNodeDown      = prometheus.NewDesc("kvtier_tier_node_down_blocks_total", "Blocks a clustered remote tier (Redis Cluster) did not load, store or look up, without I/O, because the master of their slot was down; the other masters' blocks go on.", tierLabels, nil)
+	descSlotMap       = prometheus.NewDesc("kvtier_tier_slot_map_changes_total", "Slot maps a clustered remote tier (Redis Cluster) read that differed from the previous one: failovers and reshardings it followed.", tierLabels, nil)
 	descNodeIndexed   = prometheus.NewDesc("kvtier_tier_node_indexed", "1 while a peer tier answers lookups for this peer from its KV events (index current), else 0 (it asks the peer).", append(tierLabels, "node"), nil)
 	descNodeIndexKeys = prometheus.NewDesc("kvtier_tier_node_index_blocks", "Blocks in a peer tier's index of this peer.", append(tierLabels, "node"), nil)
 	descNodeIndexGaps = prometheus.NewDesc("kvtier_tier_node_index_gaps_total", "KV event sequence gaps a peer tier saw from this peer (filled by replay or a new pass over its blocks).", append(tierLabels, "node"), nil)
@@ -141,7 +143,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
-		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
+		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSessEnded, descReleased, descRefused, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
@@ -259,6 +261,10 @@ func collectTiers(ch chan<- prometheus.Metric, n string, tiers []TierStats) {
 			counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
 			counter(descTierReconRm, r.ReconciledRemovals, l...)
 			counter(descTierReconErr, r.ReconcileFailures, l...)
+			if t.Type == "redis" {
+				counter(descNodeDown, r.NodeDownBlocks, l...)
+				counter(descSlotMap, r.SlotMapChanges, l...)
+			}
 			for _, nd := range r.Nodes {
 				v := 0.0
 				if nd.Healthy {

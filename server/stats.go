@@ -112,6 +112,11 @@ type RemoteTierStats struct {
 	// Nodes are a cluster's masters (Redis Cluster) and whether each
 	// answered the last probe; empty for a single server.
 	Nodes []NodeHealth
+	// NodeDownBlocks counts blocks a clustered tier neither loaded nor
+	// stored nor looked up, without I/O, because the master of their slot
+	// was down; SlotMapChanges the slot maps it read that differed from
+	// the previous one (failovers, reshardings).
+	NodeDownBlocks, SlotMapChanges uint64
 }
 
 // NodeHealth is one node of a clustered remote tier, or one peer of a

@@ -34,12 +34,13 @@ type fakeTier struct {
 	blocks map[offload.Key]bool
 
 	// Behaviour knobs.
-	retry      bool            // Lookup answers Retry for absent keys
-	hold       bool            // keep jobs until release()
-	failStores bool            // store jobs fail
-	partial    int             // >0: loads succeed for this many keys only
-	dur        time.Duration   // reported job duration
-	panics     map[string]bool // method name → panic in it
+	retry      bool                 // Lookup answers Retry for absent keys
+	hold       bool                 // keep jobs until release()
+	failStores bool                 // store jobs fail
+	partial    int                  // >0: loads succeed for this many keys only
+	refuse     map[offload.Key]bool // stores succeed without these keys (their node down)
+	dur        time.Duration        // reported job duration
+	panics     map[string]bool      // method name → panic in it
 	extra      []offload.JobResult
 
 	// Recordings.
@@ -135,6 +136,10 @@ func (f *fakeTier) complete(job *offload.Job) {
 		r.Success = false
 	} else {
 		for _, k := range job.Keys {
+			if f.refuse[k] {
+				r.Refused++
+				continue
+			}
 			f.blocks[k] = true
 		}
 	}

@@ -603,3 +603,22 @@ func TestLookupCountsOneMissPerFinalAnswer(t *testing.T) {
 		t.Fatalf("after the hit: tier 1 misses %d, tier 2 hits %d; want 2, 1", st[0].Misses, st[1].Hits)
 	}
 }
+
+// A cascade whose tier refused some blocks (their cluster node down)
+// counts them as dropped, not cascaded; the job itself is OK.
+func TestCascadeRefusedBlocksAreDropped(t *testing.T) {
+	f := newFixture(t)
+	f.t1.refuse = map[offload.Key]bool{K(1): true}
+	f.m.OnNewRequest(f.ctx)
+	f.store(f.ctx, keyRange(0, 3))
+	for f.m.HasPendingWork() {
+		f.step()
+	}
+	st := f.m.Stats().Tiers
+	if st[0].CascadesOK != 1 || st[0].CascadedBlocks != 2 || st[0].CascadeBlocksDropped != 1 || st[0].CascadesDropped != 0 {
+		t.Fatalf("tier 1: %+v, want 1 cascade of 2 blocks and 1 block dropped", st[0])
+	}
+	if st[1].CascadedBlocks != 3 || st[1].CascadeBlocksDropped != 0 {
+		t.Fatalf("tier 2: %+v", st[1])
+	}
+}

@@ -605,7 +605,12 @@ func (s *Stack) finishJob(jb *job, r offload.JobResult) {
 	d := s.latency(jb, r)
 	ts.store.observe(d)
 	ts.stats.CascadesOK++
-	ts.stats.CascadedBlocks += uint64(len(keys) - int(jb.released))
+	// Blocks the tier refused (their cluster node down) stay in the
+	// primary only, like a dropped cascade's; one both refused and
+	// revoked since is subtracted once.
+	refused := min(max(r.Refused, 0), len(keys)-int(jb.released))
+	ts.stats.CascadedBlocks += uint64(len(keys) - int(jb.released) - refused)
+	ts.stats.CascadeBlocksDropped += uint64(refused)
 	ts.stats.BytesOut += uint64(max(r.Bytes, 0))
 	if s.adm.Disabled {
 		return

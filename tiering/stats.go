@@ -51,7 +51,9 @@ type TierStats struct {
 	// Cascades (stores to the tier): finished jobs by outcome, jobs
 	// dropped (not carried out: the blocks stay in the primary only) and
 	// cascades the request's store filter excluded. DroppedBy splits
-	// CascadesDropped by reason (see DropReason).
+	// CascadesDropped by reason (see DropReason). CascadeBlocksDropped
+	// also counts the blocks a tier refused from a cascade it otherwise
+	// ran (offload.JobResult.Refused: a cluster node down).
 	CascadesOK              uint64
 	CascadesFailed          uint64
 	CascadesDropped         uint64

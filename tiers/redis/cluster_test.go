@@ -29,7 +29,9 @@ type redisCluster struct {
 	addrs []string
 }
 
-func startCluster(t testing.TB) *redisCluster {
+// startCluster starts a cluster of three masters and three replicas, each
+// node with the extra redis-server arguments.
+func startCluster(t testing.TB, extra ...string) *redisCluster {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -50,6 +52,7 @@ func startCluster(t testing.TB) *redisCluster {
 			// (an idle test cluster otherwise refuses to fail over).
 			"--cluster-replica-validity-factor", "0",
 			"--cluster-config-file", "nodes.conf"}
+		args = append(args, extra...)
 		p.Process = rt.StartProcess(t, "redis-server", args, func() error {
 			c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: -1})
 			defer c.Close()

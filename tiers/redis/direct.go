@@ -12,71 +12,103 @@ import (
 	"github.com/kvtier/kvtier/tiers/remote"
 )
 
-// direct runs the first attempt of a transfer on the tier's own
-// connections (package slotpipe): it groups the blocks idx by the server
-// that holds their keys and runs perNode for each group concurrently,
-// within the tier's timeout. It returns the first failure, if any: of
-// routing, of a connection (see isTransport) or a server's error reply.
-// The blocks a failure left unfinished go to the go-redis client next.
-func (t *Tier) direct(ctx context.Context, keys []offload.Key, idx []int, perNode func(ctx context.Context, addr string, idx []int) error) error {
+// ErrNodeDown reports a block whose cluster node (the master of its slot)
+// is marked down, or whose slot has no master: it is neither read nor
+// written until the node recovers or the slot map moves the slot.
+var ErrNodeDown = fmt.Errorf("cluster node down: %w", remote.ErrUnavailable)
+
+// eachNode runs fn once per node that holds blocks idx of keys, with that
+// node's blocks, concurrently, and returns the blocks whose node is down
+// (in a cluster; nothing is spent on them). fn touches only its own
+// indices of any slice it shares.
+func (t *Tier) eachNode(ctx context.Context, keys []offload.Key, idx []int, fn func(ctx context.Context, n *node, idx []int)) (down []int) {
 	if len(idx) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	defer cancel()
-	byNode := map[string][]int{}
-	var first error
+	if t.cl == nil {
+		fn(ctx, t.single, idx)
+		return nil
+	}
+	type group struct {
+		n   *node
+		idx []int
+	}
+	var groups []group
+	t.cl.mu.RLock()
 	for _, i := range idx {
-		addr, err := t.nodeOf(ctx, t.redisKey(keys[i]))
-		if err != nil {
-			first = cmp(first, fmt.Errorf("route %s: %w", keys[i], err))
+		n := t.cl.masters[t.cl.slots.Master(t.redisKey(keys[i]))]
+		if n == nil || !n.health.Healthy() {
+			down = append(down, i)
 			continue
 		}
-		byNode[addr] = append(byNode[addr], i)
+		j := 0
+		for j < len(groups) && groups[j].n != n {
+			j++
+		}
+		if j == len(groups) {
+			groups = append(groups, group{n: n})
+		}
+		groups[j].idx = append(groups[j].idx, i)
 	}
-	var mu sync.Mutex
+	t.cl.mu.RUnlock()
+	if len(down) > 0 {
+		t.c.BlocksNodeDown.Add(int64(len(down)))
+	}
+	if len(groups) == 1 {
+		fn(ctx, groups[0].n, groups[0].idx)
+		return down
+	}
 	var wg sync.WaitGroup
-	for addr, idx := range byNode {
-		wg.Go(func() {
-			if err := perNode(ctx, addr, idx); err != nil {
-				mu.Lock()
-				first = cmp(first, err)
-				mu.Unlock()
-			}
-		})
+	for _, g := range groups {
+		wg.Go(func() { fn(ctx, g.n, g.idx) })
 	}
 	wg.Wait()
-	if first != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		t.c.Timeouts.Add(1)
-	}
-	return first
+	return down
 }
 
-// afterDirect accounts for the outcome err of a direct attempt of job id
-// and returns the retries left for the client's attempt, or the error
-// that ends the job now (its context ended, or the wire failed and no
-// retry is left). A failure on the wire counts toward health and as one
-// of the job's attempts; a server's answer (a redirection, an error
-// reply) proves the server up and leaves every retry to the client,
-// which follows redirections and judges the error itself.
-func (t *Tier) afterDirect(ctx context.Context, err error, op string, id uint64) (retries int, fail error) {
+// direct runs attempt, the first attempt of a transfer on the tier's own
+// connections (package slotpipe) to node n, within the tier's timeout.
+func (t *Tier) direct(ctx context.Context, attempt func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	err := attempt(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.c.Timeouts.Add(1)
+	}
+	return err
+}
+
+// afterDirect accounts for the outcome err of a direct attempt on node n
+// for job id and returns the retries left for the client's attempt, or
+// the error that ends the node's part of the job now (its context ended,
+// or the wire failed and no retry is left). A failure on the wire counts
+// toward the node's health, as one of the job's attempts, and asks for a
+// new slot map (the node may have died in a failover); a server's answer
+// (a redirection, an error reply) proves the node up and leaves every
+// retry to the client, which follows redirections and judges the error
+// itself — a redirection also asks for a new slot map.
+func (t *Tier) afterDirect(ctx context.Context, n *node, err error, op string, id uint64) (retries int, fail error) {
 	retries = t.cfg.Retries
 	switch {
 	case err == nil:
-		t.health.Success()
+		n.health.Success()
 	case ctx.Err() != nil:
 		return 0, err
 	case isTransport(err):
-		t.health.Failure(err)
-		if retries == 0 || !t.health.Healthy() {
+		n.health.Failure(err)
+		t.reloadSoon()
+		if retries == 0 || !n.health.Healthy() {
 			return 0, err
 		}
 		retries--
 		t.c.Retries.Add(1)
-		t.log.Debug("direct "+op+" failed; again through the client", "job", id, "err", err)
+		t.log.Debug("direct "+op+" failed; again through the client", "job", id, "node", n.addr, "err", err)
 	default:
-		t.health.Success()
-		t.log.Debug("direct "+op+" answered with an error; again through the client", "job", id, "err", err)
+		n.health.Success()
+		if isRedirect(err) {
+			t.reloadSoon()
+		}
+		t.log.Debug("direct "+op+" answered with an error; again through the client", "job", id, "node", n.addr, "err", err)
 	}
 	return retries, nil
 }
@@ -89,24 +121,15 @@ func cmp(first, err error) error {
 	return err
 }
 
-// nodeOf returns the address of the server that holds key: the master of
-// its slot in a cluster (from the client's slot map), else the server.
-func (t *Tier) nodeOf(ctx context.Context, key string) (string, error) {
-	cc, ok := t.client.(*goredis.ClusterClient)
-	if !ok {
-		return t.cfg.Addr, nil
-	}
-	c, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	return c.Options().Addr, nil
-}
-
 // isTransport reports a failure that is the connection's, not an answer
 // of the server: then the server may be down, and the failure counts
 // toward health.
 func isTransport(err error) bool {
 	var re goredis.Error
 	return !errors.As(err, &re) || classify(err) == remote.Transient
+}
+
+// isRedirect reports a MOVED or ASK reply: the slot map changed.
+func isRedirect(err error) bool {
+	return goredis.HasErrorPrefix(err, "MOVED") || goredis.HasErrorPrefix(err, "ASK")
 }

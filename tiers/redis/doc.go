@@ -40,23 +40,45 @@
 //	cluster: true
 //	addrs: [10.0.0.7:7000, 10.0.0.8:7000, 10.0.0.9:7000]   # seed nodes
 //
-// With cluster: true the tier is a go-redis cluster client: keys spread
-// over the 16384 slots (no hash tags, so one job's blocks land on several
-// masters), a job's pipeline is split per node and sent to the nodes
-// concurrently, MOVED and ASK redirections are followed, and the slot map
-// is reloaded after a failover. db must be 0. Keyspace notifications are
-// local to the node that holds a key, so with keyspace_events the tier
-// sets the flags on every node (replicas included, so that a promoted
-// replica already publishes) and subscribes on every master; every probe
-// interval it reads the slot map (CLUSTER SLOTS), pings each master —
-// kvtier_tier_node_healthy{node} in /metrics — subscribes on new masters
-// (and reconciles, since removals during the failover were not seen) and
-// drops subscriptions of former ones. During a failover, jobs whose keys
-// live on the dead master fail (transient errors count toward
-// unhealthy_after) or finish; a load never exposes bytes that fail the
-// envelope check. Production clusters keep the default
-// cluster-replica-validity-factor; an idle test cluster needs 0 to fail
-// over.
+// With cluster: true the tier routes every block itself, on a slot map it
+// reads with CLUSTER SLOTS (package slotmap): keys spread over the 16384
+// slots (no hash tags, so one job's blocks land on several masters), a
+// job's blocks are split per master and sent to the masters concurrently,
+// MOVED and ASK redirections are followed (by go-redis' cluster client,
+// which shares the tier's map). db must be 0.
+//
+// Health is tracked per master: transport failures on one master count
+// toward that master only (unhealthy_after in a row mark it down, a
+// probe every probe_interval brings it back), and while it is down its
+// keys answer Miss, its blocks are neither loaded nor stored (counted in
+// kvtier_tier_node_down_blocks_total; a cascade's other blocks are stored
+// and the refused ones count as tier_down drops), and no I/O waits on it
+// — the other masters' blocks keep hitting and storing. The tier as a
+// whole is down only while no node answers CLUSTER SLOTS.
+//
+// The slot map is read every probe_interval, at once (at most every
+// 100ms) after a MOVED or ASK reply or a connection failure, and every
+// 100ms while a master is down, from the healthy masters first, then the
+// seeds and replicas: after a failover the promoted replica serves the
+// dead master's keys within a reload of the cluster's own promotion
+// (BENCHMARKS.md measures it), and kvtier_tier_slot_map_changes_total
+// counts the changes followed. Blocks the dead master acknowledged but
+// had not replicated are lost with it: they load as misses, never as
+// other bytes. A cluster that is a cache should run with
+// cluster-require-full-coverage no: by default every master refuses
+// every key (CLUSTERDOWN) from the moment the cluster marks a master
+// failed until a replica is promoted, about a second, and no client can
+// serve the other masters' keys meanwhile.
+//
+// Keyspace notifications are local to the node that holds a key, so with
+// keyspace_events the tier sets the flags on every node (replicas
+// included, so that a promoted replica already publishes) and subscribes
+// on every master; a new master (a promoted replica) gets a subscription
+// and a reconciliation pass, since removals during the failover were not
+// seen, and a former master loses its subscription.
+// kvtier_tier_node_healthy{node} in /metrics is each master's health.
+// Production clusters keep the default cluster-replica-validity-factor;
+// an idle test cluster needs 0 to fail over.
 //
 // # Keys and values
 //
@@ -76,11 +98,11 @@
 //     as the socket takes them at once, the rest is copied and sent in
 //     the background, so a slot is read, and claimed, only at memory
 //     speed, however slow the server; a GET's value is read by the kernel
-//     into a header buffer and the slot, and verified there. Keys that path left without an answer —
-//     a MOVED or ASK after a resharding or failover, an error reply, a
-//     connection that failed — go again through the go-redis client
-//     (values sealed into a buffer, replies verified before they are
-//     copied), which follows redirections and reloads the slot map; a
+//     into a header buffer and the slot, and verified there. Keys that
+//     path left without an answer — a MOVED or ASK after a resharding or
+//     failover, an error reply, a connection that failed — go again
+//     through the go-redis client (values sealed into a buffer, replies
+//     verified before they are copied), which follows redirections; a
 //     failure on the wire counts as the first of the job's attempts
 //     (retries), an answered error does not.
 //   - GET returns one consistent value; the tier verifies the envelope
@@ -95,10 +117,11 @@
 //     failed load reports the loaded prefix.
 //   - Commands have a timeout; transient failures are retried with
 //     backoff. After unhealthy_after consecutive transport failures the
-//     tier is unhealthy: lookups answer Miss at once, cascades and loads
-//     fail at once and are counted as skipped, and a background PING
-//     marks the tier healthy again when the server answers (re-enabling
-//     keyspace events, which a restarted server has forgotten).
+//     tier (in a cluster: the master that failed, see above) is
+//     unhealthy: lookups answer Miss at once, cascades and loads fail at
+//     once and are counted as skipped, and a background PING marks it
+//     healthy again when the server answers (re-enabling keyspace events,
+//     which a restarted server has forgotten).
 //   - Touch refreshes the TTL (PEXPIRE) or, without one, the LRU clock
 //     (TOUCH) of the blocks in the background.
 //

@@ -20,15 +20,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0`)
 
-// load GETs every key with a slot: first on the tier's own connections,
-// one pipeline per master, each value read by the kernel into a header
-// buffer and the slot itself and verified there (package slotpipe); then
-// through go-redis the keys that path left without an answer — a
-// redirection, an error reply, a connection that failed. GET returns one
-// consistent value; a value that vanished reads as missing and one that
-// changed underneath fails the checksum, so no bad bytes are served. A
-// slot whose value fails verification holds them, but the primary never
-// exposes the slot of a failed promotion.
+// load GETs every key with a slot, node by node (concurrently in a
+// cluster; the keys of a node marked down fail at once): first on the
+// tier's own connections, one pipeline per node, each value read by the
+// kernel into a header buffer and the slot itself and verified there
+// (package slotpipe); then through go-redis the keys that path left
+// without an answer — a redirection, an error reply, a connection that
+// failed. GET returns one consistent value; a value that vanished reads as
+// missing and one that changed underneath fails the checksum, so no bad
+// bytes are served. A slot whose value fails verification holds them, but
+// the primary never exposes the slot of a failed promotion.
 func (t *Tier) load(ctx context.Context, job *offload.Job, slots [][]byte, errs []error) {
 	select {
 	case t.ioSem <- struct{}{}:
@@ -42,30 +43,46 @@ func (t *Tier) load(ctx context.Context, job *offload.Job, slots [][]byte, errs 
 	}
 	defer func() { <-t.ioSem }()
 
+	idx := make([]int, 0, len(job.Keys))
+	for i := range job.Keys {
+		if slots[i] != nil {
+			idx = append(idx, i)
+		}
+	}
 	// answered[i]: block i's outcome is final (loaded, or errs[i] set).
 	answered := make([]bool, len(job.Keys))
+	down := t.eachNode(ctx, job.Keys, idx, func(ctx context.Context, n *node, idx []int) {
+		t.loadFrom(ctx, n, job, idx, slots, errs, answered)
+	})
+	for _, i := range down {
+		errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), job.Keys[i], ErrNodeDown)
+	}
+}
+
+// loadFrom loads the blocks idx of job from node n.
+func (t *Tier) loadFrom(ctx context.Context, n *node, job *offload.Job, idx []int, slots [][]byte, errs []error, answered []bool) {
 	retries := t.cfg.Retries
 	if t.pipes != nil {
-		idx := make([]int, 0, len(job.Keys))
-		for i := range job.Keys {
-			if slots[i] != nil {
-				idx = append(idx, i)
-			}
-		}
-		err := t.direct(ctx, job.Keys, idx, func(ctx context.Context, addr string, idx []int) error {
-			return t.loadOnNode(ctx, addr, job.Keys, idx, slots, errs, answered)
+		err := t.direct(ctx, func(ctx context.Context) error {
+			return t.loadOnNode(ctx, n.addr, job.Keys, idx, slots, errs, answered)
 		})
 		var fail error
-		if retries, fail = t.afterDirect(ctx, err, "load", job.ID); fail != nil {
-			for i := range job.Keys {
-				if slots[i] != nil && !answered[i] {
+		if retries, fail = t.afterDirect(ctx, n, err, "load", job.ID); fail != nil {
+			for _, i := range idx {
+				if !answered[i] {
 					errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), job.Keys[i], fail)
 				}
 			}
 			return
 		}
 	}
-	t.loadClient(ctx, job.Keys, slots, errs, answered, retries)
+	left := idx[:0:0]
+	for _, i := range idx {
+		if !answered[i] {
+			left = append(left, i)
+		}
+	}
+	t.loadClient(ctx, n, job.Keys, left, slots, errs, retries)
 }
 
 // loadOnNode reads the values of keys idx from the master at addr on one
@@ -137,29 +154,23 @@ func (t *Tier) verified(ctx context.Context, k offload.Key, n int, verr error, v
 	return fmt.Errorf("%s: load %s: %w", t.label(), k, verr)
 }
 
-// loadClient GETs, in one go-redis pipeline, the keys with a slot that
-// are not answered yet, and verifies each value before it copies it into
-// its slot.
-func (t *Tier) loadClient(ctx context.Context, keys []offload.Key, slots [][]byte, errs []error, answered []bool, retries int) {
-	todo := func(i int) bool { return slots[i] != nil && !answered[i] }
+// loadClient GETs the keys idx in one go-redis pipeline, with node n's
+// retries, and verifies each value before it copies it into its slot.
+func (t *Tier) loadClient(ctx context.Context, n *node, keys []offload.Key, idx []int, slots [][]byte, errs []error, retries int) {
+	if len(idx) == 0 {
+		return
+	}
 	var cmds []*goredis.StringCmd
-	err := t.retry.Do(ctx, retries, func(ctx context.Context) error {
+	err := n.retry.Do(ctx, retries, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
-		cmds = make([]*goredis.StringCmd, len(keys))
-		n := 0
-		for i, k := range keys {
-			if todo(i) {
-				cmds[i] = pipe.Get(ctx, t.redisKey(k))
-				n++
-			}
-		}
-		if n == 0 {
-			return nil
+		cmds = make([]*goredis.StringCmd, len(idx))
+		for j, i := range idx {
+			cmds[j] = pipe.Get(ctx, t.redisKey(keys[i]))
 		}
 		_, err := pipe.Exec(ctx)
 		if err != nil && !errors.Is(err, goredis.Nil) {
 			for _, c := range cmds {
-				if c != nil && c.Err() != nil && !errors.Is(c.Err(), goredis.Nil) {
+				if c.Err() != nil && !errors.Is(c.Err(), goredis.Nil) {
 					return c.Err()
 				}
 			}
@@ -167,15 +178,13 @@ func (t *Tier) loadClient(ctx context.Context, keys []offload.Key, slots [][]byt
 		}
 		return nil
 	})
-	for i, k := range keys {
-		if !todo(i) {
-			continue
-		}
+	for j, i := range idx {
+		k := keys[i]
 		if err != nil {
 			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, err)
 			continue
 		}
-		val, gerr := cmds[i].Result()
+		val, gerr := cmds[j].Result()
 		switch {
 		case errors.Is(gerr, goredis.Nil):
 			errs[i] = fmt.Errorf("%s: load %s: %w", t.label(), k, ErrNotFound)
@@ -190,8 +199,12 @@ func (t *Tier) loadClient(ctx context.Context, keys []offload.Key, slots [][]byt
 // deleteCorrupt removes k if it still holds the corrupt value val, and
 // reports the removal unless keyspace events will.
 func (t *Tier) deleteCorrupt(ctx context.Context, k offload.Key, val string) {
+	nd := t.route(t.redisKey(k))
+	if nd == nil {
+		return // its slot has no master now; the next load finds it again
+	}
 	var n int64
-	err := t.retry.Do(ctx, 0, func(ctx context.Context) error {
+	err := nd.retry.Do(ctx, 0, func(ctx context.Context) error {
 		var err error
 		n, err = deleteIfUnchanged.Run(ctx, t.client, []string{t.redisKey(k)}, val).Int64()
 		return err

@@ -11,15 +11,16 @@ import (
 	"github.com/kvtier/kvtier/tiers/remote"
 )
 
-// store writes the job's blocks with SET: first straight from the slots
-// (package slotpipe: one vectored write per block on the tier's own
-// connection to the block's master, the slot read and claimed at memory
-// speed: what the socket does not take at once is copied), then through
-// go-redis whatever that did not store — a redirection, a server error,
-// a connection that failed — from sealed copies, with the tier's retries.
-// SET is idempotent, so a block whose first write's fate is unknown is
-// simply written again.
-func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
+// store writes the job's blocks with SET, node by node (concurrently in
+// a cluster; the blocks of a node marked down are refused at once): first
+// straight from the slots (package slotpipe: one vectored write per block
+// on the tier's own connection to the node, the slot read and claimed at
+// memory speed: what the socket does not take at once is copied), then
+// through go-redis whatever that did not store — a redirection, a server
+// error, a connection that failed — from sealed copies, with the node's
+// retries. SET is idempotent, so a block whose first write's fate is
+// unknown is simply written again.
+func (t *Tier) store(ctx context.Context, job *offload.Job) ([]remote.Fate, error) {
 	if len(job.Slots) < len(job.Keys) {
 		return nil, fmt.Errorf("%s: store job %d: %d slots for %d keys", t.label(), job.ID, len(job.Slots), len(job.Keys))
 	}
@@ -46,39 +47,61 @@ func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
 
 	// state[i]: what became of block i so far.
 	state := make([]blockState, len(job.Keys))
-	retries := t.cfg.Retries
-	if t.pipes != nil {
-		idx := make([]int, len(job.Keys))
-		for i := range idx {
-			idx[i] = i
-		}
-		err := t.direct(ctx, job.Keys, idx, func(ctx context.Context, addr string, idx []int) error {
-			return t.storeOnNode(ctx, addr, job, idx, slots, state)
-		})
-		var fail error
-		if retries, fail = t.afterDirect(ctx, err, "store", job.ID); fail != nil {
-			return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, fail)
-		}
+	idx := make([]int, len(job.Keys))
+	for i := range idx {
+		idx[i] = i
 	}
-	if err := t.storeSealed(ctx, job, slots, state, retries); err != nil {
-		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, err)
+	var mu sync.Mutex
+	var first error
+	down := t.eachNode(ctx, job.Keys, idx, func(ctx context.Context, n *node, idx []int) {
+		if err := t.storeTo(ctx, n, job, idx, slots, state); err != nil {
+			mu.Lock()
+			first = cmp(first, err)
+			mu.Unlock()
+		}
+	})
+	if first != nil {
+		return nil, fmt.Errorf("%s: store job %d: %w", t.label(), job.ID, first)
 	}
-	var skipped []bool
+	var fates []remote.Fate
+	for _, i := range down {
+		state[i] = blockRefused
+	}
 	n := int64(0)
 	for i, s := range state {
+		f := remote.Written
 		switch s {
 		case blockStored:
 			n++
+			continue
 		case blockTakenBack:
-			if skipped == nil {
-				skipped = make([]bool, len(job.Keys))
-			}
-			skipped[i] = true
+			f = remote.TakenBack
+		case blockRefused:
+			f = remote.NodeDown
 		}
+		if fates == nil {
+			fates = make([]remote.Fate, len(job.Keys))
+		}
+		fates[i] = f
 	}
 	t.c.BlocksStored.Add(n)
 	t.c.BytesWritten.Add(n * int64(job.Arena.SlotSize()))
-	return skipped, nil
+	return fates, nil
+}
+
+// storeTo writes the blocks idx of job to node n.
+func (t *Tier) storeTo(ctx context.Context, n *node, job *offload.Job, idx []int, slots [][]byte, state []blockState) error {
+	retries := t.cfg.Retries
+	if t.pipes != nil {
+		err := t.direct(ctx, func(ctx context.Context) error {
+			return t.storeOnNode(ctx, n.addr, job, idx, slots, state)
+		})
+		var fail error
+		if retries, fail = t.afterDirect(ctx, n, err, "store", job.ID); fail != nil {
+			return fail
+		}
+	}
+	return t.storeSealed(ctx, n, job, idx, slots, state, retries)
 }
 
 type blockState uint8
@@ -87,6 +110,7 @@ const (
 	blockPending   blockState = iota
 	blockStored               // the server answered OK
 	blockTakenBack            // the manager took the block back before it was read
+	blockRefused              // its node is down: not sent
 )
 
 // storeOnNode writes the blocks idx of job to the master at addr on one
@@ -143,13 +167,13 @@ func (t *Tier) storeOnNode(ctx context.Context, addr string, job *offload.Job, i
 
 var sealPool = sync.Pool{New: func() any { return new([]byte) }}
 
-// storeSealed writes the blocks still pending in one go-redis pipeline
-// of SET, each block copied behind its header (sealed) first; a block's
-// claim covers only its sealing.
-func (t *Tier) storeSealed(ctx context.Context, job *offload.Job, slots [][]byte, state []blockState, retries int) error {
+// storeSealed writes the blocks of idx still pending in one go-redis
+// pipeline of SET, with node n's retries, each block copied behind its
+// header (sealed) first; a block's claim covers only its sealing.
+func (t *Tier) storeSealed(ctx context.Context, n *node, job *offload.Job, idx []int, slots [][]byte, state []blockState, retries int) error {
 	var todo []int
-	for i, s := range state {
-		if s == blockPending {
+	for _, i := range idx {
+		if state[i] == blockPending {
 			todo = append(todo, i)
 		}
 	}
@@ -176,7 +200,7 @@ func (t *Tier) storeSealed(ctx context.Context, job *offload.Job, slots [][]byte
 		*bufs[j] = remote.Seal(*bufs[j], job.Keys[i], slots[i])
 		job.Release(i)
 	})
-	return t.retry.Do(ctx, retries, func(ctx context.Context) error {
+	return n.retry.Do(ctx, retries, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
 		cmds := make([]*goredis.StatusCmd, len(todo))
 		n := 0

@@ -44,16 +44,18 @@ type Tier struct {
 	tls    *tls.Config             // of every connection; nil: plain TCP
 	// pipes are the tier's own connections for stores straight from the
 	// slots (package slotpipe); nil: every store goes through client.
-	pipes  *slotpipe.Pools
+	pipes *slotpipe.Pools
+	// health is the tier's: a single server's, or a cluster's as a whole
+	// (down when no node answers CLUSTER SLOTS). It gates every lookup
+	// and job (remote.Base).
 	health *remote.Health
-	// nodes tracks a cluster's masters: their keyspace subscriptions and
-	// health (nil for a single server).
-	nodes *clusterNodes
-	sub   *keyEventSub    // a single server's keyspace subscription
-	retry *remote.Retrier // transfers
-	// probeRetry runs existence checks with the shorter lookup timeout.
-	probeRetry *remote.Retrier
-	ioSem      chan struct{} // bounds concurrent transfer pipelines
+	// single is a single server as a node (its health is the tier's);
+	// nil with Cluster.
+	single *node
+	// cl is a cluster's slot map and masters, each a node with a health
+	// of its own (nil for a single server).
+	cl    *cluster
+	ioSem chan struct{} // bounds concurrent transfer pipelines
 
 	events        *remote.Events     // nil when events are off
 	recon         *remote.Reconciler // nil when events are off
@@ -102,7 +104,10 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if t.tls, err = cfg.TLS.Config(); err != nil {
 		return nil, fmt.Errorf("%s: tls: %w", t.label(), err)
 	}
-	t.client = newClient(cfg, t.tls)
+	if cfg.Cluster {
+		t.cl = &cluster{masters: map[string]*node{}, known: map[string]*goredis.Client{}, kick: make(chan struct{}, 1)}
+	}
+	t.client = newClient(cfg, t.tls, t.clusterSlots)
 	t.pipes = slotpipe.New(slotpipe.Options{
 		Username:    cfg.Username,
 		Password:    cfg.Password,
@@ -119,6 +124,9 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if err != nil {
 		t.client.Close()
 		t.pipes.Close()
+		if t.cl != nil {
+			t.closeCluster()
+		}
 		var re goredis.Error
 		if errors.As(err, &re) {
 			return nil, fmt.Errorf("%s: %s: %w", t.label(), strings.Join(cfg.seeds(), ","), err)
@@ -141,8 +149,15 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 			t.recon.Trigger()
 		},
 	})
-	t.retry = &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
-	t.probeRetry = &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify}
+	if !cfg.Cluster {
+		t.single = &node{
+			addr:       cfg.Addr,
+			health:     t.health,
+			retry:      &remote.Retrier{Timeout: cfg.Timeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify},
+			probeRetry: &remote.Retrier{Timeout: cfg.LookupTimeout, Backoff: cfg.RetryBackoff, Health: t.health, Counters: &t.c, Classify: classify},
+			conn:       t.client.(*goredis.Client),
+		}
+	}
 	t.Base = remote.NewBase(remote.BaseConfig{
 		Name:          cfg.Name,
 		Label:         t.label(),
@@ -169,16 +184,15 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	})
 	switch {
 	case cfg.Cluster:
-		t.nodes = &clusterNodes{conns: map[string]*goredis.Client{}, subs: map[string]*keyEventSub{}, healthy: map[string]bool{}}
 		if cfg.KeyspaceEvents {
 			t.enableNotifications(ctx)
 		}
-		t.refreshNodes(ctx, true)
+		t.refreshCluster(ctx, true)
 		t.wg.Add(1)
-		go t.watchNodes()
+		go t.watchCluster()
 	case cfg.KeyspaceEvents:
 		t.enableNotifications(ctx)
-		t.sub = t.subscribe(t.client, "")
+		t.single.sub = t.subscribe(t.client, "")
 	}
 	t.wg.Add(1)
 	go t.touchLoop()
@@ -187,7 +201,15 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 
 func (t *Tier) label() string { return fmt.Sprintf("redis tier %q", t.cfg.Name) }
 
-func (t *Tier) probe(ctx context.Context) error { return t.client.Ping(ctx).Err() }
+// probe checks the server: a single server answers PING, a cluster its
+// slot map (from any node).
+func (t *Tier) probe(ctx context.Context) error {
+	if t.cl != nil {
+		_, err := t.readSlots(ctx)
+		return err
+	}
+	return t.client.Ping(ctx).Err()
+}
 
 // classify: a server error reply shows a working server unless it says
 // the server is not ready; everything else (network, timeouts, pool
@@ -294,6 +316,9 @@ func (t *Tier) touchLoop() {
 			ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
 			pipe := t.client.Pipeline()
 			for _, k := range keys {
+				if n := t.route(t.redisKey(k)); n == nil || !n.health.Healthy() {
+					continue // its node is down: touching it would only wait
+				}
 				if t.cfg.TTL > 0 {
 					pipe.PExpire(ctx, t.redisKey(k), t.cfg.TTL)
 				} else {
@@ -314,8 +339,8 @@ func (t *Tier) Close(ctx context.Context) error {
 		t.closeErr = t.Base.Close(ctx)
 		t.cancel()
 		t.wg.Wait()
-		if t.sub != nil {
-			t.sub.stop()
+		if t.single != nil && t.single.sub != nil {
+			t.single.sub.stop()
 		}
 		t.pipes.Close()
 		if err := t.client.Close(); err != nil && t.closeErr == nil {
@@ -326,29 +351,63 @@ func (t *Tier) Close(ctx context.Context) error {
 }
 
 // exists is the asynclookup batch function: one pipeline of EXISTS per
-// batch. A failed pipeline makes the whole batch misses.
+// node, on the node's own connection. The keys of a node marked down
+// answer false without a word to it; those of a node whose pipeline
+// failed answer false too (and count as probe errors); the batch fails
+// only when no node answered.
 func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {
 	if !t.health.Healthy() {
 		return nil, fmt.Errorf("%s: %w", t.label(), remote.ErrUnavailable)
 	}
 	t.c.Probes.Add(int64(len(keys)))
+	found := make([]bool, len(keys))
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	var mu sync.Mutex
+	var first error
+	failed := 0
+	down := t.eachNode(ctx, keys, idx, func(ctx context.Context, n *node, idx []int) {
+		if err := t.existsOn(ctx, n, keys, idx, found); err != nil {
+			mu.Lock()
+			failed += len(idx)
+			first = cmp(first, err)
+			mu.Unlock()
+		}
+	})
+	t.c.LookupsUnhealthy.Add(int64(len(down)))
+	if failed > 0 {
+		t.c.ProbeErrors.Add(int64(failed))
+		if failed+len(down) == len(keys) {
+			return nil, fmt.Errorf("%s: exists: %w", t.label(), first)
+		}
+	}
+	return found, nil
+}
+
+// existsOn checks the keys idx on node n. A key answered with an error
+// (a MOVED during a failover) is not found, and asks for a new slot map.
+func (t *Tier) existsOn(ctx context.Context, n *node, keys []offload.Key, idx []int, found []bool) error {
 	var cmds []*goredis.IntCmd
-	err := t.probeRetry.Do(ctx, 0, func(ctx context.Context) error {
-		pipe := t.client.Pipeline()
-		cmds = make([]*goredis.IntCmd, len(keys))
-		for i, k := range keys {
-			cmds[i] = pipe.Exists(ctx, t.redisKey(k))
+	err := n.probeRetry.Do(ctx, 0, func(ctx context.Context) error {
+		pipe := n.conn.Pipeline()
+		cmds = make([]*goredis.IntCmd, len(idx))
+		for j, i := range idx {
+			cmds[j] = pipe.Exists(ctx, t.redisKey(keys[i]))
 		}
 		_, err := pipe.Exec(ctx)
 		return err
 	})
-	if err != nil {
-		t.c.ProbeErrors.Add(int64(len(keys)))
-		return nil, fmt.Errorf("%s: exists: %w", t.label(), err)
+	if err != nil && isTransport(err) {
+		t.reloadSoon()
+		return err
 	}
-	found := make([]bool, len(keys))
-	for i, c := range cmds {
-		found[i] = c.Val() > 0
+	if err != nil && isRedirect(err) {
+		t.reloadSoon()
 	}
-	return found, nil
+	for j, i := range idx {
+		found[i] = cmds[j].Err() == nil && cmds[j].Val() > 0
+	}
+	return nil
 }

@@ -14,9 +14,24 @@ import (
 // and returns the first error. It reads a block's slot only between
 // job.Claim(i) and job.Release(i) (Base declares offload.BlockClaimer),
 // skips the blocks whose claim fails (the manager took them back) and
-// reports those in skipped (nil when none). It counts the blocks and
-// bytes it wrote; Base counts the job and emits its event.
-type StoreFunc func(ctx context.Context, job *offload.Job) (skipped []bool, err error)
+// may refuse blocks whose server is down (one node of a cluster) without
+// any I/O; fates[i] says which (nil when every block was written). It
+// counts the blocks and bytes it wrote; Base counts the job and emits its
+// event.
+type StoreFunc func(ctx context.Context, job *offload.Job) (fates []Fate, err error)
+
+// Fate is what became of one block of a successful store job.
+type Fate uint8
+
+const (
+	// Written: the server holds the block.
+	Written Fate = iota
+	// TakenBack: the manager took the block back before it was read.
+	TakenBack
+	// NodeDown: not sent, because the server that holds its key (a
+	// cluster node) is down; reported to the manager as a tier_down drop.
+	NodeDown
+)
 
 // LoadFunc reads the blocks of a load job into slots, verifying each: for
 // every i with slots[i] != nil it sets errs[i] (nil when block i is in
@@ -186,13 +201,13 @@ func (b *Base) SubmitLoad(job *offload.Job) {
 func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult {
 	start := time.Now()
 	var err error
-	var skipped []bool
+	var fates []Fate
 	switch {
 	case len(job.Keys) == 0:
 	case job.Arena == nil:
 		err = fmt.Errorf("%s: store job %d: no arena", b.label, job.ID)
 	default:
-		skipped, err = b.callStore(ctx, job)
+		fates, err = b.callStore(ctx, job)
 	}
 	res := offload.JobResult{Duration: time.Since(start)}
 	if err != nil {
@@ -200,17 +215,31 @@ func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 		res.Err = err
 		return res
 	}
-	b.c.StoreJobsOK.Add(1)
-	res.Success = true
 	stored := job.Keys
-	if skipped != nil {
+	if fates != nil {
 		stored = make([]offload.Key, 0, len(job.Keys))
 		for i, k := range job.Keys {
-			if !skipped[i] {
+			switch fates[i] {
+			case Written:
 				stored = append(stored, k)
+			case NodeDown:
+				res.Refused++
 			}
 		}
 	}
+	if res.Refused > 0 {
+		b.c.BlocksNodeDown.Add(int64(res.Refused))
+		if res.Refused == len(job.Keys) {
+			// Nothing was sent: the job was refused, as a whole tier down
+			// would have refused it.
+			b.c.StoreJobsSkipped.Add(1)
+			res.Refused = 0
+			res.Err = offload.Refused(offload.RefusedTierDown, fmt.Errorf("%s: store job %d: every block's node is down: %w", b.label, job.ID, ErrUnavailable))
+			return res
+		}
+	}
+	b.c.StoreJobsOK.Add(1)
+	res.Success = true
 	if len(stored) > 0 {
 		res.Bytes = int64(len(stored)) * int64(job.Arena.SlotSize())
 		b.forgetQ.Add(stored...)
@@ -256,7 +285,7 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 // job's failure so that it is counted, and a load's keys marked Miss,
 // like any other failure (the job table alone would only answer the job,
 // and the manager would promote the keys again and again).
-func (b *Base) callStore(ctx context.Context, job *offload.Job) (skipped []bool, err error) {
+func (b *Base) callStore(ctx context.Context, job *offload.Job) (fates []Fate, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%s: store job %d: panic: %v", b.label, job.ID, p)

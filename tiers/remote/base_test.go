@@ -30,6 +30,7 @@ type fakeBackend struct {
 	mu     sync.Mutex
 	blocks map[offload.Key]byte
 	bad    map[offload.Key]bool
+	down   map[offload.Key]bool // on a node that is down: refused
 }
 
 func (f *fakeBackend) exists(_ context.Context, keys []offload.Key) ([]bool, error) {
@@ -42,29 +43,36 @@ func (f *fakeBackend) exists(_ context.Context, keys []offload.Key) ([]bool, err
 	return out, nil
 }
 
-func (f *fakeBackend) store(_ context.Context, job *offload.Job) ([]bool, error) {
+func (f *fakeBackend) store(_ context.Context, job *offload.Job) ([]Fate, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var skipped []bool
+	var fates []Fate
+	mark := func(i int, fate Fate) {
+		if fates == nil {
+			fates = make([]Fate, len(job.Keys))
+		}
+		fates[i] = fate
+	}
 	for i, k := range job.Keys {
 		if f.bad[k] {
 			return nil, fmt.Errorf("store %s: refused", k)
+		}
+		if f.down[k] {
+			mark(i, NodeDown)
+			continue
 		}
 		s, err := job.Arena.Slot(job.Slots[i])
 		if err != nil {
 			return nil, err
 		}
 		if !job.Claim(i) {
-			if skipped == nil {
-				skipped = make([]bool, len(job.Keys))
-			}
-			skipped[i] = true
+			mark(i, TakenBack)
 			continue
 		}
 		f.blocks[k] = s[0]
 		job.Release(i)
 	}
-	return skipped, nil
+	return fates, nil
 }
 
 func (f *fakeBackend) load(_ context.Context, job *offload.Job, slots [][]byte, errs []error) {
@@ -219,6 +227,35 @@ func TestBaseStoreSkipsBlocksTakenBack(t *testing.T) {
 	}
 }
 
+// Blocks refused because their node is down are neither stored nor
+// announced; the job succeeds with the others and reports how many it
+// refused; a job whose every block was refused is a tier_down refusal.
+func TestBaseStoreRefusesBlocksOfADownNode(t *testing.T) {
+	b, f, _ := newTestBase(t, true)
+	arena := &memArena{slots: [][]byte{{1, 0}, {2, 0}, {3, 0}}}
+	keys := []offload.Key{"k0-hash", "k1-hash", "k2-hash"}
+	f.down = map[offload.Key]bool{keys[1]: true}
+	b.SubmitStore(&offload.Job{ID: 1, Keys: keys, Slots: []int64{0, 1, 2}, Arena: arena})
+	if r := results(t, b, 1)[1]; !r.Success || r.Refused != 1 || r.Bytes != 4 {
+		t.Fatalf("store: %+v, want success with 2 blocks of 2 bytes and 1 refused", r)
+	}
+	if evs := b.TakeEvents(); len(evs) != 1 || len(evs[0].Keys) != 2 || evs[0].Keys[0] != keys[0] || evs[0].Keys[1] != keys[2] {
+		t.Fatalf("events %+v, want keys 0 and 2", evs)
+	}
+	f.down = map[offload.Key]bool{keys[0]: true, keys[1]: true}
+	b.SubmitStore(&offload.Job{ID: 2, Keys: keys[:2], Slots: []int64{0, 1}, Arena: arena})
+	r := results(t, b, 1)[2]
+	if reason, ok := offload.RefusalReason(r.Err); r.Success || !ok || reason != offload.RefusedTierDown || !errors.Is(r.Err, ErrUnavailable) {
+		t.Fatalf("store of refused blocks only: %+v, want a tier_down refusal", r)
+	}
+	if st := b.Stats(); st.BlocksNodeDown != 3 || st.StoreJobsOK != 1 || st.StoreJobsSkipped != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if evs := b.TakeEvents(); len(evs) != 0 {
+		t.Fatalf("events %+v after a refused job", evs)
+	}
+}
+
 func TestBaseUnhealthyAndClosed(t *testing.T) {
 	b, _, h := newTestBase(t, false)
 	h.Failure(errors.New("connection refused"))
@@ -306,7 +343,7 @@ func TestSharedCheck(t *testing.T) {
 // the request instead of being promoted again.
 func TestBasePanicIsAFailedJob(t *testing.T) {
 	b, f, _ := newTestBase(t, false)
-	b.store = func(context.Context, *offload.Job) ([]bool, error) { panic("store bug") }
+	b.store = func(context.Context, *offload.Job) ([]Fate, error) { panic("store bug") }
 	b.load = func(context.Context, *offload.Job, [][]byte, []error) { panic("load bug") }
 	arena := &memArena{slots: [][]byte{{0}, {0}}}
 	k := offload.Key("key-hash")

@@ -20,13 +20,21 @@ const (
 	Answered
 )
 
+// Gate is the health a Retrier consults and reports to: a *Health, or
+// one node's of a clustered server.
+type Gate interface {
+	Healthy() bool
+	Success()
+	Failure(err error)
+}
+
 // Retrier runs operations with a per-attempt timeout, retrying transient
 // failures with exponential backoff while the server is considered up,
 // and reports every outcome to Health. Safe for concurrent use.
 type Retrier struct {
 	Timeout  time.Duration // per attempt
 	Backoff  time.Duration // base of the exponential backoff
-	Health   *Health
+	Health   Gate
 	Counters *Counters
 	// Classify maps an error that is not the caller's context ending to
 	// a Class.

@@ -37,6 +37,10 @@ type Stats struct {
 	BytesWritten  int64 // payload bytes
 	BytesRead     int64
 
+	// BlocksNodeDown counts blocks of jobs that ran whose server (one
+	// node of a cluster) was down: not loaded or not stored, without I/O.
+	BlocksNodeDown int64
+
 	Corrupted    int64 // blocks that failed verification on load
 	Deleted      int64 // corrupted blocks deleted
 	SizeMismatch int64 // intact blocks of another slot size (kept)
@@ -58,7 +62,7 @@ type Counters struct {
 	StoreJobsOK, StoreJobsFailed, StoreJobsSkipped      atomic.Int64
 	LoadJobsOK, LoadJobsFailed, LoadJobsSkipped         atomic.Int64
 	BlocksStored, BlocksExisted, BlocksLoaded           atomic.Int64
-	BytesWritten, BytesRead                             atomic.Int64
+	BytesWritten, BytesRead, BlocksNodeDown             atomic.Int64
 	Corrupted, Deleted, SizeMismatch, Retries, Timeouts atomic.Int64
 }
 
@@ -70,7 +74,7 @@ func (c *Counters) Snapshot() Stats {
 		StoreJobsOK: c.StoreJobsOK.Load(), StoreJobsFailed: c.StoreJobsFailed.Load(), StoreJobsSkipped: c.StoreJobsSkipped.Load(),
 		LoadJobsOK: c.LoadJobsOK.Load(), LoadJobsFailed: c.LoadJobsFailed.Load(), LoadJobsSkipped: c.LoadJobsSkipped.Load(),
 		BlocksStored: c.BlocksStored.Load(), BlocksExisted: c.BlocksExisted.Load(), BlocksLoaded: c.BlocksLoaded.Load(),
-		BytesWritten: c.BytesWritten.Load(), BytesRead: c.BytesRead.Load(),
+		BytesWritten: c.BytesWritten.Load(), BytesRead: c.BytesRead.Load(), BlocksNodeDown: c.BlocksNodeDown.Load(),
 		Corrupted: c.Corrupted.Load(), Deleted: c.Deleted.Load(), SizeMismatch: c.SizeMismatch.Load(),
 		Retries: c.Retries.Load(), Timeouts: c.Timeouts.Load(),
 	}

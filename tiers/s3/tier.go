@@ -326,25 +326,25 @@ func (t *Tier) head(ctx context.Context, r *remote.Retrier, k offload.Key, retri
 
 // store uploads the job's blocks concurrently, skipping objects that
 // exist and blocks the manager takes back, and returns the first error.
-func (t *Tier) store(ctx context.Context, job *offload.Job) ([]bool, error) {
-	var skipped []bool
+func (t *Tier) store(ctx context.Context, job *offload.Job) ([]remote.Fate, error) {
+	var fates []remote.Fate
 	if job.Claims != nil {
-		skipped = make([]bool, len(job.Keys))
+		fates = make([]remote.Fate, len(job.Keys))
 	}
 	errs := remote.ForEach(ctx, t.ioSem, len(job.Keys), func(ctx context.Context, i int) error {
-		return t.storeBlock(ctx, job, i, skipped)
+		return t.storeBlock(ctx, job, i, fates)
 	})
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}
 	}
-	return skipped, nil
+	return fates, nil
 }
 
 // storeBlock uploads block i of job; its slot is read, claimed, for the
 // upload's duration (retries included).
-func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int, skipped []bool) error {
+func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int, fates []remote.Fate) error {
 	k := job.Keys[i]
 	if i >= len(job.Slots) {
 		return fmt.Errorf("%s: store %s: job has %d slots for %d keys", t.label(), k, len(job.Slots), len(job.Keys))
@@ -365,7 +365,7 @@ func (t *Tier) storeBlock(ctx context.Context, job *offload.Job, i int, skipped 
 		return nil
 	}
 	if !job.Claim(i) {
-		skipped[i] = true
+		fates[i] = remote.TakenBack
 		return nil
 	}
 	defer job.Release(i)
