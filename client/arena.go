@@ -109,14 +109,18 @@ func ReceiveArenaFD(ctx context.Context, path, ns string) (*os.File, error) {
 		deadline = d
 	}
 	c.SetDeadline(deadline)
-	if _, err := c.Write([]byte(ns + "\n")); err != nil {
-		return nil, fmt.Errorf("kvtier client: arena side channel: %w", err)
-	}
+	// A daemon that refuses the connection (too many in flight) answers
+	// and closes without reading: the send then fails, but the answer,
+	// which says why, is there to read.
+	_, werr := c.Write([]byte(ns + "\n"))
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err == nil && n == 0 && werr != nil {
+		err = werr
+	}
 	if err != nil {
-		return nil, fmt.Errorf("kvtier client: arena side channel: %w", err)
+		return nil, fmt.Errorf("kvtier client: arena side channel: %w", errors.Join(err, werr))
 	}
 	var fds []int
 	if oobn > 0 {

@@ -8,16 +8,19 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// fdRequestTimeout bounds one side-channel exchange.
-const fdRequestTimeout = 5 * time.Second
+// fdReplyTimeout bounds writing one side-channel answer.
+const fdReplyTimeout = 5 * time.Second
 
-// maxFDConns bounds concurrent side-channel connections.
-const maxFDConns = 16
+// maxFDConns bounds concurrent side-channel exchanges. Each is a
+// goroutine, a descriptor and a 1 KiB buffer; beyond the bound new
+// connections are refused at once rather than queued behind idle ones.
+const maxFDConns = 256
 
 // maxFDRequest bounds a side-channel request line.
 const maxFDRequest = 1024
@@ -36,19 +39,27 @@ type arenaReply struct {
 }
 
 // serveFDs answers arena descriptor requests on the side channel (see the
-// package documentation) until ln is closed.
+// package documentation) until ln is closed. Every connection is answered
+// on a goroutine of its own, so idle connections delay no one: each has
+// Limits.SideChannelTimeout (2s) to send its line, and past maxFDConns
+// exchanges in flight a new connection is refused at once (counted).
 func (s *Server) serveFDs(ln *net.UnixListener) error {
-	sem := make(chan struct{}, maxFDConns)
+	var active atomic.Int32
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			return err
 		}
-		sem <- struct{}{}
+		if active.Add(1) > maxFDConns {
+			active.Add(-1)
+			s.sideRefused.Add(1)
+			s.refuseFD(c)
+			continue
+		}
 		s.fdWG.Add(1)
 		go func() {
 			defer s.fdWG.Done()
-			defer func() { <-sem }()
+			defer active.Add(-1)
 			defer c.Close()
 			if err := s.answerFD(c); err != nil {
 				s.sideLogs.Warn(s.log, "side", "arena side channel", "err", err)
@@ -57,12 +68,31 @@ func (s *Server) serveFDs(ln *net.UnixListener) error {
 	}
 }
 
+// refuseFD tells a connection past maxFDConns why it gets no descriptor,
+// without waiting on it, and closes it.
+func (s *Server) refuseFD(c *net.UnixConn) {
+	msg, _ := json.Marshal(arenaReply{Error: fmt.Sprintf("%v: %d arena side-channel exchanges in flight; try again", ErrLimit, maxFDConns)})
+	// Neither call waits (the socket is non-blocking; a deadline in the
+	// past would skip them): a fresh socket's buffer takes the answer, and
+	// the request line already sent is read, since a Unix socket closed
+	// with unread data resets its peer, which would lose the answer.
+	if rc, err := c.SyscallConn(); err == nil {
+		rc.Write(func(fd uintptr) bool { unix.Write(int(fd), msg); return true })
+		rc.Read(func(fd uintptr) bool { unix.Read(int(fd), make([]byte, maxFDRequest)); return true })
+	}
+	c.Close()
+	s.sideLogs.Warn(s.log, "side-busy", "arena side channel connection refused: too many in flight", "limit", maxFDConns)
+}
+
 func (s *Server) answerFD(c *net.UnixConn) error {
-	c.SetDeadline(time.Now().Add(fdRequestTimeout))
+	// The client sends its line as soon as it connects; one that sends
+	// nothing holds a goroutine until the timeout, never another client.
+	c.SetReadDeadline(time.Now().Add(s.limits.SideChannelTimeout))
 	// A namespace name is short; never buffer more than a line's worth.
 	line, err := bufio.NewReaderSize(io.LimitReader(c, maxFDRequest), maxFDRequest).ReadString('\n')
+	c.SetWriteDeadline(time.Now().Add(fdReplyTimeout))
 	if err != nil {
-		msg, _ := json.Marshal(arenaReply{Error: fmt.Sprintf("want a namespace name and a newline within %d bytes", maxFDRequest)})
+		msg, _ := json.Marshal(arenaReply{Error: fmt.Sprintf("want a namespace name and a newline within %d bytes and %v", maxFDRequest, s.limits.SideChannelTimeout)})
 		c.Write(msg)
 		return fmt.Errorf("read namespace: %w", err)
 	}

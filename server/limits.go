@@ -44,6 +44,10 @@ const (
 	// client whose host vanished is noticed.
 	DefaultKeepaliveTime    = 30 * time.Second
 	DefaultKeepaliveTimeout = 10 * time.Second
+	// DefaultSideChannelTimeout: an arena side-channel client sends its
+	// namespace line as it connects; one that sends nothing for this long
+	// is dropped.
+	DefaultSideChannelTimeout = 2 * time.Second
 )
 
 // Limits bound what one client can ask of the daemon (DESIGN.md §7). A zero
@@ -90,6 +94,9 @@ type Limits struct {
 	ConnectionIdleTimeout time.Duration
 	KeepaliveTime         time.Duration
 	KeepaliveTimeout      time.Duration
+	// SideChannelTimeout bounds how long an arena side-channel connection
+	// may take to send its request line.
+	SideChannelTimeout time.Duration
 }
 
 // withDefaults returns l with zero fields set to their defaults, or an
@@ -136,6 +143,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	}
 	if l.ConnectionIdleTimeout == 0 {
 		l.ConnectionIdleTimeout = DefaultConnectionIdleTimeout
+	}
+	if l.SideChannelTimeout == 0 {
+		l.SideChannelTimeout = DefaultSideChannelTimeout
 	}
 	if l.KeepaliveTime == 0 {
 		l.KeepaliveTime = DefaultKeepaliveTime

@@ -76,12 +76,15 @@ type Server struct {
 	log    *slog.Logger
 	// sideLogs bounds the lines of the side sockets' refusals (arena
 	// descriptors, region registrations): one per interval with a count.
-	sideLogs   ratelog.Limiter
-	nsMu       sync.RWMutex // namespaces and order grow when engines attach
-	namespaces map[string]*Namespace
-	order      []*Namespace
-	metrics    *metrics
-	warnings   *offload.WarningLog
+	sideLogs ratelog.Limiter
+	// sideRefused counts arena side-channel connections refused because
+	// too many exchanges were in flight.
+	sideRefused atomic.Uint64
+	nsMu        sync.RWMutex // namespaces and order grow when engines attach
+	namespaces  map[string]*Namespace
+	order       []*Namespace
+	metrics     *metrics
+	warnings    *offload.WarningLog
 
 	unixSrv, tcpSrv *grpc.Server
 	health          *health.Server

@@ -114,7 +114,10 @@ def receive_arena_fd(path, namespace=""):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(path)
-        s.sendall(namespace.encode() + b"\n")
+        try:
+            s.sendall(namespace.encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a refusal (too many in flight) answers without reading: read why
         msg, fds, _flags, _addr = socket.recv_fds(s, 4096, 1)
     reply = json.loads(msg.decode() or "{}")
     if reply.get("error") or len(fds) != 1:
