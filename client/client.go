@@ -235,7 +235,10 @@ func (c *Client) LookupSources(ctx context.Context, id string, keys []offload.Ke
 	return resp.GetResults(), resp.GetSources(), nil
 }
 
-// PrepareLoad pins keys and returns their arena slots (co-indexed).
+// PrepareLoad pins keys and returns their arena slots (co-indexed). A key
+// evicted since the Lookup that answered HIT (another client's stores)
+// fails the call, which then pins nothing; PrepareLoadPresent answers it
+// as a miss instead.
 func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key) ([]int64, error) {
 	raw, packed, size := keyFields(keys)
 	resp, err := c.api.PrepareLoad(ctx, &kvtierv1.PrepareLoadRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size})
@@ -243,6 +246,19 @@ func (c *Client) PrepareLoad(ctx context.Context, id string, keys []offload.Key)
 		return nil, err
 	}
 	return resp.GetSlots(), nil
+}
+
+// PrepareLoadPresent pins the keys still in the primary and returns their
+// arena slots (co-indexed); a key evicted since the Lookup that answered
+// HIT answers slot -1 (a miss: nothing to read, nothing to CompleteLoad),
+// and missing counts those.
+func (c *Client) PrepareLoadPresent(ctx context.Context, id string, keys []offload.Key) (slots []int64, missing int, err error) {
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.PrepareLoad(ctx, &kvtierv1.PrepareLoadRequest{Namespace: c.ns, RequestId: id, Keys: raw, PackedKeys: packed, KeySize: size, AllowMissing: true})
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.GetSlots(), int(resp.GetMissing()), nil
 }
 
 // CompleteLoad unpins keys pinned by PrepareLoad.

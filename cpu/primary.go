@@ -197,6 +197,40 @@ func (p *Primary) PrepareLoad(keys []offload.Key) ([]int64, error) {
 	return p.prepareLoad(keys, false)
 }
 
+// PrepareLoadPresent is PrepareLoad for keys that may have gone since
+// they were looked up — in a daemon another client's stores can evict a
+// block between the lookup that answered HIT and this call: a key absent
+// or pending answers slot -1 and is not pinned, the others are pinned as
+// PrepareLoad pins them. missing counts the -1s.
+func (p *Primary) PrepareLoadPresent(keys []offload.Key) (slots []int64, missing int) {
+	slots = make([]int64, len(keys))
+	j := 0
+	for i, k := range keys {
+		s := p.hint(k, &j)
+		if s < 0 {
+			s = p.b.lookup(k)
+		}
+		if s < 0 || p.b.meta[s].ref < 0 {
+			slots[i] = -1
+			missing++
+			continue
+		}
+		slots[i] = int64(s)
+	}
+	if missing == 0 {
+		p.pin(slots)
+		return slots, 0
+	}
+	present := make([]int64, 0, len(keys)-missing)
+	for _, s := range slots {
+		if s >= 0 {
+			present = append(present, s)
+		}
+	}
+	p.pin(present)
+	return slots, missing
+}
+
 // PinSoft is PrepareLoad with soft pins, for a cascade: a block held by
 // soft pins only keeps its place in the eviction order (as if it were
 // not pinned) and, when eviction reaches it, the Revoker is asked to

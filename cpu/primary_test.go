@@ -221,6 +221,34 @@ func TestPrepareLoadKeyOrder(t *testing.T) {
 	}
 }
 
+// PrepareLoadPresent pins what is readable and answers -1 for a key
+// absent or still being written, pinning nothing for it.
+func TestPrepareLoadPresent(t *testing.T) {
+	p := newPrimary(t, 4, PolicyLRU)
+	storeOK(t, p, 1, 2)
+	if _, ok := p.PrepareStore(ks(3)); !ok { // 3 pending
+		t.Fatal("no room for 3")
+	}
+	slots, missing := p.PrepareLoadPresent(ks(1, 9, 3, 2, 1))
+	if missing != 2 || slots[1] != -1 || slots[2] != -1 || slots[0] < 0 || slots[3] < 0 || slots[4] != slots[0] {
+		t.Fatalf("PrepareLoadPresent = %v, %d missing; want 9 and 3 missing", slots, missing)
+	}
+	for id, want := range map[int]int32{1: 2, 2: 1} {
+		if ref, _ := p.RefCount(key(id)); ref != want {
+			t.Fatalf("block %d: ref %d, want %d", id, ref, want)
+		}
+	}
+	if ref, _ := p.RefCount(key(3)); ref >= 0 {
+		t.Fatalf("pending block 3 pinned: ref %d", ref)
+	}
+	if err := p.CompleteLoad(ks(1, 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, missing := p.PrepareLoadPresent(ks(1, 2)); missing != 0 || got[0] < 0 || got[1] < 0 {
+		t.Fatalf("all present: %v %d", got, missing)
+	}
+}
+
 func arcOf(p *Primary) *arcPolicy { return p.pol.(*arcPolicy) }
 
 func (a *arcPolicy) listIDs(l list) []int {

@@ -126,6 +126,7 @@ var (
 	descRefused    = prometheus.NewDesc("kvtier_requests_refused_total", "New requests refused, by why: full (the namespace holds limits.max_requests), session_cap (the session holds limits.max_session_requests).", []string{"namespace", "why"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_requests_released_total", "Requests released without their client finishing them, by why: session_ended (disconnect, crash, keep-alive), idle (no call for the request idle timeout).", []string{"namespace", "why"}, nil)
 	descSideRefsd  = prometheus.NewDesc("kvtier_arena_side_channel_refused_total", "Arena side-channel connections refused at once because 256 exchanges were in flight (an idle connection is dropped after 2 s).", nil, nil)
+	descLoadsMiss  = prometheus.NewDesc("kvtier_prepare_load_missing_total", "Keys PrepareLoad found no longer readable: evicted (or rewritten) by other clients' stores since the Lookup that answered HIT. With allow_missing they are misses (slot -1), else the call fails.", []string{"namespace"}, nil)
 	descConns      = prometheus.NewDesc("kvtier_connections", "Client connections (sessions) open, over all listeners; compare with server.max_connections per listener.", nil, nil)
 	descSessEnded  = prometheus.NewDesc("kvtier_sessions_ended_total", "Client sessions ended (disconnect, crash, keep-alive failure).", nil, nil)
 	descAutoSteps  = prometheus.NewDesc("kvtier_auto_steps_total", "Steps the daemon ended itself because no engine did while tier work was pending.", []string{"namespace"}, nil)
@@ -146,7 +147,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
-		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 	} {
 		ch <- d
 	}
@@ -189,6 +190,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descReleased, st.ExpiredRequests, n, "idle")
 		counter(descRefused, st.RefusedFull, n, "full")
 		counter(descRefused, st.RefusedSession, n, "session_cap")
+		counter(descLoadsMiss, st.LoadsMissing, n)
 		counter(descAutoSteps, st.AutoSteps, n)
 		counter(descEventsPub, st.EventsPublished, n)
 		counter(descEventsDrp, st.EventsDropped, n)

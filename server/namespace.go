@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -23,6 +24,7 @@ type Manager interface {
 	Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult
 	LookupPrefix(keys []offload.Key, req *offload.ReqContext, out []offload.LookupResult) (hits int)
 	PrepareLoad(keys []offload.Key, req *offload.ReqContext) ([]int64, error)
+	PrepareLoadPresent(keys []offload.Key) (slots []int64, missing int, err error)
 	Touch(keys []offload.Key, req *offload.ReqContext)
 	CompleteLoad(keys []offload.Key, req *offload.ReqContext) error
 	PrepareStore(keys []offload.Key, req *offload.ReqContext) (offload.PrepareStoreOutput, bool, error)
@@ -160,6 +162,8 @@ type Namespace struct {
 	// expired counts requests released after RequestIdleTimeout without a
 	// call; released those released because their session ended.
 	expired, released uint64
+	// loadsMissing counts keys PrepareLoad found gone since their lookup.
+	loadsMissing uint64
 	// refusedFull and refusedSession count NewRequest calls refused
 	// because the namespace's request table was full, or the session held
 	// its cap.
@@ -382,24 +386,39 @@ func (ns *Namespace) lookupLocked(rc *offload.ReqContext, keys []offload.Key, ou
 	return hits
 }
 
-// PrepareLoad pins keys for reading and returns their slots.
-func (ns *Namespace) PrepareLoad(s *session, id string, keys []offload.Key) ([]int64, error) {
+// PrepareLoad pins keys for reading and returns their slots. A key that
+// is no longer readable — another client's stores evicted it since the
+// Lookup that answered HIT — fails the call and pins nothing, or, with
+// allowMissing, answers slot -1 and is not pinned while the others are;
+// either way it is counted (missing: the -1s).
+func (ns *Namespace) PrepareLoad(s *session, id string, keys []offload.Key, allowMissing bool) (slots []int64, missing int, err error) {
 	r, err := ns.lockLive(s, id, "prepare load")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer ns.mu.Unlock()
-	slots, err := ns.mgr.PrepareLoad(keys, r.ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+	if allowMissing {
+		slots, missing, err = ns.mgr.PrepareLoadPresent(keys)
+	} else {
+		slots, err = ns.mgr.PrepareLoad(keys, r.ctx)
 	}
+	if err != nil {
+		if errors.Is(err, cpu.ErrUnknownKey) || errors.Is(err, cpu.ErrNotReady) {
+			ns.loadsMissing++
+			return nil, 0, fmt.Errorf("%w: prepare load: %w (evicted or rewritten since the lookup; set allow_missing to pin the rest)", ErrProtocol, err)
+		}
+		return nil, 0, fmt.Errorf("%w: prepare load: %w", ErrProtocol, err)
+	}
+	ns.loadsMissing += uint64(missing)
 	if r.pins == nil {
 		r.pins = make(map[offload.Key]int32, len(keys))
 	}
-	for _, k := range keys {
-		r.pins[k]++
+	for i, k := range keys {
+		if slots[i] >= 0 {
+			r.pins[k]++
+		}
 	}
-	return slots, nil
+	return slots, missing, nil
 }
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
@@ -644,6 +663,7 @@ func (ns *Namespace) Stats() (Stats, error) {
 	st.Sessions = len(ns.bySession)
 	st.ExpiredRequests, st.ReleasedRequests, st.AutoSteps = ns.expired, ns.released, ns.autoSteps
 	st.RefusedFull, st.RefusedSession = ns.refusedFull, ns.refusedSession
+	st.LoadsMissing = ns.loadsMissing
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {
 		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()

@@ -122,11 +122,11 @@ func (sv *service) PrepareLoad(ctx context.Context, in *kvtierv1.PrepareLoadRequ
 	if err != nil {
 		return nil, err
 	}
-	slots, err := ns.PrepareLoad(sessionOf(ctx), in.GetRequestId(), keys)
+	slots, missing, err := ns.PrepareLoad(sessionOf(ctx), in.GetRequestId(), keys, in.GetAllowMissing())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &kvtierv1.PrepareLoadResponse{Slots: slots}, nil
+	return &kvtierv1.PrepareLoadResponse{Slots: slots, Missing: uint32(missing)}, nil
 }
 
 func (sv *service) CompleteLoad(ctx context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {

@@ -203,13 +203,75 @@ func TestSessionsModel(t *testing.T) {
 				if n == 0 {
 					return
 				}
-				sl, err := ns.PrepareLoad(s.s, r.id, keys[:n])
-				if err != nil {
-					rt.Fatalf("prepare load of HIT keys: %v", err)
+				// Another client's stores between the lookup and the load
+				// may evict what answered HIT.
+				if rapid.IntRange(0, 2).Draw(rt, "storeBetween") == 0 {
+					o := pickSess(rt)
+					or := pickReq(rt, o, true)
+					// Blocks not in the primary, as many as it has slots:
+					// a store that evicts if anything can be evicted.
+					var fresh []offload.Key
+					for _, k := range universe {
+						if _, in := p.RefCount(k); !in && len(fresh) < slots {
+							fresh = append(fresh, k)
+						}
+					}
+					if len(fresh) == 0 {
+						fresh = keyRun(rt)
+					}
+					out, ok, err := ns.PrepareStore(o.s, or.id, fresh, nil)
+					if err != nil {
+						rt.Fatalf("prepare store between lookup and load: %v", err)
+					}
+					if ok && len(out.KeysToStore) > 0 {
+						res := reservation{keys: slices.Clone(out.KeysToStore), slots: slices.Clone(out.Slots)}
+						write(rt, arena, res, slotSize)
+						if err := ns.CompleteStore(o.s, or.id, res.keys, true); err != nil {
+							rt.Fatalf("complete store: %v", err)
+						}
+					}
 				}
-				verifySlots(keys[:n], sl, "load")
-				r.pins = append(r.pins, keys[:n]...)
-				counts["loaded blocks"] += n
+				readable := func(k offload.Key) bool { ref, ok := p.RefCount(k); return ok && ref >= 0 }
+				var gone []offload.Key
+				refs := make([]int32, n)
+				for i, k := range keys[:n] {
+					if !readable(k) {
+						gone = append(gone, k)
+					}
+					refs[i], _ = p.RefCount(k)
+				}
+				allowMissing := rapid.Bool().Draw(rt, "allowMissing")
+				sl, missing, err := ns.PrepareLoad(s.s, r.id, keys[:n], allowMissing)
+				switch {
+				case !allowMissing && len(gone) > 0:
+					// The call fails and pins nothing.
+					if !errors.Is(err, ErrProtocol) {
+						rt.Fatalf("prepare load of %d keys gone since the lookup: %v, want ErrProtocol", len(gone), err)
+					}
+					for i, k := range keys[:n] {
+						if ref, _ := p.RefCount(k); ref != refs[i] {
+							rt.Fatalf("a failed prepare load pinned %v", k)
+						}
+					}
+					counts["loads failed: evicted since the lookup"]++
+					return
+				case err != nil:
+					rt.Fatalf("prepare load of HIT keys: %v", err)
+				case missing != len(gone):
+					rt.Fatalf("prepare load: %d missing, %d keys are gone", missing, len(gone))
+				}
+				for i, k := range keys[:n] {
+					if sl[i] < 0 {
+						if readable(k) && !slices.Contains(gone, k) {
+							rt.Fatalf("prepare load: %v readable but answered missing", k)
+						}
+						continue
+					}
+					verifySlots(keys[i:i+1], sl[i:i+1], "load")
+					r.pins = append(r.pins, k)
+				}
+				counts["loaded blocks"] += n - missing
+				counts["missing at load (allow_missing)"] += missing
 			},
 			"completeLoad": func(rt *rapid.T) {
 				s := pickSess(rt)

@@ -22,6 +22,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
 )
 
 // The soak test runs a race-built daemon with a shared (memfd) arena and an
@@ -89,8 +90,15 @@ func soakClient(target string, seed uint64) int {
 				hit++
 			}
 			if hit > 0 {
-				if slots, err := c.PrepareLoad(ctx, id, ks[:hit]); err == nil {
+				// Other clients' stores may have evicted some since the
+				// lookup: those are misses (slot -1).
+				if slots, _, err := c.PrepareLoadPresent(ctx, id, ks[:hit]); err == nil {
+					var pinned []offload.Key
 					for i, s := range slots {
+						if s < 0 {
+							continue
+						}
+						pinned = append(pinned, ks[i])
 						b, err := a.Slot(s)
 						if err != nil {
 							fmt.Println("slot:", err)
@@ -104,8 +112,8 @@ func soakClient(target string, seed uint64) int {
 							fmt.Println("ok", verified)
 						}
 					}
-					if rng.IntN(200) > 0 { // rarely forget: the session owns it
-						c.CompleteLoad(ctx, id, ks[:hit])
+					if rng.IntN(200) > 0 && len(pinned) > 0 { // rarely forget: the session owns it
+						c.CompleteLoad(ctx, id, pinned)
 					}
 				}
 			}

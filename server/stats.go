@@ -37,6 +37,10 @@ type Stats struct {
 	// the namespace held Limits.MaxRequests, or their session
 	// Limits.MaxSessionRequests.
 	RefusedFull, RefusedSession uint64
+	// LoadsMissing counts keys PrepareLoad found no longer readable
+	// (evicted since the Lookup that answered HIT): misses, not errors,
+	// with allow_missing.
+	LoadsMissing uint64
 }
 
 // PrimaryStats are the primary tier's counters and gauges.

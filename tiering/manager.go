@@ -442,6 +442,17 @@ func (m *Manager) PrepareLoad(keys []offload.Key, req *offload.ReqContext) ([]in
 	return slots, nil
 }
 
+// PrepareLoadPresent pins the keys still readable in the primary and
+// answers slot -1 for the others (evicted or rewritten since the lookup
+// that answered Hit); missing counts them. See cpu.Primary.PrepareLoadPresent.
+func (m *Manager) PrepareLoadPresent(keys []offload.Key) (slots []int64, missing int, err error) {
+	if m.closed {
+		return nil, 0, ErrClosed
+	}
+	slots, missing = m.primary.PrepareLoadPresent(keys)
+	return slots, missing, nil
+}
+
 // Touch refreshes recency in the primary and in every secondary tier (not
 // filtered: recency is not a load).
 func (m *Manager) Touch(keys []offload.Key, req *offload.ReqContext) {

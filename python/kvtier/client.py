@@ -256,10 +256,14 @@ class Client:
             namespace=self.namespace, request_id=request_id, **_key_fields(keys), prefix_scan=prefix_scan))
         return list(resp.results), resp.hits
 
-    def prepare_load(self, request_id, keys):
-        """Pins keys; returns their arena slots."""
+    def prepare_load(self, request_id, keys, allow_missing=False):
+        """Pins keys; returns their arena slots. A key evicted since the
+        lookup that answered HIT (other clients' stores) fails the call,
+        which then pins nothing; with allow_missing it answers slot -1 (a
+        miss: nothing to read or to complete) and the rest are pinned."""
         return list(self._call("PrepareLoad", pb.PrepareLoadRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys))).slots)
+            namespace=self.namespace, request_id=request_id, **_key_fields(keys),
+            allow_missing=allow_missing)).slots)
 
     def complete_load(self, request_id, keys):
         self._call("CompleteLoad", pb.CompleteLoadRequest(

@@ -983,8 +983,16 @@ type PrepareLoadRequest struct {
 	// case): the keys back to back, key_size bytes each. Decoding takes one
 	// allocation per call instead of one per key. Set keys or packed_keys,
 	// not both.
-	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
-	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	PackedKeys []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// Another client's stores may evict a block between the Lookup that
+	// answered HIT and this call. With allow_missing such a key (absent, or
+	// being written again) answers slot -1 and is not pinned — a miss the
+	// caller recomputes, nothing to CompleteLoad — while the others are
+	// pinned. Without it the call fails (FAILED_PRECONDITION) and pins
+	// nothing. Either way the key counts in
+	// kvtier_prepare_load_missing_total.
+	AllowMissing  bool `protobuf:"varint,6,opt,name=allow_missing,json=allowMissing,proto3" json:"allow_missing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1054,11 +1062,21 @@ func (x *PrepareLoadRequest) GetKeySize() uint32 {
 	return 0
 }
 
+func (x *PrepareLoadRequest) GetAllowMissing() bool {
+	if x != nil {
+		return x.AllowMissing
+	}
+	return false
+}
+
 // PrepareLoadResponse returns the arena slots to read.
 type PrepareLoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// slots[i] is the arena slot of keys[i].
-	Slots         []int64 `protobuf:"varint,1,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	// slots[i] is the arena slot of keys[i]; -1 (allow_missing only): the
+	// block is no longer there.
+	Slots []int64 `protobuf:"varint,1,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	// missing counts the -1 slots.
+	Missing       uint32 `protobuf:"varint,2,opt,name=missing,proto3" json:"missing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1098,6 +1116,13 @@ func (x *PrepareLoadResponse) GetSlots() []int64 {
 		return x.Slots
 	}
 	return nil
+}
+
+func (x *PrepareLoadResponse) GetMissing() uint32 {
+	if x != nil {
+		return x.Missing
+	}
+	return 0
 }
 
 // CompleteLoadRequest unpins keys after reading.
@@ -5081,7 +5106,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\rR\x04hits\x12\x18\n" +
-	"\asources\x18\x03 \x03(\tR\asources\"\xa1\x01\n" +
+	"\asources\x18\x03 \x03(\tR\asources\"\xc6\x01\n" +
 	"\x12PrepareLoadRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
@@ -5089,9 +5114,11 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1f\n" +
 	"\vpacked_keys\x18\x04 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
-	"\bkey_size\x18\x05 \x01(\rR\akeySize\"+\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\x12#\n" +
+	"\rallow_missing\x18\x06 \x01(\bR\fallowMissing\"E\n" +
 	"\x13PrepareLoadResponse\x12\x14\n" +
-	"\x05slots\x18\x01 \x03(\x03R\x05slots\"\xa2\x01\n" +
+	"\x05slots\x18\x01 \x03(\x03R\x05slots\x12\x18\n" +
+	"\amissing\x18\x02 \x01(\rR\amissing\"\xa2\x01\n" +
 	"\x13CompleteLoadRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
