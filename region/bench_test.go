@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/memory"
 )
 
 // BenchmarkRegionToFS2MiB compares, in the same run and on the same
@@ -157,4 +158,58 @@ func BenchmarkRegionToFS2MiB(b *testing.B) {
 	b.ReportMetric(mbps(viaRegion), "region-MB/s")
 	b.ReportMetric(mbps(direct), "fs-MB/s")
 	b.ReportMetric(direct.Seconds()/viaRegion.Seconds(), "region/fs")
+}
+
+// BenchmarkRegionNewRequest creates a request (its first lookup), looks
+// up one key and finishes it while a region holds 10 000 live requests:
+// the request table's bookkeeping must not grow with them (it walked
+// every request of the namespace per new request before).
+func BenchmarkRegionNewRequest(b *testing.B) {
+	for _, live := range []int{0, 10_000} {
+		b.Run(fmt.Sprint("live=", live), func(b *testing.B) {
+			svc, err := New(Config{
+				Tiers: func(context.Context, string, Layout) ([]offload.SecondaryTier, error) {
+					m, err := memory.New(memory.Config{Name: "dram", Medium: offload.MediumCPU, Locality: offload.LocalityRemote})
+					return []offload.SecondaryTier{m}, err
+				},
+				Parse:       func(id string, _ []byte) (*offload.ReqContext, error) { return offload.Background(id), nil },
+				Admission:   tiering.AdmissionConfig{Disabled: true},
+				MaxRequests: live + 16,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer svc.Close(context.Background())
+			l := Layout{NumBlocks: 4, RowStride: 4096, BlocksPerChunk: 1, Model: "bench", DType: "float16", WorldSize: 1}
+			f, err := os.CreateTemp(b.TempDir(), "region")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(l.Size()); err != nil {
+				b.Fatal(err)
+			}
+			r, err := svc.Register(context.Background(), l, f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			keys := []offload.Key{offload.MakeKey([]byte("bench-key"), 0)}
+			for i := range live {
+				if _, err := r.Lookup(ctx, fmt.Sprint("live-", i), nil, keys); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				id := fmt.Sprint("new-", i)
+				if _, err := r.Lookup(ctx, id, nil, keys); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r.Step(ctx, []string{id}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -198,14 +198,8 @@ func (g *group) req(r *Region, id string, params []byte) (*reqState, error) {
 		rq.last = time.Now()
 		return rq, nil
 	}
-	n := 0
-	for rk := range g.reqs {
-		if rk.r == r {
-			n++
-		}
-	}
-	if n >= g.svc.cfg.MaxRequests {
-		return nil, fmt.Errorf("%w: region %s has state for %d requests", ErrLimit, r.id, n)
+	if r.reqs >= g.svc.cfg.MaxRequests {
+		return nil, fmt.Errorf("%w: region %s has state for %d requests", ErrLimit, r.id, r.reqs)
 	}
 	ctx, err := g.svc.cfg.Parse(r.id+"/"+id, params)
 	if err != nil {
@@ -213,8 +207,18 @@ func (g *group) req(r *Region, id string, params []byte) (*reqState, error) {
 	}
 	rq := &reqState{key: k, ctx: ctx, hit: make(map[offload.Key]int), last: time.Now()}
 	g.reqs[k] = rq
+	r.reqs++
 	g.stack.OnNewRequest(ctx)
 	return rq, nil
+}
+
+// forget drops request rq from the table and tells the tiers it finished.
+func (g *group) forget(rq *reqState) {
+	if g.reqs[rq.key] == rq {
+		delete(g.reqs, rq.key)
+		rq.key.r.reqs--
+	}
+	g.stack.OnRequestFinished(rq.ctx)
 }
 
 func (g *group) lookup(r *Region, id string, params []byte, keys []offload.Key, reply chan<- lookupReply) {
@@ -394,10 +398,7 @@ func (g *group) maybeFinish(v *vjob) {
 
 func (g *group) maybeForget(rq *reqState) {
 	if rq.finished && rq.jobs == 0 {
-		if g.reqs[rq.key] == rq {
-			delete(g.reqs, rq.key)
-		}
-		g.stack.OnRequestFinished(rq.ctx)
+		g.forget(rq)
 	}
 }
 
@@ -449,8 +450,7 @@ func (g *group) release(r *Region) {
 	delete(g.regions, r)
 	for k, rq := range g.reqs {
 		if k.r == r {
-			delete(g.reqs, k)
-			g.stack.OnRequestFinished(rq.ctx)
+			g.forget(rq)
 		}
 	}
 	close(r.drained)
@@ -459,10 +459,9 @@ func (g *group) release(r *Region) {
 // expire forgets requests idle for Config.RequestIdle with no job in
 // flight.
 func (g *group) expire(now time.Time) {
-	for k, rq := range g.reqs {
+	for _, rq := range g.reqs {
 		if rq.jobs == 0 && now.Sub(rq.last) > g.svc.cfg.RequestIdle {
-			delete(g.reqs, k)
-			g.stack.OnRequestFinished(rq.ctx)
+			g.forget(rq)
 		}
 	}
 }

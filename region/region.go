@@ -73,6 +73,9 @@ type Region struct {
 	// Drain calls waiting for none; owned by the executor.
 	jobIDs      map[uint64]struct{}
 	idleWaiters []chan struct{}
+	// reqs counts the region's requests in its group's table (bounded by
+	// Config.MaxRequests); owned by the executor.
+	reqs int
 }
 
 // ID is the region's id: what the engine names it by in every call.

@@ -6,7 +6,7 @@ the CPU cache: HIT), stores one new block (prepare_store, then
 complete_store) and the step ends. Reported per step, in microseconds,
 median of R steps after a warm-up that settles the lookups.
 
-    .venv/bin/python python/bench/manager_step.py --target unix:///tmp/kb/k.sock
+    .venv/bin/python python/bench/manager_step.py --target unix:///tmp/kb/k.sock [--daemon-pid PID]
 
 Needs a running `kvtier serve` with engines on (engines.primary_bytes of
 at least 64 MiB).
@@ -28,7 +28,26 @@ def key(i: int) -> bytes:
     return hashlib.sha256(b"%d" % i).digest() + b"\0\0\0\0"
 
 
-def run(mgr, name, reqs, prefix, rounds, settle) -> list[float]:  # type: ignore[no-untyped-def]
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process pid has used; 0 without one."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runq_wait() -> float:
+    """Seconds this thread has waited, runnable, for a CPU
+    (/proc/thread-self/schedstat: on-CPU ns, run-queue ns, slices)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except OSError:
+        return 0.0
+
+
+def run(mgr, name, reqs, prefix, rounds, settle, daemon_pid=0) -> tuple[list[float], list[float], list[float], float]:  # type: ignore[no-untyped-def]
     from vllm.v1.kv_offload.base import ScheduleEndContext
 
     se = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
@@ -46,10 +65,13 @@ def run(mgr, name, reqs, prefix, rounds, settle) -> list[float]:  # type: ignore
         mgr.complete_store(part, c0, True)
         mgr.on_schedule_end(se)
         settle()
-    times = []
+    times, cpu, waits = [], [], []
     n = 10_000_000
+    d0 = 0.0
     for r in range(rounds + 5):
-        t0 = time.perf_counter()
+        if r == 5:
+            d0 = proc_cpu(daemon_pid)
+        t0, c0, w0 = time.perf_counter(), time.thread_time(), runq_wait()
         for c in reqs:
             for k in prefix:
                 mgr.lookup(k, c)
@@ -59,11 +81,13 @@ def run(mgr, name, reqs, prefix, rounds, settle) -> list[float]:  # type: ignore
             if o is not None:
                 mgr.complete_store(new, c, True)
         mgr.on_schedule_end(se)
-        dt = time.perf_counter() - t0
+        dt, dc, dw = time.perf_counter() - t0, time.thread_time() - c0, runq_wait() - w0
         if r >= 5:  # the first steps settle the lookups
             times.append(dt)
+            cpu.append(dc)
+            waits.append(dw)
         settle()
-    return times
+    return times, cpu, waits, (proc_cpu(daemon_pid) - d0) / rounds
 
 
 def main() -> None:
@@ -72,6 +96,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--daemon-pid", type=int, default=0, help="report the daemon's CPU per step (its step calls and tier work)")
     args = ap.parse_args()
 
     from conftest import offloading_config
@@ -101,17 +126,21 @@ def main() -> None:
                 if hasattr(mgr, "_drain"):
                     mgr._drain()
 
-        results[name] = run(mgr, name, reqs, prefix, args.rounds, settle)
+        results[name] = run(mgr, name, reqs, prefix, args.rounds, settle, args.daemon_pid if name == "kvtier" else 0)
         if prefix:
             hits = sum(mgr.lookup(prefix[-1], c).name == "HIT" for c in reqs)
             assert hits == len(reqs), f"{name}: {hits} of {len(reqs)} prefixes HIT"
         mgr.shutdown()
     med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
-    print(f"{args.requests} requests x ({args.keys}-key prefix lookup + 1 store) per step, median of {args.rounds} steps")
-    for name, t in results.items():
+    print(f"{args.requests} requests x ({args.keys}-key prefix lookup + 1 store) per step, median of {args.rounds} steps; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for name, (t, c, w, d) in results.items():
         per = f"  ({med(t) / (args.requests * args.keys) * 1000:.0f} ns per lookup)" if args.keys else ""
-        print(f"{name:10} {med(t):10.0f} us per step{per}")
-    print(f"ratio kvtier/vllm-cpu: {med(results['kvtier']) / med(results['vllm-cpu']):.2f}")
+        daemon = f"; daemon cpu {d * 1e6:.0f} us per step" if args.daemon_pid and name == "kvtier" else ""
+        print(f"{name:10} wall {med(t):8.0f} us per step (range {min(t) * 1e6:.0f}-{max(t) * 1e6:.0f}), "
+              f"thread cpu {med(c):8.0f} us, run-queue wait {med(w):6.0f} us{per}{daemon}")
+    (kt, kc, _, _), (vt, vc, _, _) = results["kvtier"], results["vllm-cpu"]
+    print(f"ratio kvtier/vllm-cpu: wall {med(kt) / med(vt):.2f}, thread cpu {med(kc) / med(vc):.2f}")
 
 
 if __name__ == "__main__":

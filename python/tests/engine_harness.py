@@ -194,7 +194,7 @@ class Engine:
             "connector_jobs": {j: (st.req_id, st.is_store, st.pending_count) for j, st in self.scheduler.connector.connector_scheduler._jobs.items()},
             "proxy": {k: v for k, v in vars(m).items() if k in ("_in_flight", "_up", "_attached", "_gen", "_outstanding")
                       or k.startswith("_b_") and v},
-            "pending": {rid: [k.hex()[:8] for k, v in r.known.items() if v is None]
+            "pending": {rid: [k.hex()[:8] for k in r.asked]
                         for rid, r in getattr(m, "_reqs", {}).items()},
         }
         import sys

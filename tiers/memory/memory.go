@@ -57,11 +57,14 @@ type Tier struct {
 	// seed reproduces the same failures whatever the goroutine schedule.
 	rng *rand.Rand
 
-	mu       sync.Mutex
-	blocks   map[offload.Key]*entry
-	lru      entry    // sentinel of the recency list; lru.next is the oldest
-	spare    []*entry // evicted entries, recycled with their buffers
-	reqs     map[string]*reqState
+	mu     sync.Mutex
+	blocks map[offload.Key]*entry
+	lru    entry    // sentinel of the recency list; lru.next is the oldest
+	spare  []*entry // evicted entries, recycled with their buffers
+	reqs   map[string]*reqState
+	// asking are the requests with lookups queued for the step end, so
+	// that neither it nor HasPendingWork walks every request.
+	asking   map[*reqState]struct{}
 	nmissed  int // keys marked missed across all requests
 	results  []offload.JobResult
 	events   []offload.Event
@@ -129,6 +132,7 @@ func New(cfg Config) (*Tier, error) {
 		rng:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6b7674696572)),
 		blocks:  make(map[offload.Key]*entry),
 		reqs:    make(map[string]*reqState),
+		asking:  make(map[*reqState]struct{}),
 		serving: make(map[uint64]chan struct{}),
 	}
 	t.lru.prev, t.lru.next = &t.lru, &t.lru
@@ -177,6 +181,7 @@ func (t *Tier) Lookup(key offload.Key, req *offload.ReqContext) offload.LookupRe
 					rs.queued = make(map[offload.Key]struct{})
 				}
 				rs.queued[key] = struct{}{}
+				t.asking[rs] = struct{}{}
 				return offload.Retry
 			}
 		}
@@ -553,12 +558,7 @@ func (t *Tier) HasPendingWork() bool {
 	if t.inflight > 0 || len(t.results) > 0 {
 		return true
 	}
-	for _, rs := range t.reqs {
-		if len(rs.queued) > 0 {
-			return true
-		}
-	}
-	return false
+	return len(t.asking) > 0
 }
 
 // Touch marks the keys the tier holds as recently used; the first key
@@ -591,6 +591,7 @@ func (t *Tier) OnRequestFinished(req *offload.ReqContext) {
 	if rs, ok := t.reqs[reqID(req)]; ok {
 		t.nmissed -= len(rs.missed)
 		delete(t.reqs, reqID(req))
+		delete(t.asking, rs)
 	}
 }
 
@@ -601,10 +602,7 @@ func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, rs := range t.reqs {
-		if len(rs.queued) == 0 {
-			continue
-		}
+	for rs := range t.asking {
 		if rs.resolved == nil {
 			rs.resolved = make(map[offload.Key]struct{}, len(rs.queued))
 		}
@@ -613,6 +611,7 @@ func (t *Tier) OnScheduleEnd(offload.ScheduleEnd) {
 		}
 		clear(rs.queued)
 	}
+	clear(t.asking)
 }
 
 // TakeEvents returns and clears the buffered stored/removed events.

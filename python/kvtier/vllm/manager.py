@@ -80,25 +80,24 @@ _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
 _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 
 
-def _is_slot(v: Any) -> bool:
-    """Whether a known-state value is a leased HIT's slot (not a miss,
-    not pending; slot 0 included)."""
-    return v is not None and v is not False and v is not _ABSENT
-
-
 @dataclass
 class _Req:
     ctx: Any
     params: str
-    # key -> slot (a leased HIT), False (miss) or None (being looked up)
-    known: dict[bytes, Any] = field(default_factory=dict)
-    # key -> monotonic deadline of a lookup in flight: past it, a MISS
+    # key -> the settled answer (HIT or MISS): what lookup returns, in
+    # one dict lookup
+    answer: dict[bytes, Any] = field(default_factory=dict)
+    # key -> the slot of a HIT (a lookup lease); its keys answer HIT
+    slot: dict[bytes, int] = field(default_factory=dict)
+    # key -> monotonic deadline of a lookup in flight (pending: neither in
+    # answer nor in slot): past it, a MISS
     asked: dict[bytes, float] = field(default_factory=dict)
     # key -> the deadline of a key the daemon was not sure of yet (a
     # promotion in flight): it is asked again, and the bound still runs
     # from its first ask
     retry_by: dict[bytes, float] = field(default_factory=dict)
-    lease_age: dict[bytes, int] = field(default_factory=dict)  # HITs not loaded yet
+    # HITs not loaded yet: key -> the step count when the lease came
+    lease_at: dict[bytes, int] = field(default_factory=dict)
     loading: dict[bytes, int] = field(default_factory=dict)    # key -> pins loaded, not completed
     storing: dict[bytes, int] = field(default_factory=dict)    # key -> leased slot being written
     # Jobs of a link that went down, not completed yet: key -> the
@@ -174,6 +173,14 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._invalidated = True  # nothing of a down link is left to drop
         self._attached: _Attached | None = None  # a new link, switched to between steps
         self._in_step = False
+        # Step ends so far, and the lookup leases in the order they came:
+        # (step count, request id, key).
+        self._steps = 0
+        self._lease_q: deque[tuple[int, str, bytes]] = deque()
+        # The request the last lookup named and its answers (lookup's hot
+        # path); None between steps.
+        self._lk_ctx: Any = None
+        self._lk_answer: dict[bytes, Any] = {}
         self._now = time.monotonic()
         # Keys of loads and stores handed to workers and not completed, by
         # link generation; the connections of earlier links stay open until
@@ -363,24 +370,25 @@ class KvtierProxyManager(vc.OffloadingManager):
                 f = lk.found[i]
                 if f == 2:  # HIT: a lease on slot
                     slot = next(slots)
-                    if r is None or r.finished or r.known.get(k, _ABSENT) is not None:
+                    if r is None or r.finished or k not in r.asked:
                         # Nobody will load it (answered MISS past the
                         # bound, or the request went): give the pin back.
                         self._b_unpins.setdefault(rid, []).append(k)
                         continue
-                    r.known[k] = slot
-                    r.asked.pop(k, None)
-                    r.lease_age[k] = 0
-                elif r is None or r.known.get(k, _ABSENT) is not None:
+                    del r.asked[k]
+                    r.slot[k] = slot
+                    r.answer[k] = _HIT
+                    r.lease_at[k] = self._steps
+                    self._lease_q.append((self._steps, rid, k))
+                elif r is None or k not in r.asked:
                     continue
                 elif f == 1:
-                    r.known[k] = False
-                    r.asked.pop(k, None)
+                    del r.asked[k]
+                    r.answer[k] = _MISS
                 else:
                     # Not sure yet: asked again next time, within the
                     # deadline of its first ask.
-                    del r.known[k]
-                    r.retry_by[k] = r.asked.pop(k, self._now + self._lookup_timeout)
+                    r.retry_by[k] = r.asked.pop(k)
         self._pool.extend(rep.granted_slots)
         if self._events_on:
             for e in rep.events:
@@ -418,10 +426,12 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._new_batch()
         for r in self._reqs.values():
             self._stale(r)
-            r.known = {k: v for k, v in r.known.items() if v is False}
+            for k in r.slot:  # the leases went with the link; misses stay
+                del r.answer[k]
+            r.slot.clear()
             r.asked.clear()
             r.retry_by.clear()
-            r.lease_age.clear()
+            r.lease_at.clear()
 
     def _stale(self, r: _Req) -> None:
         """Moves a request's loads and stores in flight to its stale sets."""
@@ -442,7 +452,8 @@ class KvtierProxyManager(vc.OffloadingManager):
         # The new session knows no request: announce the live ones again
         # (their lookups start afresh: misses are asked again too).
         for rid, r in list(self._reqs.items()):
-            r.known.clear()
+            r.answer.clear()
+            r.slot.clear()
             r.asked.clear()
             r.retry_by.clear()
             if r.finished:
@@ -488,43 +499,53 @@ class KvtierProxyManager(vc.OffloadingManager):
         return vc.RequestOffloadingContext()
 
     def lookup(self, key: Any, req_context: Any) -> Any:
-        # Answers are applied when a step begins, not per lookup: the hot
-        # path is one dict lookup.
+        # The hot path, a settled key of the request the last lookup named
+        # in this step: one identity test and one dict lookup. (vLLM asks
+        # key by key: a step of 64 requests with 1 000-block prefixes makes
+        # 64 000 of these calls.) _lk_ctx is cleared at every step end, so
+        # the first lookup of a step takes the full path, which applies the
+        # answers that came in between steps.
+        if req_context is self._lk_ctx:
+            a = self._lk_answer.get(key)
+            if a is not None:
+                return a
+        return self._lookup(key, req_context)
+
+    def _lookup(self, key: Any, req_context: Any) -> Any:
         if not self._in_step:
             self._step_begin()
         r = self._reqs.get(req_context.req_id)
         if r is None:
             r = self._req(req_context)
-        st = r.known.get(key, _ABSENT)
-        if st is _ABSENT:
-            if not self._up:
-                return _MISS
-            deadline = r.retry_by.pop(key, None) if r.retry_by else None
-            if deadline is None:
-                deadline = self._now + self._lookup_timeout
-            elif self._now > deadline:
-                r.known[key] = False
-                self.late_lookups += 1
-                return _MISS
-            r.known[key] = None
-            r.asked[key] = deadline
-            if (b := self._b_lookups.get(req_context.req_id)) is None:
-                self._b_lookups[req_context.req_id] = [key]
-            else:
-                b.append(key)
-            return _RETRY
-        if st is None:
-            if not self._up:
-                return _MISS
-            if self._now > r.asked.get(key, self._now):
+        self._lk_ctx, self._lk_answer = req_context, r.answer
+        a = r.answer.get(key)
+        if a is not None:
+            return a
+        if not self._up:
+            return _MISS
+        deadline = r.asked.get(key)
+        if deadline is not None:
+            if self._now > deadline:
                 # The daemon has not answered within the bound: a miss
                 # (its answer, if it comes, gives the pin back).
-                r.known[key] = False
                 del r.asked[key]
+                r.answer[key] = _MISS
                 self.late_lookups += 1
                 return _MISS
             return _RETRY
-        return _MISS if st is False else _HIT
+        deadline = r.retry_by.pop(key, None) if r.retry_by else None
+        if deadline is None:
+            deadline = self._now + self._lookup_timeout
+        elif self._now > deadline:
+            r.answer[key] = _MISS
+            self.late_lookups += 1
+            return _MISS
+        r.asked[key] = deadline
+        if (b := self._b_lookups.get(req_context.req_id)) is None:
+            self._b_lookups[req_context.req_id] = [key]
+        else:
+            b.append(key)
+        return _RETRY
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
         from kvtier.vllm.spec import KvtierSlotSpec
@@ -532,11 +553,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         r = self._req(req_context)
         slots = []
         for k in keys:
-            slot = r.known.get(k)
-            if slot is None or slot is False:
+            slot = r.slot.get(k)
+            if slot is None:
                 raise RuntimeError(f"kvtier: prepare_load of key {bytes(k).hex()} that did not answer HIT")
             slots.append(slot)
-            r.lease_age.pop(k, None)
+            r.lease_at.pop(k, None)
             r.loading[k] = r.loading.get(k, 0) + 1
         self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(slots)
         return KvtierSlotSpec(slots, self._epoch)
@@ -559,7 +580,8 @@ class KvtierProxyManager(vc.OffloadingManager):
             if n <= 1:
                 del r.loading[k]
                 # The pin is going: a later lookup asks the daemon again.
-                r.known.pop(k, None)
+                if r.slot.pop(k, None) is not None:
+                    del r.answer[k]
             else:
                 r.loading[k] = n - 1
         self._maybe_forget(r)
@@ -587,7 +609,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             return None  # vLLM keeps the blocks on the GPU
         r = self._req(req_context)
         # A key this request holds a lease on is in the primary already.
-        to_store = [k for k in keys if not _is_slot(r.known.get(k)) and k not in r.storing]
+        to_store = [k for k in keys if k not in r.slot and k not in r.storing]
         self._step_stores += len(to_store)
         if len(to_store) > len(self._pool):
             # Fewer leased slots than the step wants: the step's demand
@@ -632,10 +654,10 @@ class KvtierProxyManager(vc.OffloadingManager):
         if r is None:
             return
         # Leases the request never loaded go back with its finish.
-        unused = list(r.lease_age)
+        unused = list(r.lease_at)
         if unused:
             self._b_unpins.setdefault(rid, []).extend(unused)
-        r.lease_age.clear()
+        r.lease_at.clear()
         r.finished = True
         self._b_finished.append(rid)
         self._maybe_forget(r)
@@ -643,9 +665,12 @@ class KvtierProxyManager(vc.OffloadingManager):
     def _maybe_forget(self, r: _Req) -> None:
         if r.finished and not (r.storing or r.loading or r.stale_loading or r.stale_storing):
             self._reqs.pop(r.ctx.req_id, None)
+            if self._lk_answer is r.answer:
+                self._lk_ctx = None
 
     def on_schedule_end(self, context: Any) -> None:
         self._in_step = False
+        self._lk_ctx = None  # the next step's first lookup takes the full path
         self._boundary()
         if self._flush_in and not vc.RESET_FLUSH_CALLBACK:
             self._flush_in -= 1
@@ -656,18 +681,21 @@ class KvtierProxyManager(vc.OffloadingManager):
             # session, which is gone or abandoned.
             self._new_batch()
             return
-        # Age the lookup leases; release those unused for lease_steps.
-        for rid, r in self._reqs.items():
-            if not r.lease_age:
+        # Release the lookup leases unused for lease_steps step ends, in
+        # the order they came (work in proportion to the leases that
+        # expire, not to those held); an entry whose lease was loaded,
+        # released or granted again since is passed over.
+        q, limit = self._lease_q, self._steps - self._lease_steps
+        while q and q[0][0] <= limit:
+            at, rid, k = q.popleft()
+            r = self._reqs.get(rid)
+            if r is None or r.lease_at.get(k) != at:
                 continue
-            expired = [k for k, age in r.lease_age.items() if age >= self._lease_steps]
-            for k in expired:
-                del r.lease_age[k]
-                r.known.pop(k, None)
-            if expired:
-                self._b_unpins.setdefault(rid, []).extend(expired)
-            for k in r.lease_age:
-                r.lease_age[k] += 1
+            del r.lease_at[k]
+            if r.slot.pop(k, None) is not None:
+                del r.answer[k]
+            self._b_unpins.setdefault(rid, []).append(k)
+        self._steps += 1
         # The pool the next steps will want: the largest of the recent
         # storing steps' stores, at least min_free_slots, at most the cap.
         # Steps that store nothing (decode steps, idle spins) are left out:
@@ -721,10 +749,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         workers have reported them (on_reset_flushed)."""
         self._reset = True
         for rid, r in self._reqs.items():
-            if r.lease_age:
-                self._b_unpins.setdefault(rid, []).extend(r.lease_age)
-            r.lease_age.clear()
-            r.known.clear()
+            if r.lease_at:
+                self._b_unpins.setdefault(rid, []).extend(r.lease_at)
+            r.lease_at.clear()
+            r.answer.clear()
+            r.slot.clear()
             r.asked.clear()
             r.retry_by.clear()
             if r.loading or r.storing:
