@@ -46,6 +46,10 @@ type blocks struct {
 	meta  []slotMeta
 	links []link
 	index hashIndex
+	// gen counts, per slot, the blocks it has been given, modulo 2^16 (2
+	// bytes a slot): a slot's bytes are only ever rewritten for another
+	// block, so (slot, gen) names one block's bytes (Primary.SlotGen).
+	gen []uint16
 
 	hashes []uint64 // scratch of resolve
 	slots  []int32
@@ -71,6 +75,7 @@ func newBlocks(numSlots, num, den int) blocks {
 		meta:  make([]slotMeta, numSlots),
 		links: make([]link, numSlots),
 		index: newHashIndex(numSlots, num, den),
+		gen:   make([]uint16, numSlots),
 	}
 	for i := range b.links {
 		b.links[i] = link{-1, -1}

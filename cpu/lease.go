@@ -111,6 +111,7 @@ func (p *Primary) Bind(slot int64, key offload.Key) (bool, error) {
 		return false, nil
 	}
 	m.key, m.ref, m.mark = key, 0, p.epoch
+	p.b.gen[s]++
 	p.b.add(s, h)
 	if p.lru == nil {
 		p.pol.inserted(s)

@@ -180,6 +180,20 @@ func (p *Primary) SlotOf(k offload.Key) (int64, bool) {
 	return int64(s), s >= 0
 }
 
+// SlotGen returns how many blocks slot has been given so far, modulo
+// 2^16. A block's bytes never change while it holds its slot, so a reader
+// holding a pin may keep what it derived from them (a checksum) under
+// (slot, gen): the slot's next block has another gen — and so do the
+// next 65 535, so something kept is only ever mistaken for a later
+// block's if the slot took a multiple of 65 536 blocks with no reader
+// refreshing it in between.
+func (p *Primary) SlotGen(slot int64) uint16 {
+	if slot < 0 || slot >= int64(len(p.b.gen)) {
+		return 0
+	}
+	return p.b.gen[slot]
+}
+
 // RefCount returns k's reference count: -1 pending, 0 ready, n > 0 pinned
 // by n readers.
 func (p *Primary) RefCount(k offload.Key) (ref int32, ok bool) {

@@ -249,6 +249,42 @@ func TestPrepareLoadPresent(t *testing.T) {
 	}
 }
 
+// A slot's generation moves each time it is given a block (a store or a
+// bound lease), and only then: (slot, gen) names one block's bytes.
+func TestSlotGen(t *testing.T) {
+	p := newPrimary(t, 1, PolicyLRU)
+	storeOK(t, p, 1)
+	s, _ := p.SlotOf(key(1))
+	g1 := p.SlotGen(s)
+	if g1 == 0 {
+		t.Fatal("a stored block's slot has generation 0")
+	}
+	if _, err := p.PrepareLoad(ks(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CompleteLoad(ks(1)); err != nil {
+		t.Fatal(err)
+	}
+	if p.SlotGen(s) != g1 {
+		t.Fatal("a load moved the generation")
+	}
+	storeOK(t, p, 2) // evicts 1 from the only slot
+	if s2, _ := p.SlotOf(key(2)); s2 != s || p.SlotGen(s) == g1 {
+		t.Fatalf("slot %d gen %d after another block, was %d", s2, p.SlotGen(s), g1)
+	}
+	g2 := p.SlotGen(s)
+	slots, _ := p.Lease(1) // evicts 2
+	if len(slots) != 1 || slots[0] != s {
+		t.Fatalf("lease: %v", slots)
+	}
+	if ok, err := p.Bind(slots[0], key(3)); err != nil || !ok || p.SlotGen(s) == g2 {
+		t.Fatalf("bind: %v %v, gen %d (was %d)", ok, err, p.SlotGen(s), g2)
+	}
+	if p.SlotGen(-1) != 0 || p.SlotGen(99) != 0 {
+		t.Fatal("generation of a slot out of range")
+	}
+}
+
 func arcOf(p *Primary) *arcPolicy { return p.pol.(*arcPolicy) }
 
 func (a *arcPolicy) listIDs(l list) []int {

@@ -137,6 +137,7 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 		// a bulk write barrier while the GC runs.
 		m := &p.b.meta[s]
 		m.key, m.ref, m.mark = k, -1, epoch
+		p.b.gen[s]++
 		p.b.add(s, p.newHash[i])
 		if p.lru == nil {
 			p.pol.inserted(s) // LRU does not list pending blocks

@@ -25,6 +25,7 @@ type Manager interface {
 	LookupPrefix(keys []offload.Key, req *offload.ReqContext, out []offload.LookupResult) (hits int)
 	PrepareLoad(keys []offload.Key, req *offload.ReqContext) ([]int64, error)
 	PrepareLoadPresent(keys []offload.Key) (slots []int64, missing int, err error)
+	SlotGen(slot int64) uint16
 	Touch(keys []offload.Key, req *offload.ReqContext)
 	CompleteLoad(keys []offload.Key, req *offload.ReqContext) error
 	PrepareStore(keys []offload.Key, req *offload.ReqContext) (offload.PrepareStoreOutput, bool, error)
@@ -129,7 +130,9 @@ type Namespace struct {
 	// mode, engine.go); guarded by mu.
 	leases map[*session]map[int64]struct{}
 	arena  offload.Arena
-	share  SharedArena
+	// sums are the stream checksums of primary blocks (stream.go).
+	sums  *blockSums
+	share SharedArena
 	// sharePath is share's path made absolute.
 	sharePath string
 	events    EventSink
@@ -182,6 +185,7 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		epoch:      newEpoch(),
 		limits:     limits,
 		arena:      cfg.Arena,
+		sums:       newBlockSums(cfg.Arena.NumSlots()),
 		share:      cfg.Share,
 		events:     cfg.Events,
 		meta:       cfg.Meta,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -349,4 +350,211 @@ func BenchmarkPeerLookup1000Warm(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/prefix")
 		})
 	}
+}
+
+// pairedEnv, set, makes the test binary, run as a child, the other
+// process of BenchmarkStreamPaired2MiB: connected to KVTIER_STREAM_TO, it
+// reads a command byte and answers it, until the connection closes:
+//
+//	'P' the plain stream: writes its KVTIER_STREAM_PER_OP distinct 2 MiB
+//	    buffers, in turn;
+//	'G' a remote engine's GetBlocks of blocks 0 … n-1 from the daemon at
+//	    KVTIER_STREAM_GET, into its n buffers, then writes one byte;
+//	'U' its PutBlocks of n new blocks to the daemon at KVTIER_STREAM_PUT;
+//	'R' a peer tier's load of blocks 0 … n-1 from the daemon at
+//	    KVTIER_STREAM_GET into its arena's n slots.
+//
+// After the last command it checks what it read and exits 4 on a
+// difference.
+const pairedEnv = "KVTIER_STREAM_PAIRED"
+
+func init() {
+	if os.Getenv(pairedEnv) != "" {
+		os.Exit(pairedChild())
+	}
+}
+
+func pairedChild() int {
+	c, err := net.Dial("tcp", os.Getenv("KVTIER_STREAM_TO"))
+	if err != nil {
+		return 2
+	}
+	perOp, _ := strconv.Atoi(os.Getenv("KVTIER_STREAM_PER_OP"))
+	ctx := context.Background()
+	getter, err := client.Dial(os.Getenv("KVTIER_STREAM_GET"), client.Options{})
+	if err != nil {
+		return 2
+	}
+	putter, err := client.Dial(os.Getenv("KVTIER_STREAM_PUT"), client.Options{})
+	if err != nil {
+		return 2
+	}
+	tier, err := peer.New(peer.Config{Name: "bench", Peers: []peer.PeerConfig{{Name: "a", Addr: os.Getenv("KVTIER_STREAM_GET")}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return 2
+	}
+	defer tier.Close(ctx)
+	req, _ := offload.NewReqContext("bench", nil)
+	keys := make([]offload.Key, perOp)
+	bufs, puts, want := make([][]byte, perOp), make([]client.Block, perOp), make([][]byte, perOp)
+	for i := range keys {
+		keys[i] = key(i)
+		bufs[i] = make([]byte, bigBlock)
+		want[i] = bytes.Repeat([]byte{byte(i + 1)}, bigBlock)
+		puts[i].Data = want[i]
+	}
+	for _, k := range keys {
+		for tier.Lookup(k, req) == offload.Retry {
+			tier.OnScheduleEnd(offload.ScheduleEnd{})
+			time.Sleep(time.Millisecond)
+		}
+	}
+	arena := rt.NewArena(bigBlock, perOp)
+	var one [1]byte
+	id, op := uint64(0), 0
+	for { // the benchmark's warm-up sends every command first
+		if _, err := io.ReadFull(c, one[:]); err != nil {
+			break
+		}
+		switch one[0] {
+		case 'P':
+			for _, b := range want {
+				if _, err := c.Write(b); err != nil {
+					return 3
+				}
+			}
+			continue
+		case 'G':
+			got, err := getter.GetBlocks(ctx, keys, client.GetOptions{Buffers: bufs})
+			if err != nil || got.Hits != perOp {
+				return 3
+			}
+		case 'U':
+			op++
+			for i := range puts {
+				puts[i].Key = key(op*perOp + i)
+			}
+			stored, err := putter.PutBlocks(ctx, puts, client.CallOptions{})
+			if err != nil || !stored[perOp-1] {
+				return 3
+			}
+		case 'R':
+			id++
+			tier.SubmitLoad(rt.LoadJob(id, arena, keys, rt.Slots(0, perOp), req))
+			var res []offload.JobResult
+			for len(res) == 0 {
+				_ = tier.DrainJobs(ctx)
+				res = tier.FinishedJobs()
+			}
+			if !res[0].Success {
+				return 3
+			}
+		}
+		if _, err := c.Write(one[:]); err != nil {
+			return 3
+		}
+	}
+	for i := range keys {
+		slot, _ := arena.Slot(int64(i))
+		if !bytes.Equal(slot, want[i]) || !bytes.Equal(bufs[i], want[i]) {
+			return 4
+		}
+	}
+	return 0
+}
+
+// BenchmarkStreamPaired2MiB measures the block stream against a plain
+// loopback TCP stream between two processes, op by op, so that both see
+// the same seconds of this machine. The other process (the test binary
+// as a child) is a remote engine and a peer: each op is a plain op (it
+// writes 8 distinct 2 MiB buffers, read here into 8 distinct 2 MiB
+// buffers), its peer tier's load of 8 blocks from this process's daemon
+// into 8 arena slots, a plain op, its GetBlocks of 8 blocks into its 8
+// buffers, a plain op, and its PutBlocks of 8 new blocks from its 8
+// buffers to another daemon here (whose primary evicts the previous op's
+// blocks). Every path touches 8 distinct 2 MiB buffers at each end, as
+// the plain stream does, and each is timed from the command byte to the
+// answer, as the plain op is. Reported: each path's payload rate, and its
+// ratio to the plain ops just before it (1: the socket's speed). Rounds
+// are -count runs:
+//
+//	go test -c -o /tmp/server.test ./server/
+//	/tmp/server.test -test.run '^$' -test.bench StreamPaired2MiB -test.benchtime 40x -test.count 8
+func BenchmarkStreamPaired2MiB(b *testing.B) {
+	const perOp = 8
+	e, _, blocks := bigBlocksEnv(b, true, perOp)
+	pe := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), pairedEnv+"=1", "KVTIER_STREAM_TO="+l.Addr().String(), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp),
+		"KVTIER_STREAM_GET="+e.tcp, "KVTIER_STREAM_PUT="+pe.tcp)
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dsts := make([][]byte, perOp)
+	for i := range dsts {
+		dsts[i] = make([]byte, bigBlock)
+	}
+	var one [1]byte
+	do := func(what byte) time.Duration {
+		t0 := time.Now()
+		if _, err := c.Write([]byte{what}); err != nil {
+			b.Fatal(err)
+		}
+		if what == 'P' {
+			for _, d := range dsts {
+				if _, err := io.ReadFull(c, d); err != nil {
+					b.Fatal(err)
+				}
+			}
+		} else if _, err := io.ReadFull(c, one[:]); err != nil {
+			b.Fatalf("%c: %v (child: %s)", what, err, out)
+		}
+		return time.Since(t0)
+	}
+	paths := []byte{'R', 'G', 'U'}
+	var plainT, pathT [3]time.Duration
+	var pairs [3][]float64 // per op: plain time / path time
+	for _, p := range append([]byte{'P'}, paths...) {
+		do(p) // warm every connection
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i, p := range paths {
+			pt := do('P')
+			t := do(p)
+			plainT[i] += pt
+			pathT[i] += t
+			pairs[i] = append(pairs[i], float64(pt)/float64(t))
+		}
+	}
+	b.StopTimer()
+	c.Close()
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("child: %v %s", err, out)
+	}
+	for i := range dsts {
+		if !bytes.Equal(dsts[i], blocks[i].Data) {
+			b.Fatalf("plain buffer %d differs", i)
+		}
+	}
+	mbps := func(d time.Duration) float64 { return float64(b.N*perOp*bigBlock) / d.Seconds() / 1e6 }
+	for i, name := range []string{"peer", "get", "put"} {
+		b.ReportMetric(mbps(pathT[i]), name+"-MB/s")
+		b.ReportMetric(float64(plainT[i])/float64(pathT[i]), name+"/plain")
+		// The median pair: robust to the odd op that this machine stalls.
+		slices.Sort(pairs[i])
+		b.ReportMetric(pairs[i][len(pairs[i])/2], name+"/plain-med")
+	}
+	b.ReportMetric(mbps(plainT[0]+plainT[1]+plainT[2])*3, "plain-MB/s")
 }

@@ -239,12 +239,12 @@ func (s *Server) readStreamOpts(r *bufio.Reader, get bool) (*streamOpts, error) 
 // returns their slots (-1 for keys it holds or that repeat an earlier
 // key) and commit, which completes the stores of the keys ok marks and
 // abandons the rest. commit must be called exactly once.
-func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []byte) (slots []int64, commit func(ok []bool) error, err error) {
+func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []byte) (slots []int64, gens []uint16, commit func(ok []bool) error, err error) {
 	if err := ns.checkParams(params); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := ns.lock(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer ns.mu.Unlock()
 	if push {
@@ -255,7 +255,7 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 	}
 	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream put", params)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	uniq := make([]offload.Key, 0, len(keys))
 	seen := make(map[offload.Key]bool, len(keys))
@@ -268,13 +268,14 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 	out, ok, err := ns.mgr.PrepareStore(uniq, rc)
 	if err != nil {
 		finish()
-		return nil, nil, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
+		return nil, nil, nil, fmt.Errorf("%w: prepare store: %w", ErrProtocol, err)
 	}
 	if !ok {
 		finish()
-		return nil, nil, ns.noSpace(len(keys))
+		return nil, nil, nil, ns.noSpace(len(keys))
 	}
 	slots = make([]int64, len(keys))
+	gens = make([]uint16, len(keys))
 	for i := range slots {
 		slots[i] = -1
 	}
@@ -284,11 +285,11 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 	}
 	for i, k := range keys {
 		if s, ok := at[k]; ok {
-			slots[i] = s
+			slots[i], gens[i] = s, ns.mgr.SlotGen(s)
 			delete(at, k) // a repeated key is read once, into the first
 		}
 	}
-	return slots, func(ok []bool) error {
+	return slots, gens, func(ok []bool) error {
 		if err := ns.lock(); err != nil {
 			return err // closed: Close released everything
 		}
@@ -324,7 +325,7 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 	if o != nil {
 		params = o.params
 	}
-	slots, commit, err := ns.reserveForStream(keys, push, params)
+	slots, gens, commit, err := ns.reserveForStream(keys, push, params)
 	var failed error
 	switch {
 	case err == nil:
@@ -334,7 +335,7 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		// stays usable.
 		s.log.Debug("block stream put refused", "keys", len(keys), "err", err)
 		failed = err
-		slots = make([]int64, len(keys))
+		slots, gens = make([]int64, len(keys)), make([]uint16, len(keys))
 		for i := range slots {
 			slots[i] = -1
 		}
@@ -391,6 +392,8 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		s.metrics.streamIn.Inc()
 		ok[i] = true
 		status[i] = putStored
+		// Verified: what the block's gets send as its sum.
+		ns.sums.put(slots[i], gens[i], h.Sum64())
 	}
 	committed = true
 	if err := commit(ok); err != nil {
@@ -438,6 +441,13 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		}
 		return err
 	}
+	// The pinned blocks' generations: their checksums may be known.
+	gens := make([]uint16, len(g.slots))
+	for i, slot := range g.slots {
+		if slot >= 0 {
+			gens[i] = ns.mgr.SlotGen(slot)
+		}
+	}
 	ns.mu.Unlock()
 	defer func() {
 		if ns.lock() != nil {
@@ -474,11 +484,17 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		if err != nil {
 			return err
 		}
-		if err := w.WriteByte(1); err != nil {
-			return err
+		// Straight from the pinned slot into the socket: a block whose sum
+		// is known in one vectored write with its framing, nothing hashed
+		// or copied in user space; another hashed on the way.
+		if sum, ok := ns.sums.get(slot, gens[i]); ok {
+			err = blockstream.WriteBlockSummed(w, c, data, sum)
+		} else if err = w.WriteByte(1); err == nil {
+			if err = blockstream.WriteBlock(w, data, &h); err == nil {
+				ns.sums.put(slot, gens[i], h.Sum64())
+			}
 		}
-		// Straight from the pinned slot into the socket.
-		if err := blockstream.WriteBlock(w, data, &h); err != nil {
+		if err != nil {
 			return fmt.Errorf("block stream: block %d: %w", i, err)
 		}
 		s.metrics.streamOut.Inc()

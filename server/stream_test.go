@@ -322,3 +322,47 @@ func grepStream(m string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A block's stream checksum is remembered by slot and generation: a get
+// after a put, or after another get, sends the remembered sum; once the
+// slot holds another block — another key, or the same key with other
+// bytes — the sum is computed again, so every get verifies (with a sum
+// remembered by slot alone, the last get below would arrive corrupt).
+func TestBlockStreamSumsFollowTheSlot(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 1, tiers: noTiers, stream: true})
+	ctx := ctxT(t)
+	api := e.dial(t, e.unix)
+	st, err := client.DialStream(ctx, e.srv.StreamAddr(), client.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deadline := time.Now().Add(time.Minute)
+	get := func(what string, k offload.Key, want []byte) {
+		t.Helper()
+		for range 2 { // the second get sends the sum the first remembered
+			dst := make([]byte, slotSize)
+			res, err := st.Get([]offload.Key{k}, func(int) []byte { return dst }, deadline)
+			if err != nil || len(res) != 1 || res[0] != client.StreamLoaded || !bytes.Equal(dst, want) {
+				t.Fatalf("%s: get %v: %v %v", what, k, res, err)
+			}
+		}
+	}
+	// Arrived on the stream: its sum is known.
+	if res, err := st.Put([]client.Block{{Key: key(1), Data: block(key(1))}}, deadline); err != nil || res[0] != client.PutStored {
+		t.Fatalf("put: %v %v", res, err)
+	}
+	get("after a stream put", key(1), block(key(1)))
+	// The one slot is given another block, over the API.
+	if _, err := api.PutBlocks(ctx, []client.Block{{Key: key(2), Data: block(key(2))}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	get("another key in the slot", key(2), block(key(2)))
+	// The first key again, with other bytes (an engine whose kernels are
+	// not deterministic).
+	other := bytes.Repeat([]byte{0xA5}, slotSize)
+	if _, err := api.PutBlocks(ctx, []client.Block{{Key: key(1), Data: other}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	get("the same key with other bytes", key(1), other)
+}

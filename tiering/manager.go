@@ -453,6 +453,11 @@ func (m *Manager) PrepareLoadPresent(keys []offload.Key) (slots []int64, missing
 	return slots, missing, nil
 }
 
+// SlotGen returns how many blocks the primary's slot has been given
+// (cpu.Primary.SlotGen): what a reader that derived something from a
+// block's bytes keys it by.
+func (m *Manager) SlotGen(slot int64) uint16 { return m.primary.SlotGen(slot) }
+
 // Touch refreshes recency in the primary and in every secondary tier (not
 // filtered: recency is not a load).
 func (m *Manager) Touch(keys []offload.Key, req *offload.ReqContext) {
