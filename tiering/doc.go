@@ -52,4 +52,13 @@
 // A Manager is single-executor: it is not safe for concurrent use, and the
 // daemon serialises calls to it. Tiers do their I/O on their own
 // goroutines.
+//
+// Files: manager.go (the Manager, its requests and steps),
+// manager_lookup.go (lookups, promotions, loads), manager_store.go
+// (stores, leases); stack.go (the Stack and its tiers), stack_lookup.go
+// (lookup and promotion), stack_cascade.go (cascades and their budget),
+// stack_jobs.go (job results, once per step), stack_revoke.go (taking
+// cascade pins back for eviction); admission.go and budget.go (what a
+// cascade may pin and when it is dropped), safe.go (tier calls that
+// panic), stats.go and histogram.go.
 package tiering
