@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -54,7 +55,7 @@ type Namespace struct {
 	Model string `yaml:"model"`
 	// BytesPerBlock is the size of one offloaded block, which is the
 	// primary tier's slot size (default 2MiB).
-	BytesPerBlock ByteSize `yaml:"bytes_per_block"`
+	BytesPerBlock confvalue.ByteSize `yaml:"bytes_per_block"`
 }
 
 // Primary configures the CPU primary tier.
@@ -62,7 +63,7 @@ type Primary struct {
 	// Bytes is the capacity (default 1GiB); slots = Bytes / BytesPerBlock.
 	// 0 runs no primary: the daemon then serves only engines that bring
 	// their own CPU cache (vLLM tier mode).
-	Bytes ByteSize `yaml:"bytes"`
+	Bytes confvalue.ByteSize `yaml:"bytes"`
 	// Policy is the eviction policy (default lru).
 	Policy Policy `yaml:"policy"`
 	Arena  Arena  `yaml:"arena"`
@@ -79,8 +80,8 @@ type Arena struct {
 // Defaults.
 const (
 	DefaultModel         = "default"
-	DefaultBytesPerBlock = 2 * MiB
-	DefaultPrimaryBytes  = 1 * GiB
+	DefaultBytesPerBlock = 2 * confvalue.MiB
+	DefaultPrimaryBytes  = 1 * confvalue.GiB
 )
 
 // Default returns the configuration of an empty file: a 1 GiB LRU primary

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -18,7 +19,7 @@ func TestParseDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Parse(%q): %v", doc, err)
 		}
-		if cfg.Namespace.BytesPerBlock != 2*MiB || cfg.Primary.Bytes != GiB ||
+		if cfg.Namespace.BytesPerBlock != 2*confvalue.MiB || cfg.Primary.Bytes != confvalue.GiB ||
 			cfg.Primary.Policy != PolicyLRU || cfg.Primary.Arena.Kind != ArenaAnonymous ||
 			cfg.Namespace.Model != DefaultModel || cfg.Validation.Mode() != offload.Lenient ||
 			len(cfg.SecondaryTiers) != 0 || cfg.DefaultLoadTiers.IsSet() || cfg.DefaultStoreTiers.IsSet() {
@@ -54,10 +55,10 @@ validation: Strict
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Namespace.Model != "llama-3-8b" || cfg.Namespace.BytesPerBlock != 3*MiB/2 {
+	if cfg.Namespace.Model != "llama-3-8b" || cfg.Namespace.BytesPerBlock != 3*confvalue.MiB/2 {
 		t.Errorf("namespace = %+v", cfg.Namespace)
 	}
-	if cfg.Primary.Bytes != 3*MiB || cfg.Primary.Policy != PolicyARC ||
+	if cfg.Primary.Bytes != 3*confvalue.MiB || cfg.Primary.Policy != PolicyARC ||
 		cfg.Primary.Arena != (Arena{Kind: ArenaFile, Path: "/dev/shm/kvtier.arena"}) {
 		t.Errorf("primary = %+v", cfg.Primary)
 	}
@@ -269,13 +270,13 @@ func TestLoadErrorNamesFileAndLine(t *testing.T) {
 }
 
 type testTier struct {
-	Medium   Medium        `yaml:"medium"`
-	Locality Locality      `yaml:"locality"`
-	Blocks   int           `yaml:"capacity_blocks"`
-	Latency  time.Duration `yaml:"latency"`
-	Timeout  Duration      `yaml:"timeout"`
-	Rate     float64       `yaml:"fail_rate"`
-	Async    bool          `yaml:"async_lookup"`
+	Medium   Medium             `yaml:"medium"`
+	Locality Locality           `yaml:"locality"`
+	Blocks   int                `yaml:"capacity_blocks"`
+	Latency  time.Duration      `yaml:"latency"`
+	Timeout  confvalue.Duration `yaml:"timeout"`
+	Rate     float64            `yaml:"fail_rate"`
+	Async    bool               `yaml:"async_lookup"`
 	Limits   *struct {
 		Max int `yaml:"max"`
 	} `yaml:"limits"`
@@ -313,7 +314,7 @@ func TestTierSpecDecode(t *testing.T) {
 		{name: "bad duration", tier: "{type: memory, latency: 5}",
 			err: `secondary_tiers[0].latency: invalid value "5" (want a duration such as 250ms or 2s)`},
 		{name: "config duration is case-insensitive", tier: "{type: memory, timeout: 1500MS}",
-			want: testTier{Blocks: 7, Timeout: Duration(1500 * time.Millisecond)}},
+			want: testTier{Blocks: 7, Timeout: confvalue.Duration(1500 * time.Millisecond)}},
 		{name: "negative config duration", tier: "{type: memory, timeout: -1s}",
 			err: `secondary_tiers[0].timeout: invalid value "-1s" (must not be negative)`},
 		{name: "bad config duration", tier: "{type: memory, timeout: 3}",
@@ -361,42 +362,6 @@ func TestTierSpecDecode(t *testing.T) {
 	if err := spec.Errorf("fail_rate", "must be in [0, 1], got %v", 2); !errors.As(err, &ce) || ce.Line != 3 ||
 		err.Error() != "secondary_tiers[0].fail_rate: must be in [0, 1], got 2" {
 		t.Errorf("Errorf = %v (line %d)", err, ce.Line)
-	}
-}
-
-func TestParseByteSize(t *testing.T) {
-	cases := []struct {
-		in   string
-		want ByteSize
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"1073741824", GiB, true},
-		{"2MiB", 2 * MiB, true},
-		{"2 mib", 2 * MiB, true},
-		{"1.5GiB", 3 * GiB / 2, true},
-		{"512KiB", 512 * KiB, true},
-		{"1TiB", TiB, true},
-		{"10KB", 10000, true},
-		{"3gb", 3e9, true},
-		{"7B", 7, true},
-		{"0.5B", 0, false},
-		{"1G", 0, false},
-		{"-1", 0, false},
-		{"", 0, false},
-		{"1e3", 0, false},
-		{"99999999999TiB", 0, false},
-	}
-	for _, tc := range cases {
-		got, err := ParseByteSize(tc.in)
-		if (err == nil) != tc.ok || got != tc.want {
-			t.Errorf("ParseByteSize(%q) = %d, %v; want %d, ok=%v", tc.in, got, err, tc.want, tc.ok)
-		}
-	}
-	for b, want := range map[ByteSize]string{2 * MiB: "2MiB", GiB: "1GiB", 1536 * KiB: "1536KiB", 7: "7B", 0: "0B"} {
-		if got := b.String(); got != want {
-			t.Errorf("ByteSize(%d).String() = %q, want %q", int64(b), got, want)
-		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -27,30 +28,30 @@ type Server struct {
 	AuthToken     string `yaml:"auth_token"`
 	AuthTokenFile string `yaml:"auth_token_file"`
 	// ShutdownTimeout bounds the drain at SIGINT/SIGTERM (default 10s).
-	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	ShutdownTimeout confvalue.Duration `yaml:"shutdown_timeout"`
 	// RequestIdleTimeout releases a request (its pins and reservations)
 	// that no call has named for this long (default 10m).
-	RequestIdleTimeout Duration `yaml:"request_idle_timeout"`
+	RequestIdleTimeout confvalue.Duration `yaml:"request_idle_timeout"`
 	// MaxConnections bounds each listener's connections (default 1024,
 	// lowered to fit the file descriptor limit).
 	MaxConnections int `yaml:"max_connections"`
 	// ConnectionIdleTimeout closes a connection without calls (default
 	// 15m); the requests of its session are released.
-	ConnectionIdleTimeout Duration `yaml:"connection_idle_timeout"`
+	ConnectionIdleTimeout confvalue.Duration `yaml:"connection_idle_timeout"`
 	// KeepaliveTime and KeepaliveTimeout: a quiet connection is pinged
 	// every KeepaliveTime (default 30s) and closed when a ping goes
 	// unanswered for KeepaliveTimeout (default 10s).
-	KeepaliveTime    Duration `yaml:"keepalive_time"`
-	KeepaliveTimeout Duration `yaml:"keepalive_timeout"`
+	KeepaliveTime    confvalue.Duration `yaml:"keepalive_time"`
+	KeepaliveTimeout confvalue.Duration `yaml:"keepalive_timeout"`
 	// AutoStep: when no engine has ended a step for this long and tier
 	// work is pending, the daemon ends one (default 100ms; negative: never).
-	AutoStep Duration `yaml:"auto_step"`
+	AutoStep confvalue.Duration `yaml:"auto_step"`
 	// EngineLookupSettle: how long a manager-mode engine step's answer may
 	// wait for the lookups it left unsure (an fs tier's existence check, a
 	// promotion from a tier) to settle, so that the engine learns the
 	// verdict one step sooner (default 3ms; negative: never wait). The
 	// engine does not wait for the answer; keep it under its step time.
-	EngineLookupSettle Duration `yaml:"engine_lookup_settle"`
+	EngineLookupSettle confvalue.Duration `yaml:"engine_lookup_settle"`
 	// StreamAddr is the block stream's address, where peer daemons read
 	// primary blocks without the API's copies (default: the TCP API's host
 	// on a free port, which peers learn from Stats; "off" disables it).
@@ -78,7 +79,7 @@ type Engines struct {
 	Enabled *bool `yaml:"enabled"`
 	// PrimaryBytes is the CPU cache of each engine namespace (default:
 	// primary.bytes, or 1GiB when that is 0).
-	PrimaryBytes ByteSize `yaml:"primary_bytes"`
+	PrimaryBytes confvalue.ByteSize `yaml:"primary_bytes"`
 	// MaxNamespaces bounds the engine namespaces (distinct layouts; default 4).
 	MaxNamespaces int `yaml:"max_namespaces"`
 }
@@ -95,7 +96,7 @@ type Limits struct {
 	MaxKeyBytes int `yaml:"max_key_bytes"`
 	// MaxMessageBytes bounds one API message (default 64MiB); PutBlocks and
 	// GetBlocks carry at most this much block data per call.
-	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
+	MaxMessageBytes confvalue.ByteSize `yaml:"max_message_bytes"`
 	// MaxRequests bounds the active requests (default 65536).
 	MaxRequests int `yaml:"max_requests"`
 	// MaxSessionRequests bounds the active requests of one client session
@@ -103,14 +104,14 @@ type Limits struct {
 	// single client can take every request slot.
 	MaxSessionRequests int `yaml:"max_session_requests"`
 	// MaxParamsBytes bounds one kv_transfer_params document (default 64KiB).
-	MaxParamsBytes ByteSize `yaml:"max_params_bytes"`
+	MaxParamsBytes confvalue.ByteSize `yaml:"max_params_bytes"`
 	// MaxWait caps GetBlocks' wait (default 10s).
-	MaxWait Duration `yaml:"max_wait"`
+	MaxWait confvalue.Duration `yaml:"max_wait"`
 	// MaxSessionParamsBytes and MaxParamsBytesTotal bound the
 	// kv_transfer_params the active requests hold, per client session
 	// (default 64MiB) and in all (default 256MiB).
-	MaxSessionParamsBytes ByteSize `yaml:"max_session_params_bytes"`
-	MaxParamsBytesTotal   ByteSize `yaml:"max_params_bytes_total"`
+	MaxSessionParamsBytes confvalue.ByteSize `yaml:"max_session_params_bytes"`
+	MaxParamsBytesTotal   confvalue.ByteSize `yaml:"max_params_bytes_total"`
 }
 
 // Events configures KV event publishing (vLLM's KVEventsConfig, spec §6.5).
@@ -179,14 +180,14 @@ func (m *MediumNames) decodeNode(d *decoder, n *yaml.Node, path string) {
 		return
 	}
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, path, "want a mapping such as {storage: DISK}, got %s", describeNode(n))
+		d.errorf(n, path, "want a mapping such as {storage: DISK}, got %s", confvalue.Describe(n))
 		return
 	}
 	seen := make(map[string]int, 2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := resolve(n.Content[i]), resolve(n.Content[i+1])
 		if kn.Kind != yaml.ScalarNode {
-			d.errorf(kn, path, "keys must be strings, got %s", describeNode(kn))
+			d.errorf(kn, path, "keys must be strings, got %s", confvalue.Describe(kn))
 			continue
 		}
 		p := joinPath(path, kn.Value)
@@ -209,7 +210,7 @@ func (m *MediumNames) decodeNode(d *decoder, n *yaml.Node, path string) {
 		if vn == nil || vn.Kind != yaml.ScalarNode || isNull(vn) || strings.TrimSpace(vn.Value) == "" {
 			got := "nothing"
 			if vn != nil && !isNull(vn) {
-				got = describeNode(vn)
+				got = confvalue.Describe(vn)
 			}
 			at := vn
 			if at == nil {
@@ -227,7 +228,7 @@ const (
 	DefaultUnixSocket      = "./kvtier.sock"
 	DefaultTCPAddr         = "127.0.0.1:7070"
 	DefaultMetricsAddr     = "127.0.0.1:9464"
-	DefaultShutdownTimeout = Duration(10 * time.Second)
+	DefaultShutdownTimeout = confvalue.Duration(10 * time.Second)
 )
 
 // defaultServer is the server section of an empty file.
@@ -309,8 +310,8 @@ type BackPressure struct {
 	Alpha float64 `yaml:"alpha"`
 	// High turns back-pressure on when the EMA exceeds it (1s); Low turns
 	// it off again below it (500ms; at most High).
-	High Duration `yaml:"high"`
-	Low  Duration `yaml:"low"`
+	High confvalue.Duration `yaml:"high"`
+	Low  confvalue.Duration `yaml:"low"`
 	// Warmup is the number of first samples ignored (3); -1 for none.
 	Warmup int `yaml:"warmup"`
 }
@@ -325,10 +326,10 @@ type Regions struct {
 	// LookupWait bounds how long a lookup waits for tiers that answer
 	// asynchronously before it answers "unknown" for keys they have not
 	// settled (2s).
-	LookupWait Duration `yaml:"lookup_wait"`
+	LookupWait confvalue.Duration `yaml:"lookup_wait"`
 	// Tick is how often a namespace's executor polls its tiers while work
 	// is pending (1ms).
-	Tick Duration `yaml:"tick"`
+	Tick confvalue.Duration `yaml:"tick"`
 }
 
 // PinBudgetShare returns PinBudget as a share: 0 for the default, -1 for

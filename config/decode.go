@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -157,7 +158,7 @@ func (d *decoder) decode(n *yaml.Node, path string, v reflect.Value) {
 		d.decode(n, path, v.Elem())
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			d.errorf(n, path, "want a list, got %s", describeNode(n))
+			d.errorf(n, path, "want a list, got %s", confvalue.Describe(n))
 			return
 		}
 		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
@@ -174,7 +175,7 @@ func (d *decoder) decode(n *yaml.Node, path string, v reflect.Value) {
 		}
 	default:
 		if n.Kind != yaml.ScalarNode {
-			d.errorf(n, path, "want %s, got %s", describeType(v.Type()), describeNode(n))
+			d.errorf(n, path, "want %s, got %s", describeType(v.Type()), confvalue.Describe(n))
 			return
 		}
 		if err := n.Decode(v.Addr().Interface()); err != nil {
@@ -188,7 +189,7 @@ func (d *decoder) decode(n *yaml.Node, path string, v reflect.Value) {
 // listed in the unknown-key message).
 func (d *decoder) decodeStruct(n *yaml.Node, path string, v reflect.Value, extra []string) {
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, path, "want a mapping of keys, got %s", describeNode(n))
+		d.errorf(n, path, "want a mapping of keys, got %s", confvalue.Describe(n))
 		return
 	}
 	fields, names := structFields(v.Type())
@@ -200,7 +201,7 @@ func (d *decoder) decodeStruct(n *yaml.Node, path string, v reflect.Value, extra
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := resolve(n.Content[i]), n.Content[i+1]
 		if kn.Kind != yaml.ScalarNode {
-			d.errorf(kn, path, "keys must be strings, got %s", describeNode(kn))
+			d.errorf(kn, path, "keys must be strings, got %s", confvalue.Describe(kn))
 			continue
 		}
 		key := kn.Value
@@ -224,7 +225,7 @@ func (d *decoder) decodeStruct(n *yaml.Node, path string, v reflect.Value, extra
 
 func (d *decoder) decodeMap(n *yaml.Node, path string, v reflect.Value) {
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, path, "want a mapping of keys, got %s", describeNode(n))
+		d.errorf(n, path, "want a mapping of keys, got %s", confvalue.Describe(n))
 		return
 	}
 	if v.Type().Key().Kind() != reflect.String {
@@ -238,7 +239,7 @@ func (d *decoder) decodeMap(n *yaml.Node, path string, v reflect.Value) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := resolve(n.Content[i]), n.Content[i+1]
 		if kn.Kind != yaml.ScalarNode {
-			d.errorf(kn, path, "keys must be strings, got %s", describeNode(kn))
+			d.errorf(kn, path, "keys must be strings, got %s", confvalue.Describe(kn))
 			continue
 		}
 		p := joinPath(path, kn.Value)
@@ -303,17 +304,4 @@ func describeType(t reflect.Type) string {
 		return "a string"
 	}
 	return t.String()
-}
-
-// describeNode names the YAML shape of n for error messages.
-func describeNode(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return "nothing"
 }

@@ -5,6 +5,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -82,7 +83,7 @@ func (d *decoder) filterError(n *yaml.Node, path string, w offload.Warning) {
 	}
 	switch w.Reason {
 	case offload.ReasonNotList:
-		d.errorf(n, path, "want a list of matchers such as [{medium: storage}], got %s", describeNode(n))
+		d.errorf(n, path, "want a list of matchers such as [{medium: storage}], got %s", confvalue.Describe(n))
 	case offload.ReasonEntryNotObject:
 		en, p := at("")
 		d.errorf(en, p, "want a matcher such as {medium: storage, locality: local}, got %s", w.Value)

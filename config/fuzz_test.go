@@ -6,23 +6,25 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/confvalue"
 )
 
 // fuzzTier has a field of every kind a tier package decodes its
 // type-specific keys into, so that FuzzParse also runs TierSpec.Decode.
 type fuzzTier struct {
-	Str    string            `yaml:"str"`
-	Int    int               `yaml:"int"`
-	Uint   uint32            `yaml:"uint"`
-	Float  float64           `yaml:"float"`
-	Bool   bool              `yaml:"bool"`
-	List   []string          `yaml:"list"`
-	Map    map[string]int    `yaml:"map"`
-	Any    map[string]any    `yaml:"any"`
-	Size   ByteSize          `yaml:"size"`
-	Wait   Duration          `yaml:"wait"`
-	Medium Medium            `yaml:"medium"`
-	Nested struct{ A []int } `yaml:"nested"`
+	Str    string             `yaml:"str"`
+	Int    int                `yaml:"int"`
+	Uint   uint32             `yaml:"uint"`
+	Float  float64            `yaml:"float"`
+	Bool   bool               `yaml:"bool"`
+	List   []string           `yaml:"list"`
+	Map    map[string]int     `yaml:"map"`
+	Any    map[string]any     `yaml:"any"`
+	Size   confvalue.ByteSize `yaml:"size"`
+	Wait   confvalue.Duration `yaml:"wait"`
+	Medium Medium             `yaml:"medium"`
+	Nested struct{ A []int }  `yaml:"nested"`
 }
 
 // FuzzParse checks that no document makes the parser panic, that every

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -115,7 +116,7 @@ func (t *TierSpec) decodeNode(d *decoder, n *yaml.Node, path string) {
 	if isNull(n) || n.Kind != yaml.MappingNode {
 		got := "nothing"
 		if !isNull(n) {
-			got = describeNode(n)
+			got = confvalue.Describe(n)
 		}
 		d.errorf(n, path, "want a tier such as {name: cache, type: memory}, got %s", got)
 		return
@@ -126,7 +127,7 @@ func (t *TierSpec) decodeNode(d *decoder, n *yaml.Node, path string) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := resolve(n.Content[i]), resolve(n.Content[i+1])
 		if kn.Kind != yaml.ScalarNode {
-			d.errorf(kn, path, "keys must be strings, got %s", describeNode(kn))
+			d.errorf(kn, path, "keys must be strings, got %s", confvalue.Describe(kn))
 			continue
 		}
 		p := joinPath(path, kn.Value)
@@ -138,14 +139,14 @@ func (t *TierSpec) decodeNode(d *decoder, n *yaml.Node, path string) {
 		switch kn.Value {
 		case "name":
 			if vn.Kind != yaml.ScalarNode || isNull(vn) {
-				d.errorf(vn, p, "want a string, got %s", describeNode(vn))
+				d.errorf(vn, p, "want a string, got %s", confvalue.Describe(vn))
 				continue
 			}
 			t.Name, t.nameLine = vn.Value, vn.Line
 		case "type":
 			hasType = true
 			if vn.Kind != yaml.ScalarNode || isNull(vn) || vn.Value == "" {
-				d.errorf(vn, p, "want a tier type such as memory, got %s", describeNode(vn))
+				d.errorf(vn, p, "want a tier type such as memory, got %s", confvalue.Describe(vn))
 				continue
 			}
 			t.Type = strings.ToLower(vn.Value)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/fs"
@@ -58,7 +59,7 @@ func BenchmarkRegionToFS2MiB(b *testing.B) {
 	}
 	round := 0
 	fsConfig := func(root string) fs.Config {
-		return fs.Config{Name: "disk", RootDir: root, Locality: "local", Namespace: fs.Namespace{ModelName: "bench", BlockBytes: block}}
+		return fs.Config{Name: "disk", RootDir: root, Locality: "local", Namespace: filemapper.Namespace{ModelName: "bench", BlockBytes: block}}
 	}
 	keyOf := func(i int) offload.Key { return offload.MakeKey([]byte(fmt.Sprintf("bench-%06d-%04d", round, i)), 0) }
 

@@ -11,10 +11,6 @@ import (
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tiers/fs"
-	"github.com/kvtier/kvtier/tiers/peer"
-	"github.com/kvtier/kvtier/tiers/redis"
-	"github.com/kvtier/kvtier/tiers/remote"
 )
 
 // ManagerNamespace returns the configuration of a namespace served by m
@@ -43,20 +39,9 @@ func (s sharedArena) Kind() string   { return string(s.a.Kind()) }
 func (s sharedArena) Path() string   { return s.a.Path() }
 func (s sharedArena) File() *os.File { return s.a.File() }
 
-// occupancy is implemented by tiers that know how many blocks they hold.
-type occupancy interface{ Len() int }
-
-// evictionCounter is implemented by tiers that count the blocks they
-// evicted (memory).
-type evictionCounter interface{ Evictions() uint64 }
-
 // healthReporter is implemented by tiers that talk to a server and stop
-// using it while it is down (tiers/remote.Base: redis, s3).
+// using it while it is down, without an offload.Reporter of their own.
 type healthReporter interface{ Healthy() bool }
-
-// remoteStats is implemented by tiers whose Stats are tiers/remote's
-// (s3). The redis tier returns its own Stats, which embed them.
-type remoteStats interface{ Stats() remote.Stats }
 
 func statsOf(m *tiering.Manager) Stats {
 	ts := m.Stats()
@@ -110,59 +95,20 @@ func tierStatsOf(ts []tiering.TierStats, tiers []offload.SecondaryTier, slotSize
 	return out
 }
 
-// tierDetails adds to out the figures only some kinds of tier keep.
+// tierDetails adds to out the figures only some kinds of tier keep: what
+// the tier reports of itself (offload.Reporter), or at least its health.
 func tierDetails(out *TierStats, t offload.SecondaryTier) {
-	var rs *remote.Stats
-	switch t := t.(type) {
-	case *fs.Tier:
-		fst := t.Stats()
-		out.OccupancyBlocks, out.OccupancyBytes, out.Evictions = int64(fst.Files), fst.UsedBytes, fst.EvictedBlocks
-		// The fs tier deletes every block file that fails verification.
-		out.CorruptBlocks, out.CorruptDeleted = fst.CorruptBlocks, fst.CorruptBlocks
-	case *peer.Tier:
-		// Healthy while some peer answers; each peer is a node in /metrics.
-		out.Remote = &RemoteTierStats{}
-		for _, p := range t.Peers() {
-			out.CorruptBlocks += uint64(p.Corrupt)
-			out.Remote.Healthy = out.Remote.Healthy || p.Healthy
-			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: p.Name, Healthy: p.Healthy,
-				Index: &NodeIndex{Current: p.Indexed, Blocks: p.IndexKeys, Gaps: p.Gaps}})
+	r, ok := t.(offload.Reporter)
+	if !ok {
+		if h, ok := t.(healthReporter); ok {
+			out.Remote = &RemoteTierStats{Healthy: h.Healthy()}
 		}
 		return
-	case *redis.Tier:
-		full := t.Stats()
-		rs = &full.Stats
-		// Blocks the server itself evicted, expired or deleted (keyspace
-		// events): the tier's evictions.
-		out.Evictions = uint64(full.ServerRemoved)
-	case remoteStats:
-		s := t.Stats()
-		rs = &s
-	case occupancy:
-		out.OccupancyBlocks = int64(t.Len())
 	}
-	if e, ok := t.(evictionCounter); ok {
-		out.Evictions = e.Evictions()
-	}
-	if h, ok := t.(healthReporter); ok {
-		out.Remote = &RemoteTierStats{Healthy: h.Healthy()}
-	}
-	if rs == nil {
-		return
-	}
-	if out.Remote == nil {
-		out.Remote = &RemoteTierStats{Healthy: rs.Healthy}
-	}
-	out.Remote.LookupsUnhealthy = uint64(rs.LookupsUnhealthy)
-	out.Remote.LoadJobsSkipped, out.Remote.StoreJobsSkipped = uint64(rs.LoadJobsSkipped), uint64(rs.StoreJobsSkipped)
-	out.Remote.ReconciledRemovals, out.Remote.ReconcileFailures = uint64(rs.ReconciledRemovals), uint64(rs.ReconcileFailures)
-	if rt, ok := t.(*redis.Tier); ok {
-		for _, n := range rt.Nodes() {
-			out.Remote.Nodes = append(out.Remote.Nodes, NodeHealth{Addr: n.Addr, Healthy: n.Healthy})
-		}
-		out.Remote.NodeDownBlocks, out.Remote.SlotMapChanges = uint64(rs.BlocksNodeDown), uint64(rt.SlotMapReloads())
-	}
-	out.CorruptBlocks, out.CorruptDeleted = uint64(rs.Corrupted), uint64(rs.Deleted)
+	rep := r.Report()
+	out.OccupancyBlocks, out.OccupancyBytes, out.Evictions = rep.OccupancyBlocks, rep.OccupancyBytes, rep.Evictions
+	out.CorruptBlocks, out.CorruptDeleted = rep.CorruptBlocks, rep.CorruptDeleted
+	out.Remote = rep.Remote
 }
 
 // WithPublisher makes p the event sink of nc: every step's events are

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -343,7 +344,7 @@ func TestDefaultConfigValid(t *testing.T) {
 	}
 	if len(cfg.SecondaryTiers) != 1 || cfg.SecondaryTiers[0].Type != "fs" || cfg.Events.Enabled ||
 		cfg.Server.UnixSocket != "./kvtier.sock" || !strings.HasPrefix(cfg.Server.TCPAddr, "127.0.0.1:") ||
-		!strings.HasPrefix(cfg.Server.MetricsAddr, "127.0.0.1:") || cfg.Primary.Bytes != config.GiB {
+		!strings.HasPrefix(cfg.Server.MetricsAddr, "127.0.0.1:") || cfg.Primary.Bytes != confvalue.GiB {
 		t.Fatalf("embedded default has the wrong shape: %+v", cfg)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
@@ -46,7 +47,7 @@ func TestFloodOfStoresNeverRejected(t *testing.T) {
 				return nil
 			})
 			tier, err := fs.New(fs.Config{Name: "disk", RootDir: t.TempDir(), FS: slow, WriteThreads: 2, QueueDepth: 16,
-				Namespace: fs.Namespace{ModelName: "flood", BlockBytes: slotSize}, Logger: quietLogger()})
+				Namespace: filemapper.Namespace{ModelName: "flood", BlockBytes: slotSize}, Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}

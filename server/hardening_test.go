@@ -18,6 +18,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiers/fs"
@@ -37,7 +38,7 @@ func content(k offload.Key) []byte {
 func TestResetUnderClientsServesNoWrongBytes(t *testing.T) {
 	e := startEnv(t, envOptions{slots: 64, tiers: func(t testing.TB) []offload.SecondaryTier {
 		tier, err := fs.New(fs.Config{Name: "disk", RootDir: t.TempDir(), Locality: "local",
-			Namespace: fs.Namespace{ModelName: "reset", BlockBytes: slotSize}, Logger: quietLogger()})
+			Namespace: filemapper.Namespace{ModelName: "reset", BlockBytes: slotSize}, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -156,18 +156,18 @@ func TestTierHealthMetric(t *testing.T) {
 	waitMetric(t, e, "server restarted", nil, is(1), "kvtier_tier_healthy", tier)
 }
 
-// fakeRemote is a memory tier with the Stats of a tier built on
-// tiers/remote (as s3's are) and no Healthy method of its own.
+// fakeRemote is a memory tier that reports the Stats of a tier built on
+// tiers/remote (as s3 does) and has no Healthy method of its own.
 type fakeRemote struct {
 	*memory.Tier
 	mu sync.Mutex
 	st remote.Stats
 }
 
-func (f *fakeRemote) Stats() remote.Stats {
+func (f *fakeRemote) Report() offload.TierReport {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.st
+	return remote.ReportOf(f.st)
 }
 
 func (f *fakeRemote) set(st remote.Stats) {

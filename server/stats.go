@@ -95,48 +95,16 @@ type TierStats struct {
 	Remote *RemoteTierStats
 }
 
-// RemoteTierStats are the figures a tier talking to a server keeps
-// beyond the common ones.
-type RemoteTierStats struct {
-	// Healthy is false while the server is considered down: lookups then
-	// miss and jobs fail without being tried.
-	Healthy bool
-	// LookupsUnhealthy counts lookups answered Miss without asking
-	// because the server was down.
-	LookupsUnhealthy uint64
-	// LoadJobsSkipped and StoreJobsSkipped count jobs refused at
-	// submission without any I/O: server down, tier closed, or too many
-	// jobs in flight.
-	LoadJobsSkipped, StoreJobsSkipped uint64
-	// ReconciledRemovals counts removals published late, by a
-	// reconciliation pass, for blocks the server dropped unseen (a
-	// subscription down, a restart that lost the data, a lifecycle rule);
-	// ReconcileFailures the passes that could not finish.
-	ReconciledRemovals, ReconcileFailures uint64
-	// Nodes are a cluster's masters (Redis Cluster) and whether each
-	// answered the last probe; empty for a single server.
-	Nodes []NodeHealth
-	// NodeDownBlocks counts blocks a clustered tier neither loaded nor
-	// stored nor looked up, without I/O, because the master of their slot
-	// was down; SlotMapChanges the slot maps it read that differed from
-	// the previous one (failovers, reshardings).
-	NodeDownBlocks, SlotMapChanges uint64
-}
+// RemoteTierStats are the figures a tier talking to servers keeps (see
+// offload.RemoteReport).
+type RemoteTierStats = offload.RemoteReport
 
 // NodeHealth is one node of a clustered remote tier, or one peer of a
 // peer tier.
-type NodeHealth struct {
-	Addr    string
-	Healthy bool
-	// Index is a peer tier's event index of the peer (nil otherwise).
-	Index *NodeIndex
-}
+type NodeHealth = offload.NodeReport
 
 // NodeIndex is the state of a peer tier's index of one peer.
-type NodeIndex struct {
-	Current      bool // lookups are answered from it
-	Blocks, Gaps int64
-}
+type NodeIndex = offload.NodeIndex
 
 // Histogram is a cumulative histogram in seconds, Prometheus style.
 type Histogram = tiering.Histogram

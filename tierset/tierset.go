@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
@@ -229,17 +230,17 @@ func closeAll(ctx context.Context, tiers []offload.SecondaryTier) error {
 // memorySpec is the type-specific part of a memory tier entry. config's
 // value types give case-insensitive values and errors that name the key.
 type memorySpec struct {
-	Medium         config.Medium   `yaml:"medium"`
-	Locality       config.Locality `yaml:"locality"`
-	CapacityBlocks int             `yaml:"capacity_blocks"`
-	Latency        config.Duration `yaml:"latency"`
-	BlockLatency   config.Duration `yaml:"block_latency"`
-	Concurrency    int             `yaml:"concurrency"`
-	QueueDepth     int             `yaml:"queue_depth"`
-	FailRate       float64         `yaml:"fail_rate"`
-	AsyncLookup    bool            `yaml:"async_lookup"`
-	Events         bool            `yaml:"events"`
-	Seed           int64           `yaml:"seed"`
+	Medium         config.Medium      `yaml:"medium"`
+	Locality       config.Locality    `yaml:"locality"`
+	CapacityBlocks int                `yaml:"capacity_blocks"`
+	Latency        confvalue.Duration `yaml:"latency"`
+	BlockLatency   confvalue.Duration `yaml:"block_latency"`
+	Concurrency    int                `yaml:"concurrency"`
+	QueueDepth     int                `yaml:"queue_depth"`
+	FailRate       float64            `yaml:"fail_rate"`
+	AsyncLookup    bool               `yaml:"async_lookup"`
+	Events         bool               `yaml:"events"`
+	Seed           int64              `yaml:"seed"`
 }
 
 func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {

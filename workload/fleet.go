@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 )
@@ -148,7 +149,7 @@ func ReplayFleet(ctx context.Context, src Source, o FleetOptions) (*FleetResult,
 		c := *o.Config
 		base = &c
 	}
-	base.Namespace.BytesPerBlock = config.ByteSize(o.BlockBytes)
+	base.Namespace.BytesPerBlock = confvalue.ByteSize(o.BlockBytes)
 
 	var shared *sharedStore
 	if o.SharedBlocks > 0 {

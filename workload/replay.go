@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
@@ -301,7 +302,7 @@ func Replay(ctx context.Context, src Source, opts Options) (*Result, error) {
 		c := *opts.Config
 		cfg = &c
 	}
-	cfg.Namespace.BytesPerBlock = config.ByteSize(opts.BlockBytes)
+	cfg.Namespace.BytesPerBlock = confvalue.ByteSize(opts.BlockBytes)
 	var warnings []string
 	if opts.FreshTiers {
 		scratch, w, err := freshTiers(cfg)

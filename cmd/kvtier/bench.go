@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/workload"
 )
@@ -192,7 +193,7 @@ func benchInputs(f benchFlags, stdin io.Reader, stderr io.Writer) ([]workload.Re
 	if f.limit < 0 {
 		return nil, opts, fmt.Errorf("--limit %d: want >= 0", f.limit)
 	}
-	bb, err := config.ParseByteSize(f.blockBytes)
+	bb, err := confvalue.ParseByteSize(f.blockBytes)
 	if err != nil {
 		return nil, opts, fmt.Errorf("--block-bytes: %w", err)
 	}
@@ -421,7 +422,7 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 	r := rep.Result
 	var b strings.Builder
 	fmt.Fprintf(&b, "trace %s: %d requests, %d blocks of %d tokens\n", rep.Trace, r.Requests, r.Blocks, workload.BlockTokens)
-	fmt.Fprintf(&b, "primary: %d blocks of %s, %s\n", r.Primary.Blocks, config.ByteSize(r.Primary.BlockBytes), r.Primary.Policy)
+	fmt.Fprintf(&b, "primary: %d blocks of %s, %s\n", r.Primary.Blocks, confvalue.ByteSize(r.Primary.BlockBytes), r.Primary.Policy)
 	if len(r.Tiers) == 0 {
 		b.WriteString("secondary tiers: none\n")
 	} else {

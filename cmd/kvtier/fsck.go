@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tierset"
@@ -121,7 +122,7 @@ func fsckTier(ctx context.Context, w, errw io.Writer, tc fs.Config, repair, forc
 	}
 	corrupt, stray, foreign := rep.Count(fs.Corrupt), rep.Count(fs.Stray), rep.Count(fs.Foreign)
 	fmt.Fprintf(w, "%s: %s: %d files, %d good blocks (%s), %d corrupt, %d stray, %d foreign\n",
-		tc.Name, rep.Dir, rep.Files, rep.Blocks, config.ByteSize(rep.Bytes).Approx(), corrupt, stray, foreign)
+		tc.Name, rep.Dir, rep.Files, rep.Blocks, confvalue.ByteSize(rep.Bytes).Approx(), corrupt, stray, foreign)
 	if corrupt+stray == 0 {
 		return true
 	}

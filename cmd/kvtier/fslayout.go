@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tierset"
 )
@@ -18,7 +19,7 @@ import (
 func newFSLayoutCmd() *cobra.Command {
 	var (
 		configPath, tierName, root, format, agnostic string
-		ns                                           fs.Namespace
+		ns                                           filemapper.Namespace
 		groups                                       []string
 		layers, blockSize                            int
 		asJSON                                       bool
@@ -92,7 +93,7 @@ ends with it).`,
 				if blockSize <= 0 {
 					return errors.New("fs-layout: --layers needs --block-size > 0")
 				}
-				g := fs.KVCacheGroup{TokensPerBlock: blockSize}
+				g := filemapper.KVCacheGroup{TokensPerBlock: blockSize}
 				for i := range layers {
 					g.LayerNames = append(g.LayerNames, "model.layers."+strconv.Itoa(i)+".self_attn.attn")
 				}
@@ -131,13 +132,13 @@ ends with it).`,
 	return cmd
 }
 
-func parseGroup(s string) (fs.KVCacheGroup, error) {
+func parseGroup(s string) (filemapper.KVCacheGroup, error) {
 	tok, names, ok := strings.Cut(s, ":")
 	n, err := strconv.Atoi(tok)
 	if !ok || err != nil || n <= 0 || names == "" {
-		return fs.KVCacheGroup{}, errors.New("want TOKENS_PER_BLOCK:LAYER[,LAYER]")
+		return filemapper.KVCacheGroup{}, errors.New("want TOKENS_PER_BLOCK:LAYER[,LAYER]")
 	}
-	return fs.KVCacheGroup{TokensPerBlock: n, LayerNames: strings.Split(names, ",")}, nil
+	return filemapper.KVCacheGroup{TokensPerBlock: n, LayerNames: strings.Split(names, ",")}, nil
 }
 
 // fsLayout is what fs-layout prints for one namespace.
@@ -148,11 +149,11 @@ type fsLayout struct {
 	Digest     string         `json:"digest"`
 	Fields     map[string]any `json:"fields"`
 	ConfigJSON string         `json:"config_json"`
-	ns         fs.Namespace
+	ns         filemapper.Namespace
 }
 
-func describeLayout(root string, ns fs.Namespace, f fs.Format) (fsLayout, error) {
-	base, blocks, err := ns.Dirs(root, f)
+func describeLayout(root string, ns filemapper.Namespace, f fs.Format) (fsLayout, error) {
+	base, blocks, err := fs.Dirs(ns, root, f)
 	if err != nil {
 		return fsLayout{}, err
 	}
@@ -182,7 +183,7 @@ func (l fsLayout) print(w io.Writer, asJSON bool) error {
 }
 
 // namespaceYAML renders ns as the flow mapping an fs tier entry takes.
-func namespaceYAML(ns fs.Namespace) string {
+func namespaceYAML(ns filemapper.Namespace) string {
 	q := strconv.Quote
 	parts := []string{
 		"model_name: " + q(ns.ModelName), "dtype: " + q(ns.DType),

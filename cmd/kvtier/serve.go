@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/events"
@@ -204,7 +205,7 @@ func loadServeConfig(f serveFlags) (*config.Config, error) {
 		return nil, err
 	}
 	if f.primaryBytes != "" {
-		b, err := config.ParseByteSize(f.primaryBytes)
+		b, err := confvalue.ParseByteSize(f.primaryBytes)
 		if err != nil {
 			return nil, fmt.Errorf("--primary-bytes: %w", err)
 		}
@@ -521,12 +522,12 @@ func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, i
 	if !cfg.Engines.On() || cfg.Server.UnixSocket == "" {
 		return nil, 0
 	}
-	capacity := int64(cmp.Or(cfg.Engines.PrimaryBytes, cfg.Primary.Bytes, config.GiB))
+	capacity := int64(cmp.Or(cfg.Engines.PrimaryBytes, cfg.Primary.Bytes, confvalue.GiB))
 	parser := *cfg.Parser()
 	log = log.With("component", "engines")
 	return func(ctx context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
 		if capacity < int64(l.RowStride) {
-			return server.NamespaceConfig{}, fmt.Errorf("engines.primary_bytes %s holds no %d-byte row", config.ByteSize(capacity), l.RowStride)
+			return server.NamespaceConfig{}, fmt.Errorf("engines.primary_bytes %s holds no %d-byte row", confvalue.ByteSize(capacity), l.RowStride)
 		}
 		p, err := cpu.New(cpu.Config{
 			SlotSize: l.RowStride, Capacity: capacity, Policy: string(cfg.Primary.Policy),
@@ -537,7 +538,7 @@ func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, i
 		}
 		c := *cfg
 		c.Namespace.Model = name
-		c.Namespace.BytesPerBlock = config.ByteSize(l.RowStride)
+		c.Namespace.BytesPerBlock = confvalue.ByteSize(l.RowStride)
 		c.Events.Enabled = true
 		tiers, err := tierset.Build(ctx, &c, tierset.Options{Logger: log.With("namespace", name)})
 		if err != nil {
@@ -573,7 +574,7 @@ func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error)
 		Tiers: func(ctx context.Context, ns string, l region.Layout) ([]offload.SecondaryTier, error) {
 			c := *cfg
 			c.Namespace.Model = ns
-			c.Namespace.BytesPerBlock = config.ByteSize(l.RowStride)
+			c.Namespace.BytesPerBlock = confvalue.ByteSize(l.RowStride)
 			c.Events.Enabled = true
 			return tierset.Build(ctx, &c, tierset.Options{Logger: log.With("namespace", ns)})
 		},
@@ -644,10 +645,10 @@ func capacityOf(t offload.SecondaryTier) string {
 	case *fs.Tier:
 		st := t.Stats()
 		if st.MaxBytes == 0 {
-			return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, config.ByteSize(st.UsedBytes))
+			return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, confvalue.ByteSize(st.UsedBytes))
 		}
-		return fmt.Sprintf("%s (%d blocks, %s used; evicts above %s down to %s)", config.ByteSize(st.MaxBytes), st.Files,
-			config.ByteSize(st.UsedBytes), config.ByteSize(st.HighBytes), config.ByteSize(st.LowBytes))
+		return fmt.Sprintf("%s (%d blocks, %s used; evicts above %s down to %s)", confvalue.ByteSize(st.MaxBytes), st.Files,
+			confvalue.ByteSize(st.UsedBytes), confvalue.ByteSize(st.HighBytes), confvalue.ByteSize(st.LowBytes))
 	case *memory.Tier:
 		return fmt.Sprintf("%d blocks held", t.Len())
 	}

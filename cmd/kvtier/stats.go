@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
-	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -67,7 +67,7 @@ func printStats(w io.Writer, st *kvtierv1.StatsResponse) {
 	}
 	fmt.Fprintf(w, "namespace %s\n", ns)
 	fmt.Fprintf(w, "primary   %d slots of %s: %d used, %d pinned, %d pending, %d revocable; %d hits, %d misses%s; %d evictions, %d stores rejected\n",
-		p.GetNumSlots(), config.ByteSize(p.GetSlotSize()).Approx(), p.GetUsedSlots(), p.GetPinnedSlots(), p.GetPendingSlots(), p.GetRevocableSlots(),
+		p.GetNumSlots(), confvalue.ByteSize(p.GetSlotSize()).Approx(), p.GetUsedSlots(), p.GetPinnedSlots(), p.GetPendingSlots(), p.GetRevocableSlots(),
 		p.GetHits(), p.GetMisses(), ratio(p.GetHits(), p.GetHits()+p.GetMisses()), p.GetEvictions(), p.GetStoresRejected())
 	budget := "unbounded"
 	if b := st.GetCascadePinBudget(); b > 0 {
@@ -89,7 +89,7 @@ func printStats(w io.Writer, st *kvtierv1.StatsResponse) {
 			blocks = fmt.Sprint(t.GetBlocks())
 		}
 		if t.GetBytes() >= 0 {
-			bytes = config.ByteSize(t.GetBytes()).Approx()
+			bytes = confvalue.ByteSize(t.GetBytes()).Approx()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d\t%d/%d/%d/%d\t%s\n",
 			t.GetName(), t.GetType(), mediumWord(t.GetMedium()), localityWord(t.GetLocality()),

@@ -6,7 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
 )
@@ -34,9 +35,9 @@ type Config struct {
 	// everywhere in the config file ("500GiB"). Usage above
 	// HighWatermark × MaxBytes (default 0.95) evicts least-recently-used
 	// files down to LowWatermark × MaxBytes (default 0.85).
-	MaxBytes      config.ByteSize `yaml:"max_bytes"`
-	HighWatermark float64         `yaml:"high_watermark"`
-	LowWatermark  float64         `yaml:"low_watermark"`
+	MaxBytes      confvalue.ByteSize `yaml:"max_bytes"`
+	HighWatermark float64            `yaml:"high_watermark"`
+	LowWatermark  float64            `yaml:"low_watermark"`
 	// Format is "kvtier" (default: trailer with checksum) or "vllm" (raw
 	// vLLM layout, length check only).
 	Format string `yaml:"format"`
@@ -59,12 +60,12 @@ type Config struct {
 	// kvtier) that is writing them right now. It looks at those once more
 	// when they could have become stale, so its own crash leftovers found
 	// by a quick restart do not stay until the next one.
-	StaleTmpAge config.Duration `yaml:"stale_tmp_age"`
+	StaleTmpAge confvalue.Duration `yaml:"stale_tmp_age"`
 	// LookupBatch bounds the keys of one existence-check call (0 = the
 	// whole step's batch at once).
 	LookupBatch int `yaml:"lookup_batch"`
 	// Namespace holds the digest fields (§5.1) and the rank.
-	Namespace Namespace `yaml:"namespace"`
+	Namespace filemapper.Namespace `yaml:"namespace"`
 
 	// GlobalEventsOff is set when KV events are disabled for the whole
 	// daemon: a tier that opts in then logs a warning and stays silent.
@@ -123,7 +124,7 @@ type settings struct {
 	eventsIgnored bool // opted in with events disabled globally
 	lookupBatch   int
 	staleTmpAge   time.Duration
-	ns            Namespace
+	ns            filemapper.Namespace
 	fs            vfs.FS
 	logger        *slog.Logger
 }
@@ -234,8 +235,8 @@ func (c Config) settings() (settings, error) {
 		s.high = int64(float64(s.maxBytes) * high)
 		s.low = int64(float64(s.maxBytes) * low)
 	}
-	s.ns = c.Namespace.withDefaults()
-	if err := s.ns.validate(); err != nil {
+	s.ns = c.Namespace.WithDefaults()
+	if err := s.ns.Validate(); err != nil {
 		return s, err
 	}
 	if s.fs == nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvtier/kvtier/dirlock"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -158,7 +159,7 @@ func checkFile(s settings, root, p string, buf *[]byte) *Finding {
 	if err != nil {
 		return &Finding{Path: p, Kind: Stray, Reason: err.Error()}
 	}
-	k, ok := parsePath(rel)
+	k, ok := filemapper.ParseRelPath(rel)
 	if !ok {
 		return &Finding{Path: p, Kind: Stray, Reason: "not a block file name of this layout"}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -61,9 +62,9 @@ func k(n int) offload.Key {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func testNamespace() Namespace {
-	return Namespace{ModelName: "org/model", TokensPerHash: 16, DType: "torch.float16",
-		KVCacheGroups: []KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"l0"}}}}
+func testNamespace() filemapper.Namespace {
+	return filemapper.Namespace{ModelName: "org/model", TokensPerHash: 16, DType: "torch.float16",
+		KVCacheGroups: []filemapper.KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"l0"}}}}
 }
 
 // newTier opens a tier on dir with small pools; mod adjusts the config.

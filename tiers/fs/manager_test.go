@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	fstier "github.com/kvtier/kvtier/tiers/fs"
@@ -45,7 +46,7 @@ func newStack(t *testing.T, slots int, mod func(*fstier.Config)) *stack {
 	}
 	dir := t.TempDir()
 	cfg := fstier.Config{Name: "disk", RootDir: dir, Locality: "local", Events: true, ReadThreads: 2, WriteThreads: 2,
-		Namespace: fstier.Namespace{ModelName: "m", TokensPerHash: 16}, Logger: logger}
+		Namespace: filemapper.Namespace{ModelName: "m", TokensPerHash: 16}, Logger: logger}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -50,7 +51,7 @@ func (t *Tier) scan() error {
 		if err != nil {
 			return nil
 		}
-		k, ok := parsePath(rel)
+		k, ok := filemapper.ParseRelPath(rel)
 		if !ok || !d.Type().IsRegular() {
 			skipped++
 			return nil

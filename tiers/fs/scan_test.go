@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 )
 
 // age sets p's modification time d into the past.
@@ -61,7 +61,7 @@ func TestStartupKeepsYoungTempFiles(t *testing.T) {
 			}
 			setup.Close(context.Background())
 
-			tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = config.Duration(tc.limit) })
+			tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = confvalue.Duration(tc.limit) })
 			removed := 0
 			for i, p := range paths {
 				if exists(p) != tc.kept[i] {
@@ -89,7 +89,7 @@ func TestYoungTempFilesSweptLater(t *testing.T) {
 	renamed := leftover(t, setup, 3, 0) // its writer renames it into place
 	setup.Close(context.Background())
 
-	tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = config.Duration(limit) })
+	tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = confvalue.Duration(limit) })
 	if !exists(crashed) || !exists(active) || !exists(renamed) {
 		t.Fatal("young temp files removed at start")
 	}
@@ -128,7 +128,7 @@ func TestCloseStopsTempSweep(t *testing.T) {
 	setup := newTier(t, dir, nil)
 	p := leftover(t, setup, 1, 0)
 	setup.Close(context.Background())
-	tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = config.Duration(limit) })
+	tier := newTier(t, dir, func(c *Config) { c.StaleTmpAge = confvalue.Duration(limit) })
 	if err := tier.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestStaleTmpAgeConfig(t *testing.T) {
 	if s, _ := c.settings(); s.staleTmpAge != DefaultStaleTmpAge {
 		t.Fatalf("default stale_tmp_age = %v", s.staleTmpAge)
 	}
-	c.StaleTmpAge = config.Duration(-time.Second)
+	c.StaleTmpAge = confvalue.Duration(-time.Second)
 	if _, err := c.settings(); err == nil || !strings.Contains(err.Error(), "stale_tmp_age") {
 		t.Fatalf("negative stale_tmp_age: %v", err)
 	}

@@ -1,6 +1,10 @@
 package fs
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/kvtier/kvtier/offload"
+)
 
 // counters are updated by the workers without the tier mutex.
 type counters struct {
@@ -77,4 +81,15 @@ func (t *Tier) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.idx.live
+}
+
+// Report implements offload.Reporter: the files the tier holds, their
+// bytes, its evictions, and the corrupt blocks it read (it deletes every
+// one).
+func (t *Tier) Report() offload.TierReport {
+	st := t.Stats()
+	return offload.TierReport{
+		OccupancyBlocks: int64(st.Files), OccupancyBytes: st.UsedBytes, Evictions: st.EvictedBlocks,
+		CorruptBlocks: st.CorruptBlocks, CorruptDeleted: st.CorruptBlocks,
+	}
 }

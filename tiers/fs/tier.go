@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/dirlock"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -159,7 +160,7 @@ func (t *Tier) prepareDirs() error {
 	if err := fs.MkdirAll(t.lay.rankDir, 0o700); err != nil {
 		return fmt.Errorf("root_dir not writable: %w", err)
 	}
-	cfgPath := filepath.Join(t.lay.base, configFileName)
+	cfgPath := filepath.Join(t.lay.base, filemapper.ConfigFileName)
 	if _, err := fs.Stat(cfgPath); errors.Is(err, iofs.ErrNotExist) {
 		b, err := t.s.ns.ConfigJSON()
 		if err != nil {
@@ -254,7 +255,7 @@ func (t *Tier) Direct() bool { return t.direct }
 func (t *Tier) Path(k offload.Key) string { return t.lay.path(k) }
 
 // ConfigPath returns the path of config.json.
-func (t *Tier) ConfigPath() string { return filepath.Join(t.lay.base, configFileName) }
+func (t *Tier) ConfigPath() string { return filepath.Join(t.lay.base, filemapper.ConfigFileName) }
 
 // Lookup implements offload.SecondaryTier: Retry until the batched
 // existence check of key lands (after an OnScheduleEnd), then Hit or

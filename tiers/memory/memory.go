@@ -651,6 +651,13 @@ func (t *Tier) Close(ctx context.Context) error {
 	return nil
 }
 
+// Report implements offload.Reporter: the blocks the tier holds and the
+// ones it evicted.
+func (t *Tier) Report() offload.TierReport {
+	n := int64(t.Len())
+	return offload.TierReport{OccupancyBlocks: n, OccupancyBytes: -1, Evictions: t.Evictions()}
+}
+
 // Len returns the number of blocks the tier holds.
 func (t *Tier) Len() int {
 	t.mu.Lock()

@@ -817,6 +817,21 @@ type PeerStats struct {
 }
 
 // Peers returns every peer's counters, in configuration order.
+// Report implements offload.Reporter: healthy while some peer answers,
+// each peer a node, with its event index, and the corrupt blocks peers
+// sent.
+func (t *Tier) Report() offload.TierReport {
+	r := offload.UnknownOccupancy()
+	r.Remote = &offload.RemoteReport{}
+	for _, p := range t.Peers() {
+		r.CorruptBlocks += uint64(p.Corrupt)
+		r.Remote.Healthy = r.Remote.Healthy || p.Healthy
+		r.Remote.Nodes = append(r.Remote.Nodes, offload.NodeReport{Addr: p.Name, Healthy: p.Healthy,
+			Index: &offload.NodeIndex{Current: p.Indexed, Blocks: p.IndexKeys, Gaps: p.Gaps}})
+	}
+	return r
+}
+
 func (t *Tier) Peers() []PeerStats {
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {

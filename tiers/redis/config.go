@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/tiers/remote"
 	"github.com/kvtier/kvtier/tlsconfig"
 )
@@ -54,7 +54,7 @@ type Config struct {
 	// MaxValueBytes bounds one stored value, envelope included (default
 	// 512 MiB, Redis's proto-max-bulk-len); a block beyond it fails its
 	// store job.
-	MaxValueBytes config.ByteSize `yaml:"max_value_bytes"`
+	MaxValueBytes confvalue.ByteSize `yaml:"max_value_bytes"`
 	// PoolSize bounds concurrent transfer pipelines and sizes the client's
 	// connection pool (default 16); go-redis adds a small pool of its own
 	// for pipelines.

@@ -247,6 +247,20 @@ func (t *Tier) Stats() Stats {
 	return Stats{Stats: st, ServerRemoved: t.serverRemoved.Load(), KeyspaceEvents: t.notify.Load()}
 }
 
+// Report implements offload.Reporter: the common remote figures, the
+// blocks the server itself evicted, expired or deleted (keyspace events)
+// as the tier's evictions, and a cluster's masters.
+func (t *Tier) Report() offload.TierReport {
+	st := t.Stats()
+	r := remote.ReportOf(st.Stats)
+	r.Evictions = uint64(st.ServerRemoved)
+	for _, n := range t.Nodes() {
+		r.Remote.Nodes = append(r.Remote.Nodes, offload.NodeReport{Addr: n.Addr, Healthy: n.Healthy})
+	}
+	r.Remote.SlotMapChanges = uint64(t.SlotMapReloads())
+	return r
+}
+
 // Stats adds the Redis-specific figures to the common remote tier stats.
 type Stats struct {
 	remote.Stats

@@ -195,3 +195,20 @@ func (q *keyQueue) Take() []offload.Key {
 	q.keys = nil
 	return out
 }
+
+// ReportOf is the offload.TierReport of a remote tier's stats: what a
+// tier's Report returns, with what only it knows added.
+func ReportOf(st Stats) offload.TierReport {
+	r := offload.UnknownOccupancy()
+	r.CorruptBlocks, r.CorruptDeleted = uint64(st.Corrupted), uint64(st.Deleted)
+	r.Remote = &offload.RemoteReport{
+		Healthy:            st.Healthy,
+		LookupsUnhealthy:   uint64(st.LookupsUnhealthy),
+		LoadJobsSkipped:    uint64(st.LoadJobsSkipped),
+		StoreJobsSkipped:   uint64(st.StoreJobsSkipped),
+		ReconciledRemovals: uint64(st.ReconciledRemovals),
+		ReconcileFailures:  uint64(st.ReconcileFailures),
+		NodeDownBlocks:     uint64(st.BlocksNodeDown),
+	}
+	return r
+}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/tiers/remote"
 )
 
@@ -87,7 +87,7 @@ type Config struct {
 	// `namespace` block as an fs entry; the daemon fills model_name from
 	// its namespace). Object keys use the directory names an FS tier with
 	// this namespace would use.
-	Namespace fs.Namespace `yaml:"namespace"`
+	Namespace filemapper.Namespace `yaml:"namespace"`
 	// Layout overrides the names derived from Namespace when Base is set.
 	Layout Layout `yaml:"-"`
 	// Logger defaults to slog.Default().

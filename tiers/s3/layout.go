@@ -1,13 +1,11 @@
 package s3
 
 import (
-	"encoding/hex"
 	"fmt"
-	"strconv"
 	"strings"
 
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // Layout names block objects after the FS tier's files (spec §5.1), so
@@ -30,23 +28,19 @@ const defaultLayoutBase = "kvtier"
 // LayoutOf returns the layout of an FS tier (format kvtier) with
 // namespace ns: base "<model name, / replaced by _>_<digest>", followed
 // by "_b<block bytes>" when ns names its block size, and ns's rank.
-func LayoutOf(ns fs.Namespace) (Layout, error) {
+func LayoutOf(ns filemapper.Namespace) (Layout, error) {
 	if ns.ModelName == "" {
 		return Layout{}, fmt.Errorf("model_name is required")
 	}
 	if ns.Rank < 0 {
 		return Layout{}, fmt.Errorf("rank must be >= 0, got %d", ns.Rank)
 	}
-	d, err := ns.Digest()
+	// As in the fs tier's kvtier format, the base names the block size:
+	// objects of two block sizes never share names, so neither is ever
+	// taken for a corrupt copy of the other and deleted.
+	base, err := ns.Base(true)
 	if err != nil {
 		return Layout{}, err
-	}
-	base := strings.ReplaceAll(ns.ModelName, "/", "_") + "_" + d
-	if ns.BlockBytes > 0 {
-		// As in the fs tier's kvtier format: objects of two block sizes
-		// never share names, so neither is ever taken for a corrupt copy
-		// of the other and deleted.
-		base += "_b" + strconv.Itoa(ns.BlockBytes)
 	}
 	return Layout{Base: base, Rank: ns.Rank}, nil
 }
@@ -77,23 +71,7 @@ func (l Layout) Path(k offload.Key) string {
 	if base == "" {
 		base = defaultLayoutBase
 	}
-	h := hex.EncodeToString([]byte(k.Hash()))
-	a, b := min(3, len(h)), min(5, len(h))
-	var sb strings.Builder
-	sb.Grow(len(base) + 2*len(h) + 32)
-	sb.WriteString(base)
-	sb.WriteString("_r")
-	sb.WriteString(strconv.Itoa(l.Rank))
-	sb.WriteByte('/')
-	sb.WriteString(h[:a])
-	sb.WriteByte('/')
-	sb.WriteString(h[a:b])
-	sb.WriteString("_g")
-	sb.WriteString(strconv.FormatUint(uint64(k.Group()), 10))
-	sb.WriteByte('/')
-	sb.WriteString(h)
-	sb.WriteString(".bin")
-	return sb.String()
+	return filemapper.RankDir(base, l.Rank) + "/" + filemapper.RelPath(k)
 }
 
 // objectKey joins the configured prefix and the layout path.

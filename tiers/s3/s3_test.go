@@ -23,6 +23,7 @@ import (
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/remote"
@@ -606,8 +607,8 @@ func TestEventsOff(t *testing.T) {
 // TestLayoutMatchesFSTier checks that object keys are the paths an FS
 // tier with the same namespace writes, relative to its root.
 func TestLayoutMatchesFSTier(t *testing.T) {
-	ns := fs.Namespace{ModelName: "org/model-7b", TokensPerHash: 16, DType: "bfloat16", Rank: 1,
-		KVCacheGroups: []fs.KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"l0", "l1"}}}}
+	ns := filemapper.Namespace{ModelName: "org/model-7b", TokensPerHash: 16, DType: "bfloat16", Rank: 1,
+		KVCacheGroups: []filemapper.KVCacheGroup{{TokensPerBlock: 16, LayerNames: []string{"l0", "l1"}}}}
 	root := t.TempDir()
 	ft, err := fs.New(fs.Config{Name: "fs", RootDir: root, Namespace: ns, ODirect: "off", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -638,7 +639,7 @@ func TestLayoutMatchesFSTier(t *testing.T) {
 	if got, _ := cfg.layoutOf(); got != l {
 		t.Fatalf("config layout %+v, want %+v", got, l)
 	}
-	if _, err := LayoutOf(fs.Namespace{}); err == nil {
+	if _, err := LayoutOf(filemapper.Namespace{}); err == nil {
 		t.Fatal("empty namespace accepted")
 	}
 }

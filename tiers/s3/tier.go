@@ -154,6 +154,9 @@ func (t *Tier) Stats() remote.Stats {
 	return st
 }
 
+// Report implements offload.Reporter.
+func (t *Tier) Report() offload.TierReport { return remote.ReportOf(t.Stats()) }
+
 // Reconcile runs one reconciliation pass now (see remote.Events.Reconcile)
 // and returns how many keys it checked and removals it published.
 func (t *Tier) Reconcile(ctx context.Context) (checked, removed int, err error) {
