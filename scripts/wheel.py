@@ -64,10 +64,11 @@ def entry_points(project: dict) -> str:
 
 
 def sources(packages: list[str]) -> list[pathlib.Path]:
+    """The packages' modules, their type stubs and py.typed markers (PEP 561)."""
     files = []
     for pkg in packages:
         d = PY / pkg.replace(".", "/")
-        files += [p for p in d.glob("*.py")]
+        files += [p for p in d.iterdir() if p.suffix in (".py", ".pyi") or p.name == "py.typed"]
     return sorted(files)
 
 

@@ -41,6 +41,9 @@ class Link:
         import kvtier
 
         self.client = client
+        # The arena as a torch tensor (storage.py sets it: this module
+        # imports no torch), for the pages' copies.
+        self.arena_t: Any = None
         self.namespace: str = rep.namespace
         self.epoch: int = int(rep.epoch)
         self.slot_size: int = int(rep.slot_size)

@@ -275,7 +275,7 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
         assert self._layout is not None
         link = _link.attach(self.options.target, self.options.token, self._layout, self._page_bytes,
                             self.options.timeout_s)
-        link.arena_t = torch.frombuffer(link.memory, dtype=torch.uint8)  # type: ignore[attr-defined]
+        link.arena_t = torch.frombuffer(link.memory, dtype=torch.uint8)
         link.target_free = max(1, min(2 * 128, link.num_slots // 4, _MAX_FREE))  # type: ignore[attr-defined]
         link.max_held = max(1, link.num_slots // 4)  # type: ignore[attr-defined]
         with self._mu:
@@ -488,7 +488,7 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
                 for j, i in enumerate(need):
                     if found[j] == _link.HIT:
                         pins[i] = (link, rid, slots[j], 0.0)
-            base = link.arena_t.data_ptr()  # type: ignore[attr-defined]
+            base = link.arena_t.data_ptr()
             by_rid: dict[str, list[bytes]] = {}
             for i in range(n):
                 if pins[i] is not None:
@@ -576,7 +576,7 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
             m = len(slots)
             if m == 0:
                 return [False] * n  # the primary lent no slot (all pinned): nothing to bind
-            base = link.arena_t.data_ptr()  # type: ignore[attr-defined]
+            base = link.arena_t.data_ptr()
             try:
                 for i in range(m):
                     src = srcs[i]

@@ -60,6 +60,7 @@ try:
         TransferJob,
     )
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 except ImportError as e:  # pragma: no cover
     raise _fail("vLLM's tiering API (vllm.v1.kv_offload.tiering, vLLM PR #51007)", e) from e
@@ -67,12 +68,16 @@ except ImportError as e:  # pragma: no cover
 try:
     from vllm.platforms import current_platform
     from vllm.v1.kv_offload.base import (
+        CanonicalKVCaches,
+        GPULoadStoreSpec,
+        LoadStoreSpec,
         OffloadingManager,
         OffloadingSpec,
         OffloadingWorker,
         PrepareStoreOutput,
         TransferResult,
     )
+    from vllm.v1.kv_offload.config import OffloadingConfig
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
@@ -87,7 +92,12 @@ RESET_FLUSH_CALLBACK = hasattr(OffloadingManager, "on_reset_flushed")
 
 __all__ = [
     "RESET_FLUSH_CALLBACK",
+    "BackpressureDetector",
+    "CanonicalKVCaches",
     "CPULoadStoreSpec",
+    "GPULoadStoreSpec",
+    "LoadStoreSpec",
+    "OffloadingConfig",
     "CPUOffloadingWorker",
     "OffloadingManager",
     "PrepareStoreOutput",
@@ -152,8 +162,8 @@ def region_layout(offloading_spec: Any, primary_kv_view: memoryview) -> dict[str
     par = cfg.parallel
     tokens_per_block = offloading_spec.tokens_per_block
     return {
-        "num_blocks": int(primary_kv_view.shape[0]),
-        "row_stride": int(primary_kv_view.strides[0]),
+        "num_blocks": int((primary_kv_view.shape or (0,))[0]),
+        "row_stride": int((primary_kv_view.strides or (0,))[0]),
         "blocks_per_chunk": int(offloading_spec.blocks_per_chunk),
         "tokens_per_block": int(tokens_per_block[0]) if tokens_per_block else 0,
         "tokens_per_hash": int(offloading_spec.tokens_per_hash),

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import grpc
 
@@ -59,7 +59,7 @@ def unix_path(target: str) -> str:
     )
 
 
-def _pack(keys: list[bytes]) -> tuple[bytes, int]:
+def _pack(keys: Sequence[bytes]) -> tuple[bytes, int]:
     if not keys:
         return b"", 0
     size = len(keys[0])
@@ -74,7 +74,7 @@ class Job:
     job_id: int
     request_id: str
     params: str
-    keys: list[bytes]
+    keys: Sequence[bytes]
     slots: list[int]
     promotion: bool
 
@@ -269,9 +269,9 @@ class RegionLink:
             return
         if rep.events:
             evs = []
-            for e in rep.events:
-                keys = [e.packed_keys[i : i + e.key_size] for i in range(0, len(e.packed_keys), e.key_size)] if e.key_size else []
-                evs.append(Event(keys, e.medium, e.locality, e.removed, e.tier))
+            for ev in rep.events:
+                keys = [ev.packed_keys[i : i + ev.key_size] for i in range(0, len(ev.packed_keys), ev.key_size)] if ev.key_size else []
+                evs.append(Event(keys, ev.medium, ev.locality, ev.removed, ev.tier))
             self._events.put(evs)
 
     def _results_loop(self) -> None:

@@ -67,10 +67,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Collection, Iterable
 
 from kvtier.vllm import _compat as vc
 from kvtier.vllm._region import _rpc_msg
+
+if TYPE_CHECKING:
+    from kvtier.client import Client
+    from kvtier.v1 import kvtier_pb2 as pb
+    from kvtier.vllm.spec import KvtierOffloadingSpec, KvtierSlotSpec
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -82,11 +87,11 @@ _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 
 @dataclass
 class _Req:
-    ctx: Any
+    ctx: vc.ReqContext
     params: str
     # key -> the settled answer (HIT or MISS): what lookup returns, in
     # one dict lookup
-    answer: dict[bytes, Any] = field(default_factory=dict)
+    answer: dict[bytes, vc.LookupResult] = field(default_factory=dict)
     # key -> the slot of a HIT (a lookup lease); its keys answer HIT
     slot: dict[bytes, int] = field(default_factory=dict)
     # key -> monotonic deadline of a lookup in flight (pending: neither in
@@ -113,7 +118,7 @@ class _Link:
     namespace it attached to."""
 
     gen: int
-    client: Any
+    client: Client
     namespace: str
     epoch: int
     num_slots: int
@@ -122,9 +127,9 @@ class _Link:
 @dataclass
 class _Answer:
     gen: int
-    req: Any
+    req: pb.EngineStepRequest
     lookups: dict[str, list[bytes]]
-    rep: Any = None          # the EngineStepResponse
+    rep: pb.EngineStepResponse | None = None
     err: BaseException | None = None
     stale: bool = False      # not sent: its link was down already
 
@@ -132,17 +137,22 @@ class _Answer:
 @dataclass
 class _Attached:
     link: _Link
-    old_client: Any
+    old_client: Client
     down_for: float
+
+
+#: A step's batch for the sending thread: the link generation it is for,
+#: the request, and the keys of its lookups by request id.
+_Batch = tuple[int, "pb.EngineStepRequest", dict[str, list[bytes]]]
 
 
 @dataclass
 class _Close:
-    clients: list[Any]
+    clients: list[Client]
 
 
 class KvtierProxyManager(vc.OffloadingManager):
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: KvtierOffloadingSpec) -> None:
         from kvtier.v1 import kvtier_pb2 as pb
 
         self._pb = pb
@@ -162,7 +172,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._pool: list[int] = []
         self._stored_recent: deque[int] = deque(maxlen=16)  # blocks the recent storing steps wanted to store
         self._step_stores = 0  # blocks this step wanted to store
-        self._events: list[Any] = []
+        self._events: list[vc.OffloadingEvent] = []
         self._events_on = vc.events_enabled(spec)
         self._reset = False
         # The scheduler's view of the link: the generation its batches are
@@ -179,14 +189,14 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._lease_q: deque[tuple[int, str, bytes]] = deque()
         # The request the last lookup named and its answers (lookup's hot
         # path); None between steps.
-        self._lk_ctx: Any = None
-        self._lk_answer: dict[bytes, Any] = {}
+        self._lk_ctx: vc.ReqContext | None = None
+        self._lk_answer: dict[bytes, vc.LookupResult] = {}
         self._now = time.monotonic()
         # Keys of loads and stores handed to workers and not completed, by
         # link generation; the connections of earlier links stay open until
         # theirs are done (a worker may still touch their slots).
         self._outstanding: dict[int, int] = {}
-        self._old_clients: dict[int, Any] = {}
+        self._old_clients: dict[int, Client] = {}
         # Jobs in flight at a cache reset, which vLLM never completes,
         # released by on_reset_flushed: the current link's as (generation,
         # request id, load pins, store slots); a down link's as their
@@ -206,8 +216,8 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
-        self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[_Batch | _Close | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[_Answer | _Attached] = queue.SimpleQueue()
         self._in_flight = 0
         self._thread = threading.Thread(target=self._send_loop, args=(link,), name="kvtier-step", daemon=True)
         self._thread.start()
@@ -294,6 +304,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         next_try = t0 + self._reconnect_interval
         next_warn = t0 + _WARN_EVERY
         while True:
+            item: _Batch | _Close | object | None
             try:
                 item = self._out.get(timeout=max(next_try - time.monotonic(), 0.0))
             except queue.Empty:
@@ -305,7 +316,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             if isinstance(item, _Close):
                 _close_all(item.clients)
                 continue
-            if item is not _ABSENT:
+            if isinstance(item, tuple):
                 gen, req, lookups = item
                 self._answers.put(_Answer(gen, req, lookups, stale=True))
                 continue
@@ -343,7 +354,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         while not self._answers.empty():
             self._handle(self._answers.get_nowait())
 
-    def _handle(self, a: Any) -> None:
+    def _handle(self, a: _Answer | _Attached) -> None:
         if isinstance(a, _Attached):
             self._attached = a  # one reattach at a time: the sending thread waits for no other
             return
@@ -360,6 +371,8 @@ class KvtierProxyManager(vc.OffloadingManager):
 
     def _apply(self, a: _Answer) -> None:
         rep = a.rep
+        if rep is None:
+            return  # only a failed or stale answer has none, and it is not applied
         for lk in rep.lookups:
             rid = lk.request_id
             r = self._reqs.get(rid)
@@ -392,7 +405,8 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._pool.extend(rep.granted_slots)
         if self._events_on:
             for e in rep.events:
-                keys = [e.packed_keys[i:i + e.key_size] for i in range(0, len(e.packed_keys), e.key_size)] if e.key_size else []
+                keys = [vc.OffloadKey(e.packed_keys[i:i + e.key_size])
+                        for i in range(0, len(e.packed_keys), e.key_size)] if e.key_size else []
                 self._events.append(vc.OffloadingEvent(
                     keys=keys, medium=vc.Medium.CPU if e.medium == 1 else vc.Medium.STORAGE, removed=e.removed,
                     locality={1: vc.Locality.LOCAL, 2: vc.Locality.REMOTE}.get(e.locality)))
@@ -480,25 +494,25 @@ class KvtierProxyManager(vc.OffloadingManager):
 
     # -- OffloadingManager --------------------------------------------------
 
-    def _req(self, ctx: Any) -> _Req:
+    def _req(self, ctx: vc.ReqContext) -> _Req:
         r = self._reqs.get(ctx.req_id)
         if r is None:
             r = self.on_new_request_state(ctx)
         return r
 
-    def on_new_request_state(self, ctx: Any) -> _Req:
+    def on_new_request_state(self, ctx: vc.ReqContext) -> _Req:
         params = json.dumps(ctx.kv_transfer_params) if ctx.kv_transfer_params else ""
         r = _Req(ctx=ctx, params=params)
         self._reqs[ctx.req_id] = r
         self._b_new.append((ctx.req_id, params))
         return r
 
-    def on_new_request(self, req_context: Any) -> Any:
+    def on_new_request(self, req_context: vc.ReqContext) -> vc.RequestOffloadingContext:
         if req_context.req_id not in self._reqs:
             self.on_new_request_state(req_context)
         return vc.RequestOffloadingContext()
 
-    def lookup(self, key: Any, req_context: Any) -> Any:
+    def lookup(self, key: vc.OffloadKey, req_context: vc.ReqContext) -> vc.LookupResult:
         # The hot path, a settled key of the request the last lookup named
         # in this step: one identity test and one dict lookup. (vLLM asks
         # key by key: a step of 64 requests with 1 000-block prefixes makes
@@ -511,7 +525,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 return a
         return self._lookup(key, req_context)
 
-    def _lookup(self, key: Any, req_context: Any) -> Any:
+    def _lookup(self, key: vc.OffloadKey, req_context: vc.ReqContext) -> vc.LookupResult:
         if not self._in_step:
             self._step_begin()
         r = self._reqs.get(req_context.req_id)
@@ -547,7 +561,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             b.append(key)
         return _RETRY
 
-    def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+    def prepare_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> KvtierSlotSpec:
         from kvtier.vllm.spec import KvtierSlotSpec
 
         r = self._req(req_context)
@@ -562,7 +576,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(slots)
         return KvtierSlotSpec(slots, self._epoch)
 
-    def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
+    def complete_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> None:
         r = self._reqs.get(req_context.req_id)
         if r is None:
             return
@@ -596,11 +610,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._done(g)
         return True
 
-    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+    def touch(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> None:
         if keys and self._up:
             self._b_touches.setdefault(req_context.req_id, []).extend(keys)
 
-    def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
+    def prepare_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> vc.PrepareStoreOutput | None:
         if not self._in_step:
             self._step_begin()
         elif not self._answers.empty():
@@ -631,11 +645,12 @@ class KvtierProxyManager(vc.OffloadingManager):
 
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
-    def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
+    def complete_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext, success: bool = True) -> None:
         r = self._reqs.get(req_context.req_id)
         if r is None:
             return
-        ks, ss = [], []
+        ks: list[bytes] = []
+        ss: list[int] = []
         for k in keys:
             if self._stale_done(r.stale_storing, k):
                 continue  # its slot was the old link's
@@ -648,7 +663,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             self._b_stores.append((req_context.req_id, ks, ss, bool(success)))
         self._maybe_forget(r)
 
-    def on_request_finished(self, req_context: Any) -> None:
+    def on_request_finished(self, req_context: vc.ReqContext) -> None:
         rid = req_context.req_id
         r = self._reqs.get(rid)
         if r is None:
@@ -668,7 +683,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             if self._lk_answer is r.answer:
                 self._lk_ctx = None
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: vc.ScheduleEndContext) -> None:
         self._in_step = False
         self._lk_ctx = None  # the next step's first lookup takes the full path
         self._boundary()
@@ -736,7 +751,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 or (self._flush_in > 0 and not vc.RESET_FLUSH_CALLBACK)
                 or any(r.asked for r in self._reqs.values()))
 
-    def take_events(self) -> Iterable[Any]:
+    def take_events(self) -> Iterable[vc.OffloadingEvent]:
         if not self._answers.empty():
             self._drain()
         out, self._events = self._events, []
@@ -800,7 +815,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._old_clients = {}
 
 
-def _close_all(clients: Iterable[Any]) -> None:
+def _close_all(clients: Iterable[Client]) -> None:
     for c in clients:
         try:
             c.close()

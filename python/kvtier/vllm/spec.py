@@ -21,10 +21,15 @@ import json
 import logging
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.vllm import _compat as vc
 from kvtier.vllm import _region
+
+if TYPE_CHECKING:
+    from kvtier.client import Client
+    from kvtier.v1 import kvtier_pb2 as pb
+    from kvtier.vllm.manager import KvtierProxyManager
 
 PAGESIZE = mmap.PAGESIZE
 
@@ -46,7 +51,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
     ``lease_steps`` (how many steps an unused lookup lease is kept, 8),
     ``min_free_slots`` (the smallest pool of leased store slots, 64)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: vc.OffloadingConfig) -> None:
         super().__init__(config)
         kc = dict(self.extra_config.get("kvtier") or {})
         self._target = kc.pop("target", "unix:///run/kvtier/kvtier.sock")
@@ -66,9 +71,9 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         unaligned = config.worker_kv_bytes_per_block * num_copies * self.blocks_per_chunk
         self.cpu_page_size_per_worker = unaligned // max(num_copies, 1)
         self.kv_bytes_per_chunk = _round_up(unaligned, PAGESIZE)
-        self._manager: Any = None
-        self._worker: Any = None
-        self._client: Any = None
+        self._manager: KvtierProxyManager | None = None
+        self._worker: ArenaWorker | None = None
+        self._client: Client | None = None
         self.namespace, self.num_chunks, self._fd_socket, self.epoch = self._attach()
 
     def _layout(self) -> dict[str, Any]:
@@ -93,7 +98,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         rep = self.attach(self.client())
         return rep.namespace, int(rep.num_slots), rep.fd_socket, int(rep.epoch)
 
-    def attach(self, c: Any) -> Any:
+    def attach(self, c: Client) -> pb.EngineAttachResponse:
         """Attaches the engine's layout on connection c (the daemon creates
         the namespace if it has none); returns the EngineAttachResponse
         once its slots fit the engine's chunks."""
@@ -113,14 +118,14 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             raise RuntimeError(f"kvtier spec: namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks are {self.kv_bytes_per_chunk} bytes")
         return rep
 
-    def client(self) -> Any:
+    def client(self) -> Client:
         if self._client is None:
             import kvtier
 
             self._client = kvtier.Client("unix://" + self._path, token=self._token)
         return self._client
 
-    def get_manager(self) -> Any:
+    def get_manager(self) -> KvtierProxyManager:
         if self._manager is None:
             from kvtier.vllm.manager import KvtierProxyManager
 
@@ -149,7 +154,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
             os.close(fd)
             raise
 
-    def get_worker(self, kv_caches: Any) -> Any:
+    def get_worker(self, kv_caches: vc.CanonicalKVCaches) -> ArenaWorker:
         if self._worker is None:
             rank = 0 if self.replicated_layout else self.config.parallel.rank
             self._worker = ArenaWorker(self, kv_caches, rank)
@@ -190,13 +195,13 @@ class ArenaWorker(vc.OffloadingWorker):
     vLLM 0.33 cannot fail a transfer, and copying nothing would let the
     engine compute on bytes that are not the block's."""
 
-    def __init__(self, spec: KvtierOffloadingSpec, kv_caches: Any, rank: int) -> None:  # noqa: D107
+    def __init__(self, spec: KvtierOffloadingSpec, kv_caches: vc.CanonicalKVCaches, rank: int) -> None:  # noqa: D107
         self._spec = spec
         self._kv = kv_caches
         self._rank = rank
         self._pending: set[int] = set()
-        self._done: list[Any] = []
-        self._inner: Any = None
+        self._done: list[vc.TransferResult] = []
+        self._inner: vc.OffloadingWorker | None = None
         self.epoch: int | None = None
         self.remaps = 0
         self._map(None)
@@ -204,6 +209,7 @@ class ArenaWorker(vc.OffloadingWorker):
     def _map(self, epoch: int | None) -> None:
         region = self._spec.arena_region(self._rank, epoch)
         try:
+            inner: vc.OffloadingWorker
             if vc.current_platform.is_cuda_alike() or vc.current_platform.is_xpu():
                 inner = vc.CPUOffloadingWorker(
                     kv_caches=self._kv, blocks_per_chunk=self._spec.blocks_per_chunk, num_cpu_chunks=region.num_chunks,
@@ -226,19 +232,24 @@ class ArenaWorker(vc.OffloadingWorker):
     def _retire(self) -> None:
         """Waits for every transfer of the current mapping, keeps their
         results, and unmaps it."""
-        inner = self._inner
+        inner = self._mapped()
         if self._pending:
             inner.wait(set(self._pending))
         self._collect(inner)
         inner.shutdown()
         self._inner = None
 
-    def _collect(self, inner: Any) -> None:
+    def _mapped(self) -> vc.OffloadingWorker:
+        if self._inner is None:
+            raise RuntimeError("kvtier: the worker has no arena mapped")
+        return self._inner
+
+    def _collect(self, inner: vc.OffloadingWorker) -> None:
         for r in inner.get_finished():
             self._pending.discard(r.job_id)
             self._done.append(r)
 
-    def _ready(self, spec: Any) -> bool:
+    def _ready(self, spec: vc.LoadStoreSpec) -> bool:
         e = getattr(spec, "epoch", None)
         if e is None or e == self.epoch:
             return True
@@ -249,25 +260,25 @@ class ArenaWorker(vc.OffloadingWorker):
             log.warning("kvtier: %s", err)
             return False
 
-    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+    def submit_store(self, job_id: int, src_spec: vc.GPULoadStoreSpec, dst_spec: vc.LoadStoreSpec) -> bool:
         if not self._ready(dst_spec):
             # Never bound (its link is gone): skipping the copy loses
             # nothing, and no one reads the slot.
             self._done.append(vc.TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             return True
         self._pending.add(job_id)
-        return self._inner.submit_store(job_id, src_spec, dst_spec)
+        return self._mapped().submit_store(job_id, src_spec, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+    def submit_load(self, job_id: int, src_spec: vc.LoadStoreSpec, dst_spec: vc.GPULoadStoreSpec, expedited: bool = False) -> bool:
         if not self._ready(src_spec):
             raise RuntimeError(
-                f"kvtier: load job {job_id} reads slots of epoch {src_spec.epoch:016x}, whose arena is gone (the daemon "
+                f"kvtier: load job {job_id} reads slots of epoch {getattr(src_spec, 'epoch', 0):016x}, whose arena is gone (the daemon "
                 "restarted twice within a step); vLLM cannot fail a transfer, and the engine must not compute on "
                 "bytes that are not the block's")
         self._pending.add(job_id)
-        return self._inner.submit_load(job_id, src_spec, dst_spec, expedited=expedited)
+        return self._mapped().submit_load(job_id, src_spec, dst_spec, expedited=expedited)
 
-    def get_finished(self) -> list[Any]:
+    def get_finished(self) -> list[vc.TransferResult]:
         if self._inner is not None:
             self._collect(self._inner)
         out, self._done = self._done, []

@@ -58,10 +58,10 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     def __init__(
         self,
-        offloading_spec: Any,
+        offloading_spec: vc.OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: Any = None,
+        backpressure_detector: vc.BackpressureDetector | None = None,
         target: str = "unix:///run/kvtier/kvtier.sock",
         token: str | None = None,
         timeout_s: float = 10.0,
@@ -98,8 +98,8 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         self._batch: dict[str, list[bytes]] = {}
         self._inflight_lookups = 0
         self._params: dict[str, str] = {}
-        self._outstanding: dict[int, Any] = {}
-        self._ready: list[Any] = []
+        self._outstanding: dict[int, vc.TransferJob] = {}
+        self._ready: list[vc.JobResult] = []
         self._finished: list[str] = []
         self._touches: list[tuple[str, list[bytes]]] = []
 
@@ -160,7 +160,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     # -- lookups ----------------------------------------------------------
 
-    def _params_of(self, ctx: Any) -> str:
+    def _params_of(self, ctx: vc.ReqContext) -> str:
         rid = ctx.req_id
         p = self._params.get(rid)
         if p is None:
@@ -196,7 +196,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
             if not rs:
                 del self._key_reqs[k]
 
-    def lookup(self, key: Any, req_context: Any) -> Any:
+    def lookup(self, key: vc.OffloadKey, req_context: vc.ReqContext) -> vc.LookupResult:
         # The hot path: vLLM calls it for every key of every waiting
         # request, every step.
         if not self._answers.empty():
@@ -239,7 +239,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     # -- jobs -------------------------------------------------------------
 
-    def _submit(self, job: Any, promotion: bool) -> None:
+    def _submit(self, job: vc.TransferJob, promotion: bool) -> None:
         self._check_link()
         keys = list(job.keys)
         self._outstanding[job.job_id] = job
@@ -251,13 +251,13 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
             keys=keys, slots=[int(s) for s in job.chunk_ids], promotion=promotion,
         ))
 
-    def submit_store(self, job_metadata: Any) -> None:
+    def submit_store(self, job_metadata: vc.TransferJob) -> None:
         self._submit(job_metadata, False)
 
-    def submit_load(self, job_metadata: Any) -> None:
+    def submit_load(self, job_metadata: vc.TransferJob) -> None:
         self._submit(job_metadata, True)
 
-    def _take_result(self, r: _region.Result) -> Any:
+    def _take_result(self, r: _region.Result) -> vc.JobResult | None:
         job = self._outstanding.pop(r.job_id, None)
         if job is None:
             return None  # already failed when the daemon went away
@@ -270,7 +270,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
             self._mark_miss(bytes(k) for k in keys if bytes(k) not in got)
         return vc.JobResult(job_id=r.job_id, success=False, successful_keys=loaded or None)
 
-    def get_finished_jobs(self) -> Iterable[Any]:
+    def get_finished_jobs(self) -> Iterable[vc.JobResult]:
         self._check_link()
         out, self._ready = self._ready, []
         while True:
@@ -313,15 +313,15 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     # -- requests and steps -----------------------------------------------
 
-    def on_new_request(self, req_context: Any) -> Any:
+    def on_new_request(self, req_context: vc.ReqContext) -> vc.RequestOffloadingContext:
         self._params_of(req_context)
         return vc.RequestOffloadingContext()
 
-    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+    def touch(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> None:
         if keys:
             self._touches.append((req_context.req_id, [bytes(k) for k in keys]))
 
-    def on_request_finished(self, req_context: Any) -> None:
+    def on_request_finished(self, req_context: vc.ReqContext) -> None:
         rid = req_context.req_id
         for k in self._state.pop(rid, {}):
             if rs := self._key_reqs.get(k):
@@ -332,7 +332,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         self._params.pop(rid, None)
         self._finished.append(rid)
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: vc.ScheduleEndContext) -> None:
         self._drain_answers()
         self._check_link()
         link = self._link
@@ -349,7 +349,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         link.step(self._finished, self._touches)
         self._finished, self._touches = [], []
 
-    def take_events(self) -> Iterable[Any]:
+    def take_events(self) -> Iterable[vc.OffloadingEvent]:
         out = []
         while True:
             try:
@@ -360,7 +360,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
                 continue
             for e in evs:
                 out.append(vc.OffloadingEvent(
-                    keys=e.keys,
+                    keys=[vc.OffloadKey(k) for k in e.keys],
                     medium=vc.Medium.CPU if e.medium == 1 else vc.Medium.STORAGE,
                     removed=e.removed,
                     locality={1: vc.Locality.LOCAL, 2: vc.Locality.REMOTE}.get(e.locality),

@@ -23,7 +23,7 @@ from kvtier.vllm import _compat as vc
 class HostCopyWorker(vc.OffloadingWorker):
     """Copies KV blocks between host "GPU" tensors and region rows."""
 
-    def __init__(self, kv_caches: Any, blocks_per_chunk: int, region: Any) -> None:
+    def __init__(self, kv_caches: vc.CanonicalKVCaches, blocks_per_chunk: int, region: vc.SharedOffloadRegion) -> None:
         self._region = region
         self._bpc = blocks_per_chunk
         self._gpu: list[torch.Tensor] = []
@@ -35,9 +35,9 @@ class HostCopyWorker(vc.OffloadingWorker):
             self._gpu.append(t.tensor.view(torch.int8).view(-1, page))
             # (num_chunks, blocks_per_chunk, page): one row per chunk.
             self._cpu.append(region.create_next_worker_view(page * blocks_per_chunk).view(-1, blocks_per_chunk, page))
-        self._done: list[Any] = []
+        self._done: list[vc.TransferResult] = []
 
-    def _pairs(self, gpu_spec: Any, chunk_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _pairs(self, gpu_spec: vc.GPULoadStoreSpec, chunk_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(gpu block, chunk, sub-block) triples of a transfer. A load's first
         chunk may be used from a sub-block on (its GPU blocks start
         unaligned); the GPU blocks are in order."""
@@ -56,25 +56,25 @@ class HostCopyWorker(vc.OffloadingWorker):
         self._done.append(vc.TransferResult(job_id=job_id, success=True, transfer_size=nbytes, transfer_time=time.monotonic() - t0))
         return True
 
-    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+    def submit_store(self, job_id: int, src_spec: vc.GPULoadStoreSpec, dst_spec: vc.LoadStoreSpec) -> bool:
         t0 = time.monotonic()
-        blocks, chunks, sub = self._pairs(src_spec, dst_spec.block_ids)
+        blocks, chunks, sub = self._pairs(src_spec, _chunks(dst_spec))
         n = 0
         for g, c in zip(self._gpu, self._cpu):
             c[chunks, sub] = g[blocks]
             n += len(blocks) * g.shape[1]
         return self._finish(job_id, n, t0)
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+    def submit_load(self, job_id: int, src_spec: vc.LoadStoreSpec, dst_spec: vc.GPULoadStoreSpec, expedited: bool = False) -> bool:
         t0 = time.monotonic()
-        blocks, chunks, sub = self._pairs(dst_spec, src_spec.block_ids)
+        blocks, chunks, sub = self._pairs(dst_spec, _chunks(src_spec))
         n = 0
         for g, c in zip(self._gpu, self._cpu):
             g[blocks] = c[chunks, sub]
             n += len(blocks) * g.shape[1]
         return self._finish(job_id, n, t0)
 
-    def get_finished(self) -> list[Any]:
+    def get_finished(self) -> list[vc.TransferResult]:
         out, self._done = self._done, []
         return out
 
@@ -94,18 +94,30 @@ class KvtierTieringOffloadingSpec(vc.TieringOffloadingSpec):
     "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm"``. On
     CUDA/XPU it is vLLM's spec unchanged."""
 
-    def get_worker(self, kv_caches: Any) -> Any:
+    def get_worker(self, kv_caches: vc.CanonicalKVCaches) -> vc.OffloadingWorker:
         if vc.current_platform.is_cuda_alike() or vc.current_platform.is_xpu():
             return super().get_worker(kv_caches)
-        if self._worker is None:
+        w: vc.OffloadingWorker | None = self._worker
+        if w is None:
             rank = 0 if self.replicated_layout else self.config.parallel.rank
             region = vc.SharedOffloadRegion(
                 engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
                 kv_bytes_per_chunk=self.kv_bytes_per_chunk, cpu_page_size=self.cpu_page_size_per_worker,
             )
             try:
-                self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, region)
+                w = HostCopyWorker(kv_caches, self.blocks_per_chunk, region)
             except Exception:
                 region.cleanup()
                 raise
-        return self._worker
+            # vLLM's attribute is typed as its CUDA worker; this spec puts
+            # the host-memory copy worker in its place.
+            self._worker = w  # type: ignore[assignment]
+        return w
+
+
+def _chunks(spec: vc.LoadStoreSpec) -> np.ndarray:
+    """The CPU chunk indices of the CPU side of a transfer (vLLM's
+    CPULoadStoreSpec, or kvtier's KvtierSlotSpec)."""
+    if not isinstance(spec, vc.CPULoadStoreSpec):
+        raise TypeError(f"kvtier: a host copy needs a CPU chunk spec, got {type(spec).__name__}")
+    return spec.block_ids
