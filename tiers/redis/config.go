@@ -59,48 +59,24 @@ type Config struct {
 	// connection pool (default 16); go-redis adds a small pool of its own
 	// for pipelines.
 	PoolSize int `yaml:"pool_size"`
-	// DialTimeout bounds connecting (default 2s); Timeout bounds one
-	// attempt of one command or pipeline (default 5s).
+	// DialTimeout bounds connecting (default 2s).
 	DialTimeout time.Duration `yaml:"dial_timeout"`
-	Timeout     time.Duration `yaml:"timeout"`
-	// LookupTimeout bounds one step's pipeline of existence checks
-	// (default 1s). Short, because a request waits (lookups answer Retry)
-	// until its checks are answered.
-	LookupTimeout time.Duration `yaml:"lookup_timeout"`
-	// Retries after transient failures (0 disables), with exponential
-	// backoff from RetryBackoff (default 20ms).
-	Retries      int           `yaml:"retries"`
-	RetryBackoff time.Duration `yaml:"retry_backoff"`
 	// KeyspaceEvents subscribes to the server's evicted, expired and del
 	// key-event notifications (enabling them with CONFIG SET when
 	// allowed) so that blocks the server drops are reported as removed.
 	KeyspaceEvents bool `yaml:"keyspace_events"`
 
-	// Locality is local, remote (or its synonym global), or empty for
-	// unspecified (passes every locality matcher).
-	Locality string `yaml:"locality"`
-	// MaxInflight bounds jobs in flight; beyond it a job fails at once
-	// (default 256).
-	MaxInflight int `yaml:"max_inflight"`
-	// ProbeInterval is the pause between health probes while the server
-	// is down (default 1s); UnhealthyAfter the consecutive transport
-	// failures that mark it down (default 3).
-	ProbeInterval  time.Duration `yaml:"probe_interval"`
-	UnhealthyAfter int           `yaml:"unhealthy_after"`
-	// LookupBatch bounds the keys of one existence-check pipeline
-	// (default 1024).
-	LookupBatch int `yaml:"lookup_batch"`
-	// Events makes the tier emit a stored event per successful store job
-	// and removed events for blocks the server dropped (keyspace events)
-	// or the tier deleted as corrupt.
-	Events bool `yaml:"events"`
-	// ReconcileInterval is how often, with events on, the tier checks the
-	// blocks it announced stored against the server and publishes the
-	// removals it missed (default 10m); a pass also follows every recovery
-	// from an outage and every resubscription of the keyspace events.
-	// ReconcileRate bounds the keys checked per second (default 5000).
-	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
-	ReconcileRate     int           `yaml:"reconcile_rate"`
+	// Shared: locality, max_inflight (default 256), timeout (one attempt
+	// of one command or pipeline, default 5s), lookup_timeout (a step's
+	// pipeline of existence checks, default 1s), retries (default 2),
+	// retry_backoff (default 20ms), probe_interval (default 1s),
+	// unhealthy_after (default 3), lookup_batch (default 1024), events
+	// (stored events, and removed ones for blocks the server dropped —
+	// keyspace events — or the tier deleted as corrupt),
+	// reconcile_interval (default 10m; a pass also follows every
+	// resubscription of the keyspace events) and reconcile_rate (default
+	// 5000).
+	remote.Shared `yaml:",inline"`
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger `yaml:"-"`
@@ -114,32 +90,30 @@ const (
 	DefaultDialTimeout   = 2 * time.Second
 	DefaultTimeout       = 5 * time.Second
 	DefaultLookupTimeout = time.Second
-	DefaultRetries       = 2
 	DefaultRetryBackoff  = 20 * time.Millisecond
-	DefaultMaxInflight   = 256
-	DefaultProbeInterval = time.Second
-	DefaultLookupBatch   = 1024
-	// DefaultReconcileInterval and DefaultReconcileRate pace reconciliation.
-	DefaultReconcileInterval = 10 * time.Minute
-	DefaultReconcileRate     = 5000
+	DefaultProbeInterval = remote.DefaultProbeInterval
 )
+
+// defaultShared are a Redis tier's defaults of the keys every remote tier
+// has.
+func defaultShared() remote.Shared {
+	return remote.Shared{
+		MaxInflight: remote.DefaultMaxInflight, Timeout: DefaultTimeout, LookupTimeout: DefaultLookupTimeout,
+		Retries: remote.DefaultRetries, RetryBackoff: DefaultRetryBackoff, ProbeInterval: DefaultProbeInterval,
+		UnhealthyAfter: remote.DefaultUnhealthyAfter, LookupBatch: remote.DefaultLookupBatch,
+		ReconcileInterval: remote.DefaultReconcileInterval, ReconcileRate: remote.DefaultReconcileRate,
+	}
+}
 
 // DefaultConfig returns a Config with every default filled in; decode the
 // YAML keys over it.
 func DefaultConfig() Config {
 	return Config{
-		KeyPrefix:      DefaultKeyPrefix,
-		MaxValueBytes:  DefaultMaxValueBytes,
-		PoolSize:       DefaultPoolSize,
-		DialTimeout:    DefaultDialTimeout,
-		Timeout:        DefaultTimeout,
-		LookupTimeout:  DefaultLookupTimeout,
-		Retries:        DefaultRetries,
-		RetryBackoff:   DefaultRetryBackoff,
-		MaxInflight:    DefaultMaxInflight,
-		ProbeInterval:  DefaultProbeInterval,
-		UnhealthyAfter: 3,
-		LookupBatch:    DefaultLookupBatch,
+		KeyPrefix:     DefaultKeyPrefix,
+		MaxValueBytes: DefaultMaxValueBytes,
+		PoolSize:      DefaultPoolSize,
+		DialTimeout:   DefaultDialTimeout,
+		Shared:        defaultShared(),
 	}
 }
 
@@ -157,42 +131,8 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = d.DialTimeout
 	}
-	if c.Timeout == 0 {
-		c.Timeout = d.Timeout
-	}
-	if c.LookupTimeout == 0 {
-		c.LookupTimeout = d.LookupTimeout
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = d.RetryBackoff
-	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = d.MaxInflight
-	}
-	if c.ProbeInterval == 0 {
-		c.ProbeInterval = d.ProbeInterval
-	}
-	if c.UnhealthyAfter == 0 {
-		c.UnhealthyAfter = d.UnhealthyAfter
-	}
-	if c.LookupBatch == 0 {
-		c.LookupBatch = d.LookupBatch
-	}
-	if c.ReconcileInterval == 0 {
-		c.ReconcileInterval = DefaultReconcileInterval
-	}
-	if c.ReconcileRate == 0 {
-		c.ReconcileRate = DefaultReconcileRate
-	}
+	c.Shared = c.Shared.WithDefaults(d.Shared)
 	return c
-}
-
-// shared returns the values of the keys every remote tier has.
-func (c Config) shared() remote.Shared {
-	return remote.Shared{
-		MaxInflight: c.MaxInflight, UnhealthyAfter: c.UnhealthyAfter, LookupBatch: c.LookupBatch, Retries: c.Retries,
-		Timeout: c.Timeout, LookupTimeout: c.LookupTimeout, RetryBackoff: c.RetryBackoff, ProbeInterval: c.ProbeInterval,
-	}
 }
 
 // seeds returns the addresses to dial: Addr, then Addrs.
@@ -258,7 +198,7 @@ func (c Config) Validate() error {
 	if _, err := c.TLS.Config(); err != nil {
 		return bad("tls", "%v", err)
 	}
-	if err := c.shared().Check([]remote.Count{{Key: "pool_size", Value: c.PoolSize}}, []remote.Span{{Key: "dial_timeout", Value: c.DialTimeout}}); err != nil {
+	if err := c.Shared.Check([]remote.Count{{Key: "pool_size", Value: c.PoolSize}}, []remote.Span{{Key: "dial_timeout", Value: c.DialTimeout}}); err != nil {
 		return fmt.Errorf("redis tier %q: %w", c.Name, err)
 	}
 	return nil

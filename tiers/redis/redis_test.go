@@ -358,46 +358,16 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	cfg := testConfig(m.Addr())
 	cfg.Retries = 1
 	tier := newTier(t, cfg)
-	arena := rt.NewArena(1024, 4)
-	arena.Fill(0, 3)
-	keys := rt.Keys(0, 1)
-	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, []int64{0})); !res.Success {
-		t.Fatal(res)
-	}
-	m.Close()
-	rt.StoreUntilDown(t, tier, arena, 1, 2, 10*time.Second)
-	req, _ := offload.NewReqContext("down", nil)
-	// Lookups and jobs while down never touch the server: the stats
-	// below count them as answered without I/O (no timing asserted).
-	for i := 0; i < 1000; i++ {
-		if r := tier.Lookup(keys[0], req); r != offload.Miss {
-			t.Fatalf("lookup while down %v", r)
-		}
-	}
-	tier.SubmitStore(rt.StoreJob(100, arena, keys, []int64{0}))
-	tier.SubmitLoad(rt.LoadJob(101, arena, keys, []int64{1}, req))
-	for _, r := range rt.WaitJobs(t, tier, 2, 10*time.Second) {
-		if !errors.Is(r.Err, remote.ErrUnavailable) {
-			t.Fatalf("job while down %+v", r)
-		}
-	}
-	st := tier.Stats()
-	if st.Healthy || st.StoreJobsSkipped != 1 || st.LoadJobsSkipped != 1 || st.LookupsUnhealthy < 1000 || st.Downs != 1 {
-		t.Fatalf("stats while down %+v", st)
-	}
-
-	if err := m.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	rt.Eventually(t, 10*time.Second, "healthy after restart", tier.Healthy)
-	// miniredis keeps its data across Restart.
-	req2, _ := offload.NewReqContext("up", nil)
-	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
-		t.Fatalf("lookup after restart %v", r)
-	}
-	if res := rt.Run(t, tier, rt.LoadJob(200, rt.NewArena(1024, 1), keys, []int64{0}, req2)); !res.Success {
-		t.Fatalf("load after restart %+v", res)
-	}
+	rt.RunServerDown(t, rt.ServerDown{
+		Tier:  tier,
+		Stats: func() remote.Stats { return tier.Stats().Stats },
+		Stop:  m.Close,
+		Restart: func() { // miniredis keeps its data across Restart
+			if err := m.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
 }
 
 func TestCloseAnswersEveryJobOnce(t *testing.T) {

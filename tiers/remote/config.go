@@ -21,19 +21,83 @@ func ParseLocality(s string) (offload.Locality, error) {
 	return l, nil
 }
 
-// Shared holds the values of the config keys every remote tier has with
-// the same name and meaning. Each tier keeps them as flat fields of its
-// own Config, so that an entry's keys stay one flat list, and hands them
-// to Check.
+// Shared are the config keys every remote tier has, with the same name
+// and meaning: a tier's Config embeds them inline (`yaml:",inline"`), so
+// that an entry's keys stay one flat list. Their defaults differ by tier
+// (each tier's DefaultConfig sets them); WithDefaults fills zero values
+// from them and Check validates them with the tier's own keys.
 type Shared struct {
-	MaxInflight    int           // max_inflight
-	UnhealthyAfter int           // unhealthy_after
-	LookupBatch    int           // lookup_batch
-	Retries        int           // retries
-	Timeout        time.Duration // timeout
-	LookupTimeout  time.Duration // lookup_timeout
-	RetryBackoff   time.Duration // retry_backoff
-	ProbeInterval  time.Duration // probe_interval
+	// Locality is local, remote (or its synonym global), or empty for
+	// unspecified: the tier then passes every locality matcher, as an
+	// upstream tier without a locality does.
+	Locality string `yaml:"locality"`
+	// MaxInflight bounds jobs in flight; beyond it a job fails at once.
+	MaxInflight int `yaml:"max_inflight"`
+	// Timeout bounds one attempt of one transfer (a request, a command or
+	// a pipeline); LookupTimeout bounds a step's existence checks, short
+	// because a request waits (lookups answer Retry) until they are
+	// answered.
+	Timeout       time.Duration `yaml:"timeout"`
+	LookupTimeout time.Duration `yaml:"lookup_timeout"`
+	// Retries after a transient failure (connection error, timeout, an
+	// overloaded server; 0 disables them), with exponential backoff from
+	// RetryBackoff.
+	Retries      int           `yaml:"retries"`
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
+	// ProbeInterval is the pause between health probes while the server
+	// is down; UnhealthyAfter the consecutive transport failures that
+	// mark it down.
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	UnhealthyAfter int           `yaml:"unhealthy_after"`
+	// LookupBatch bounds the keys of one existence-check call; a step's
+	// batch is split beyond it.
+	LookupBatch int `yaml:"lookup_batch"`
+	// Events makes the tier emit a stored event per successful store job
+	// and removed events for blocks the server dropped or the tier
+	// deleted as corrupt.
+	Events bool `yaml:"events"`
+	// ReconcileInterval is how often, with events on, the tier checks the
+	// blocks it announced stored against the server and publishes the
+	// removals it missed; a pass also follows every recovery from an
+	// outage. ReconcileRate bounds the keys checked per second.
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	ReconcileRate     int           `yaml:"reconcile_rate"`
+}
+
+// Default values of Shared that are the same for every remote tier.
+const (
+	DefaultUnhealthyAfter    = 3
+	DefaultMaxInflight       = 256
+	DefaultProbeInterval     = time.Second
+	DefaultLookupBatch       = 1024
+	DefaultRetries           = 2
+	DefaultReconcileInterval = 10 * time.Minute
+	DefaultReconcileRate     = 5000
+)
+
+// WithDefaults returns s with its zero sizes and timings taken from d.
+// Retries, Locality and Events keep their values: zero means what it says.
+func (s Shared) WithDefaults(d Shared) Shared {
+	set := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	span := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&s.MaxInflight, d.MaxInflight)
+	set(&s.UnhealthyAfter, d.UnhealthyAfter)
+	set(&s.LookupBatch, d.LookupBatch)
+	set(&s.ReconcileRate, d.ReconcileRate)
+	span(&s.Timeout, d.Timeout)
+	span(&s.LookupTimeout, d.LookupTimeout)
+	span(&s.RetryBackoff, d.RetryBackoff)
+	span(&s.ProbeInterval, d.ProbeInterval)
+	span(&s.ReconcileInterval, d.ReconcileInterval)
+	return s
 }
 
 // Count and Span name a tier's own config key that, like the shared

@@ -38,50 +38,21 @@ type Config struct {
 	SecretKey    string `yaml:"secret_key"`
 	SessionToken string `yaml:"session_token"`
 
-	// Locality is local, remote (or its synonym global), or empty for
-	// unspecified: the tier then passes every locality matcher, as an
-	// upstream tier without a locality does.
-	Locality string `yaml:"locality"`
-
 	// IOThreads bounds concurrent PUT/GET requests across all jobs, and
 	// separately the concurrent HEADs of existence checks (default 16).
 	IOThreads int `yaml:"io_threads"`
-	// MaxInflight bounds jobs in flight; beyond it a job fails at once
-	// (default 256).
-	MaxInflight int `yaml:"max_inflight"`
-	// Timeout bounds one attempt of one transfer request, body included
-	// (default 10s).
-	Timeout time.Duration `yaml:"timeout"`
-	// LookupTimeout bounds one existence check (HEAD) (default 2s); a
-	// step's batch of checks gets four times as long. Short, because a
-	// request waits (lookups answer Retry) until its checks are answered.
-	LookupTimeout time.Duration `yaml:"lookup_timeout"`
-	// Retries is the number of retries of a request after a transient
-	// failure (connection error, timeout, 5xx, 429); 0 disables them.
-	// RetryBackoff is the base of the exponential backoff between them
-	// (default 50ms).
-	Retries      int           `yaml:"retries"`
-	RetryBackoff time.Duration `yaml:"retry_backoff"`
 	// CreateBucket creates a missing bucket at startup instead of failing.
 	CreateBucket bool `yaml:"create_bucket"`
-	// ProbeInterval is the pause between health probes while the service
-	// is down (default 1s). UnhealthyAfter is the number of consecutive
-	// transport failures that mark it down (default 3).
-	ProbeInterval  time.Duration `yaml:"probe_interval"`
-	UnhealthyAfter int           `yaml:"unhealthy_after"`
-	// LookupBatch bounds the keys of one existence-check call (default
-	// 1024); a step's batch is split beyond it.
-	LookupBatch int `yaml:"lookup_batch"`
-	// Events makes the tier emit a stored event per successful store job
-	// and a removed event per corrupted object it deletes.
-	Events bool `yaml:"events"`
-	// ReconcileInterval is how often, with events on, the tier checks the
-	// blocks it announced stored against the server and publishes the
-	// removals it missed (default 10m); a pass also follows every recovery
-	// from an outage.
-	// ReconcileRate bounds the keys checked per second (default 5000).
-	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
-	ReconcileRate     int           `yaml:"reconcile_rate"`
+	// Shared: locality, max_inflight (default 256), timeout (one attempt
+	// of one transfer request, body included, default 10s),
+	// lookup_timeout (one existence check, a HEAD, default 2s; a step's
+	// batch of checks gets four times as long), retries (after a
+	// connection error, timeout, 5xx or 429; default 2), retry_backoff
+	// (default 50ms), probe_interval (default 1s), unhealthy_after
+	// (default 3), lookup_batch (default 1024), events (stored events,
+	// and a removed event per corrupted object the tier deletes),
+	// reconcile_interval (default 10m) and reconcile_rate (default 5000).
+	remote.Shared `yaml:",inline"`
 
 	// Namespace holds the FS layout's digest fields and rank (the same
 	// `namespace` block as an fs entry; the daemon fills model_name from
@@ -100,31 +71,23 @@ type Config struct {
 const (
 	DefaultRegion        = "us-east-1"
 	DefaultIOThreads     = 16
-	DefaultMaxInflight   = 256
+	DefaultMaxInflight   = remote.DefaultMaxInflight
 	DefaultTimeout       = 10 * time.Second
 	DefaultLookupTimeout = 2 * time.Second
-	DefaultRetries       = 2
 	DefaultRetryBackoff  = 50 * time.Millisecond
-	DefaultProbeInterval = time.Second
-	DefaultLookupBatch   = 1024
-	// DefaultReconcileInterval and DefaultReconcileRate pace reconciliation.
-	DefaultReconcileInterval = 10 * time.Minute
-	DefaultReconcileRate     = 5000
 )
 
 // DefaultConfig returns a Config with every default filled in; decode the
 // YAML keys over it.
 func DefaultConfig() Config {
 	return Config{
-		IOThreads:      DefaultIOThreads,
-		MaxInflight:    DefaultMaxInflight,
-		Timeout:        DefaultTimeout,
-		LookupTimeout:  DefaultLookupTimeout,
-		Retries:        DefaultRetries,
-		RetryBackoff:   DefaultRetryBackoff,
-		ProbeInterval:  DefaultProbeInterval,
-		UnhealthyAfter: 3,
-		LookupBatch:    DefaultLookupBatch,
+		IOThreads: DefaultIOThreads,
+		Shared: remote.Shared{
+			MaxInflight: DefaultMaxInflight, Timeout: DefaultTimeout, LookupTimeout: DefaultLookupTimeout,
+			Retries: remote.DefaultRetries, RetryBackoff: DefaultRetryBackoff, ProbeInterval: remote.DefaultProbeInterval,
+			UnhealthyAfter: remote.DefaultUnhealthyAfter, LookupBatch: remote.DefaultLookupBatch,
+			ReconcileInterval: remote.DefaultReconcileInterval, ReconcileRate: remote.DefaultReconcileRate,
+		},
 	}
 }
 
@@ -135,27 +98,7 @@ func (c Config) withDefaults() Config {
 	if c.IOThreads == 0 {
 		c.IOThreads = d.IOThreads
 	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = d.MaxInflight
-	}
-	if c.Timeout == 0 {
-		c.Timeout = d.Timeout
-	}
-	if c.LookupTimeout == 0 {
-		c.LookupTimeout = d.LookupTimeout
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = d.RetryBackoff
-	}
-	if c.ProbeInterval == 0 {
-		c.ProbeInterval = d.ProbeInterval
-	}
-	if c.UnhealthyAfter == 0 {
-		c.UnhealthyAfter = d.UnhealthyAfter
-	}
-	if c.LookupBatch == 0 {
-		c.LookupBatch = d.LookupBatch
-	}
+	c.Shared = c.Shared.WithDefaults(d.Shared)
 	if c.Region == "" {
 		c.Region = os.Getenv("AWS_REGION")
 	}
@@ -169,21 +112,7 @@ func (c Config) withDefaults() Config {
 			c.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
 		}
 	}
-	if c.ReconcileInterval == 0 {
-		c.ReconcileInterval = DefaultReconcileInterval
-	}
-	if c.ReconcileRate == 0 {
-		c.ReconcileRate = DefaultReconcileRate
-	}
 	return c
-}
-
-// shared returns the values of the keys every remote tier has.
-func (c Config) shared() remote.Shared {
-	return remote.Shared{
-		MaxInflight: c.MaxInflight, UnhealthyAfter: c.UnhealthyAfter, LookupBatch: c.LookupBatch, Retries: c.Retries,
-		Timeout: c.Timeout, LookupTimeout: c.LookupTimeout, RetryBackoff: c.RetryBackoff, ProbeInterval: c.ProbeInterval,
-	}
 }
 
 // Validate checks c as New would (zero sizing and timing fields take
@@ -217,7 +146,7 @@ func (c Config) Validate() error {
 	if strings.Contains(c.Prefix, "..") || strings.HasPrefix(c.Prefix, "/") {
 		return bad("prefix", "%q must be relative and must not contain ..", c.Prefix)
 	}
-	if err := c.shared().Check([]remote.Count{{Key: "io_threads", Value: c.IOThreads}}, nil); err != nil {
+	if err := c.Shared.Check([]remote.Count{{Key: "io_threads", Value: c.IOThreads}}, nil); err != nil {
 		return fmt.Errorf("s3 tier %q: %w", c.Name, err)
 	}
 	if err := c.Layout.validate(); err != nil {

@@ -490,51 +490,7 @@ func TestServerDownMissFastAndRecovers(t *testing.T) {
 	cfg := testConfig(f.endpoint())
 	cfg.Retries = 1
 	tier := newTier(t, cfg)
-	arena := rt.NewArena(1024, 4)
-	arena.Fill(0, 1)
-	keys := rt.Keys(0, 1)
-	if res := rt.Run(t, tier, rt.StoreJob(1, arena, keys, []int64{0})); !res.Success {
-		t.Fatal(res)
-	}
-
-	f.stop()
-	// Transfers against a dead server fail (each counts as failures);
-	// the tier is marked unhealthy after UnhealthyAfter of them.
-	rt.StoreUntilDown(t, tier, arena, 1, 2, 10*time.Second)
-
-	req, _ := offload.NewReqContext("down", nil)
-	// Lookups and jobs while down never touch the server: the stats
-	// below count them as answered without I/O (no timing asserted).
-	for i := 0; i < 1000; i++ {
-		if r := tier.Lookup(keys[0], req); r != offload.Miss {
-			t.Fatalf("lookup while down: %v", r)
-		}
-	}
-	skippedBefore := tier.Stats().StoreJobsSkipped
-	tier.SubmitStore(rt.StoreJob(100, arena, keys, []int64{0}))
-	tier.SubmitLoad(rt.LoadJob(101, arena, keys, []int64{1}, req))
-	for _, r := range rt.WaitJobs(t, tier, 2, 10*time.Second) {
-		if r.Success || !errors.Is(r.Err, remote.ErrUnavailable) {
-			t.Fatalf("job while down: %+v", r)
-		}
-	}
-	st := tier.Stats()
-	if st.StoreJobsSkipped != skippedBefore+1 || st.LoadJobsSkipped != 1 || st.LookupsUnhealthy < 1000 || st.Healthy || st.Downs != 1 {
-		t.Fatalf("stats while down %+v", st)
-	}
-	if tier.HasPendingWork() {
-		t.Fatal("pending work while down and idle")
-	}
-
-	f.restart()
-	rt.Eventually(t, 10*time.Second, "tier healthy again", tier.Healthy)
-	req2, _ := offload.NewReqContext("up", nil)
-	if r := rt.Resolve(t, tier, keys[0], req2); r != offload.Hit {
-		t.Fatalf("lookup after recovery %v", r)
-	}
-	if res := rt.Run(t, tier, rt.StoreJob(200, arena, rt.Keys(200, 1), []int64{2})); !res.Success {
-		t.Fatalf("store after recovery %+v", res)
-	}
+	rt.RunServerDown(t, rt.ServerDown{Tier: tier, Stats: tier.Stats, Stop: f.stop, Restart: f.restart})
 }
 
 func TestCloseAnswersEveryJob(t *testing.T) {
