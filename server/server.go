@@ -252,6 +252,27 @@ func (s *Server) Start() (err error) {
 			s.closeListeners()
 		}
 	}()
+	if err := s.listen(); err != nil {
+		return err
+	}
+	s.serveListeners()
+	jctx, stop := context.WithCancel(context.Background())
+	s.stopJanitor = stop
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.janitor(jctx)
+	}()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "")
+	return nil
+}
+
+// listen opens every configured listener: the API's Unix socket with its
+// arena side channel (and the region socket of tier mode), the API's TCP
+// port, the block stream and the metrics port. On an error the caller
+// closes what was opened.
+func (s *Server) listen() error {
 	if s.cfg.UnixSocket != "" {
 		ln, err := listenUnix(s.cfg.UnixSocket)
 		if err != nil {
@@ -289,7 +310,6 @@ func (s *Server) Start() (err error) {
 	if s.cfg.StreamAddr != "" {
 		ln, err := net.Listen("tcp", s.cfg.StreamAddr)
 		if err != nil {
-			s.closeListeners()
 			return fmt.Errorf("server: block stream: listen on %s: %w", s.cfg.StreamAddr, err)
 		}
 		if s.cfg.TLS != nil {
@@ -306,7 +326,12 @@ func (s *Server) Start() (err error) {
 		}
 		s.httpLn = ln
 	}
+	return nil
+}
 
+// serveListeners starts the accept loop of every open listener, each
+// bounded to the fitted connection limit.
+func (s *Server) serveListeners() {
 	s.connLimit = FitConnections(s.limits.MaxConnections, s.log)
 	if s.unixLn != nil {
 		s.unixSrv = s.grpcServer(false)
@@ -353,16 +378,6 @@ func (s *Server) Start() (err error) {
 		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		s.serve("metrics", func() error { return s.httpSrv.Serve(s.httpLn) })
 	}
-	jctx, stop := context.WithCancel(context.Background())
-	s.stopJanitor = stop
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.janitor(jctx)
-	}()
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "")
-	return nil
 }
 
 func (s *Server) serve(what string, fn func() error) {

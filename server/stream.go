@@ -350,50 +350,9 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 			_ = commit(make([]bool, len(keys))) // abandon every reservation
 		}
 	}()
-	status := make([]byte, len(keys))
-	slotSize := ns.arena.SlotSize()
-	var h blockstream.Summer
-	for i := range keys {
-		// Each block gets the stream timeout, not the whole request.
-		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
-		n, err := blockstream.ReadLen(r, &h)
-		if err != nil {
-			return err
-		}
-		if slots[i] < 0 || n != int64(slotSize) {
-			switch {
-			case n != int64(slotSize):
-				s.metrics.streamRejected.Inc()
-				status[i] = putRejected
-			case failed != nil:
-				status[i] = putRejected
-			default:
-				status[i] = putPresent
-			}
-			if err := blockstream.Skip(r, n); err != nil {
-				return err
-			}
-			continue
-		}
-		dst, err := ns.arena.Slot(slots[i])
-		if err != nil {
-			return err
-		}
-		// Straight from the socket into the reserved slot.
-		whole, err := blockstream.ReadBody(r, dst, &h)
-		if err != nil {
-			return fmt.Errorf("block stream: put block %d: %w", i, err)
-		}
-		if !whole {
-			s.metrics.streamRejected.Inc()
-			status[i] = putRejected
-			continue
-		}
-		s.metrics.streamIn.Inc()
-		ok[i] = true
-		status[i] = putStored
-		// Verified: what the block's gets send as its sum.
-		ns.sums.put(slots[i], gens[i], h.Sum64())
+	status, err := s.readPutBlocks(c, r, ns, slots, gens, failed != nil, ok)
+	if err != nil {
+		return err
 	}
 	committed = true
 	if err := commit(ok); err != nil {
@@ -412,6 +371,60 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		return err
 	}
 	return w.Flush()
+}
+
+// readPutBlocks reads the blocks of a put, each straight from the socket
+// into its reserved slot, verified there, and returns a status per block
+// (ok[i] set for the stored ones). A block without a slot (present
+// already, or every block when refused) or of the wrong size is read and
+// dropped.
+func (s *Server) readPutBlocks(c net.Conn, r *bufio.Reader, ns *Namespace, slots []int64, gens []uint16, refused bool, ok []bool) ([]byte, error) {
+	status := make([]byte, len(slots))
+	slotSize := ns.arena.SlotSize()
+	var h blockstream.Summer
+	for i := range slots {
+		// Each block gets the stream timeout, not the whole request.
+		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
+		n, err := blockstream.ReadLen(r, &h)
+		if err != nil {
+			return nil, err
+		}
+		if slots[i] < 0 || n != int64(slotSize) {
+			switch {
+			case n != int64(slotSize):
+				s.metrics.streamRejected.Inc()
+				status[i] = putRejected
+			case refused:
+				status[i] = putRejected
+			default:
+				status[i] = putPresent
+			}
+			if err := blockstream.Skip(r, n); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		dst, err := ns.arena.Slot(slots[i])
+		if err != nil {
+			return nil, err
+		}
+		// Straight from the socket into the reserved slot.
+		whole, err := blockstream.ReadBody(r, dst, &h)
+		if err != nil {
+			return nil, fmt.Errorf("block stream: put block %d: %w", i, err)
+		}
+		if !whole {
+			s.metrics.streamRejected.Inc()
+			status[i] = putRejected
+			continue
+		}
+		s.metrics.streamIn.Inc()
+		ok[i] = true
+		status[i] = putStored
+		// Verified: what the block's gets send as its sum.
+		ns.sums.put(slots[i], gens[i], h.Sum64())
+	}
+	return status, nil
 }
 
 // peerReadParams make a plain stream read (a peer tier's) answer from

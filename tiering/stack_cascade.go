@@ -100,22 +100,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 		// Every job of the cascade carries its claims, so that the last
 		// one to end knows which blocks Revoke took back.
 		jb.j.Claims = claims
-		g := &s.groups[gid-1]
-		g.n++
-		if g.jobs == 0 {
-			// The cascade counts against the budget, and is indexed for
-			// Revoke, while it has a job (one whose submission panicked
-			// has already ended).
-			s.pinned += int(g.slots)
-			if s.bySlot != nil {
-				for _, sl := range slots {
-					s.bySlot[sl] = gid
-					s.readers[sl]++
-				}
-			}
-		}
-		jb.gid = gid
-		g.jobs++
+		s.joinGroup(jb, gid, slots)
 		ts.pinned += len(keys)
 		ts.cascadesInFlight++
 		n++
@@ -130,6 +115,25 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 		}
 	}
 	return first, n
+}
+
+// joinGroup makes jb a job of cascade gid, whose source blocks are in
+// slots. While the cascade has a job (one whose submission panicked has
+// already ended) it counts against the budget and is indexed for Revoke.
+func (s *Stack) joinGroup(jb *job, gid int32, slots []int64) {
+	g := &s.groups[gid-1]
+	g.n++
+	if g.jobs == 0 {
+		s.pinned += int(g.slots)
+		if s.bySlot != nil {
+			for _, sl := range slots {
+				s.bySlot[sl] = gid
+				s.readers[sl]++
+			}
+		}
+	}
+	jb.gid = gid
+	g.jobs++
 }
 
 // freeGroup returns a cascade's entry to the free list.

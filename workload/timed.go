@@ -43,128 +43,166 @@ type timedReq struct {
 // that overruns delays the next one (the lag is reported) rather than
 // being skipped: only the tiers' speed against the clock varies.
 func (d *driver) runTimed(ctx context.Context, src Source) (*Result, error) {
-	m := d.m
-	o := d.opts
 	start := time.Now()
 	d.start = start
-	tr := &TimedResult{Speedup: o.Speedup, Step: o.Step}
-	var (
-		next     *Request
-		eof      bool
-		first    = int64(-1)
-		last     int64
-		waiting  []*timedReq
-		storing  []*timedReq
-		newIDs   []string
-		pool     = make([]uint64, len(m.Tiers())) // promoted blocks not yet credited, per tier
-		promoted = make([]uint64, len(m.Tiers())) // PromotedBlocks at the last step
-	)
+	n := len(d.m.Tiers())
+	run := &timedRun{d: d, src: src, tr: &TimedResult{Speedup: d.opts.Speedup, Step: d.opts.Step}, first: -1,
+		pool: make([]uint64, n), promoted: make([]uint64, n)}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
 	for k := 0; ; k++ {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, err)
+		stopped := func(err error) error {
+			return fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, err)
 		}
-		due := start.Add(time.Duration(k) * o.Step)
+		if err := ctx.Err(); err != nil {
+			return nil, stopped(err)
+		}
+		// Step k is due k steps after the start; one that starts after
+		// that is behind by as much (the largest lateness is reported).
+		due := start.Add(time.Duration(k) * d.opts.Step)
 		behind := time.Duration(0)
 		if wait := time.Until(due); wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
 			case <-ctx.Done():
-				return nil, fmt.Errorf("workload: replay stopped after %d requests: %w", d.res.Requests, ctx.Err())
+				return nil, stopped(ctx.Err())
 			}
 		} else {
 			behind = -wait
-			tr.MaxBehind = max(tr.MaxBehind, behind)
+			run.tr.MaxBehind = max(run.tr.MaxBehind, behind)
 		}
-		now := time.Now()
-		traceNow := int64(float64(time.Duration(k)*o.Step) * o.Speedup / float64(time.Millisecond))
-
-		for i, st := range m.Stats().Tiers {
-			pool[i] += st.PromotedBlocks - promoted[i]
-			promoted[i] = st.PromotedBlocks
+		if err := run.step(k); err != nil {
+			return nil, err
 		}
-		for _, r := range storing {
-			if err := m.CompleteStore(r.stored, r.rc, true); err != nil {
-				return nil, fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
-			}
-			m.OnRequestFinished(r.rc)
-		}
-		clear(storing)
-		storing = storing[:0]
-
-		kept := waiting[:0]
-		for _, r := range waiting {
-			m.LookupPrefix(r.keys, r.rc, r.out)
-			settled := isSettled(r.out)
-			if r.steps++; !settled && r.steps < o.WaitSteps {
-				tr.WaitSteps++
-				kept = append(kept, r)
-				continue
-			}
-			if !settled {
-				d.res.Unsettled++
-			}
-			if err := d.serveTimed(r, pool, &storing); err != nil {
-				return nil, err
-			}
-		}
-		clear(waiting[len(kept):])
-		waiting = kept
-
-		newIDs = newIDs[:0]
-		for !eof {
-			if next == nil {
-				req, err := src.Next()
-				if errors.Is(err, io.EOF) {
-					eof = true
-					break
-				}
-				if err != nil {
-					return nil, fmt.Errorf("workload: after %d requests: %w", d.res.Requests, err)
-				}
-				next = &req
-			}
-			if first < 0 {
-				first = next.Timestamp
-			}
-			if next.Timestamp-first > traceNow {
-				break
-			}
-			last = next.Timestamp
-			r := d.arrive(*next, now)
-			next = nil
-			newIDs = append(newIDs, r.rc.ID)
-			if !isSettled(r.out) {
-				if err := d.lease(r); err != nil {
-					return nil, err
-				}
-				waiting = append(waiting, r)
-				continue
-			}
-			if err := d.serveTimed(r, pool, &storing); err != nil {
-				return nil, err
-			}
-		}
-		tr.MaxWaiting = max(tr.MaxWaiting, len(waiting))
-		m.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: newIDs})
-		d.res.Steps++
-		d.takeEvents()
 		d.progress(behind)
-		if eof && len(waiting) == 0 && len(storing) == 0 {
+		if run.eof && len(run.waiting) == 0 && len(run.storing) == 0 {
 			break
 		}
 	}
 	d.drain(ctx)
 	d.res.Elapsed = time.Since(start)
-	if first >= 0 {
-		tr.TraceSpan = time.Duration(last-first) * time.Millisecond
+	if run.first >= 0 {
+		run.tr.TraceSpan = time.Duration(run.last-run.first) * time.Millisecond
 	}
-	d.res.Timed = tr
+	d.res.Timed = run.tr
 	d.collect()
 	return &d.res, nil
+}
+
+// timedRun is the state of a timed replay between its steps.
+type timedRun struct {
+	d           *driver
+	src         Source
+	tr          *TimedResult
+	next        *Request // read from src, not arrived yet
+	eof         bool
+	first, last int64 // trace timestamps of the first and last arrival
+	waiting     []*timedReq
+	storing     []*timedReq
+	newIDs      []string
+	pool        []uint64 // promoted blocks not yet credited, per tier
+	promoted    []uint64 // PromotedBlocks at the last step
+}
+
+// step runs step k: the promotions since the last step are credited, the
+// last step's stores complete, the requests waiting on their lookups are
+// served once settled (or out of patience), the requests due by now
+// arrive, and the manager ends its step.
+func (run *timedRun) step(k int) error {
+	d, m := run.d, run.d.m
+	now := time.Now()
+	traceNow := int64(float64(time.Duration(k)*d.opts.Step) * d.opts.Speedup / float64(time.Millisecond))
+	for i, st := range m.Stats().Tiers {
+		run.pool[i] += st.PromotedBlocks - run.promoted[i]
+		run.promoted[i] = st.PromotedBlocks
+	}
+	for _, r := range run.storing {
+		if err := m.CompleteStore(r.stored, r.rc, true); err != nil {
+			return fmt.Errorf("workload: request at trace line %d: %w", r.req.Line, err)
+		}
+		m.OnRequestFinished(r.rc)
+	}
+	clear(run.storing)
+	run.storing = run.storing[:0]
+	if err := run.serveWaiting(); err != nil {
+		return err
+	}
+	if err := run.arrive(now, traceNow); err != nil {
+		return err
+	}
+	run.tr.MaxWaiting = max(run.tr.MaxWaiting, len(run.waiting))
+	m.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: run.newIDs})
+	d.res.Steps++
+	d.takeEvents()
+	return nil
+}
+
+// serveWaiting looks the waiting requests up again and serves those that
+// settled, or waited WaitSteps steps.
+func (run *timedRun) serveWaiting() error {
+	d := run.d
+	kept := run.waiting[:0]
+	for _, r := range run.waiting {
+		d.m.LookupPrefix(r.keys, r.rc, r.out)
+		settled := isSettled(r.out)
+		if r.steps++; !settled && r.steps < d.opts.WaitSteps {
+			run.tr.WaitSteps++
+			kept = append(kept, r)
+			continue
+		}
+		if !settled {
+			d.res.Unsettled++
+		}
+		if err := d.serveTimed(r, run.pool, &run.storing); err != nil {
+			return err
+		}
+	}
+	clear(run.waiting[len(kept):])
+	run.waiting = kept
+	return nil
+}
+
+// arrive admits the requests whose trace time is due by traceNow: each
+// is looked up at once and served, or waits for its lookups to settle.
+func (run *timedRun) arrive(now time.Time, traceNow int64) error {
+	d := run.d
+	run.newIDs = run.newIDs[:0]
+	for !run.eof {
+		if run.next == nil {
+			req, err := run.src.Next()
+			if errors.Is(err, io.EOF) {
+				run.eof = true
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("workload: after %d requests: %w", d.res.Requests, err)
+			}
+			run.next = &req
+		}
+		if run.first < 0 {
+			run.first = run.next.Timestamp
+		}
+		if run.next.Timestamp-run.first > traceNow {
+			break
+		}
+		run.last = run.next.Timestamp
+		r := d.arrive(*run.next, now)
+		run.next = nil
+		run.newIDs = append(run.newIDs, r.rc.ID)
+		if !isSettled(r.out) {
+			if err := d.lease(r); err != nil {
+				return err
+			}
+			run.waiting = append(run.waiting, r)
+			continue
+		}
+		if err := d.serveTimed(r, run.pool, &run.storing); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // arrive announces req and looks its prefix up.

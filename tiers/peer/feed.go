@@ -86,30 +86,13 @@ func (t *Tier) feedRetry(gap, gapBefore bool) time.Duration {
 // follow subscribes to p's events, passes over its blocks and applies the
 // events from the pass's sequence number on, until something breaks.
 func (t *Tier) follow(ctx context.Context, p *peer) error {
-	cctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	first, err := p.c.ListBlocks(cctx, 0, 1)
-	cancel()
+	sub, replayAddr, err := t.subscribeFeed(ctx, p)
 	if err != nil {
-		return fmt.Errorf("list blocks: %w", err)
-	}
-	if first.GetEventsPort() == 0 {
-		return errNoFeed
-	}
-	host, _, _ := net.SplitHostPort(p.cfg.Addr)
-	at := func(port int32) string { return "tcp://" + net.JoinHostPort(host, strconv.Itoa(int(port))) }
-	dctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	sub, err := zmtp.Dial(dctx, at(first.GetEventsPort()), zmtp.Sub, nil)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("subscribe: %w", err)
+		return err
 	}
 	stop := context.AfterFunc(ctx, func() { sub.Close() })
 	defer stop()
 	defer sub.Close()
-	topic := []byte(first.GetEventsTopic())
-	if err := sub.Subscribe(topic); err != nil {
-		return fmt.Errorf("subscribe: %w", err)
-	}
 
 	// The pass: what the primary holds, page by page, and the sequence
 	// from which the events cover every later change.
@@ -124,7 +107,45 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 	p.feed.next.Store(next)
 	p.indexed.Store(true)
 	t.log.Debug("peer index current", "peer", p.cfg.Name, "blocks", h.live, "from_seq", next)
+	return t.consumeFeed(ctx, p, sub, replayAddr, next, cpuName)
+}
 
+// subscribeFeed subscribes to the peer's KV events: it returns the
+// subscription and the address of the peer's replay socket ("" without
+// one), or errNoFeed when the peer publishes no events.
+func (t *Tier) subscribeFeed(ctx context.Context, p *peer) (sub *zmtp.Conn, replayAddr string, err error) {
+	cctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	first, err := p.c.ListBlocks(cctx, 0, 1)
+	cancel()
+	if err != nil {
+		return nil, "", fmt.Errorf("list blocks: %w", err)
+	}
+	if first.GetEventsPort() == 0 {
+		return nil, "", errNoFeed
+	}
+	host, _, _ := net.SplitHostPort(p.cfg.Addr)
+	at := func(port int32) string { return "tcp://" + net.JoinHostPort(host, strconv.Itoa(int(port))) }
+	dctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	sub, err = zmtp.Dial(dctx, at(first.GetEventsPort()), zmtp.Sub, nil)
+	cancel()
+	if err != nil {
+		return nil, "", fmt.Errorf("subscribe: %w", err)
+	}
+	if err := sub.Subscribe([]byte(first.GetEventsTopic())); err != nil {
+		sub.Close()
+		return nil, "", fmt.Errorf("subscribe: %w", err)
+	}
+	if first.GetEventsReplayPort() != 0 {
+		replayAddr = at(first.GetEventsReplayPort())
+	}
+	return sub, replayAddr, nil
+}
+
+// consumeFeed applies the peer's event batches from sequence next on to
+// its index (and the blocks loads found gone), filling a gap by replay,
+// until the subscription or the index fails.
+func (t *Tier) consumeFeed(ctx context.Context, p *peer, sub *zmtp.Conn, replayAddr string, next uint64, cpuName string) error {
+	h := p.hints
 	var dec events.Decoder
 	apply := func(seq uint64, payload []byte) error {
 		evs, err := dec.Decode(payload)
@@ -179,11 +200,11 @@ func (t *Tier) follow(ctx context.Context, p *peer) error {
 		}
 		if seq > next {
 			p.feed.gaps.Add(1)
-			if first.GetEventsReplayPort() == 0 {
+			if replayAddr == "" {
 				return fmt.Errorf("%w: expected batch %d, got %d, no replay", errGap, next, seq)
 			}
 			// Fills [next, seq); the batch in hand follows.
-			if err := t.replay(ctx, p, at(first.GetEventsReplayPort()), next, seq, apply); err != nil {
+			if err := t.replay(ctx, p, replayAddr, next, seq, apply); err != nil {
 				return err
 			}
 		}

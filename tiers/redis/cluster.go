@@ -327,6 +327,25 @@ func (t *Tier) refreshCluster(ctx context.Context, initial bool) {
 		return
 	}
 	t.health.Success()
+	masters, changed := t.applySlots(raw)
+	if changed && !initial {
+		t.cl.reloads.Add(1)
+		if cc, ok := t.client.(*goredis.ClusterClient); ok {
+			cc.ReloadState(ctx)
+		}
+		t.log.Info("cluster slot map changed", "masters", strings.Join(t.cl.slots.Masters(), ","), "slots_covered", t.cl.slots.Covered())
+	}
+	answered := t.pingMasters(ctx, masters)
+	if t.cfg.KeyspaceEvents {
+		t.followKeyEvents(ctx, masters, answered, initial)
+	}
+}
+
+// applySlots makes raw the tier's slot map: a node for each new master,
+// the nodes of former masters closed, clients kept only for the seeds
+// and the map's nodes. It returns the masters and whether the map routes
+// otherwise than before.
+func (t *Tier) applySlots(raw []goredis.ClusterSlot) (masters map[string]*node, changed bool) {
 	var ranges []slotmap.Range
 	addrs := map[string]bool{}
 	for _, s := range raw {
@@ -342,9 +361,9 @@ func (t *Tier) refreshCluster(ctx context.Context, initial bool) {
 	slots := slotmap.New(ranges)
 
 	t.cl.mu.Lock()
-	changed := !sameSlots(t.cl.raw, raw)
+	changed = !sameSlots(t.cl.raw, raw)
 	var former []*node
-	masters := make(map[string]*node, len(slots.Masters()))
+	masters = make(map[string]*node, len(slots.Masters()))
 	for _, a := range slots.Masters() {
 		n := t.cl.masters[a]
 		if n == nil {
@@ -380,14 +399,12 @@ func (t *Tier) refreshCluster(ctx context.Context, initial bool) {
 	for _, n := range former {
 		n.close()
 	}
-	if changed && !initial {
-		t.cl.reloads.Add(1)
-		if cc, ok := t.client.(*goredis.ClusterClient); ok {
-			cc.ReloadState(ctx)
-		}
-		t.log.Info("cluster slot map changed", "masters", strings.Join(slots.Masters(), ","), "slots_covered", slots.Covered())
-	}
+	return masters, changed
+}
 
+// pingMasters pings every master at once, reporting each outcome to its
+// node's health, and returns those that answered.
+func (t *Tier) pingMasters(ctx context.Context, masters map[string]*node) map[*node]bool {
 	var mu sync.Mutex
 	answered := make(map[*node]bool, len(masters))
 	var wg sync.WaitGroup
@@ -408,12 +425,13 @@ func (t *Tier) refreshCluster(ctx context.Context, initial bool) {
 		})
 	}
 	wg.Wait()
+	return answered
+}
 
-	if !t.cfg.KeyspaceEvents {
-		return
-	}
-	// Subscriptions are the watcher's: only it (and New, before it
-	// starts) reads or writes n.sub.
+// followKeyEvents subscribes to the keyspace events of every master that
+// answered and has no subscription yet. Subscriptions are the watcher's:
+// only it (and New, before it starts) reads or writes n.sub.
+func (t *Tier) followKeyEvents(ctx context.Context, masters map[string]*node, answered map[*node]bool, initial bool) {
 	subscribed := 0
 	for _, n := range masters {
 		if n.sub != nil || !answered[n] {

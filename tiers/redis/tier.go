@@ -86,7 +86,6 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	loc, _ := remote.ParseLocality(cfg.Locality)
 	t := &Tier{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -97,12 +96,36 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		t.log = slog.Default()
 	}
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
-	if cfg.Events {
-		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
+	if err := t.connect(ctx); err != nil {
+		return nil, err
 	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.startBase()
+	switch {
+	case cfg.Cluster:
+		if cfg.KeyspaceEvents {
+			t.enableNotifications(ctx)
+		}
+		t.refreshCluster(ctx, true)
+		t.wg.Add(1)
+		go t.watchCluster()
+	case cfg.KeyspaceEvents:
+		t.enableNotifications(ctx)
+		t.single.sub = t.subscribe(t.client, "")
+	}
+	t.wg.Add(1)
+	go t.touchLoop()
+	return t, nil
+}
+
+// connect builds the clients (go-redis' and the tier's own connections)
+// and pings the server: an unreachable server (ErrUnreachable) or a
+// refused login is an error naming the addresses, with nothing left open.
+func (t *Tier) connect(ctx context.Context) error {
+	cfg := t.cfg
 	var err error
 	if t.tls, err = cfg.TLS.Config(); err != nil {
-		return nil, fmt.Errorf("%s: tls: %w", t.label(), err)
+		return fmt.Errorf("%s: tls: %w", t.label(), err)
 	}
 	if cfg.Cluster {
 		t.cl = &cluster{masters: map[string]*node{}, known: map[string]*goredis.Client{}, kick: make(chan struct{}, 1)}
@@ -117,24 +140,33 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Timeout:     cfg.Timeout,
 		MaxIdle:     cfg.PoolSize,
 	})
-
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout+cfg.Timeout)
 	err = t.client.Ping(pctx).Err()
 	cancel()
-	if err != nil {
-		t.client.Close()
-		t.pipes.Close()
-		if t.cl != nil {
-			t.closeCluster()
-		}
-		var re goredis.Error
-		if errors.As(err, &re) {
-			return nil, fmt.Errorf("%s: %s: %w", t.label(), strings.Join(cfg.seeds(), ","), err)
-		}
-		return nil, fmt.Errorf("%s: %s: %w: %w", t.label(), strings.Join(cfg.seeds(), ","), ErrUnreachable, err)
+	if err == nil {
+		return nil
 	}
+	t.client.Close()
+	t.pipes.Close()
+	if t.cl != nil {
+		t.closeCluster()
+	}
+	var re goredis.Error
+	if errors.As(err, &re) {
+		return fmt.Errorf("%s: %s: %w", t.label(), strings.Join(cfg.seeds(), ","), err)
+	}
+	return fmt.Errorf("%s: %s: %w: %w", t.label(), strings.Join(cfg.seeds(), ","), ErrUnreachable, err)
+}
 
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+// startBase starts what every remote tier has: the health gate (a single
+// server's, or a cluster's as a whole), the job table and existence
+// checks (remote.Base) and, with events, reconciliation.
+func (t *Tier) startBase() {
+	cfg := t.cfg
+	loc, _ := remote.ParseLocality(cfg.Locality)
+	if cfg.Events {
+		t.events = remote.NewEvents(cfg.Name, offload.MediumCPU, loc, 0)
+	}
 	t.health = remote.NewHealth(t.label(), t.probe, remote.HealthOptions{
 		Threshold: cfg.UnhealthyAfter,
 		Interval:  cfg.ProbeInterval,
@@ -182,21 +214,6 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Healthy:  t.health.Healthy,
 		Logger:   t.log,
 	})
-	switch {
-	case cfg.Cluster:
-		if cfg.KeyspaceEvents {
-			t.enableNotifications(ctx)
-		}
-		t.refreshCluster(ctx, true)
-		t.wg.Add(1)
-		go t.watchCluster()
-	case cfg.KeyspaceEvents:
-		t.enableNotifications(ctx)
-		t.single.sub = t.subscribe(t.client, "")
-	}
-	t.wg.Add(1)
-	go t.touchLoop()
-	return t, nil
 }
 
 func (t *Tier) label() string { return fmt.Sprintf("redis tier %q", t.cfg.Name) }
