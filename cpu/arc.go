@@ -22,6 +22,16 @@ type arcPolicy struct {
 	capacity int
 	target   float64 // target size of T1, in [0, capacity]
 	ghosts   ghostTable
+	pick     arcPick
+}
+
+// arcPick is the state of a selection of victims (startPick, pickOne):
+// the next candidates of T1 and T2 and T1's size less what was taken.
+type arcPick struct {
+	c1, c2    int32
+	virtualT1 int
+	epoch     uint32
+	revoke    func(int32) bool
 }
 
 func newARC(b *blocks, capacity int) *arcPolicy {
@@ -112,39 +122,61 @@ func (p *arcPolicy) candidate(s int32, epoch uint32, revoke func(int32) bool) in
 	return s
 }
 
-// evict selects n victims without changing anything, then commits them:
-// take the oldest T1 candidate while T1 (less what was already taken from
-// it) is at least the target, else the oldest T2 candidate; if T2 has
-// none, T1 is used regardless of the target, and only when neither list
-// has a candidate does the call fail.
+// evict selects n victims without changing anything, then commits them
+// (pickOne says in which order).
 func (p *arcPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool) {
 	start := len(out)
-	links := p.b.links
-	c1, c2 := p.t1.head, p.t2.head
-	virtualT1 := p.t1.n
+	p.startPick(epoch, revoke)
 	for len(out)-start < n {
-		if virtualT1 >= int(p.target) {
-			if c1 = p.candidate(c1, epoch, revoke); c1 >= 0 {
-				out = append(out, c1)
-				c1 = links[c1].next
-				virtualT1--
-				continue
-			}
+		s := p.pickOne()
+		if s < 0 {
+			return out[:start], false
 		}
-		if c2 = p.candidate(c2, epoch, revoke); c2 >= 0 {
-			out = append(out, c2)
-			c2 = links[c2].next
-			continue
-		}
-		if c1 = p.candidate(c1, epoch, revoke); c1 >= 0 {
-			out = append(out, c1)
-			c1 = links[c1].next
-			virtualT1--
-			continue
-		}
-		return out[:start], false
+		out = append(out, s)
 	}
-	for _, s := range out[start:] {
+	p.commit(out[start:])
+	return out, true
+}
+
+// startPick starts a selection of victims from the oldest ends of T1 and
+// T2.
+func (p *arcPolicy) startPick(epoch uint32, revoke func(int32) bool) {
+	p.pick = arcPick{c1: p.t1.head, c2: p.t2.head, virtualT1: p.t1.n, epoch: epoch, revoke: revoke}
+}
+
+// pickOne returns the next victim without changing anything, -1 if none:
+// the oldest T1 candidate while T1 (less what was already taken from it)
+// is at least the target, else the oldest T2 candidate; if T2 has none,
+// T1 is used regardless of the target.
+func (p *arcPolicy) pickOne() int32 {
+	k := &p.pick
+	links := p.b.links
+	if k.virtualT1 >= int(p.target) {
+		if k.c1 = p.candidate(k.c1, k.epoch, k.revoke); k.c1 >= 0 {
+			s := k.c1
+			k.c1 = links[s].next
+			k.virtualT1--
+			return s
+		}
+	}
+	if k.c2 = p.candidate(k.c2, k.epoch, k.revoke); k.c2 >= 0 {
+		s := k.c2
+		k.c2 = links[s].next
+		return s
+	}
+	if k.c1 = p.candidate(k.c1, k.epoch, k.revoke); k.c1 >= 0 {
+		s := k.c1
+		k.c1 = links[s].next
+		k.virtualT1--
+		return s
+	}
+	return -1
+}
+
+// commit unlists the victims picked and remembers them as ghosts.
+func (p *arcPolicy) commit(victims []int32) {
+	links := p.b.links
+	for _, s := range victims {
 		m := &p.b.meta[s]
 		pool := 0
 		if m.list == inT1 {
@@ -156,7 +188,13 @@ func (p *arcPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) b
 		m.list = inNoList
 		p.addGhost(pool, ghostID(m.h32))
 	}
-	return out, true
+	p.pick.revoke = nil
+}
+
+// forgetHistory drops the ghosts and the adapted target.
+func (p *arcPolicy) forgetHistory() {
+	p.ghosts.clear()
+	p.target = 0
 }
 
 // addGhost appends a ghost at the newest end of B1 (list 0) or B2 (list

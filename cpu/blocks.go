@@ -25,6 +25,8 @@ type slotMeta struct {
 	mark uint32      // epoch of the last call that protected or visited it
 	h32  uint32      // low bits of the key's hash: its index tag and ghost identity
 	list uint8       // inNoList, inEvictable, inT1 or inT2
+	// owner is the share holding the slot (shares.go); 0 without shares.
+	owner uint8
 	// soft counts the pins of ref that are soft (cascades): a block held
 	// by soft pins only keeps its place in the policy's lists, and
 	// eviction may ask the Revoker to release them.
@@ -35,7 +37,7 @@ type slotMeta struct {
 // whole-struct store of a type holding a pointer costs a bulk write
 // barrier while the GC runs.
 func (m *slotMeta) free() {
-	m.key, m.ref, m.mark, m.h32, m.list, m.soft = "", 0, 0, 0, inNoList, 0
+	m.key, m.ref, m.mark, m.h32, m.list, m.soft, m.owner = "", 0, 0, 0, inNoList, 0, 0
 }
 
 // blocks is the state shared by the primary and its policy: the key index

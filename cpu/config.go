@@ -42,6 +42,11 @@ type Config struct {
 	// DefaultReuseTrackerSize).
 	StoreThreshold   int
 	ReuseTrackerSize int
+
+	// Shares divide the primary between owners of key spaces (tenants;
+	// see shares.go): each is guaranteed its quota of slots and has its
+	// own eviction order. None: one order for every block.
+	Shares []Share
 }
 
 // Policy names.

@@ -12,6 +12,12 @@
 // filter (Config.StoreThreshold): only keys looked up often enough are
 // stored.
 //
+// With Config.Shares the primary is divided between the owners of key
+// spaces (tenants, package keyspace): each owner has a quota of slots, a
+// weight and an eviction order of its own, and a store evicts first from
+// the owner furthest above its quota, so that an owner within its quota
+// never loses a block to another's store (shares.go).
+//
 // A Primary is not safe for concurrent use: like vLLM's manager it is
 // owned by one executor at a time (the tiering manager, serialised by the
 // daemon). Its arena, though, is shared with transfer workers and engines,

@@ -42,6 +42,7 @@ func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 		if need > 0 {
 			epoch := p.nextEpoch()
 			p.victims = p.victims[:0]
+			p.storing("")
 			var ok bool
 			p.victims, ok = p.pol.evict(need, epoch, p.victims, neverRevoke)
 			if !ok {
@@ -50,6 +51,7 @@ func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 			for _, s := range p.victims {
 				m := &p.b.meta[s]
 				evicted = append(evicted, m.key)
+				p.disown(s)
 				p.b.index.remove(m.h32, s)
 				m.free()
 				p.pushFree(s)
@@ -76,6 +78,7 @@ func (p *Primary) Lease(n int) (slots []int64, evicted []offload.Key) {
 		}
 		m := &p.b.meta[s]
 		m.key, m.ref = "", refLeased
+		p.own(s, "") // the untagged pool's until Bind names its key
 		slots = append(slots, int64(s))
 	}
 	p.numLeased += n
@@ -104,6 +107,7 @@ func (p *Primary) Bind(slot int64, key offload.Key) (bool, error) {
 	s := int32(slot)
 	m := &p.b.meta[s]
 	p.numLeased--
+	p.disown(s)
 	h := p.b.hash(key)
 	if p.b.find(key, h) >= 0 {
 		m.free()
@@ -113,6 +117,7 @@ func (p *Primary) Bind(slot int64, key offload.Key) (bool, error) {
 	m.key, m.ref, m.mark = key, 0, p.epoch
 	p.b.gen[s]++
 	p.b.add(s, h)
+	p.own(s, key)
 	if p.lru == nil {
 		p.pol.inserted(s)
 	}
@@ -140,6 +145,7 @@ func (p *Primary) Unlease(slots []int64) error {
 		p.b.meta[s].ref = seen
 	}
 	for _, s := range slots {
+		p.disown(int32(s))
 		p.b.meta[s].free()
 		p.pushFree(int32(s))
 	}

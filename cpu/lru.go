@@ -10,6 +10,11 @@ import "github.com/kvtier/kvtier/offload"
 type lruPolicy struct {
 	b         *blocks
 	evictable list
+
+	// The walk of a pick (startPick, pickOne).
+	cursor    int32
+	pickEpoch uint32
+	revoke    func(int32) bool
 }
 
 func newLRU(b *blocks) *lruPolicy { return &lruPolicy{b: b, evictable: emptyList} }
@@ -50,21 +55,47 @@ func (p *lruPolicy) touch(keys []offload.Key) {
 // evict picks the n oldest evictable blocks not marked with epoch and
 // unlists them; it changes nothing when there are fewer than n.
 func (p *lruPolicy) evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool) {
-	b := p.b
 	start := len(out)
-	for s := p.evictable.head; s >= 0 && len(out)-start < n; s = b.links[s].next {
-		if m := &b.meta[s]; m.mark != epoch && (m.ref == 0 || revoke(s)) {
-			out = append(out, s)
+	p.startPick(epoch, revoke)
+	for len(out)-start < n {
+		s := p.pickOne()
+		if s < 0 {
+			return out[:start], false
 		}
+		out = append(out, s)
 	}
-	if len(out)-start < n {
-		return out[:start], false
-	}
-	for _, s := range out[start:] {
-		p.evictable.unlink(b.links, s)
-		b.meta[s].list = inNoList
-	}
+	p.commit(out[start:])
 	return out, true
 }
+
+// startPick starts a walk of the evictable list from its oldest block.
+func (p *lruPolicy) startPick(epoch uint32, revoke func(int32) bool) {
+	p.cursor, p.pickEpoch, p.revoke = p.evictable.head, epoch, revoke
+}
+
+// pickOne returns the next victim of the walk, changing nothing; -1 when
+// there is none.
+func (p *lruPolicy) pickOne() int32 {
+	b := p.b
+	for s := p.cursor; s >= 0; s = b.links[s].next {
+		if m := &b.meta[s]; m.mark != p.pickEpoch && (m.ref == 0 || p.revoke(s)) {
+			p.cursor = b.links[s].next
+			return s
+		}
+	}
+	p.cursor = -1
+	return -1
+}
+
+// commit unlists the victims picked.
+func (p *lruPolicy) commit(victims []int32) {
+	for _, s := range victims {
+		p.evictable.unlink(p.b.links, s)
+		p.b.meta[s].list = inNoList
+	}
+	p.revoke = nil
+}
+
+func (p *lruPolicy) forgetHistory() {}
 
 func (p *lruPolicy) clear() { p.evictable = emptyList }

@@ -40,6 +40,16 @@ type policy interface {
 	// With fewer candidates it returns out unchanged and false, having
 	// changed nothing but the soft pins revoke released.
 	evict(n int, epoch uint32, out []int32, revoke func(int32) bool) ([]int32, bool)
+	// startPick, pickOne and commit are evict in steps, for a caller
+	// that chooses victims across policies (shares.go): pickOne returns
+	// the next victim evict would take, or -1, changing nothing but the
+	// soft pins revoke released; commit unlists the victims picked.
+	startPick(epoch uint32, revoke func(int32) bool)
+	pickOne() int32
+	commit(victims []int32)
+	// forgetHistory drops what the policy remembers of blocks gone (ARC's
+	// ghosts and target).
+	forgetHistory()
 	clear()
 }
 
@@ -49,6 +59,7 @@ type Primary struct {
 	pol      policy
 	lru      *lruPolicy // pol when it is LRU: direct calls on hot paths
 	arc      *arcPolicy // pol when it is ARC
+	sh       *shares    // pol when the primary has shares
 	arena    *arena.Arena
 	slotSize int
 	numSlots int32
@@ -127,10 +138,17 @@ func New(cfg Config) (*Primary, error) {
 		p.reuse = newReuseTracker(threshold, trackerSize)
 	}
 	p.revokeFn = p.revoke
-	if polName == PolicyARC {
+	switch {
+	case len(cfg.Shares) > 0:
+		if p.sh, err = newShares(&p.b, n, cfg.Shares, polName == PolicyARC); err != nil {
+			_ = a.Close()
+			return nil, err
+		}
+		p.pol = p.sh
+	case polName == PolicyARC:
 		p.arc = newARC(&p.b, n)
 		p.pol = p.arc
-	} else {
+	default:
 		p.lru = newLRU(&p.b)
 		p.pol = p.lru
 	}
@@ -510,6 +528,30 @@ func (p *Primary) publishUnpins() {
 			p.numRevocable++
 		}
 		p.becameEvictable(p.order[i])
+	}
+}
+
+// own counts the new block of k in slot s for its owner, and disown
+// counts a slot freed, when the primary has shares.
+func (p *Primary) own(s int32, k offload.Key) {
+	if p.sh != nil {
+		p.sh.take(s, p.sh.ownerOf(k))
+	}
+}
+
+func (p *Primary) disown(s int32) {
+	if p.sh != nil {
+		p.sh.drop(s)
+	}
+}
+
+// storing tells the shares whose store (or lease, owner 0) evicts next.
+func (p *Primary) storing(k offload.Key) {
+	if p.sh != nil {
+		p.sh.storer = 0
+		if k != "" {
+			p.sh.storer = p.sh.ownerOf(k)
+		}
 	}
 }
 

@@ -96,6 +96,7 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 	p.recordAllocation(n)
 
 	if need := n - p.numFree - int(p.numSlots-p.numAllocated); need > 0 {
+		p.storing(p.newKeys[0])
 		var ok bool
 		if need <= p.numEvictable || p.revoker != nil && need <= p.numEvictable+p.numRevocable {
 			p.victims, ok = p.pol.evict(need, epoch, p.victims, p.revokeFn)
@@ -110,6 +111,7 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 	for i, s := range p.victims {
 		m := &p.b.meta[s]
 		out.Evicted[i] = m.key
+		p.disown(s)
 		p.b.index.remove(m.h32, s)
 		m.free()
 		p.pushFree(s)
@@ -139,6 +141,7 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 		m.key, m.ref, m.mark = k, -1, epoch
 		p.b.gen[s]++
 		p.b.add(s, p.newHash[i])
+		p.own(s, k)
 		if p.lru == nil {
 			p.pol.inserted(s) // LRU does not list pending blocks
 		}
@@ -281,6 +284,7 @@ func (p *Primary) CompleteStore(keys []offload.Key, success bool) (resolved int)
 			continue
 		}
 		p.pol.removed(s)
+		p.disown(s)
 		p.b.index.remove(p.b.meta[s].h32, s)
 		p.b.meta[s].free()
 		p.pushFree(s)
@@ -309,6 +313,7 @@ func (p *Primary) Reset() {
 			continue // free, or held
 		}
 		p.pol.removed(s)
+		p.disown(s)
 		p.b.index.remove(m.h32, s)
 		m.free()
 		p.pushFree(s)
@@ -317,10 +322,7 @@ func (p *Primary) Reset() {
 	}
 	clear(p.newKeys) // forget the last batch (and its keys)
 	p.newKeys, p.newSlots = p.newKeys[:0], p.newSlots[:0]
-	if p.arc != nil {
-		p.arc.ghosts.clear()
-		p.arc.target = 0
-	}
+	p.pol.forgetHistory()
 }
 
 // TakeEvents returns the buffered events in the order they happened and
