@@ -105,7 +105,7 @@ func Dial(target string, opts Options) (*Client, error) {
 	c := &Client{ns: opts.Namespace}
 	addr := target
 	if _, ok := IsUnixTarget(target); !ok && !opts.NoStream {
-		c.streams = &StreamPool{c: c, apiAddr: target, opts: StreamOptions{Token: opts.Token, Namespace: opts.Namespace, TLS: opts.TLS, Timeout: opts.StreamTimeout}}
+		c.streams = newStreamPool(c, target, StreamOptions{Token: opts.Token, Namespace: opts.Namespace, TLS: opts.TLS, Timeout: opts.StreamTimeout}, nil)
 	}
 	if path, ok := IsUnixTarget(target); ok {
 		c.unixPath = path
@@ -139,7 +139,7 @@ func (bearer) RequireTransportSecurity() bool { return false }
 // Close closes the connection (and any block-stream connections).
 func (c *Client) Close() error {
 	if c.streams != nil {
-		c.streams.close()
+		c.streams.set.closeAll()
 	}
 	return c.conn.Close()
 }
@@ -151,10 +151,16 @@ func (c *Client) API() kvtierv1.KVTierClient { return c.api }
 func (c *Client) Namespace() string { return c.ns }
 
 // WithNamespace returns a client for another namespace sharing the
-// connection (closing either closes both).
+// connection (closing either closes both). Its by-value calls take block
+// streams of their own, which name ns in their hello.
 func (c *Client) WithNamespace(ns string) *Client {
 	cc := *c
 	cc.ns = ns
+	if c.streams != nil {
+		o := c.streams.opts
+		o.Namespace = ns
+		cc.streams = newStreamPool(&cc, c.streams.apiAddr, o, c.streams.set)
+	}
 	return &cc
 }
 

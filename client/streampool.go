@@ -26,6 +26,9 @@ type StreamPool struct {
 	c       *Client
 	apiAddr string
 	opts    StreamOptions
+	// set holds the pools of one connection's clients (one per namespace,
+	// WithNamespace): closing the connection closes them all.
+	set *poolSet
 
 	mu       sync.Mutex
 	probed   bool
@@ -118,6 +121,33 @@ func (p *StreamPool) Forget() {
 		s.Close()
 	}
 	p.idle = nil
+}
+
+// poolSet is the stream pools of the clients sharing one connection.
+type poolSet struct {
+	mu    sync.Mutex
+	pools []*StreamPool
+}
+
+func newStreamPool(c *Client, apiAddr string, opts StreamOptions, set *poolSet) *StreamPool {
+	if set == nil {
+		set = &poolSet{}
+	}
+	p := &StreamPool{c: c, apiAddr: apiAddr, opts: opts, set: set}
+	set.mu.Lock()
+	set.pools = append(set.pools, p)
+	set.mu.Unlock()
+	return p
+}
+
+// closeAll closes every pool of the set.
+func (s *poolSet) closeAll() {
+	s.mu.Lock()
+	pools := s.pools
+	s.mu.Unlock()
+	for _, p := range pools {
+		p.close()
+	}
 }
 
 func (p *StreamPool) close() {

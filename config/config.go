@@ -45,6 +45,10 @@ type Config struct {
 	Cascades Cascades `yaml:"cascades"`
 	// Regions configures vLLM tier mode's registered regions.
 	Regions Regions `yaml:"regions"`
+	// Tenants and SharedSpaces divide the daemon between customers
+	// (tenants.go).
+	Tenants      []Tenant      `yaml:"tenants"`
+	SharedSpaces []SharedSpace `yaml:"shared_spaces"`
 }
 
 // Namespace describes the blocks kvtier stores.
@@ -178,6 +182,7 @@ func (c *Config) check(d *decoder) {
 
 	c.checkDaemon(d)
 	c.checkCascades(d)
+	c.checkTenants(d)
 
 	byName := make(map[string]int, len(c.SecondaryTiers))
 	for i := range c.SecondaryTiers {

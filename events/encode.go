@@ -38,6 +38,7 @@ var (
 	kSlidingWindow = msgp.AppendString(nil, "kv_cache_spec_sliding_window")
 	kLocality      = msgp.AppendString(nil, "locality")
 	kOwnership     = msgp.AppendString(nil, "ownership")
+	kExtraKeys     = msgp.AppendString(nil, "extra_keys")
 
 	tagStored  = msgp.AppendString(nil, BlockStored.String())
 	tagRemoved = msgp.AppendString(nil, BlockRemoved.String())
@@ -83,10 +84,10 @@ func (f Format) AppendEvent(dst []byte, ev *BlockEvent) []byte {
 
 func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	// type + the seven fields without a default, then the present optional
-	// fields (extra_keys is never set by kvtier, so always omitted).
+	// fields (extra_keys only for a tenant's blocks).
 	n := uint32(8)
 	n += b2u(ev.HasGroupIdx) + b2u(ev.SpecKind != "") + b2u(ev.SlidingWindow != 0) +
-		b2u(ev.Locality != "") + b2u(ev.Ownership != "")
+		b2u(ev.Locality != "") + b2u(ev.Ownership != "") + b2u(ev.Space != "")
 	// msgspec sizes a struct's map header for all its fields before it
 	// knows how many omit_defaults leaves out: BlockStored has more than
 	// 15 (with the tag), so vLLM writes map16 even for 9 entries.
@@ -107,6 +108,10 @@ func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	dst = appendOptString(dst, ev.Medium)
 	dst = append(dst, kLoraName...)
 	dst = appendOptString(dst, ev.LoraName)
+	if ev.Space != "" {
+		dst = append(dst, kExtraKeys...)
+		dst = appendExtraKeys(dst, ev)
+	}
 	if ev.HasGroupIdx {
 		dst = append(dst, kGroupIdx...)
 		dst = msgp.AppendUint32(dst, ev.GroupIdx)
@@ -146,7 +151,11 @@ func (f Format) appendStoredArray(dst []byte, ev *BlockEvent) []byte {
 	dst = appendOptInt(dst, ev.LoraID)
 	dst = appendOptString(dst, ev.Medium)
 	dst = appendOptString(dst, ev.LoraName)
-	dst = msgp.AppendNil(dst) // extra_keys
+	if ev.Space != "" {
+		dst = appendExtraKeys(dst, ev)
+	} else {
+		dst = msgp.AppendNil(dst) // extra_keys
+	}
 	dst = appendOptGroup(dst, ev)
 	dst = appendOptString(dst, ev.SpecKind)
 	return appendOptInt(dst, ev.SlidingWindow)
@@ -184,6 +193,22 @@ func (f Format) appendRemovedArray(dst []byte, ev *BlockEvent) []byte {
 	dst = f.appendHashes(dst, ev.BlockHashes)
 	dst = appendOptString(dst, ev.Medium)
 	return appendOptGroup(dst, ev)
+}
+
+// SpacePrefix begins the extra key that names a block's tenant.
+const SpacePrefix = "kvtier_tenant:"
+
+// appendExtraKeys writes the extra_keys of a tenant's blocks: for each
+// hash the one-element tuple (SpacePrefix + space) — the shape of the
+// entry of a block hashed with a cache_salt, which vLLM writes untagged.
+func appendExtraKeys(dst []byte, ev *BlockEvent) []byte {
+	name := SpacePrefix + ev.Space
+	dst = msgp.AppendArrayHeader(dst, uint32(len(ev.BlockHashes)))
+	for range ev.BlockHashes {
+		dst = msgp.AppendArrayHeader(dst, 1)
+		dst = msgp.AppendString(dst, name)
+	}
+	return dst
 }
 
 func (f Format) appendHashes(dst []byte, hs []string) []byte {

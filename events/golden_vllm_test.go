@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -17,18 +18,19 @@ type goldenCase struct {
 	TS     float64 `json:"ts"`
 	DPRank int     `json:"dp_rank"`
 	Events []struct {
-		Type          string   `json:"type"`
-		BlockHashes   []string `json:"block_hashes"`
-		Parent        *string  `json:"parent_block_hash"`
-		TokenIDs      []uint32 `json:"token_ids"`
-		BlockSize     int      `json:"block_size"`
-		LoraID        *int     `json:"lora_id"`
-		Medium        *string  `json:"medium"`
-		LoraName      *string  `json:"lora_name"`
-		GroupIdx      *uint32  `json:"group_idx"`
-		SpecKind      *string  `json:"kv_cache_spec_kind"`
-		SlidingWindow *int     `json:"kv_cache_spec_sliding_window"`
-		Locality      *string  `json:"locality"`
+		Type          string     `json:"type"`
+		BlockHashes   []string   `json:"block_hashes"`
+		Parent        *string    `json:"parent_block_hash"`
+		TokenIDs      []uint32   `json:"token_ids"`
+		BlockSize     int        `json:"block_size"`
+		LoraID        *int       `json:"lora_id"`
+		Medium        *string    `json:"medium"`
+		LoraName      *string    `json:"lora_name"`
+		GroupIdx      *uint32    `json:"group_idx"`
+		SpecKind      *string    `json:"kv_cache_spec_kind"`
+		SlidingWindow *int       `json:"kv_cache_spec_sliding_window"`
+		Locality      *string    `json:"locality"`
+		ExtraKeys     [][]string `json:"extra_keys"`
 	} `json:"events"`
 	MapInt   string `json:"map_int"`
 	MapRaw   string `json:"map_raw"`
@@ -60,6 +62,10 @@ func (c *goldenCase) blockEvents(t *testing.T) []BlockEvent {
 			LoraName:  str(e.LoraName),
 			SpecKind:  str(e.SpecKind),
 			Locality:  str(e.Locality),
+		}
+		if len(e.ExtraKeys) > 0 {
+			// kvtier writes one space for every block of an event.
+			ev.Space = strings.TrimPrefix(e.ExtraKeys[0][0], SpacePrefix)
 		}
 		switch e.Type {
 		case "BlockStored":

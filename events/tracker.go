@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -121,6 +122,11 @@ type TrackerConfig struct {
 	// tokens and hashes (default DefaultMaxBytes); beyond it Record evicts
 	// the oldest recorded keys like MaxEntries does.
 	MaxBytes int64
+	// Spaces names the key spaces of the daemon's tenants (package
+	// keyspace), by ID. A key of one of them is published with its tag
+	// stripped — the engine's own hash — and its BlockStored names the
+	// space in extra_keys (BlockEvent.Space).
+	Spaces map[uint64]string
 }
 
 // Tracker translates offloading events into wire events and keeps the
@@ -129,6 +135,7 @@ type TrackerConfig struct {
 type Tracker struct {
 	selfDescribing bool
 	ownership      bool
+	spaces         map[uint64]string
 	maxEntries     int
 	maxBytes       int64
 	medium         [3]string // by offload.Medium
@@ -166,6 +173,7 @@ func NewTracker(cfg TrackerConfig) (*Tracker, error) {
 	t := &Tracker{
 		selfDescribing: cfg.SelfDescribing,
 		ownership:      cfg.Ownership,
+		spaces:         cfg.Spaces,
 		maxEntries:     cfg.MaxEntries,
 		maxBytes:       cfg.MaxBytes,
 		metas:          make(map[offload.Key]*meta),
@@ -386,6 +394,10 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 				Locality:    locality,
 				Ownership:   owner,
 			}
+			h := k.Hash()
+			if len(t.spaces) > 0 {
+				h, we.Space = t.space(k)
+			}
 			if m := t.metas[k]; m != nil {
 				we.BlockHashes = m.hashes
 				we.ParentHash = m.parent
@@ -399,12 +411,23 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 				}
 			} else {
 				start := len(dst.hashes)
-				dst.hashes = append(dst.hashes, k.Hash())
+				dst.hashes = append(dst.hashes, h)
 				we.BlockHashes = dst.run(start)
 			}
 			dst.Events = append(dst.Events, we)
 		}
 	}
+}
+
+// space returns the engine's hash of k and the name of k's space, "" for
+// a key of no tenant.
+func (t *Tracker) space(k offload.Key) (hash, name string) {
+	if id, ok := keyspace.IDOf(k); ok {
+		if name := t.spaces[id]; name != "" {
+			return k[keyspace.TagLen:].Hash(), name
+		}
+	}
+	return k.Hash(), ""
 }
 
 func (t *Tracker) translateRemoved(dst *Batch, ev *offload.Event, medium, locality, owner string) {
@@ -438,7 +461,11 @@ func (t *Tracker) translateRemoved(dst *Batch, ev *offload.Event, medium, locali
 				}
 				t.removed = append(t.removed, k)
 			} else {
-				dst.hashes = append(dst.hashes, k.Hash())
+				h := k.Hash()
+				if len(t.spaces) > 0 {
+					h, _ = t.space(k)
+				}
+				dst.hashes = append(dst.hashes, h)
 			}
 		}
 		dst.Events = append(dst.Events, BlockEvent{

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -427,5 +428,33 @@ func TestSpecKinds(t *testing.T) {
 			t.Errorf("kind %q: event kind %q block size %d; want kind %q, self-describing %v",
 				tc.kind, got[0].SpecKind, got[0].BlockSize, tc.wire, tc.rich)
 		}
+	}
+}
+
+// TestTenantSpaces: a tenant's key is published with the engine's hash,
+// its store naming the tenant; a key of an unknown space, or untagged,
+// is published as it is.
+func TestTenantSpaces(t *testing.T) {
+	acme, _ := keyspace.New("tenant/acme")
+	stray, _ := keyspace.New("tenant/gone")
+	raw := chunkKey(7, 0)
+	tr := mustTracker(t, TrackerConfig{Spaces: map[uint64]string{acme.ID(): "acme"}})
+	got := translate(tr,
+		offload.Event{Keys: []offload.Key{acme.Key([]byte(raw)), stray.Key([]byte(raw)), raw}, Medium: offload.MediumCPU},
+		offload.Event{Keys: []offload.Key{acme.Key([]byte(raw))}, Medium: offload.MediumCPU, Removed: true})
+	if len(got) != 4 {
+		t.Fatalf("%d wire events, want 4", len(got))
+	}
+	if got[0].BlockHashes[0] != raw.Hash() || got[0].Space != "acme" {
+		t.Errorf("acme's store: hash %x space %q; want the engine's hash and acme", got[0].BlockHashes[0], got[0].Space)
+	}
+	if got[1].Space != "" || got[1].BlockHashes[0] != stray.Key([]byte(raw)).Hash() {
+		t.Errorf("a key of an unknown space was taken for a tenant's: %+v", got[1])
+	}
+	if got[2].Space != "" || got[2].BlockHashes[0] != raw.Hash() {
+		t.Errorf("an untagged key changed: %+v", got[2])
+	}
+	if got[3].Type != BlockRemoved || got[3].BlockHashes[0] != raw.Hash() {
+		t.Errorf("acme's removal: %+v, want the engine's hash", got[3])
 	}
 }

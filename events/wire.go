@@ -86,6 +86,11 @@ type BlockEvent struct {
 	Locality string
 	// Ownership: the secondary tier that owns the copy; "" is omitted.
 	Ownership string
+	// Space: BlockStored, the tenant (or shared space) whose blocks these
+	// are, written as extra_keys — one ("kvtier_tenant:<name>",) entry
+	// per block hash, where vLLM writes a request's cache_salt; "" writes
+	// no extra_keys.
+	Space string
 }
 
 // Batch holds the wire events of one step. A Batch is reused across steps

@@ -17,8 +17,8 @@
 // only keys of its spaces: its own, and the shared spaces the
 // configuration gives it. A caller with the admin token sends raw keys
 // and could forge a tag; the admin is trusted with every tenant's blocks
-// anyway. Request identifiers are scoped the same way (Space.ID prefixes
-// them), so that one tenant cannot finish or read another's request.
+// anyway. (The daemon scopes request identifiers too, by the tenant's
+// name, so that one tenant cannot finish or read another's request.)
 //
 // Everything that must attribute a block to a tenant — the primary's
 // quotas, the events' extra_keys, the per-tenant metrics — reads the tag

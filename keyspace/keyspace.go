@@ -60,14 +60,6 @@ func (s Space) Key(b []byte) offload.Key {
 	return offload.Key(k)
 }
 
-// Scope returns id (a request's or any other identifier) scoped to s.
-func (s Space) Scope(id string) string {
-	if s.id == 0 {
-		return id
-	}
-	return s.tag + id
-}
-
 // Strip returns k without s's tag, and whether k is in s. The untagged
 // space is the admin's, which sees every key as it is.
 func (s Space) Strip(k offload.Key) (offload.Key, bool) {

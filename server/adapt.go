@@ -23,8 +23,12 @@ func ManagerNamespace(name string, m *tiering.Manager, p *cpu.Primary, parser of
 		Manager: m,
 		Arena:   p.Arena(),
 		Parser:  parser,
-		Stats:   func() Stats { return statsOf(m) },
-		Blocks:  p.Keys,
+		Stats: func() Stats {
+			st := statsOf(m)
+			st.Shares = p.Shares()
+			return st
+		},
+		Blocks: p.Keys,
 	}
 	if a := p.SlotArena(); a != nil && a.File() != nil {
 		nc.Share = sharedArena{a}

@@ -61,6 +61,17 @@
 // answers one message whose bytes are a JSON description and whose
 // ancillary data carries the descriptor, then closes the connection.
 //
+// # Callers and tenants
+//
+// Every call is the admin's or one tenant's, told apart by its bearer
+// token (tenants.go). A tenant reaches only its namespaces and shared
+// spaces (others answer PERMISSION_DENIED before their existence is
+// checked) and only the copying calls; its keys are put into its key
+// space (package keyspace) and its request ids prefixed with its name
+// before a Namespace sees them, and keys go back to it stripped and
+// filtered to its own. The namespace's primary divides its slots between
+// the tenants' spaces by their quotas (cpu.Share).
+//
 // # Shutdown
 //
 // Shutdown stops accepting calls, lets in-flight calls finish (bounded by

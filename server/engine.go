@@ -99,9 +99,9 @@ func (s *Server) engineNamespace(ctx context.Context, l region.Layout) (*Namespa
 }
 
 func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepRequest) (*kvtierv1.EngineStepResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	out, err := ns.EngineStep(sessionOf(ctx), in)
 	if err != nil {

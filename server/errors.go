@@ -36,6 +36,9 @@ var (
 	// namespace was created anew): the engine must attach again
 	// (FAILED_PRECONDITION).
 	ErrStaleEpoch = errors.New("stale namespace epoch")
+	// ErrPermissionDenied: a tenant named a namespace or a call that is
+	// not its own (PERMISSION_DENIED).
+	ErrPermissionDenied = errors.New("permission denied")
 	// ErrClosed: the namespace is shutting down (UNAVAILABLE).
 	ErrClosed = errors.New("daemon shutting down")
 )
@@ -64,6 +67,8 @@ func toStatus(err error) error {
 		code = codes.OutOfRange
 	case errors.Is(err, ErrProtocol), errors.Is(err, ErrArenaNotShared), errors.Is(err, ErrStaleEpoch):
 		code = codes.FailedPrecondition
+	case errors.Is(err, ErrPermissionDenied):
+		code = codes.PermissionDenied
 	case errors.Is(err, ErrClosed):
 		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):

@@ -46,10 +46,10 @@ func (ns *Namespace) ListBlocks(cursor int64, limit int) ([]offload.Key, int64, 
 	return keys, next, f, nil
 }
 
-func (sv *service) ListBlocks(_ context.Context, in *kvtierv1.ListBlocksRequest) (*kvtierv1.ListBlocksResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+func (sv *service) ListBlocks(ctx context.Context, in *kvtierv1.ListBlocksRequest) (*kvtierv1.ListBlocksResponse, error) {
+	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	keys, next, f, err := ns.ListBlocks(in.GetCursor(), int(in.GetLimit()))
 	if err != nil {

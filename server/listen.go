@@ -2,19 +2,16 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvtier/kvtier/api/wire"
@@ -64,38 +61,6 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	return ln, nil
-}
-
-// errUnauthenticated is deliberately vague: it must not help guessing.
-var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or invalid bearer token (send metadata authorization: Bearer <token>)")
-
-func checkToken(ctx context.Context, token string) error {
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
-		got, ok := strings.CutPrefix(v, "Bearer ")
-		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
-			return nil
-		}
-	}
-	return errUnauthenticated
-}
-
-func tokenUnary(token string) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := checkToken(ctx, token); err != nil {
-			return nil, err
-		}
-		return h(ctx, req)
-	}
-}
-
-func tokenStream(token string) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if err := checkToken(ss.Context(), token); err != nil {
-			return err
-		}
-		return h(srv, ss)
-	}
 }
 
 // decodeErrorsAreInvalid returns a copy of desc whose handlers answer a

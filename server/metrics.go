@@ -119,22 +119,28 @@ var (
 	descTierQueueCap  = prometheus.NewDesc("kvtier_tier_queue_capacity", "Capacity of the tier's job queue (0: no queue or unbounded).", tierLabels, nil)
 	descTierCorrDel   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_deleted_total", "Corrupt blocks the tier deleted.", tierLabels, nil)
 
-	descCascadePin = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
-	descCascadeBud = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
-	descRevoked    = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
-	descSessions   = prometheus.NewDesc("kvtier_sessions", "Client sessions (connections) holding requests.", []string{"namespace"}, nil)
-	descRefused    = prometheus.NewDesc("kvtier_requests_refused_total", "New requests refused, by why: full (the namespace holds limits.max_requests), session_cap (the session holds limits.max_session_requests).", []string{"namespace", "why"}, nil)
-	descReleased   = prometheus.NewDesc("kvtier_requests_released_total", "Requests released without their client finishing them, by why: session_ended (disconnect, crash, keep-alive), idle (no call for the request idle timeout).", []string{"namespace", "why"}, nil)
-	descSideRefsd  = prometheus.NewDesc("kvtier_arena_side_channel_refused_total", "Arena side-channel connections refused at once because 256 exchanges were in flight (an idle connection is dropped after 2 s).", nil, nil)
-	descLoadsMiss  = prometheus.NewDesc("kvtier_prepare_load_missing_total", "Keys PrepareLoad found no longer readable: evicted (or rewritten) by other clients' stores since the Lookup that answered HIT. With allow_missing they are misses (slot -1), else the call fails.", []string{"namespace"}, nil)
-	descConns      = prometheus.NewDesc("kvtier_connections", "Client connections (sessions) open, over all listeners; compare with server.max_connections per listener.", nil, nil)
-	descSessEnded  = prometheus.NewDesc("kvtier_sessions_ended_total", "Client sessions ended (disconnect, crash, keep-alive failure).", nil, nil)
-	descAutoSteps  = prometheus.NewDesc("kvtier_auto_steps_total", "Steps the daemon ended itself because no engine did while tier work was pending.", []string{"namespace"}, nil)
-	descRequests   = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
-	descEventsPub  = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
-	descEventsDrp  = prometheus.NewDesc("kvtier_events_dropped_total", "Offloading events the publisher refused (closed).", []string{"namespace"}, nil)
-	descEventsSent = prometheus.NewDesc("kvtier_events_sent_total", "KV events the publisher sent to its subscribers.", []string{"namespace"}, nil)
-	descBatchesDrp = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
+	descCascadePin  = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
+	descCascadeBud  = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
+	descRevoked     = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
+	descSessions    = prometheus.NewDesc("kvtier_sessions", "Client sessions (connections) holding requests.", []string{"namespace"}, nil)
+	descRefused     = prometheus.NewDesc("kvtier_requests_refused_total", "New requests refused, by why: full (the namespace holds limits.max_requests), session_cap (the session holds limits.max_session_requests).", []string{"namespace", "why"}, nil)
+	descReleased    = prometheus.NewDesc("kvtier_requests_released_total", "Requests released without their client finishing them, by why: session_ended (disconnect, crash, keep-alive), idle (no call for the request idle timeout).", []string{"namespace", "why"}, nil)
+	descSideRefsd   = prometheus.NewDesc("kvtier_arena_side_channel_refused_total", "Arena side-channel connections refused at once because 256 exchanges were in flight (an idle connection is dropped after 2 s).", nil, nil)
+	descLoadsMiss   = prometheus.NewDesc("kvtier_prepare_load_missing_total", "Keys PrepareLoad found no longer readable: evicted (or rewritten) by other clients' stores since the Lookup that answered HIT. With allow_missing they are misses (slot -1), else the call fails.", []string{"namespace"}, nil)
+	descConns       = prometheus.NewDesc("kvtier_connections", "Client connections (sessions) open, over all listeners; compare with server.max_connections per listener.", nil, nil)
+	descSessEnded   = prometheus.NewDesc("kvtier_sessions_ended_total", "Client sessions ended (disconnect, crash, keep-alive failure).", nil, nil)
+	descAutoSteps   = prometheus.NewDesc("kvtier_auto_steps_total", "Steps the daemon ended itself because no engine did while tier work was pending.", []string{"namespace"}, nil)
+	descRequests    = prometheus.NewDesc("kvtier_active_requests", "Active requests.", []string{"namespace"}, nil)
+	descEventsPub   = prometheus.NewDesc("kvtier_events_published_total", "Offloading events handed to the event publisher.", []string{"namespace"}, nil)
+	descEventsDrp   = prometheus.NewDesc("kvtier_events_dropped_total", "Offloading events the publisher refused (closed).", []string{"namespace"}, nil)
+	descEventsSent  = prometheus.NewDesc("kvtier_events_sent_total", "KV events the publisher sent to its subscribers.", []string{"namespace"}, nil)
+	descTenantHeld  = prometheus.NewDesc("kvtier_tenant_primary_bytes", "Primary bytes a tenant's (or shared space's) blocks hold, pending and pinned ones included.", []string{"namespace", "tenant"}, nil)
+	descTenantQuota = prometheus.NewDesc("kvtier_tenant_primary_quota_bytes", "A tenant's (or shared space's) guaranteed share of the primary.", []string{"namespace", "tenant"}, nil)
+	descTenantEvict = prometheus.NewDesc("kvtier_tenant_evictions_total", "A tenant's blocks evicted from the primary, by whose store: self (its own), others (another tenant's, only ever while it held more than its quota).", []string{"namespace", "tenant", "by"}, nil)
+	descTenantLook  = prometheus.NewDesc("kvtier_tenant_lookups_total", "Blocks a tenant's Lookups and GetBlocks (API and block stream) looked up, by result (hit, miss).", []string{"tenant", "result"}, nil)
+	descTenantStore = prometheus.NewDesc("kvtier_tenant_stored_blocks_total", "Blocks a tenant's puts stored (API and block stream).", []string{"tenant"}, nil)
+	descTenantRefsd = prometheus.NewDesc("kvtier_tenant_refusals_total", "A tenant's calls refused: permission denied (another namespace, an admin call), over a limit, no room in the primary.", []string{"tenant"}, nil)
+	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
 
 // collector reads every namespace's Stats at scrape time.
@@ -148,6 +154,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd,
 	} {
 		ch <- d
 	}
@@ -197,6 +204,21 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEventsSent, st.SinkEventsPublished, n)
 		counter(descBatchesDrp, st.SinkBatchesDropped, n)
 		collectTiers(ch, n, st.Tiers)
+		for _, ts := range c.s.tenancy.stats(st) {
+			if len(st.Shares) == 0 {
+				break // a namespace whose primary has no shares (an engine's)
+			}
+			gauge(descTenantHeld, float64(ts.GetPrimaryBytes()), n, ts.GetName())
+			gauge(descTenantQuota, float64(ts.GetPrimaryQuotaBytes()), n, ts.GetName())
+			counter(descTenantEvict, ts.GetEvicted()-ts.GetEvictedByOthers(), n, ts.GetName(), "self")
+			counter(descTenantEvict, ts.GetEvictedByOthers(), n, ts.GetName(), "others")
+		}
+	}
+	for _, t := range c.s.tenancy.tenants {
+		counter(descTenantLook, t.ctr.hits.Load(), t.name, "hit")
+		counter(descTenantLook, t.ctr.misses.Load(), t.name, "miss")
+		counter(descTenantStore, t.ctr.stored.Load(), t.name)
+		counter(descTenantRefsd, t.ctr.refusals.Load(), t.name)
 	}
 	// Tier mode: the namespaces of the engines' regions have no primary
 	// here (vLLM's CPU cache is theirs), but their tiers are the daemon's.

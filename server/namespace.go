@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -305,33 +306,44 @@ func (ns *Namespace) newRequestLocked(s *session, id string, params []byte) (*of
 	return rc, policy, nil
 }
 
-// Keys converts raw keys, checking the per-call count and each key's
-// length against the limits.
-func (ns *Namespace) Keys(raw [][]byte) ([]offload.Key, error) {
+// Keys converts raw keys into keys of space sp, checking the per-call
+// count and each key's length against the limits.
+func (ns *Namespace) Keys(raw [][]byte, sp keyspace.Space) ([]offload.Key, error) {
 	if len(raw) > ns.limits.MaxKeysPerCall {
 		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, len(raw), ns.limits.MaxKeysPerCall)
 	}
+	maxLen := ns.maxKeyBytes(sp)
 	keys := make([]offload.Key, len(raw))
 	for i, b := range raw {
-		if len(b) <= offload.GroupSuffixLen || len(b) > ns.limits.MaxKeyBytes {
+		if len(b) <= offload.GroupSuffixLen || len(b) > maxLen {
 			what := "too short"
-			if len(b) > ns.limits.MaxKeyBytes {
+			if len(b) > maxLen {
 				what = "too long"
 			}
 			return nil, fmt.Errorf("%w: keys[%d]: key %s: %d bytes (want %d..%d: block hash + 4-byte group index)",
-				offload.ErrInvalidKey, i, what, len(b), offload.GroupSuffixLen+1, ns.limits.MaxKeyBytes)
+				offload.ErrInvalidKey, i, what, len(b), offload.GroupSuffixLen+1, maxLen)
 		}
-		keys[i] = offload.Key(b)
+		keys[i] = sp.Key(b)
 	}
 	return keys, nil
 }
 
-// PackedKeys splits keys stored back to back, size bytes each, checking
-// the same limits as Keys. It makes one allocation for the whole batch.
-func (ns *Namespace) PackedKeys(packed []byte, size int) ([]offload.Key, error) {
-	if size <= offload.GroupSuffixLen || size > ns.limits.MaxKeyBytes {
+// maxKeyBytes is the longest key a caller in space sp may send: the limit,
+// less the tag a space adds within offload.MaxKeyLen.
+func (ns *Namespace) maxKeyBytes(sp keyspace.Space) int {
+	if sp.Tagged() {
+		return min(ns.limits.MaxKeyBytes, offload.MaxKeyLen-keyspace.TagLen)
+	}
+	return ns.limits.MaxKeyBytes
+}
+
+// PackedKeys splits keys stored back to back, size bytes each, into keys
+// of space sp, checking the same limits as Keys. It makes one allocation
+// for the whole batch.
+func (ns *Namespace) PackedKeys(packed []byte, size int, sp keyspace.Space) ([]offload.Key, error) {
+	if maxLen := ns.maxKeyBytes(sp); size <= offload.GroupSuffixLen || size > maxLen {
 		return nil, fmt.Errorf("%w: key_size %d (want %d..%d: block hash + 4-byte group index)",
-			offload.ErrInvalidKey, size, offload.GroupSuffixLen+1, ns.limits.MaxKeyBytes)
+			offload.ErrInvalidKey, size, offload.GroupSuffixLen+1, maxLen)
 	}
 	if len(packed)%size != 0 {
 		return nil, fmt.Errorf("%w: packed_keys is %d bytes, not a multiple of key_size %d", ErrInvalidArgument, len(packed), size)
@@ -340,10 +352,24 @@ func (ns *Namespace) PackedKeys(packed []byte, size int) ([]offload.Key, error) 
 	if n > ns.limits.MaxKeysPerCall {
 		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, n, ns.limits.MaxKeysPerCall)
 	}
-	all := string(packed)
 	keys := make([]offload.Key, n)
+	if !sp.Tagged() {
+		all := string(packed)
+		for i := range keys {
+			keys[i] = offload.Key(all[i*size : (i+1)*size])
+		}
+		return keys, nil
+	}
+	tagged := sp.Key(nil)
+	step := len(tagged) + size
+	buf := make([]byte, 0, n*step)
 	for i := range keys {
-		keys[i] = offload.Key(all[i*size : (i+1)*size])
+		buf = append(buf, tagged...)
+		buf = append(buf, packed[i*size:(i+1)*size]...)
+	}
+	all := string(buf)
+	for i := range keys {
+		keys[i] = offload.Key(all[i*step : (i+1)*step])
 	}
 	return keys, nil
 }

@@ -42,9 +42,15 @@ type Config struct {
 	// TCPAddr is the API's TCP address, e.g. "127.0.0.1:7070" ("" for
 	// none; port 0 picks a free port).
 	TCPAddr string
-	// AuthToken, if set, is required on TCP as "authorization: Bearer
-	// <token>" metadata. The Unix socket relies on file permissions.
+	// AuthToken, if set, is the admin's: required on TCP as
+	// "authorization: Bearer <token>" metadata. The Unix socket relies on
+	// file permissions: a caller there without a token is the admin.
 	AuthToken string
+	// Tenants and SharedSpaces divide the daemon between customers
+	// (tenants.go). With tenants, TCP callers need a token even when
+	// AuthToken is empty.
+	Tenants      []TenantConfig
+	SharedSpaces []SharedSpaceConfig
 	// TLS, if set, secures the TCP API (package tlsconfig builds it; with
 	// ClientCAs it requires client certificates) and the block stream.
 	TLS *tls.Config
@@ -84,6 +90,7 @@ type Server struct {
 	namespaces  map[string]*Namespace
 	order       []*Namespace
 	metrics     *metrics
+	tenancy     *tenancy
 	warnings    *offload.WarningLog
 
 	unixSrv, tcpSrv *grpc.Server
@@ -135,7 +142,12 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	tn, err := newTenancy(cfg.AuthToken, cfg.Tenants, cfg.SharedSpaces)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s := &Server{
+		tenancy:    tn,
 		cfg:        cfg,
 		limits:     limits,
 		log:        log,
@@ -199,10 +211,8 @@ func (s *Server) allNamespaces() []*Namespace {
 
 func (s *Server) grpcServer(auth bool) *grpc.Server {
 	codec := wire.NewServerCodec()
-	unary := []grpc.UnaryServerInterceptor{s.metrics.unaryInterceptor}
-	if auth && s.cfg.AuthToken != "" {
-		unary = append([]grpc.UnaryServerInterceptor{tokenUnary(s.cfg.AuthToken)}, unary...)
-	}
+	local := !auth
+	unary := []grpc.UnaryServerInterceptor{s.tenancy.unary(local), s.metrics.unaryInterceptor}
 	var opts []grpc.ServerOption
 	if auth && s.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
@@ -232,9 +242,7 @@ func (s *Server) grpcServer(auth bool) *grpc.Server {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	)
-	if auth && s.cfg.AuthToken != "" {
-		opts = append(opts, grpc.ChainStreamInterceptor(tokenStream(s.cfg.AuthToken)))
-	}
+	opts = append(opts, grpc.ChainStreamInterceptor(s.tenancy.stream(local)))
 	g := grpc.NewServer(opts...)
 	g.RegisterService(decodeErrorsAreInvalid(&kvtierv1.KVTier_ServiceDesc, codec), &service{s: s})
 	// Every service on this server decodes through codec (see

@@ -63,6 +63,11 @@ type envOptions struct {
 	publish     bool
 	replaySteps int
 	feed        func(server.EventFeed) server.EventFeed
+	// tenants, shared and shares: the daemon's tenants, shared spaces and
+	// the primary's shares.
+	tenants []server.TenantConfig
+	shared  []server.SharedSpaceConfig
+	shares  []cpu.Share
 }
 
 func memTiers(t testing.TB) []offload.SecondaryTier {
@@ -107,7 +112,7 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 		o.logger = quietLogger()
 	}
 	e := &env{}
-	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: o.arena, Events: true})
+	p, err := cpu.New(cpu.Config{SlotSize: size, Capacity: int64(size * o.slots), Arena: o.arena, Events: true, Shares: o.shares})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,14 +140,16 @@ func startEnvSlot(t testing.TB, o envOptions, size int) *env {
 		streamAddr = "127.0.0.1:0"
 	}
 	srv, err := server.New(server.Config{
-		StreamAddr:  streamAddr,
-		Namespaces:  []server.NamespaceConfig{nc},
-		UnixSocket:  filepath.Join(dir, "k.sock"),
-		TCPAddr:     "127.0.0.1:0",
-		MetricsAddr: "127.0.0.1:0",
-		AuthToken:   o.token,
-		Limits:      o.limits,
-		Logger:      o.logger,
+		StreamAddr:   streamAddr,
+		Namespaces:   []server.NamespaceConfig{nc},
+		UnixSocket:   filepath.Join(dir, "k.sock"),
+		TCPAddr:      "127.0.0.1:0",
+		MetricsAddr:  "127.0.0.1:0",
+		AuthToken:    o.token,
+		Tenants:      o.tenants,
+		SharedSpaces: o.shared,
+		Limits:       o.limits,
+		Logger:       o.logger,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
@@ -19,6 +21,32 @@ import (
 type service struct {
 	kvtierv1.UnimplementedKVTierServer
 	s *Server
+}
+
+// open returns the namespace a call names and the scope of its keys and
+// request identifiers; a tenant naming a namespace that is not its own is
+// refused before the name is looked up, so that a refusal says nothing of
+// what exists.
+func (sv *service) open(ctx context.Context, name string) (*Namespace, scope, error) {
+	p := principalOf(ctx)
+	nsName, sc, err := sv.s.tenancy.resolve(p, name)
+	if err != nil {
+		return nil, sc, toStatus(err)
+	}
+	ns, err := sv.ns(nsName)
+	if err != nil {
+		return nil, sc, toStatus(err)
+	}
+	return ns, sc, nil
+}
+
+// openAdmin is open for the admin's calls (the interceptor already keeps
+// tenants away from them; this keeps a handler from ever serving one).
+func (sv *service) openAdmin(ctx context.Context, name string) (*Namespace, scope, error) {
+	if t := principalOf(ctx).t; t != nil {
+		return nil, scope{}, status.Errorf(codes.PermissionDenied, "tenant %q: the call is the admin's", t.name)
+	}
+	return sv.open(ctx, name)
 }
 
 func (sv *service) ns(name string) (*Namespace, error) {
@@ -52,11 +80,11 @@ func (sv *service) allNames() []string {
 }
 
 func (sv *service) NewRequest(ctx context.Context, in *kvtierv1.NewRequestRequest) (*kvtierv1.NewRequestResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, sc, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	rc, policy, err := ns.NewRequest(sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()))
+	rc, policy, err := ns.NewRequest(sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()))
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -71,15 +99,16 @@ func (sv *service) NewRequest(ctx context.Context, in *kvtierv1.NewRequestReques
 }
 
 func (sv *service) Lookup(ctx context.Context, in *kvtierv1.LookupRequest) (*kvtierv1.LookupResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, false)
 	if err != nil {
 		return nil, err
 	}
 	res := make([]offload.LookupResult, len(keys))
-	hits, err := ns.Lookup(sessionOf(ctx), in.GetRequestId(), keys, in.GetPrefixScan(), res)
+	hits, err := ns.Lookup(sessionOf(ctx), sc.req(in.GetRequestId()), keys, in.GetPrefixScan(), res)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, sc.refused(err)
 	}
+	sc.countLookups(res)
 	out := &kvtierv1.LookupResponse{Results: resultsProto(res), Hits: uint32(hits)}
 	if in.GetWantSources() {
 		if out.Sources, err = ns.Sources(keys); err != nil {
@@ -97,32 +126,38 @@ type keyed interface {
 	GetKeySize() uint32
 }
 
-func (sv *service) nsKeys(in keyed) (*Namespace, []offload.Key, error) {
-	ns, err := sv.ns(in.GetNamespace())
+// nsKeys opens the namespace of a keyed call (admin: the admin's call)
+// and returns its keys in the call's key space.
+func (sv *service) nsKeys(ctx context.Context, in keyed, admin bool) (*Namespace, scope, []offload.Key, error) {
+	open := sv.open
+	if admin {
+		open = sv.openAdmin
+	}
+	ns, sc, err := open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, nil, toStatus(err)
+		return nil, sc, nil, err
 	}
 	var keys []offload.Key
 	switch {
 	case len(in.GetPackedKeys()) > 0 && len(in.GetKeys()) > 0:
 		err = fmt.Errorf("%w: both keys and packed_keys set", ErrInvalidArgument)
 	case len(in.GetPackedKeys()) > 0:
-		keys, err = ns.PackedKeys(in.GetPackedKeys(), int(in.GetKeySize()))
+		keys, err = ns.PackedKeys(in.GetPackedKeys(), int(in.GetKeySize()), sc.keys)
 	default:
-		keys, err = ns.Keys(in.GetKeys())
+		keys, err = ns.Keys(in.GetKeys(), sc.keys)
 	}
 	if err != nil {
-		return nil, nil, toStatus(err)
+		return nil, sc, nil, toStatus(err)
 	}
-	return ns, keys, nil
+	return ns, sc, keys, nil
 }
 
 func (sv *service) PrepareLoad(ctx context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, true)
 	if err != nil {
 		return nil, err
 	}
-	slots, missing, err := ns.PrepareLoad(sessionOf(ctx), in.GetRequestId(), keys, in.GetAllowMissing())
+	slots, missing, err := ns.PrepareLoad(sessionOf(ctx), sc.req(in.GetRequestId()), keys, in.GetAllowMissing())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -130,29 +165,29 @@ func (sv *service) PrepareLoad(ctx context.Context, in *kvtierv1.PrepareLoadRequ
 }
 
 func (sv *service) CompleteLoad(ctx context.Context, in *kvtierv1.CompleteLoadRequest) (*kvtierv1.CompleteLoadResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, true)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.CompleteLoad(sessionOf(ctx), in.GetRequestId(), keys); err != nil {
+	if err := ns.CompleteLoad(sessionOf(ctx), sc.req(in.GetRequestId()), keys); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.CompleteLoadResponse{}, nil
 }
 
 func (sv *service) Touch(ctx context.Context, in *kvtierv1.TouchRequest) (*kvtierv1.TouchResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, false)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.Touch(sessionOf(ctx), in.GetRequestId(), keys); err != nil {
+	if err := ns.Touch(sessionOf(ctx), sc.req(in.GetRequestId()), keys); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.TouchResponse{}, nil
 }
 
 func (sv *service) PrepareStore(ctx context.Context, in *kvtierv1.PrepareStoreRequest) (*kvtierv1.PrepareStoreResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, true)
 	if err != nil {
 		return nil, err
 	}
@@ -163,46 +198,46 @@ func (sv *service) PrepareStore(ctx context.Context, in *kvtierv1.PrepareStoreRe
 			metas[i] = metaFromProto(m)
 		}
 	}
-	out, ok, err := ns.PrepareStore(sessionOf(ctx), in.GetRequestId(), keys, metas)
+	out, ok, err := ns.PrepareStore(sessionOf(ctx), sc.req(in.GetRequestId()), keys, metas)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.PrepareStoreResponse{
 		Ok:          ok,
-		KeysToStore: keysProto(out.KeysToStore),
+		KeysToStore: sc.keysProto(out.KeysToStore),
 		Slots:       out.Slots,
-		Evicted:     keysProto(out.Evicted),
+		Evicted:     sc.keysProto(out.Evicted),
 	}, nil
 }
 
 func (sv *service) CompleteStore(ctx context.Context, in *kvtierv1.CompleteStoreRequest) (*kvtierv1.CompleteStoreResponse, error) {
-	ns, keys, err := sv.nsKeys(in)
+	ns, sc, keys, err := sv.nsKeys(ctx, in, true)
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.CompleteStore(sessionOf(ctx), in.GetRequestId(), keys, in.GetSuccess()); err != nil {
+	if err := ns.CompleteStore(sessionOf(ctx), sc.req(in.GetRequestId()), keys, in.GetSuccess()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.CompleteStoreResponse{}, nil
 }
 
 func (sv *service) FinishRequest(ctx context.Context, in *kvtierv1.FinishRequestRequest) (*kvtierv1.FinishRequestResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, sc, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	if err := ns.FinishRequest(sessionOf(ctx), in.GetRequestId()); err != nil {
+	if err := ns.FinishRequest(sessionOf(ctx), sc.req(in.GetRequestId())); err != nil {
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.FinishRequestResponse{}, nil
 }
 
-func (sv *service) ScheduleEnd(_ context.Context, in *kvtierv1.ScheduleEndRequest) (*kvtierv1.ScheduleEndResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+func (sv *service) ScheduleEnd(ctx context.Context, in *kvtierv1.ScheduleEndRequest) (*kvtierv1.ScheduleEndResponse, error) {
+	ns, sc, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	pending, n, err := ns.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: in.GetNewRequestIds(), PreemptedReqIDs: in.GetPreemptedRequestIds()})
+	pending, n, err := ns.ScheduleEnd(offload.ScheduleEnd{NewReqIDs: sc.reqIDs(in.GetNewRequestIds()), PreemptedReqIDs: sc.reqIDs(in.GetPreemptedRequestIds())})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -210,9 +245,9 @@ func (sv *service) ScheduleEnd(_ context.Context, in *kvtierv1.ScheduleEndReques
 }
 
 func (sv *service) Reset(ctx context.Context, in *kvtierv1.ResetRequest) (*kvtierv1.ResetResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := ns.Reset(ctx); err != nil {
 		return nil, toStatus(err)
@@ -222,6 +257,9 @@ func (sv *service) Reset(ctx context.Context, in *kvtierv1.ResetRequest) (*kvtie
 
 func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtierv1.StatsResponse, error) {
 	name := in.GetNamespace()
+	if p := principalOf(ctx); p.t != nil || sv.s.tenancy.shared[name] != nil {
+		return sv.tenantStats(ctx, p, name)
+	}
 	if _, ok := sv.s.Namespace(name); !ok && name == "" {
 		// No default namespace: a daemon with one namespace (one engine
 		// layout, one tier-mode layout) answers for it.
@@ -242,13 +280,14 @@ func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtie
 	}
 	out := statsProto(st)
 	out.StreamAddr = sv.s.StreamAddr()
+	out.Tenants = sv.s.tenancy.stats(st)
 	return out, nil
 }
 
-func (sv *service) Explain(_ context.Context, in *kvtierv1.ExplainRequest) (*kvtierv1.ExplainResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+func (sv *service) Explain(ctx context.Context, in *kvtierv1.ExplainRequest) (*kvtierv1.ExplainResponse, error) {
+	ns, _, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	ex, err := ns.Explain([]byte(in.GetKvTransferParams()))
 	if err != nil {
@@ -281,9 +320,9 @@ func reason(v tierset.Verdict, s tierset.Side) string {
 }
 
 func (sv *service) PutBlocks(ctx context.Context, in *kvtierv1.PutBlocksRequest) (*kvtierv1.PutBlocksResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, sc, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	blocks := in.GetBlocks()
 	raw := make([][]byte, len(blocks))
@@ -291,14 +330,15 @@ func (sv *service) PutBlocks(ctx context.Context, in *kvtierv1.PutBlocksRequest)
 	for i, b := range blocks {
 		raw[i], data[i] = b.GetKey(), b.GetData()
 	}
-	keys, err := ns.Keys(raw)
+	keys, err := ns.Keys(raw, sc.keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	written, evicted, err := ns.PutBlocks(sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, data)
+	written, evicted, err := ns.PutBlocks(sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()), keys, data)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, sc.refused(err)
 	}
+	sc.countStored(written)
 	st := make([]kvtierv1.PutStatus, len(written))
 	for i, w := range written {
 		st[i] = kvtierv1.PutStatus_PUT_STATUS_ALREADY_PRESENT
@@ -306,23 +346,24 @@ func (sv *service) PutBlocks(ctx context.Context, in *kvtierv1.PutBlocksRequest)
 			st[i] = kvtierv1.PutStatus_PUT_STATUS_STORED
 		}
 	}
-	return &kvtierv1.PutBlocksResponse{Statuses: st, Evicted: keysProto(evicted)}, nil
+	return &kvtierv1.PutBlocksResponse{Statuses: st, Evicted: sc.keysProto(evicted)}, nil
 }
 
 func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest) (*kvtierv1.GetBlocksResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+	ns, sc, err := sv.open(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	keys, err := ns.Keys(in.GetKeys())
+	keys, err := ns.Keys(in.GetKeys(), sc.keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	wait := time.Duration(in.GetWaitMs()) * time.Millisecond
-	res, data, hits, err := ns.GetBlocks(ctx, sessionOf(ctx), in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())
+	res, data, hits, err := ns.GetBlocks(ctx, sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()), keys, wait, in.GetPrefixOnly())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, sc.refused(err)
 	}
+	sc.countLookups(res)
 	blocks := make([]*kvtierv1.Block, len(keys))
 	var sums []uint64
 	if in.GetWantChecksums() {
@@ -337,10 +378,10 @@ func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest)
 	return &kvtierv1.GetBlocksResponse{Blocks: blocks, Results: resultsProto(res), Hits: uint32(hits), Checksums: sums}, nil
 }
 
-func (sv *service) GetArena(_ context.Context, in *kvtierv1.GetArenaRequest) (*kvtierv1.GetArenaResponse, error) {
-	ns, err := sv.ns(in.GetNamespace())
+func (sv *service) GetArena(ctx context.Context, in *kvtierv1.GetArenaRequest) (*kvtierv1.GetArenaResponse, error) {
+	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	a := ns.Arena()
 	resp := &kvtierv1.GetArenaResponse{

@@ -3,6 +3,7 @@ package server
 import (
 	"time"
 
+	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 )
@@ -41,6 +42,9 @@ type Stats struct {
 	// (evicted since the Lookup that answered HIT): misses, not errors,
 	// with allow_missing.
 	LoadsMissing uint64
+	// Shares are the primary's owners (cpu.Primary.Shares): the tenants'
+	// occupancy and evictions.
+	Shares []cpu.ShareStats
 }
 
 // PrimaryStats are the primary tier's counters and gauges.

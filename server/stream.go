@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -117,10 +116,15 @@ func (s *Server) streamConn(c net.Conn) error {
 		_, _ = c.Write([]byte(streamMagic + "\x01"))
 		return errors.New("block stream: refused")
 	}
-	if s.cfg.AuthToken != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AuthToken)) != 1 {
+	p, err := s.tenancy.authenticate(string(token), len(token) > 0, false)
+	if err != nil {
 		return refuse()
 	}
-	ns, ok := s.Namespace(string(nsName))
+	name, sc, err := s.tenancy.resolve(p, string(nsName))
+	if err != nil {
+		return refuse()
+	}
+	ns, ok := s.Namespace(name)
 	if !ok {
 		return refuse()
 	}
@@ -150,7 +154,7 @@ func (s *Server) streamConn(c net.Conn) error {
 			if err != nil {
 				return err
 			}
-			keys[i] = offload.Key(k)
+			keys[i] = sc.keys.Key(k)
 			if !keys[i].Valid() || len(k) > s.limits.MaxKeyBytes {
 				return fmt.Errorf("block stream: key %d: %w", i, offload.ErrInvalidKey)
 			}
@@ -162,9 +166,9 @@ func (s *Server) streamConn(c net.Conn) error {
 			}
 		}
 		if word&putFlag != 0 {
-			err = s.streamPut(c, r, w, ns, keys, word&pushFlag != 0, o)
+			err = s.streamPut(c, r, w, ns, sc, keys, word&pushFlag != 0, o)
 		} else {
-			err = s.streamBlocks(c, w, ns, keys, o)
+			err = s.streamBlocks(c, w, ns, sc, keys, o)
 		}
 		s.countStream(word, err)
 		if err != nil && !errors.Is(err, errAnswered) {
@@ -320,7 +324,7 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 
 // streamPut answers one put request: reserves, reads each block into its
 // slot, commits the verified ones, answers a status per key.
-func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, keys []offload.Key, push bool, o *streamOpts) error {
+func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, sc scope, keys []offload.Key, push bool, o *streamOpts) error {
 	var params []byte
 	if o != nil {
 		params = o.params
@@ -335,6 +339,7 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		// stays usable.
 		s.log.Debug("block stream put refused", "keys", len(keys), "err", err)
 		failed = err
+		_ = sc.refused(err)
 		slots, gens = make([]int64, len(keys)), make([]uint16, len(keys))
 		for i := range slots {
 			slots[i] = -1
@@ -358,6 +363,7 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 	if err := commit(ok); err != nil {
 		return err
 	}
+	sc.countStored(ok)
 	_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
 	if failed != nil && o != nil {
 		return writeFailed(w, failed)
@@ -434,7 +440,7 @@ var peerReadParams = []byte(`{"kv_load_tiers":[]}`)
 // streamBlocks answers one get: looks the keys up and pins the blocks to
 // return (pinGetLocked: with o, as GetBlocks; without, from the primary
 // alone), writes each from its slot with its checksum, unpins.
-func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys []offload.Key, o *streamOpts) error {
+func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, sc scope, keys []offload.Key, o *streamOpts) error {
 	ctx, cancel := context.WithTimeout(context.Background(), streamTimeout)
 	defer cancel()
 	params, wait, prefixOnly := peerReadParams, time.Duration(0), false
@@ -454,6 +460,7 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, keys [
 		}
 		return err
 	}
+	sc.countLookups(g.results)
 	// The pinned blocks' generations: their checksums may be known.
 	gens := make([]uint16, len(g.slots))
 	for i, slot := range g.slots {

@@ -155,7 +155,7 @@ func TestBlockStreamModel(t *testing.T) {
 					if withParams {
 						o = &streamOpts{}
 					}
-					return srv.streamPut(sc, bufio.NewReader(sc), bufio.NewWriter(sc), ns, keys, false, o)
+					return srv.streamPut(sc, bufio.NewReader(sc), bufio.NewWriter(sc), ns, scope{}, keys, false, o)
 				}, func(cc net.Conn, wait func() bool) error {
 					w := bufio.NewWriter(cc)
 					var h blockstream.Summer
@@ -235,7 +235,7 @@ func TestBlockStreamModel(t *testing.T) {
 					if params != "peer" {
 						o = &streamOpts{params: []byte(params)}
 					}
-					return srv.streamBlocks(sc, bufio.NewWriter(sc), ns, keys, o)
+					return srv.streamBlocks(sc, bufio.NewWriter(sc), ns, scope{}, keys, o)
 				}, func(cc net.Conn, wait func() bool) error {
 					// Unbuffered: the daemon's writes wait for this
 					// reader, so a paused get keeps its pins.

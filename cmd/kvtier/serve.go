@@ -122,6 +122,17 @@ events:
 #   max_requests: 65536     # per region
 #   lookup_wait: 2s         # then keys tiers have not settled answer "unknown"
 #   tick: 1ms               # executor poll interval while work is pending
+
+# tenants:                  # customers sharing the daemon (README "Tenants")
+#   - name: acme            # its key space, metrics label and stats row
+#     token_file: /etc/kvtier/acme.token  # or token: ...; TCP and Unix socket
+#     namespaces: [default] # what its token reaches; others: PERMISSION_DENIED
+#     quota: {primary: 256MiB}  # guaranteed: no other tenant's store evicts it
+#     weight: 1             # share of the space no quota claims
+# shared_spaces:            # blocks several tenants share, e.g. system prompts
+#   - name: prompts         # reached as namespace "prompts"
+#     tenants: [acme]
+#     quota: {primary: 64MiB}
 `
 
 type serveFlags struct {
@@ -347,14 +358,14 @@ func streamAddr(configured, tcpAddr string) string {
 func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*server.Server, error) {
 	token := cfg.Server.AuthToken
 	if cfg.Server.AuthTokenFile != "" {
-		b, err := os.ReadFile(cfg.Server.AuthTokenFile)
-		if err != nil {
+		var err error
+		if token, err = readToken(cfg.Server.AuthTokenFile); err != nil {
 			return nil, fmt.Errorf("server.auth_token_file: %w", err)
 		}
-		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
-		if token == "" {
-			return nil, fmt.Errorf("server.auth_token_file %s: empty", cfg.Server.AuthTokenFile)
-		}
+	}
+	tenants, shared, err := tenantsOf(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if token == "" && cfg.Server.TCPAddr != "" && !loopback(cfg.Server.TCPAddr) {
 		log.Warn("the TCP API listens beyond loopback without server.auth_token", "tcp_addr", cfg.Server.TCPAddr)
@@ -392,6 +403,8 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		UnixSocket:    cfg.Server.UnixSocket,
 		TCPAddr:       cfg.Server.TCPAddr,
 		AuthToken:     token,
+		Tenants:       tenants,
+		SharedSpaces:  shared,
 		TLS:           serverTLS,
 		StreamAddr:    streamAddr(cfg.Server.StreamAddr, cfg.Server.TCPAddr),
 		MetricsAddr:   cfg.Server.MetricsAddr,
@@ -449,7 +462,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
 			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
 			Mode:           string(ev.Mode),
-			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames)},
+			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames), Spaces: spaceNames(cfg)},
 			Logger:         log.With("component", "events"),
 		})
 		if err != nil {
@@ -468,12 +481,17 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		return server.NamespaceConfig{}, nil, err
 	}
 	slotSize, _ := cfg.Namespace.BytesPerBlock.Int()
+	shares, err := primaryShares(cfg)
+	if err != nil {
+		return fail(err)
+	}
 	p, err := cpu.New(cpu.Config{
 		SlotSize: slotSize,
 		Capacity: int64(cfg.Primary.Bytes),
 		Policy:   string(cfg.Primary.Policy),
 		Arena:    cpu.ArenaConfig{Kind: cpu.ArenaKind(cfg.Primary.Arena.Kind), Path: cfg.Primary.Arena.Path},
 		Events:   cfg.Events.Enabled,
+		Shares:   shares,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("primary: %w", err))

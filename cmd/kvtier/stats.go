@@ -18,16 +18,22 @@ import (
 func newStatsCmd() *cobra.Command {
 	var rf remoteFlags
 	var asJSON bool
+	var tenant string
 	cmd := &cobra.Command{
-		Use:   "stats [flags] [--json]",
+		Use:   "stats [flags] [--json] [--tenant NAME]",
 		Short: "Show a running daemon's primary and tiers",
 		Long: `stats prints the namespace's primary tier (slots, hits, evictions), its
 requests and sessions, and one row per secondary tier: health, back-pressure,
 blocks and bytes held, lookups, promotions, and cascades by result with the
-dropped ones by reason. --json prints the daemon's Stats answer as JSON
-(field names as in api/kvtier/v1/kvtier.proto).`,
+dropped ones by reason, then one row per tenant and shared space when the
+daemon has them. --tenant prints one tenant's row only: its primary bytes
+and quota, its blocks evicted (by its own stores and by others'), hits,
+misses, blocks stored and refusals. With a tenant's token, stats shows that
+tenant's row and nothing else. --json prints the daemon's Stats answer as
+JSON (field names as in api/kvtier/v1/kvtier.proto).`,
 		Example: `  kvtier stats
-  kvtier stats --target 127.0.0.1:7070 --token "$TOKEN" --json`,
+  kvtier stats --target 127.0.0.1:7070 --token "$TOKEN" --json
+  kvtier stats --target 127.0.0.1:7070 --token "$TOKEN" --tenant acme`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := rf.dial()
@@ -42,6 +48,13 @@ dropped ones by reason. --json prints the daemon's Stats answer as JSON
 				return rf.rpcError("stats", err)
 			}
 			w := cmd.OutOrStdout()
+			if tenant != "" {
+				ts := slices.DeleteFunc(st.GetTenants(), func(t *kvtierv1.TenantStats) bool { return t.GetName() != tenant })
+				if len(ts) == 0 {
+					return fmt.Errorf("stats: the daemon has no tenant %q (or your token is another tenant's)", tenant)
+				}
+				st = &kvtierv1.StatsResponse{Namespace: st.GetNamespace(), Tenants: ts}
+			}
 			if asJSON {
 				b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true}.Marshal(st)
 				if err != nil {
@@ -50,12 +63,21 @@ dropped ones by reason. --json prints the daemon's Stats answer as JSON
 				_, err = fmt.Fprintln(w, string(b))
 				return err
 			}
+			if st.GetPrimary().GetNumSlots() == 0 && len(st.GetTenants()) > 0 {
+				printTenants(w, st.GetTenants()) // a tenant's view, or --tenant
+				return nil
+			}
 			printStats(w, st)
+			if len(st.GetTenants()) > 0 {
+				fmt.Fprintln(w)
+				printTenants(w, st.GetTenants())
+			}
 			return nil
 		},
 	}
 	rf.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the Stats answer as JSON")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "print only this tenant's (or shared space's) figures")
 	return cmd
 }
 
@@ -97,6 +119,22 @@ func printStats(w io.Writer, st *kvtierv1.StatsResponse) {
 			t.GetHits(), t.GetMisses(), t.GetPromotionsOk(), t.GetPromotionsFailed(),
 			t.GetCascadesOk(), t.GetCascadesFailed(), t.GetCascadesDropped(), t.GetCascadesFiltered(),
 			droppedBy(t.GetCascadesDroppedByReason()))
+	}
+	tw.Flush()
+}
+
+// printTenants prints one row per tenant or shared space.
+func printTenants(w io.Writer, ts []*kvtierv1.TenantStats) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT	KIND	PRIMARY	QUOTA	EVICTED self/others	HITS	MISSES	STORED	REFUSED")
+	for _, t := range ts {
+		kind := "tenant"
+		if t.GetShared() {
+			kind = "shared"
+		}
+		fmt.Fprintf(tw, "%s	%s	%s	%s	%d/%d	%d	%d	%d	%d\n",
+			t.GetName(), kind, confvalue.ByteSize(t.GetPrimaryBytes()).Approx(), confvalue.ByteSize(t.GetPrimaryQuotaBytes()).Approx(),
+			t.GetEvicted()-t.GetEvictedByOthers(), t.GetEvictedByOthers(), t.GetHits(), t.GetMisses(), t.GetStored(), t.GetRefusals())
 	}
 	tw.Flush()
 }

@@ -83,6 +83,17 @@ CASES = [
              "group_idx": 4, "kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 4096},
         ],
     },
+    {
+        "name": "a tenant's blocks (extra_keys name its space)",
+        "ts": 99.5,
+        "dp_rank": 0,
+        "events": [
+            {"type": "BlockStored", "block_hashes": ["00000000000003e8", "00000000000003e9"],
+             "parent_block_hash": None, "token_ids": [], "block_size": 0, "lora_id": None, "medium": "CPU",
+             "lora_name": None, "extra_keys": [("kvtier_tenant:acme",), ("kvtier_tenant:acme",)],
+             "group_idx": 0, "locality": "LOCAL"},
+        ],
+    },
 ]
 
 ARRAY_FIELDS = {  # the fields vLLM 0.23's structs have

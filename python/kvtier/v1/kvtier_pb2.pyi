@@ -652,7 +652,7 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ["active_requests", "auto_steps", "cascade_pin_budget", "cascade_pinned_slots", "cascade_revocations", "expired_requests", "namespace", "primary", "released_requests", "sessions", "stream_addr", "tiers"]
+    __slots__ = ["active_requests", "auto_steps", "cascade_pin_budget", "cascade_pinned_slots", "cascade_revocations", "expired_requests", "namespace", "primary", "released_requests", "sessions", "stream_addr", "tenants", "tiers"]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     AUTO_STEPS_FIELD_NUMBER: _ClassVar[int]
     CASCADE_PINNED_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -664,6 +664,7 @@ class StatsResponse(_message.Message):
     RELEASED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     active_requests: int
     auto_steps: int
@@ -676,8 +677,33 @@ class StatsResponse(_message.Message):
     released_requests: int
     sessions: int
     stream_addr: str
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
-    def __init__(self, namespace: _Optional[str] = ..., primary: _Optional[_Union[PrimaryStats, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., active_requests: _Optional[int] = ..., cascade_pinned_slots: _Optional[int] = ..., cascade_pin_budget: _Optional[int] = ..., cascade_revocations: _Optional[int] = ..., sessions: _Optional[int] = ..., expired_requests: _Optional[int] = ..., released_requests: _Optional[int] = ..., auto_steps: _Optional[int] = ..., stream_addr: _Optional[str] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., primary: _Optional[_Union[PrimaryStats, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., active_requests: _Optional[int] = ..., cascade_pinned_slots: _Optional[int] = ..., cascade_pin_budget: _Optional[int] = ..., cascade_revocations: _Optional[int] = ..., sessions: _Optional[int] = ..., expired_requests: _Optional[int] = ..., released_requests: _Optional[int] = ..., auto_steps: _Optional[int] = ..., stream_addr: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
+
+class TenantStats(_message.Message):
+    __slots__ = ["evicted", "evicted_by_others", "hits", "misses", "name", "primary_bytes", "primary_quota_bytes", "refusals", "shared", "stored"]
+    EVICTED_BY_OTHERS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    evicted: int
+    evicted_by_others: int
+    hits: int
+    misses: int
+    name: str
+    primary_bytes: int
+    primary_quota_bytes: int
+    refusals: int
+    shared: bool
+    stored: int
+    def __init__(self, name: _Optional[str] = ..., shared: bool = ..., primary_bytes: _Optional[int] = ..., primary_quota_bytes: _Optional[int] = ..., evicted: _Optional[int] = ..., evicted_by_others: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., stored: _Optional[int] = ..., refusals: _Optional[int] = ...) -> None: ...
 
 class TierDecision(_message.Message):
     __slots__ = ["load", "load_reason", "locality", "medium", "name", "store", "store_reason", "type"]

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/server"
+)
+
+// tenantsOf returns the server's tenants and shared spaces, reading token
+// files.
+func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceConfig, error) {
+	var ts []server.TenantConfig
+	for i, t := range cfg.Tenants {
+		tok := t.Token
+		if t.TokenFile != "" {
+			var err error
+			if tok, err = readToken(t.TokenFile); err != nil {
+				return nil, nil, fmt.Errorf("tenants[%d].token_file: %w", i, err)
+			}
+		}
+		ns := make([]string, len(t.Namespaces))
+		for j, n := range t.Namespaces {
+			ns[j] = config.NamespaceName(n)
+		}
+		ts = append(ts, server.TenantConfig{Name: t.Name, Token: tok, Namespaces: ns})
+	}
+	var ss []server.SharedSpaceConfig
+	for _, s := range cfg.SharedSpaces {
+		ss = append(ss, server.SharedSpaceConfig{Name: s.Name, Tenants: s.Tenants})
+	}
+	return ts, ss, nil
+}
+
+// readToken reads a token file: its first line, surrounding whitespace
+// trimmed.
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	if tok = strings.TrimSpace(tok); tok == "" {
+		return "", fmt.Errorf("%s: empty", path)
+	}
+	return tok, nil
+}
+
+// primaryShares divides the daemon's primary between the tenants and the
+// shared spaces by their quotas (whole blocks).
+func primaryShares(cfg *config.Config) ([]cpu.Share, error) {
+	block := int64(cfg.Namespace.BytesPerBlock)
+	var out []cpu.Share
+	for _, t := range cfg.Tenants {
+		sp, err := server.TenantSpace(t.Name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cpu.Share{Space: sp.ID(), Slots: int(int64(t.Quota.Primary) / block), Weight: t.Weight})
+	}
+	for _, s := range cfg.SharedSpaces {
+		sp, err := server.SharedSpace(s.Name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cpu.Share{Space: sp.ID(), Slots: int(int64(s.Quota.Primary) / block), Weight: s.Weight})
+	}
+	return out, nil
+}
+
+// spaceNames names the tenants' and shared spaces' key spaces by ID, for
+// the events (a shared space is published under its own name).
+func spaceNames(cfg *config.Config) map[uint64]string {
+	if len(cfg.Tenants)+len(cfg.SharedSpaces) == 0 {
+		return nil
+	}
+	m := map[uint64]string{}
+	for _, t := range cfg.Tenants {
+		if sp, err := server.TenantSpace(t.Name); err == nil {
+			m[sp.ID()] = t.Name
+		}
+	}
+	for _, s := range cfg.SharedSpaces {
+		if sp, err := server.SharedSpace(s.Name); err == nil {
+			m[sp.ID()] = s.Name
+		}
+	}
+	return m
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// TestTenantsAgainstADaemon: a daemon built from a config with tenants
+// (one token from a file) keeps their blocks apart, and `kvtier stats`
+// shows each its own row.
+func TestTenantsAgainstADaemon(t *testing.T) {
+	dir := shortTempDir(t)
+	tcp := freeTCP(t)
+	if err := os.WriteFile(filepath.Join(dir, "beta.token"), []byte("beta-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doc := fmt.Sprintf(`
+namespace: {model: m, bytes_per_block: 4KiB}
+primary: {bytes: 64KiB}
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: admin-secret}
+tenants:
+  - {name: acme, token: acme-secret, namespaces: [default], quota: {primary: 16KiB}, weight: 2}
+  - {name: beta, token_file: %s/beta.token, namespaces: [default], quota: {primary: 16KiB}}
+shared_spaces:
+  - {name: prompts, tenants: [acme, beta], quota: {primary: 8KiB}}
+`, dir, tcp, dir)
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := buildDaemon(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &opsDaemon{srv: srv}
+	t.Cleanup(d.stop)
+	key := offload.MakeKey([]byte{1, 2, 3, 4, 5, 6, 7, 8}, 0).String()
+	path, _ := blockFile(t, dir, 1, 4096)
+	as := func(token string, args ...string) (int, string, string) {
+		return runCLI(t, "", append([]string{args[0], "--target", tcp, "--token", token}, args[1:]...)...)
+	}
+	if code, out, errOut := as("acme-secret", "put", key, path); code != 0 || out != key+" stored\n" {
+		t.Fatalf("acme put: exit %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := as("beta-secret", "get", key); code != exitMiss {
+		t.Fatalf("beta get of acme's key: exit %d %q; want a miss", code, errOut)
+	}
+	if code, _, errOut := as("acme-secret", "get", key); code != 0 {
+		t.Fatalf("acme get: exit %d %q", code, errOut)
+	}
+	code, out, errOut := as("admin-secret", "stats", "--tenant", "acme")
+	if code != 0 || !strings.Contains(out, "acme    tenant  4.0KiB   16.0KiB") {
+		t.Fatalf("stats --tenant acme: exit %d %q\n%s", code, errOut, out)
+	}
+	code, out, _ = as("admin-secret", "stats")
+	for _, want := range []string{"primary   16 slots", "TENANT", "acme", "beta", "prompts  shared"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("admin stats lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = as("beta-secret", "stats")
+	if code != 0 || strings.Contains(out, "acme") || strings.Contains(out, "primary") || !strings.Contains(out, "beta") {
+		t.Errorf("beta's stats shows more than beta:\n%s", out)
+	}
+	if code, _, errOut := as("beta-secret", "stats", "--tenant", "acme"); code == 0 || !strings.Contains(errOut, "no tenant") {
+		t.Errorf("beta's stats --tenant acme: exit %d %q", code, errOut)
+	}
+}
+
+// TestTenantConfigErrors: every mistake in tenants is a config error
+// naming its key.
+func TestTenantConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 2GiB}}]`, "quotas add up to 2GiB, more than primary.bytes = 1GiB"},
+		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 600MiB}}, {name: b, token: y, namespaces: [default], quota: {primary: 600MiB}}]`, "quotas add up to 1200MiB"},
+		{`tenants: [{name: a, namespaces: [default]}]`, "tenants[0].token: required"},
+		{`tenants: [{name: a, token: x, token_file: /f, namespaces: [default]}]`, "set either token or token_file"},
+		{`tenants: [{name: a, token: x}]`, "tenants[0].namespaces: required"},
+		{`tenants: [{name: a, token: x, namespaces: [default]}, {name: a, token: y, namespaces: [default]}]`, `duplicate name "a"`},
+		{`tenants: [{name: a, token: x, namespaces: [default]}, {name: b, token: x, namespaces: [default]}]`, "the same token as tenants[0]"},
+		{`{server: {auth_token: x}, tenants: [{name: a, token: x, namespaces: [default]}]}`, "the same token as server.auth_token"},
+		{`tenants: [{name: "a b", token: x, namespaces: [default]}]`, "invalid name"},
+		{`tenants: [{name: a, token: x, namespaces: [default], weight: -2}]`, "tenants[0].weight: must be positive"},
+		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primary: -1}}]`, "quota.primary"},
+		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primery: 1GiB}}]`, "primery"},
+		{`{tenants: [{name: a, token: x, namespaces: [default]}], shared_spaces: [{name: p, tenants: [a, z]}]}`, `no tenant is called "z"`},
+		{`{tenants: [{name: a, token: x, namespaces: [default]}], shared_spaces: [{name: default, tenants: [a]}]}`, "the daemon's namespace"},
+		{`{primary: {bytes: 0}, tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 1MiB}}]}`, "need the daemon's primary"},
+	} {
+		_, err := config.Parse([]byte(tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s\n  got %v\n  want an error containing %q", tc.doc, err, tc.want)
+		}
+	}
+	// A token file that cannot be read is an error at start.
+	cfg, err := config.Parse([]byte(`tenants: [{name: a, token_file: /nonexistent/t, namespaces: [default]}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tenantsOf(cfg); err == nil || !strings.Contains(err.Error(), "tenants[0].token_file") {
+		t.Errorf("unreadable token file: %v", err)
+	}
+}

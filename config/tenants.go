@@ -1,0 +1,155 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+
+	"github.com/kvtier/kvtier/confvalue"
+)
+
+// Tenant is one customer of the daemon (kvtier serve): a token that
+// reaches some namespaces, a key space of its own in each, and a share of
+// the primary.
+type Tenant struct {
+	// Name identifies the tenant in metrics, logs, `kvtier stats
+	// --tenant` and events; it names its key space, so renaming a tenant
+	// orphans what it stored in persistent tiers.
+	Name string `yaml:"name"`
+	// Token (or TokenFile: its first line, trimmed) authenticates the
+	// tenant, on TCP and on the Unix socket. Set exactly one.
+	Token     string `yaml:"token"`
+	TokenFile string `yaml:"token_file"`
+	// Namespaces are the API namespaces the token reaches; "default"
+	// names the daemon's own namespace (API name ""). A call naming any
+	// other is refused with PERMISSION_DENIED.
+	Namespaces []string `yaml:"namespaces"`
+	// Quota is the tenant's guaranteed share.
+	Quota Quota `yaml:"quota"`
+	// Weight scales how far above its quota the tenant may grow into
+	// space no one else claims, relative to the others (default 1).
+	Weight float64 `yaml:"weight"`
+}
+
+// Quota is a guaranteed share of the primary: blocks of the tenant within
+// it are never evicted by another tenant's stores.
+type Quota struct {
+	// Primary is the share of the daemon's primary (primary.bytes),
+	// rounded down to whole blocks. 0: no guarantee, only what others
+	// leave.
+	Primary confvalue.ByteSize `yaml:"primary"`
+}
+
+// SharedSpace is a key space several tenants read and write together —
+// a system prompt's blocks, say — reached as an API namespace of its own
+// name that stores into the daemon's own namespace. Exactly this is
+// shared: the blocks stored through that name, by any of its tenants or
+// the admin. Each tenant's private keys, its request identifiers and its
+// quota stay its own; shared blocks count against the space's quota, not
+// the tenant that stored them.
+type SharedSpace struct {
+	Name    string   `yaml:"name"`
+	Tenants []string `yaml:"tenants"`
+	Quota   Quota    `yaml:"quota"`
+	Weight  float64  `yaml:"weight"`
+}
+
+// DefaultNamespaceName is how tenants' namespaces name the daemon's own
+// namespace, whose API name is "".
+const DefaultNamespaceName = "default"
+
+// MaxTenants bounds tenants and shared spaces together (the primary's
+// shares, the metrics' label values).
+const MaxTenants = 64
+
+var tenantNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// checkTenants applies the rules of tenants and shared_spaces.
+func (c *Config) checkTenants(d *decoder) {
+	if len(c.Tenants) == 0 && len(c.SharedSpaces) == 0 {
+		return
+	}
+	if n := len(c.Tenants) + len(c.SharedSpaces); n > MaxTenants {
+		d.errorf(nil, "tenants", "%d tenants and shared spaces, at most %d", n, MaxTenants)
+		return
+	}
+	names := map[string]string{}
+	tokens := map[string]string{}
+	if c.Server.AuthToken != "" {
+		tokens[c.Server.AuthToken] = "server.auth_token"
+	}
+	var quota confvalue.ByteSize
+	name := func(path, n string) {
+		switch {
+		case !tenantNameRE.MatchString(n):
+			d.errorf(nil, path+".name", "invalid name %q (want 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit)", n)
+		case names[n] != "":
+			d.errorf(nil, path+".name", "duplicate name %q (also %s)", n, names[n])
+		default:
+			names[n] = path
+		}
+	}
+	share := func(path string, q Quota, w float64) {
+		if q.Primary < 0 {
+			d.errorf(nil, path+".quota.primary", "must not be negative, got %s", q.Primary)
+		}
+		quota += q.Primary
+		if w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			d.errorf(nil, path+".weight", "must be positive, got %v", w)
+		}
+	}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		path := fmt.Sprintf("tenants[%d]", i)
+		name(path, t.Name)
+		switch {
+		case t.Token != "" && t.TokenFile != "":
+			d.errorf(nil, path+".token_file", "set either token or token_file, not both")
+		case t.Token == "" && t.TokenFile == "":
+			d.errorf(nil, path+".token", "required (or token_file): a tenant is known by its token")
+		case t.Token != "":
+			if other, dup := tokens[t.Token]; dup {
+				d.errorf(nil, path+".token", "the same token as %s: every tenant needs its own", other)
+			}
+			tokens[t.Token] = path
+		}
+		if len(t.Namespaces) == 0 {
+			d.errorf(nil, path+".namespaces", "required: the namespaces the tenant's token reaches (%q is the daemon's own)", DefaultNamespaceName)
+		}
+		share(path, t.Quota, t.Weight)
+	}
+	for i := range c.SharedSpaces {
+		s := &c.SharedSpaces[i]
+		path := fmt.Sprintf("shared_spaces[%d]", i)
+		name(path, s.Name)
+		if s.Name == DefaultNamespaceName {
+			d.errorf(nil, path+".name", "%q is the daemon's namespace; name the shared space something else", s.Name)
+		}
+		if len(s.Tenants) == 0 {
+			d.errorf(nil, path+".tenants", "required: the tenants that share the space")
+		}
+		for _, tn := range s.Tenants {
+			if !slices.ContainsFunc(c.Tenants, func(t Tenant) bool { return t.Name == tn }) {
+				d.errorf(nil, path+".tenants", "no tenant is called %q", tn)
+			}
+		}
+		share(path, s.Quota, s.Weight)
+	}
+	if c.Primary.Bytes > 0 && quota > c.Primary.Bytes {
+		d.errorf(nil, "tenants", "the quotas add up to %s, more than primary.bytes = %s: a quota is a guarantee, and the primary cannot keep them all",
+			quota, c.Primary.Bytes)
+	}
+	if c.Primary.Bytes == 0 && (quota > 0 || len(c.SharedSpaces) > 0) {
+		d.errorf(nil, "tenants", "quotas and shared spaces need the daemon's primary (primary.bytes is 0)")
+	}
+}
+
+// NamespaceName returns the API name of a namespace as tenants name it:
+// "" for DefaultNamespaceName.
+func NamespaceName(n string) string {
+	if n == DefaultNamespaceName {
+		return ""
+	}
+	return n
+}
