@@ -11,7 +11,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-func noTiers(testing.TB) []offload.SecondaryTier { return nil }
+func noTiers(envT) []offload.SecondaryTier { return nil }
 
 // BenchmarkLookup1000Unix is one batched Lookup of a 1 000-key prefix held
 // in the primary, over the Unix socket (DESIGN.md §8: ≤ 200 µs median).

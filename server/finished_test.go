@@ -47,7 +47,7 @@ func (w *finishWatch) lateLookups() []string {
 func watchedEnv(t *testing.T, latency time.Duration) (*env, *finishWatch) {
 	t.Helper()
 	var w *finishWatch
-	e := startEnv(t, envOptions{tiers: func(t testing.TB) []offload.SecondaryTier {
+	e := startEnv(t, envOptions{tiers: func(t envT) []offload.SecondaryTier {
 		m, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Latency: latency})
 		if err != nil {
 			t.Fatal(err)

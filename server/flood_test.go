@@ -21,9 +21,9 @@ import (
 func TestFloodOfStoresNeverRejected(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		tiers func(t testing.TB) []offload.SecondaryTier
+		tiers func(t envT) []offload.SecondaryTier
 	}{
-		{"queued memory tier", func(t testing.TB) []offload.SecondaryTier {
+		{"queued memory tier", func(t envT) []offload.SecondaryTier {
 			m, err := memory.New(memory.Config{Name: "slow", Medium: offload.MediumStorage, Locality: offload.LocalityRemote,
 				BlockLatency: 5 * time.Millisecond, Concurrency: 1})
 			if err != nil {
@@ -31,7 +31,7 @@ func TestFloodOfStoresNeverRejected(t *testing.T) {
 			}
 			return []offload.SecondaryTier{m}
 		}},
-		{"unbounded memory tier", func(t testing.TB) []offload.SecondaryTier {
+		{"unbounded memory tier", func(t envT) []offload.SecondaryTier {
 			m, err := memory.New(memory.Config{Name: "slow", Medium: offload.MediumCPU, Locality: offload.LocalityRemote,
 				Latency: 50 * time.Millisecond})
 			if err != nil {
@@ -39,7 +39,7 @@ func TestFloodOfStoresNeverRejected(t *testing.T) {
 			}
 			return []offload.SecondaryTier{m}
 		}},
-		{"slow fs tier", func(t testing.TB) []offload.SecondaryTier {
+		{"slow fs tier", func(envT) []offload.SecondaryTier {
 			slow := vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
 				if op == vfs.OpWrite {
 					return &vfs.Fault{Delay: 2 * time.Millisecond}

@@ -36,7 +36,7 @@ func content(k offload.Key) []byte {
 // what a client holds: every read, from the primary and from disk,
 // returns the bytes last stored for its key.
 func TestResetUnderClientsServesNoWrongBytes(t *testing.T) {
-	e := startEnv(t, envOptions{slots: 64, tiers: func(t testing.TB) []offload.SecondaryTier {
+	e := startEnv(t, envOptions{slots: 64, tiers: func(envT) []offload.SecondaryTier {
 		tier, err := fs.New(fs.Config{Name: "disk", RootDir: t.TempDir(), Locality: "local",
 			Namespace: filemapper.Namespace{ModelName: "reset", BlockBytes: slotSize}, Logger: quietLogger()})
 		if err != nil {
@@ -246,7 +246,7 @@ func TestRequestMemoryIsItsParams(t *testing.T) {
 // daemon now ends steps itself when no engine does, and a refusal names
 // what holds the slots.
 func TestStoresWithoutScheduleEnd(t *testing.T) {
-	e := startEnv(t, envOptions{slots: 16, tiers: func(t testing.TB) []offload.SecondaryTier {
+	e := startEnv(t, envOptions{slots: 16, tiers: func(t envT) []offload.SecondaryTier {
 		m, err := memory.New(memory.Config{Name: "slowish", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Latency: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

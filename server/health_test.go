@@ -107,7 +107,7 @@ func waitMetric(t *testing.T, e *env, what string, poke func(), cond func(float6
 // cascades it then refuses, and is back to 1 once the server is.
 func TestTierHealthMetric(t *testing.T) {
 	m := miniredis.RunT(t)
-	e := startEnv(t, envOptions{tiers: func(t testing.TB) []offload.SecondaryTier {
+	e := startEnv(t, envOptions{tiers: func(t envT) []offload.SecondaryTier {
 		cfg := redis.DefaultConfig()
 		cfg.Name = "kv-redis"
 		cfg.Addr = m.Addr()
@@ -184,7 +184,7 @@ func TestRemoteStatsMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &fakeRemote{Tier: mem}
-	e := startEnv(t, envOptions{tiers: func(testing.TB) []offload.SecondaryTier { return []offload.SecondaryTier{f} }})
+	e := startEnv(t, envOptions{tiers: func(envT) []offload.SecondaryTier { return []offload.SecondaryTier{f} }})
 	for _, tc := range []struct {
 		st   remote.Stats
 		want map[string]float64

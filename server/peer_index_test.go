@@ -315,8 +315,7 @@ func TestListBlocks(t *testing.T) {
 	}
 }
 
-func storageTier(t testing.TB) []offload.SecondaryTier {
-	t.Helper()
+func storageTier(t envT) []offload.SecondaryTier {
 	m, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Events: true})
 	if err != nil {
 		t.Fatal(err)
@@ -512,7 +511,7 @@ func TestPeerPush(t *testing.T) {
 	// C is where A would pass blocks on, if pushes travelled.
 	c := startEnv(t, envOptions{slots: 16, tiers: noTiers, stream: true})
 	var aTiers []offload.SecondaryTier
-	a := startEnv(t, envOptions{slots: 16, stream: true, tiers: func(tb testing.TB) []offload.SecondaryTier {
+	a := startEnv(t, envOptions{slots: 16, stream: true, tiers: func(tb envT) []offload.SecondaryTier {
 		onward, err := peer.New(peer.Config{Name: "onward", Push: true, EventIndex: new(bool), Peers: []peer.PeerConfig{{Name: "c", Addr: c.tcp}}, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			tb.Fatal(err)

@@ -17,7 +17,7 @@ import (
 // nothing; with it the block is a miss (slot -1, counted in missing) and
 // the rest are pinned. Both count in kvtier_prepare_load_missing_total.
 func TestPrepareLoadOfABlockEvictedSinceTheLookup(t *testing.T) {
-	e := startEnv(t, envOptions{slots: 4, tiers: func(testing.TB) []offload.SecondaryTier { return nil }})
+	e := startEnv(t, envOptions{slots: 4, tiers: func(envT) []offload.SecondaryTier { return nil }})
 	ctx := context.Background()
 	a, b := e.dial(t, e.unix), e.dial(t, e.unix)
 	arena, err := a.MapArena(ctx)

@@ -48,7 +48,7 @@ type envOptions struct {
 	token  string
 	parser offload.Parser
 	limits server.Limits
-	tiers  func(t testing.TB) []offload.SecondaryTier
+	tiers  func(t envT) []offload.SecondaryTier
 	// arena defaults to a memfd arena.
 	arena cpu.ArenaConfig
 	// events, if set, receives every step's events.
@@ -70,8 +70,16 @@ type envOptions struct {
 	shares  []cpu.Share
 }
 
-func memTiers(t testing.TB) []offload.SecondaryTier {
-	t.Helper()
+// envT is what starting an env needs of a test: a *testing.T, a
+// *testing.B or a *rapid.T (a model test starts a daemon per case).
+type envT interface {
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Cleanup(func())
+}
+
+func memTiers(t envT) []offload.SecondaryTier {
 	a, err := memory.New(memory.Config{Name: "remote-cpu", Medium: offload.MediumCPU, Locality: offload.LocalityRemote})
 	if err != nil {
 		t.Fatal(err)
@@ -85,14 +93,12 @@ func memTiers(t testing.TB) []offload.SecondaryTier {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func startEnv(t testing.TB, o envOptions) *env {
-	t.Helper()
+func startEnv(t envT, o envOptions) *env {
 	return startEnvSlot(t, o, slotSize)
 }
 
 // startEnvSlot starts a daemon whose blocks are size bytes.
-func startEnvSlot(t testing.TB, o envOptions, size int) *env {
-	t.Helper()
+func startEnvSlot(t envT, o envOptions, size int) *env {
 	if o.slots == 0 {
 		o.slots = 64
 	}
@@ -697,7 +703,7 @@ func TestArenaKinds(t *testing.T) {
 func TestShutdownDrains(t *testing.T) {
 	var slow *recorder
 	sink := &eventLog{}
-	e := startEnv(t, envOptions{events: sink, tiers: func(t testing.TB) []offload.SecondaryTier {
+	e := startEnv(t, envOptions{events: sink, tiers: func(t envT) []offload.SecondaryTier {
 		m, err := memory.New(memory.Config{Name: "slow", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, Latency: 100 * time.Millisecond, Events: true})
 		if err != nil {
 			t.Fatal(err)
