@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -298,4 +299,57 @@ func ExamplePrimary() {
 	// Output:
 	// HIT_PENDING [0]
 	// HIT
+}
+
+// BenchmarkStoreEvictShares is BenchmarkStoreEvict/lru/into with tenants'
+// keys (tagged by keyspace): "one order" is a primary without shares,
+// "shares" one divided between two tenants, the storing one above its
+// quota, so that every victim is chosen across the shares.
+func BenchmarkStoreEvictShares(b *testing.B) {
+	const batch = 16
+	acme, _ := keyspace.New("acme")
+	beta, _ := keyspace.New("beta")
+	raw := benchKeys(3 * benchSlots)
+	keys := make([]offload.Key, len(raw))
+	for i, k := range raw {
+		keys[i] = acme.Key([]byte(k))
+	}
+	for _, shared := range []bool{false, true} {
+		name := "one order"
+		var shares []Share
+		if shared {
+			name = "shares"
+			shares = []Share{{Space: acme.ID(), Slots: benchSlots / 4}, {Space: beta.ID(), Slots: benchSlots / 4}}
+		}
+		b.Run(name, func(b *testing.B) {
+			p, err := New(Config{SlotSize: 64, Capacity: int64(64 * benchSlots), Shares: shares})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			for i := 0; i < benchSlots; i += 100 {
+				batch := keys[i:min(i+100, benchSlots)]
+				if _, ok := p.PrepareStore(batch); !ok {
+					b.Fatal("fill failed")
+				}
+				p.CompleteStore(batch, true)
+			}
+			var out offload.PrepareStoreOutput
+			b.ReportAllocs()
+			cpu0 := cpuTime(b)
+			next := benchSlots
+			for b.Loop() {
+				if next+batch > len(keys) {
+					next = 0
+				}
+				ks := keys[next : next+batch]
+				next += batch
+				if !p.PrepareStoreInto(ks, &out) || len(out.Evicted) != batch {
+					b.Fatalf("store: %d evicted", len(out.Evicted))
+				}
+				p.CompleteStore(ks, true)
+			}
+			reportPerKey(b, batch, cpu0)
+		})
+	}
 }

@@ -118,7 +118,7 @@ func (p *Primary) Bind(slot int64, key offload.Key) (bool, error) {
 	p.b.gen[s]++
 	p.b.add(s, h)
 	p.own(s, key)
-	if p.lru == nil {
+	if p.listsPending {
 		p.pol.inserted(s)
 	}
 	p.numBlocks++

@@ -55,14 +55,17 @@ type policy interface {
 
 // Primary is the CPU primary tier. See the package documentation.
 type Primary struct {
-	b        blocks
-	pol      policy
-	lru      *lruPolicy // pol when it is LRU: direct calls on hot paths
-	arc      *arcPolicy // pol when it is ARC
-	sh       *shares    // pol when the primary has shares
-	arena    *arena.Arena
-	slotSize int
-	numSlots int32
+	b   blocks
+	pol policy
+	lru *lruPolicy // pol when it is LRU: direct calls on hot paths
+	arc *arcPolicy // pol when it is ARC
+	sh  *shares    // pol when the primary has shares
+	// listsPending: the policy lists pending blocks (ARC), so it must
+	// hear of each new one (LRU lists ready blocks only).
+	listsPending bool
+	arena        *arena.Arena
+	slotSize     int
+	numSlots     int32
 
 	numAllocated int32 // slots [0, numAllocated) have been handed out at least once
 	// Freed slots are reused last-in first-out, chained through their
@@ -138,6 +141,7 @@ func New(cfg Config) (*Primary, error) {
 		p.reuse = newReuseTracker(threshold, trackerSize)
 	}
 	p.revokeFn = p.revoke
+	p.listsPending = polName == PolicyARC
 	switch {
 	case len(cfg.Shares) > 0:
 		if p.sh, err = newShares(&p.b, n, cfg.Shares, polName == PolicyARC); err != nil {

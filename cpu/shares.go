@@ -64,6 +64,9 @@ type shares struct {
 
 	// storer is the owner of the store being prepared.
 	storer uint8
+	// The last space ownerOf looked up, and its owner.
+	lastID    uint64
+	lastOwner uint8
 	// Per evict call: each owner's held count less the victims picked,
 	// whether its order has no candidate left, and its victims.
 	virt      []int
@@ -132,12 +135,17 @@ func cmpOr(w, def float64) float64 {
 	return w
 }
 
-// ownerOf returns the owner of key k.
+// ownerOf returns the owner of key k. The keys of one call are nearly
+// always one tenant's: the last space looked up is remembered.
 func (sh *shares) ownerOf(k offload.Key) uint8 {
-	if id, ok := keyspace.IDOf(k); ok {
-		return sh.owner[id] // 0 when no share names the space
+	id, ok := keyspace.IDOf(k)
+	if !ok {
+		return 0
 	}
-	return 0
+	if id != sh.lastID {
+		sh.lastID, sh.lastOwner = id, sh.owner[id] // 0 when no share names the space
+	}
+	return sh.lastOwner
 }
 
 // take and drop count slot s for and against its owner.

@@ -142,7 +142,7 @@ func (p *Primary) prepareStore(keys []offload.Key, out *offload.PrepareStoreOutp
 		p.b.gen[s]++
 		p.b.add(s, p.newHash[i])
 		p.own(s, k)
-		if p.lru == nil {
+		if p.listsPending {
 			p.pol.inserted(s) // LRU does not list pending blocks
 		}
 		p.newSlots = append(p.newSlots, s)

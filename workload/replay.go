@@ -93,6 +93,10 @@ type Options struct {
 	// FS, if set, gives the filesystem of each fs tier by name
 	// (tierset.Options.FS), e.g. a vfs.Injector with delays.
 	FS func(tier string) vfs.FS
+	// Noise, if set, adds a noisy neighbour: a second tenant storing
+	// blocks no one reads, after every request (noise.go). Not with
+	// Timed.
+	Noise *Noise
 	// Progress, if set, is called about every ProgressEvery with the
 	// requests replayed so far and their hit rate.
 	Progress      func(Progress)
@@ -160,6 +164,13 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("workload: block bytes %d: want > 0", o.BlockBytes)
 	case o.MaxSettleSteps < 0 || o.SettleTimeout < 0:
 		return o, errors.New("workload: settle bounds must not be negative")
+	case o.Noise != nil && o.Timed:
+		return o, errors.New("workload: a noisy neighbour is for back-to-back replays, not timed ones")
+	}
+	if o.Noise != nil {
+		if err := o.Noise.check(o.PrimaryBlocks); err != nil {
+			return o, err
+		}
 	}
 	return o, nil
 }
@@ -204,6 +215,9 @@ type Result struct {
 
 	// Timed describes a timed replay (nil otherwise).
 	Timed *TimedResult `json:"timed,omitempty"`
+	// Noise describes the noisy neighbour (nil without one); the other
+	// figures are the trace's tenant's.
+	Noise *NoiseResult `json:"noise,omitempty"`
 }
 
 // TimedResult describes how a timed replay kept to the trace's clock.
@@ -358,6 +372,7 @@ func newNode(ctx context.Context, cfg *config.Config, opts Options, extra nodeEx
 		Capacity: int64(opts.PrimaryBlocks) * int64(opts.BlockBytes),
 		Policy:   opts.Policy,
 		Events:   extra.primaryEvents,
+		Shares:   opts.Noise.shares(opts.PrimaryBlocks),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("primary: %w", err)
@@ -439,6 +454,10 @@ type driver struct {
 	// fleet replay's router indexes the primary's).
 	onEvents func([]offload.Event)
 	primary  *cpu.Primary
+
+	// The noisy neighbour's (noise.go).
+	noiseSeq, noiseKey uint64
+	noiseRes           NoiseResult
 }
 
 func newDriver(m *tiering.Manager, policy string, opts Options, tmpl *offload.ReqContext) *driver {
@@ -479,6 +498,9 @@ func (d *driver) run(ctx context.Context, src Source) (*Result, error) {
 		if err := d.request(ctx, req); err != nil {
 			return nil, fmt.Errorf("workload: request at trace line %d: %w", req.Line, err)
 		}
+		if err := d.noise(); err != nil {
+			return nil, fmt.Errorf("workload: noise after trace line %d: %w", req.Line, err)
+		}
 		d.progress(0)
 	}
 	d.drain(ctx)
@@ -502,7 +524,7 @@ func (d *driver) request(ctx context.Context, req Request) error {
 	n := len(req.HashIDs)
 	d.keys = d.keys[:0]
 	for _, id := range req.HashIDs {
-		d.keys = append(d.keys, KeyOf(id))
+		d.keys = append(d.keys, d.keyOf(id))
 	}
 	keys := d.keys
 	if cap(d.out) < n {
@@ -705,6 +727,10 @@ func (d *driver) drain(ctx context.Context) {
 func (d *driver) collect() {
 	st := d.m.Stats()
 	r := &d.res
+	if n := d.opts.Noise; n != nil {
+		d.noiseRes.BlocksPerRequest, d.noiseRes.TraceQuota = n.BlocksPerRequest, n.TraceQuota
+		r.Noise = &d.noiseRes
+	}
 	r.Primary = PrimaryResult{
 		Blocks:       st.Primary.NumSlots,
 		BlockBytes:   st.Primary.SlotSize,

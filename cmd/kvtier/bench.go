@@ -44,6 +44,9 @@ type benchFlags struct {
 	plotSizes     string
 	progress      bool
 	warm          bool
+	// noisy neighbour
+	noiseBlocks int
+	traceQuota  int
 	// fleet replay
 	nodes        int
 	routing      string
@@ -150,6 +153,8 @@ figures.`,
 	fl.StringVar(&f.plotSizes, "plot-sizes", "", "with --plot: comma-separated primary sizes in blocks to sweep (default: ¼, ½, 1, 2 and 4 × --primary-blocks)")
 	fl.BoolVar(&f.progress, "progress", false, "print progress on stderr even when it is not a terminal")
 	fl.BoolVar(&f.warm, "warm-tiers", false, "run fs tiers in their root_dir as configured, keeping what they hold (default: a scratch directory under it per replay)")
+	fl.IntVar(&f.noiseBlocks, "noise-blocks", 0, "a noisy neighbour: a second tenant storing this many new, never-read blocks after every request")
+	fl.IntVar(&f.traceQuota, "trace-quota", 0, "with --noise-blocks: the trace's tenant's quota of the primary in blocks, the neighbour's the rest (0: no quotas, one eviction order)")
 	fl.IntVar(&f.nodes, "nodes", 1, "replay over a fleet of this many simulated nodes")
 	fl.StringVar(&f.routing, "routing", workload.RouteRoundRobin, "with a fleet: round-robin, random or prefix-aware (comma-separated to compare)")
 	fl.Uint64Var(&f.seed, "seed", 1, "with --routing random: the seed")
@@ -227,7 +232,19 @@ func benchInputs(f benchFlags, stdin io.Reader, stderr io.Writer) ([]workload.Re
 	if !f.timed && (f.speedup != 1 || f.step != workload.DefaultStep) {
 		return nil, opts, errors.New("--speedup and --step need --timed")
 	}
+	var noise *workload.Noise
+	switch {
+	case f.noiseBlocks < 0:
+		return nil, opts, fmt.Errorf("--noise-blocks %d: want >= 0", f.noiseBlocks)
+	case f.traceQuota != 0 && f.noiseBlocks == 0:
+		return nil, opts, errors.New("--trace-quota needs --noise-blocks")
+	case f.noiseBlocks > 0 && f.nodes > 1:
+		return nil, opts, errors.New("--noise-blocks replays one node, not a fleet (--nodes)")
+	case f.noiseBlocks > 0:
+		noise = &workload.Noise{BlocksPerRequest: f.noiseBlocks, TraceQuota: f.traceQuota}
+	}
 	return reqs, workload.Options{
+		Noise:         noise,
 		PrimaryBlocks: f.primaryBlocks,
 		BlockBytes:    blockBytes,
 		Policy:        strings.ToLower(f.policy),
@@ -447,6 +464,14 @@ func writeBenchText(w io.Writer, rep *benchReport) error {
 	}
 	if n := r.UnattributedHitBlocks; n > 0 {
 		fmt.Fprintf(tw, "  promoted, tier not told apart\t%.4f\t%d blocks (one promotion served several waiting requests)\n", rate(n, r.Blocks), n)
+	}
+	if n := r.Noise; n != nil {
+		quota := "no quotas"
+		if n.TraceQuota > 0 {
+			quota = fmt.Sprintf("quotas: the trace %d blocks, the neighbour %d", n.TraceQuota, r.Primary.Blocks-n.TraceQuota)
+		}
+		fmt.Fprintf(tw, "noisy neighbour (%s)\t\t%d blocks per request, %d stored, %d stores refused; %d of the trace's blocks evicted by them\n",
+			quota, n.BlocksPerRequest, n.StoredBlocks, n.RejectedStores, n.TraceEvictedByNoise)
 	}
 	fmt.Fprintf(tw, "reference: plain LRU of %d blocks\t%.4f\t\n", rep.Opts.PrimaryBlocks, rep.RefLRU)
 	fmt.Fprintf(tw, "reference: unbounded (maximum)\t%.4f\t\n", rep.RefMax)
