@@ -265,3 +265,21 @@ func (p *Primary) Shares() []ShareStats {
 	}
 	return out
 }
+
+// OwnerOf returns the owner of key k: its share's index plus one, or 0
+// for the untagged pool (always 0 without shares).
+func (p *Primary) OwnerOf(k offload.Key) int {
+	if p.sh == nil {
+		return 0
+	}
+	return int(p.sh.ownerOf(k))
+}
+
+// Quotas returns each owner's quota in slots (index 0 the untagged pool,
+// then the shares in order); nil without shares.
+func (p *Primary) Quotas() []int {
+	if p.sh == nil {
+		return nil
+	}
+	return append([]int(nil), p.sh.quota...)
+}

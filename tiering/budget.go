@@ -3,6 +3,8 @@ package tiering
 import (
 	"fmt"
 	"math"
+
+	"github.com/kvtier/kvtier/offload"
 )
 
 // DropReason says why a cascade job was not carried out: the blocks stay
@@ -25,11 +27,14 @@ const (
 	// DropCancelled: the job was still queued when an engine store needed
 	// its source blocks evicted, and was withdrawn.
 	DropCancelled
+	// DropTenantBudget: the share of the pin budget of the tenant whose
+	// blocks these are is spent (StackConfig.Owners).
+	DropTenantBudget
 	// NumDropReasons is the number of drop reasons.
 	NumDropReasons
 )
 
-var dropNames = [NumDropReasons]string{"pressure", "budget", "tier_budget", "queue_full", "tier_down", "cancelled"}
+var dropNames = [NumDropReasons]string{"pressure", "budget", "tier_budget", "queue_full", "tier_down", "cancelled", "tenant_budget"}
 
 // String returns the reason's metric label.
 func (r DropReason) String() string {
@@ -111,4 +116,29 @@ func (c BudgetConfig) limits(slots, ntiers int) (total, perTier int) {
 	total = max(1, int(math.Ceil(f*float64(slots))))
 	perTier = max(1, int(math.Ceil(tf*float64(total))))
 	return total, perTier
+}
+
+// Owners divides the pin budget between the owners of the blocks (the
+// primary's tenants, cpu.Share): the cascades of one owner's blocks may
+// pin at most its share of the budget, so that a tenant flooding stores
+// cannot take every cascade from the others. As with the whole budget,
+// an owner with nothing in flight always gets one cascade through.
+type Owners struct {
+	// Of returns the owner of a key, in [0, len(Shares)).
+	Of func(offload.Key) int
+	// Shares are each owner's share of the budget, in [0, 1].
+	Shares []float64
+}
+
+// limits returns each owner's share of a budget of total slots (nil when
+// there are no owners or no budget).
+func (o Owners) limits(total int) []int {
+	if o.Of == nil || total == 0 {
+		return nil
+	}
+	out := make([]int, len(o.Shares))
+	for i, f := range o.Shares {
+		out[i] = max(1, int(math.Ceil(f*float64(total))))
+	}
+	return out
 }

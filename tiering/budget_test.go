@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -444,5 +446,58 @@ func TestBindAfterAnEndedCascadeIsAdmitted(t *testing.T) {
 	st := m.Stats().Tiers[0]
 	if st.CascadesDropped != 0 || len(disk.stores) != 2 {
 		t.Fatalf("second burst: %d jobs, dropped %v; want it cascaded", len(disk.stores), st.DroppedBy)
+	}
+}
+
+// With tenants (a primary with shares) each tenant's cascades pin at most
+// its quota's share of the budget: one tenant flooding a slow tier does
+// not keep the other's blocks from cascading.
+func TestBudgetTenantShares(t *testing.T) {
+	acme, _ := keyspace.New("acme")
+	beta, _ := keyspace.New("beta")
+	p, err := cpu.New(cpu.Config{SlotSize: testSlotSize, Capacity: 40 * testSlotSize, Events: true,
+		Shares: []cpu.Share{{Space: acme.ID(), Slots: 20}, {Space: beta.ID(), Slots: 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := newFake("slow", offload.MediumStorage, offload.LocalityRemote, nil)
+	slow.hold = true
+	// 40 slots: budget 10, each tenant's share 5 (the pool's quota is 0).
+	m, err := New(Config{Primary: p, Tiers: []offload.SecondaryTier{slow}, Admission: AdmissionConfig{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(t.Context()) })
+	req := reqWith("r", nil, nil)
+	m.OnNewRequest(req)
+	tagged := func(sp keyspace.Space, from, n int) []offload.Key {
+		var ks []offload.Key
+		for _, k := range keyRange(from, from+n) {
+			ks = append(ks, sp.Key([]byte(k)))
+		}
+		return ks
+	}
+	// beta floods: its first 4 blocks cascade, the next batch would pass
+	// its share of 5 and is dropped.
+	storeKeys(t, m, req, tagged(beta, 0, 4))
+	storeKeys(t, m, req, tagged(beta, 4, 2))
+	// acme's cascade still goes, though the budget is not spent.
+	storeKeys(t, m, req, tagged(acme, 0, 4))
+	st := m.Stats()
+	if got := st.Tiers[0].DroppedBy[DropTenantBudget]; got != 1 {
+		t.Fatalf("tenant_budget drops %d, want 1 (beta's second batch): %v", got, st.Tiers[0].DroppedBy)
+	}
+	if len(slow.stores) != 2 || st.CascadePinned != 8 {
+		t.Fatalf("%d cascades in flight pinning %d slots, want beta's first and acme's (8)", len(slow.stores), st.CascadePinned)
+	}
+	slow.release()
+	endStep(m)
+	if st := m.Stats(); st.CascadePinned != 0 {
+		t.Fatalf("pinned %d after the tier answered", st.CascadePinned)
+	}
+	// With its cascades ended, beta cascades again.
+	storeKeys(t, m, req, tagged(beta, 6, 2))
+	if len(slow.stores) != 3 {
+		t.Fatalf("beta's cascade after its share freed up: %d jobs, want 3", len(slow.stores))
 	}
 }

@@ -107,6 +107,7 @@ func New(cfg Config) (*Manager, error) {
 		Admission: cfg.Admission,
 		Budget:    cfg.Budget,
 		Revocable: true,
+		Owners:    primaryOwners(cfg.Primary),
 	})
 	if err != nil {
 		return nil, err
@@ -115,6 +116,21 @@ func New(cfg Config) (*Manager, error) {
 	cfg.Primary.SetRevoker(st.Revoke)
 	m.promos = make([]promoQueue, st.Len())
 	return m, nil
+}
+
+// primaryOwners divides the cascade pin budget like the primary's shares
+// divide its slots: each tenant's cascades may pin its quota's share of
+// the budget (the untagged pool what the quotas leave).
+func primaryOwners(p *cpu.Primary) Owners {
+	quotas := p.Quotas()
+	if quotas == nil {
+		return Owners{}
+	}
+	shares := make([]float64, len(quotas))
+	for i, q := range quotas {
+		shares[i] = float64(q) / float64(p.NumSlots())
+	}
+	return Owners{Of: p.OwnerOf, Shares: shares}
 }
 
 // primaryDriver lets the stack pin and resolve the primary's slots.

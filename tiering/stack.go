@@ -65,6 +65,9 @@ type StackConfig struct {
 	// slot, and takes single blocks back from the jobs of tiers that
 	// claim blocks. The driver must implement BlockReleaser.
 	Revocable bool
+	// Owners, if set, divides the pin budget between the blocks' owners
+	// (tenants).
+	Owners Owners
 }
 
 // Stack is an ordered stack of secondary tiers working on (key, slot)
@@ -87,7 +90,12 @@ type Stack struct {
 	// maxPinned and tierMaxPinned are the budget in slots (0: unbounded);
 	// pinned counts the slots of the cascades in flight, once per cascade.
 	maxPinned, tierMaxPinned int
-	pinned                   int
+	// ownerOf, ownerMax and ownerPinned divide the budget between the
+	// blocks' owners (StackConfig.Owners); nil without owners.
+	ownerOf     func(offload.Key) int
+	ownerMax    []int
+	ownerPinned []int
+	pinned      int
 
 	// nextID is the job id counter shared by promotions and cascades.
 	// groups holds the cascades in flight, free its unused entries; jobs
@@ -182,6 +190,10 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 		}
 	}
 	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, writable)
+	if s.ownerMax = cfg.Owners.limits(s.maxPinned); s.ownerMax != nil {
+		s.ownerOf = cfg.Owners.Of
+		s.ownerPinned = make([]int, len(s.ownerMax))
+	}
 	if cfg.Revocable && len(cfg.Tiers) > 0 {
 		s.bySlot = make([]int32, slots)
 		s.readers = make([]uint16, slots)

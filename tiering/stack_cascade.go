@@ -19,6 +19,7 @@ type cascadeGroup struct {
 	n     int32 // jobs submitted
 	jobs  int32 // jobs without an outcome yet
 	slots int32 // slots counted against the budget
+	owner int32 // the owner whose share of the budget they count against
 	open  bool  // Cascade is still submitting its jobs
 }
 
@@ -47,6 +48,10 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 	var block []job // the cascade's jobs, one allocation
 	var gid int32
 	var claims offload.Claims
+	owner := -1
+	if s.ownerOf != nil && len(keys) > 0 {
+		owner = s.ownerOf(keys[0]) // one store's keys are one tenant's
+	}
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 || ts.readOnly {
 			continue
@@ -56,7 +61,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 			continue
 		}
 		if s.maxPinned > 0 || ts.queue != nil || ts.pressure.active {
-			if r, drop := s.admit(ts, len(keys), gid == 0 || s.groups[gid-1].jobs == 0); drop {
+			if r, drop := s.admit(ts, len(keys), owner, gid == 0 || s.groups[gid-1].jobs == 0); drop {
 				s.countDrop(ts, r, len(keys))
 				continue
 			}
@@ -93,6 +98,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 		jb.j.Arena = a
 		if gid == 0 {
 			gid = s.newGroup(int32(len(keys)), jb.j.ID)
+			s.groups[gid-1].owner = int32(owner)
 			if s.releaser != nil {
 				claims = offload.NewClaims(len(keys))
 			}
@@ -125,6 +131,9 @@ func (s *Stack) joinGroup(jb *job, gid int32, slots []int64) {
 	g.n++
 	if g.jobs == 0 {
 		s.pinned += int(g.slots)
+		if g.owner >= 0 {
+			s.ownerPinned[g.owner] += int(g.slots)
+		}
 		if s.bySlot != nil {
 			for _, sl := range slots {
 				s.bySlot[sl] = gid
@@ -153,14 +162,14 @@ func (s *Stack) newGroup(slots int32, first uint64) int32 {
 		s.groups = append(s.groups, cascadeGroup{})
 		i = int32(len(s.groups) - 1)
 	}
-	s.groups[i] = cascadeGroup{slots: slots, first: first, open: true}
+	s.groups[i] = cascadeGroup{slots: slots, first: first, open: true, owner: -1}
 	return i + 1
 }
 
-// admit decides whether ts takes a cascade of n blocks; first is true
-// while the cascade has no job yet (its blocks are not yet counted
-// against the budget).
-func (s *Stack) admit(ts *tier, n int, first bool) (DropReason, bool) {
+// admit decides whether ts takes a cascade of n blocks of owner (-1:
+// none); first is true while the cascade has no job yet (its blocks are
+// not yet counted against the budget).
+func (s *Stack) admit(ts *tier, n, owner int, first bool) (DropReason, bool) {
 	if !s.adm.Disabled && ts.pressure.active && ts.cascadesInFlight > 0 {
 		return DropPressure, true
 	}
@@ -169,6 +178,11 @@ func (s *Stack) admit(ts *tier, n int, first bool) (DropReason, bool) {
 		// size, so that a batch larger than the budget still cascades.
 		if first && s.pinned > 0 && s.pinned+n > s.maxPinned {
 			return DropBudget, true
+		}
+		if first && owner >= 0 {
+			if p := s.ownerPinned[owner]; p > 0 && p+n > s.ownerMax[owner] {
+				return DropTenantBudget, true
+			}
 		}
 		if ts.pinned > 0 && ts.pinned+n > s.tierMaxPinned {
 			return DropTierBudget, true
@@ -198,6 +212,9 @@ func (s *Stack) endCascade(jb *job) {
 	g := &s.groups[jb.gid-1]
 	if g.jobs--; g.jobs == 0 {
 		s.pinned -= int(g.slots)
+		if g.owner >= 0 {
+			s.ownerPinned[g.owner] -= int(g.slots)
+		}
 		if s.bySlot != nil {
 			for i, sl := range jb.j.Slots {
 				if claims != nil && claims.Revoked(i) {
