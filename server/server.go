@@ -272,7 +272,7 @@ func (s *Server) Start() (err error) {
 		s.janitor(jctx)
 	}()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "")
+	s.log.Info("kvtier API listening", "unix", s.UnixAddr(), "tcp", s.TCPAddr(), "metrics", s.MetricsAddr(), "token_required", s.cfg.AuthToken != "" || s.tenancy.on(), "tenants", len(s.tenancy.tenants))
 	return nil
 }
 
