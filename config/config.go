@@ -182,7 +182,7 @@ func (c *Config) check(d *decoder) {
 
 	c.checkDaemon(d)
 	c.checkCascades(d)
-	c.checkTenants(d)
+	defer c.checkTenants(d) // after the tiers have their names
 
 	byName := make(map[string]int, len(c.SecondaryTiers))
 	for i := range c.SecondaryTiers {

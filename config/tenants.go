@@ -32,13 +32,19 @@ type Tenant struct {
 	Weight float64 `yaml:"weight"`
 }
 
-// Quota is a guaranteed share of the primary: blocks of the tenant within
-// it are never evicted by another tenant's stores.
+// Quota is a guaranteed share of the primary and of fs tiers: blocks of
+// the tenant within it are never evicted by another tenant's stores.
 type Quota struct {
 	// Primary is the share of the daemon's primary (primary.bytes),
 	// rounded down to whole blocks. 0: no guarantee, only what others
 	// leave.
 	Primary confvalue.ByteSize `yaml:"primary"`
+	// Tiers are shares of secondary tiers' capacity, by tier name. Only
+	// fs tiers with max_bytes divide their capacity: the others have no
+	// capacity of kvtier's to divide (a Redis server's maxmemory evicts
+	// by itself, an object store and a peer's DRAM are not kvtier's to
+	// bound here).
+	Tiers map[string]confvalue.ByteSize `yaml:"tiers"`
 }
 
 // SharedSpace is a key space several tenants read and write together —
@@ -136,6 +142,7 @@ func (c *Config) checkTenants(d *decoder) {
 		}
 		share(path, s.Quota, s.Weight)
 	}
+	c.checkTierQuotas(d)
 	if c.Primary.Bytes > 0 && quota > c.Primary.Bytes {
 		d.errorf(nil, "tenants", "the quotas add up to %s, more than primary.bytes = %s: a quota is a guarantee, and the primary cannot keep them all",
 			quota, c.Primary.Bytes)
@@ -152,4 +159,75 @@ func NamespaceName(n string) string {
 		return ""
 	}
 	return n
+}
+
+// checkTierQuotas checks quota.tiers: named fs tiers with max_bytes, whose
+// quotas fit in it.
+func (c *Config) checkTierQuotas(d *decoder) {
+	sums := map[string]confvalue.ByteSize{}
+	check := func(path string, q Quota) {
+		for name, b := range q.Tiers {
+			p := path + ".quota.tiers." + name
+			i := slices.IndexFunc(c.SecondaryTiers, func(t TierSpec) bool { return t.Name == name })
+			switch {
+			case i < 0:
+				d.errorf(nil, p, "no secondary tier is called %q", name)
+				continue
+			case c.SecondaryTiers[i].Type != "fs":
+				d.errorf(nil, p, "tier %q is a %s tier: only fs tiers (with max_bytes) divide their capacity between tenants", name, c.SecondaryTiers[i].Type)
+				continue
+			case b < 0:
+				d.errorf(nil, p, "must not be negative, got %s", b)
+				continue
+			}
+			sums[name] += b
+		}
+	}
+	for i, t := range c.Tenants {
+		check(fmt.Sprintf("tenants[%d]", i), t.Quota)
+	}
+	for i, s := range c.SharedSpaces {
+		check(fmt.Sprintf("shared_spaces[%d]", i), s.Quota)
+	}
+	names := make([]string, 0, len(sums))
+	for n := range sums {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		t := c.SecondaryTiers[slices.IndexFunc(c.SecondaryTiers, func(t TierSpec) bool { return t.Name == name })]
+		maxBytes, err := confvalue.ParseByteSize(t.Value("max_bytes"))
+		switch {
+		case t.Value("max_bytes") == "" || err != nil || maxBytes == 0:
+			d.errorf(nil, t.Path()+".max_bytes", "required by the tenants' quotas of tier %q: an unbounded tier evicts nothing to divide", name)
+		case sums[name] > maxBytes:
+			d.errorf(nil, "tenants", "the quotas of tier %q add up to %s, more than its max_bytes = %s", name, sums[name], maxBytes)
+		}
+	}
+}
+
+// TierShare is one tenant's or shared space's quota of a tier.
+type TierShare struct {
+	// Name is the tenant's or the shared space's; Shared tells which.
+	Name   string
+	Shared bool
+	Bytes  confvalue.ByteSize
+	Weight float64
+}
+
+// TierShares returns the quotas of tier name, in config order (tenants,
+// then shared spaces); nil when no one has one.
+func (c *Config) TierShares(name string) []TierShare {
+	var out []TierShare
+	for _, t := range c.Tenants {
+		if b, ok := t.Quota.Tiers[name]; ok {
+			out = append(out, TierShare{Name: t.Name, Bytes: b, Weight: t.Weight})
+		}
+	}
+	for _, s := range c.SharedSpaces {
+		if b, ok := s.Quota.Tiers[name]; ok {
+			out = append(out, TierShare{Name: s.Name, Shared: true, Bytes: b, Weight: s.Weight})
+		}
+	}
+	return out
 }

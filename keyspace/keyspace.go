@@ -86,3 +86,10 @@ func IDOf(k offload.Key) (uint64, bool) {
 	}
 	return id, true
 }
+
+// Tenant returns the key space of the daemon's tenant called name, which
+// holds the tenant's private blocks in every namespace and tier.
+func Tenant(name string) (Space, error) { return New("tenant/" + name) }
+
+// Shared returns the key space of the shared space called name.
+func Shared(name string) (Space, error) { return New("shared/" + name) }

@@ -109,7 +109,7 @@ func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenan
 		if c.Token == admin {
 			return nil, fmt.Errorf("tenant %q: its token is the admin's", c.Name)
 		}
-		sp, err := keyspace.New("tenant/" + c.Name)
+		sp, err := keyspace.Tenant(c.Name)
 		if err != nil {
 			return nil, fmt.Errorf("tenant %q: %w", c.Name, err)
 		}
@@ -129,7 +129,7 @@ func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenan
 		tn.tenants = append(tn.tenants, t)
 	}
 	for _, c := range ss {
-		sp, err := keyspace.New("shared/" + c.Name)
+		sp, err := keyspace.Shared(c.Name)
 		if err != nil {
 			return nil, fmt.Errorf("shared space %q: %w", c.Name, err)
 		}
@@ -150,13 +150,6 @@ func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenan
 
 // on reports whether the daemon has tenants.
 func (tn *tenancy) on() bool { return len(tn.tenants) > 0 }
-
-// TenantSpace returns the key space of the tenant called name, which
-// holds the tenant's private blocks in every namespace.
-func TenantSpace(name string) (keyspace.Space, error) { return keyspace.New("tenant/" + name) }
-
-// SharedSpace returns the key space of the shared space called name.
-func SharedSpace(name string) (keyspace.Space, error) { return keyspace.New("shared/" + name) }
 
 // principal is who makes a call: the admin (t nil) or a tenant.
 type principal struct{ t *tenant }

@@ -16,6 +16,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
 )
@@ -54,12 +55,12 @@ func tenantsModel(rt *rapid.T) {
 		left -= tn.quota
 		tenants = append(tenants, tn)
 		cfgs = append(cfgs, server.TenantConfig{Name: tn.name, Token: tn.token, Namespaces: []string{""}})
-		sp, _ := server.TenantSpace(tn.name)
+		sp, _ := keyspace.Tenant(tn.name)
 		shares = append(shares, cpu.Share{Space: sp.ID(), Slots: tn.quota, Weight: float64(rapid.IntRange(1, 3).Draw(rt, "weight"))})
 	}
 	// The shared space: the first two tenants.
 	sharedQuota := rapid.IntRange(0, left/2).Draw(rt, "shared quota")
-	sp, _ := server.SharedSpace("common")
+	sp, _ := keyspace.Shared("common")
 	shares = append(shares, cpu.Share{Space: sp.ID(), Slots: sharedQuota})
 	e := startEnv(rt, envOptions{
 		slots: slots, token: "admin", tiers: noTiers, tenants: cfgs, shares: shares, stream: rapid.Bool().Draw(rt, "stream"),

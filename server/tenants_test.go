@@ -12,6 +12,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
 )
@@ -21,9 +22,9 @@ import (
 // and beta; its primary guarantees acme and beta 16 slots each.
 func tenantEnv(t *testing.T, stream bool) *env {
 	t.Helper()
-	acme, _ := server.TenantSpace("acme")
-	beta, _ := server.TenantSpace("beta")
-	prompts, _ := server.SharedSpace("prompts")
+	acme, _ := keyspace.Tenant("acme")
+	beta, _ := keyspace.Tenant("beta")
+	prompts, _ := keyspace.Shared("prompts")
 	return startEnv(t, envOptions{
 		slots:  64,
 		token:  "admin-token",

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/confvalue"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
@@ -339,6 +340,16 @@ func fsConfig(spec config.TierSpec, cfg *config.Config) (fs.Config, error) {
 		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
 	}
 	fc.GlobalEventsOff = !cfg.Events.Enabled
+	for _, s := range cfg.TierShares(spec.Name) {
+		space, err := keyspace.Tenant(s.Name)
+		if s.Shared {
+			space, err = keyspace.Shared(s.Name)
+		}
+		if err != nil {
+			return fc, err
+		}
+		fc.Shares = append(fc.Shares, fs.Share{Space: space.ID(), Bytes: int64(s.Bytes), Weight: s.Weight})
+	}
 	return fc, nil
 }
 

@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // fourTiers is the filter-examples stack of the design discussion, every
@@ -224,5 +226,33 @@ secondary_tiers:
 func TestTypes(t *testing.T) {
 	if got := Types(); !slices.Equal(got, []string{"fs", "memory", "peer", "redis", "s3"}) || !slices.IsSorted(got) {
 		t.Errorf("Types = %v", got)
+	}
+}
+
+// Tenants' quota.tiers reach the fs tier they name as shares of its
+// capacity, each under its key space.
+func TestTenantQuotasReachTheFSTier(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+secondary_tiers:
+  - {name: disk, type: fs, root_dir: /tmp/kvtier-quota-test, max_bytes: 1GiB}
+  - {name: other, type: fs, root_dir: /tmp/kvtier-quota-test2}
+tenants:
+  - {name: acme, token: a, namespaces: [default], quota: {tiers: {disk: 100MiB}}, weight: 2}
+  - {name: beta, token: b, namespaces: [default]}
+shared_spaces:
+  - {name: prompts, tenants: [acme], quota: {tiers: {disk: 10MiB}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fcs, err := FSTiers(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme, _ := keyspace.Tenant("acme")
+	prompts, _ := keyspace.Shared("prompts")
+	want := []fs.Share{{Space: acme.ID(), Bytes: 100 << 20, Weight: 2}, {Space: prompts.ID(), Bytes: 10 << 20}}
+	if !slices.Equal(fcs[0].Shares, want) || fcs[1].Shares != nil {
+		t.Fatalf("shares %+v and %+v, want %+v and none", fcs[0].Shares, fcs[1].Shares, want)
 	}
 }

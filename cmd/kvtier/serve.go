@@ -127,7 +127,9 @@ events:
 #   - name: acme            # its key space, metrics label and stats row
 #     token_file: /etc/kvtier/acme.token  # or token: ...; TCP and Unix socket
 #     namespaces: [default] # what its token reaches; others: PERMISSION_DENIED
-#     quota: {primary: 256MiB}  # guaranteed: no other tenant's store evicts it
+#     quota:                # guaranteed: no other tenant's store evicts it
+#       primary: 256MiB
+#       tiers: {local-disk: 5GiB}  # fs tiers with max_bytes only
 #     weight: 1             # share of the space no quota claims
 # shared_spaces:            # blocks several tenants share, e.g. system prompts
 #   - name: prompts         # reached as namespace "prompts"

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/server"
 )
 
@@ -55,14 +56,14 @@ func primaryShares(cfg *config.Config) ([]cpu.Share, error) {
 	block := int64(cfg.Namespace.BytesPerBlock)
 	var out []cpu.Share
 	for _, t := range cfg.Tenants {
-		sp, err := server.TenantSpace(t.Name)
+		sp, err := keyspace.Tenant(t.Name)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, cpu.Share{Space: sp.ID(), Slots: int(int64(t.Quota.Primary) / block), Weight: t.Weight})
 	}
 	for _, s := range cfg.SharedSpaces {
-		sp, err := server.SharedSpace(s.Name)
+		sp, err := keyspace.Shared(s.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -79,12 +80,12 @@ func spaceNames(cfg *config.Config) map[uint64]string {
 	}
 	m := map[uint64]string{}
 	for _, t := range cfg.Tenants {
-		if sp, err := server.TenantSpace(t.Name); err == nil {
+		if sp, err := keyspace.Tenant(t.Name); err == nil {
 			m[sp.ID()] = t.Name
 		}
 	}
 	for _, s := range cfg.SharedSpaces {
-		if sp, err := server.SharedSpace(s.Name); err == nil {
+		if sp, err := keyspace.Shared(s.Name); err == nil {
 			m[sp.ID()] = s.Name
 		}
 	}

@@ -25,13 +25,15 @@ func TestTenantsAgainstADaemon(t *testing.T) {
 	doc := fmt.Sprintf(`
 namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 64KiB}
+secondary_tiers:
+  - {name: disk, type: fs, root_dir: %s/data, max_bytes: 1MiB}
 server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: admin-secret}
 tenants:
-  - {name: acme, token: acme-secret, namespaces: [default], quota: {primary: 16KiB}, weight: 2}
-  - {name: beta, token_file: %s/beta.token, namespaces: [default], quota: {primary: 16KiB}}
+  - {name: acme, token: acme-secret, namespaces: [default], quota: {primary: 16KiB, tiers: {disk: 256KiB}}, weight: 2}
+  - {name: beta, token_file: %s/beta.token, namespaces: [default], quota: {primary: 16KiB, tiers: {disk: 256KiB}}}
 shared_spaces:
   - {name: prompts, tenants: [acme, beta], quota: {primary: 8KiB}}
-`, dir, tcp, dir)
+`, dir, dir, tcp, dir)
 	cfg, err := config.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +99,10 @@ func TestTenantConfigErrors(t *testing.T) {
 		{`{tenants: [{name: a, token: x, namespaces: [default]}], shared_spaces: [{name: p, tenants: [a, z]}]}`, `no tenant is called "z"`},
 		{`{tenants: [{name: a, token: x, namespaces: [default]}], shared_spaces: [{name: default, tenants: [a]}]}`, "the daemon's namespace"},
 		{`{primary: {bytes: 0}, tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 1MiB}}]}`, "need the daemon's primary"},
+		{`tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {disk: 1GiB}}}]`, `tenants[0].quota.tiers.disk: no secondary tier is called "disk"`},
+		{`{secondary_tiers: [{name: r, type: redis, addr: "127.0.0.1:1"}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {r: 1GiB}}}]}`, "only fs tiers"},
+		{`{secondary_tiers: [{name: d, type: fs, root_dir: /tmp/x}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {d: 1GiB}}}]}`, "secondary_tiers[0].max_bytes: required by the tenants' quotas"},
+		{`{secondary_tiers: [{name: d, type: fs, root_dir: /tmp/x, max_bytes: 1GiB}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {d: 600MiB}}}, {name: b, token: y, namespaces: [default], quota: {tiers: {d: 600MiB}}}]}`, `the quotas of tier "d" add up to 1200MiB, more than its max_bytes = 1GiB`},
 	} {
 		_, err := config.Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

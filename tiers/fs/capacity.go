@@ -11,7 +11,7 @@ import (
 // the high watermark it evicts least-recently-used files (never one being
 // read) down to the low watermark; it fails with ErrFull when even then
 // the file would not fit under max_bytes.
-func (t *Tier) reserve(size int64) error {
+func (t *Tier) reserve(k offload.Key, size int64) error {
 	if t.s.maxBytes == 0 {
 		return nil
 	}
@@ -22,7 +22,7 @@ func (t *Tier) reserve(size int64) error {
 		t.mu.Unlock()
 		return nil
 	}
-	victims, _ := t.idx.pickVictims(need - t.s.low)
+	victims, _ := t.idx.pickVictims(need-t.s.low, t.idx.storerOf(k))
 	t.reserved += size // claim now so concurrent writers see it
 	t.mu.Unlock()
 
@@ -110,7 +110,7 @@ func (t *Tier) evictToLow() {
 		t.mu.Unlock()
 		return
 	}
-	victims, _ := t.idx.pickVictims(t.idx.used - t.s.low)
+	victims, _ := t.idx.pickVictims(t.idx.used-t.s.low, -1)
 	t.mu.Unlock()
 	t.evict(victims)
 }

@@ -72,6 +72,9 @@ type Config struct {
 	GlobalEventsOff bool `yaml:"-"`
 	// FS is the filesystem (nil = the operating system's).
 	FS vfs.FS `yaml:"-"`
+	// Shares divide max_bytes between tenants (shares.go); set from the
+	// daemon's tenants' quota.tiers, not from the tier's own entry.
+	Shares []Share `yaml:"-"`
 	// Logger (nil = slog.Default()).
 	Logger *slog.Logger `yaml:"-"`
 }

@@ -25,6 +25,7 @@ type entry struct {
 	next    int32 // towards the least recently used end; free-list link when free
 	readers uint16
 	state   uint8
+	owner   uint8 // the tenant's share the file counts against (shares.go); 0 without
 }
 
 // maxReaders bounds concurrent loads of one file (the read pool is at
@@ -38,15 +39,17 @@ const maxReaders = 1<<16 - 1
 type index struct {
 	ents  []entry
 	byKey map[offload.Key]int32
-	head  int32 // most recently used
-	tail  int32 // least recently used
-	free  int32
-	used  int64 // bytes of live and evicting files
-	live  int
+	// heads and tails are each owner's LRU list (one list without
+	// shares): most and least recently used.
+	heads, tails []int32
+	free         int32
+	used         int64 // bytes of live and evicting files
+	live         int
+	sh           *shares // nil without tenants' shares
 }
 
 func newIndex() index {
-	return index{byKey: make(map[offload.Key]int32), head: nilIdx, tail: nilIdx, free: nilIdx}
+	return index{byKey: make(map[offload.Key]int32), heads: []int32{nilIdx}, tails: []int32{nilIdx}, free: nilIdx}
 }
 
 // find returns the entry of k if it is mapped (live or evicting).
@@ -90,27 +93,29 @@ func (x *index) release(i int32) {
 
 func (x *index) pushFront(i int32) {
 	e := &x.ents[i]
-	e.prev, e.next = nilIdx, x.head
-	if x.head != nilIdx {
-		x.ents[x.head].prev = i
+	o := e.owner
+	e.prev, e.next = nilIdx, x.heads[o]
+	if x.heads[o] != nilIdx {
+		x.ents[x.heads[o]].prev = i
 	}
-	x.head = i
-	if x.tail == nilIdx {
-		x.tail = i
+	x.heads[o] = i
+	if x.tails[o] == nilIdx {
+		x.tails[o] = i
 	}
 }
 
 func (x *index) unlink(i int32) {
 	e := &x.ents[i]
+	o := e.owner
 	if e.prev != nilIdx {
 		x.ents[e.prev].next = e.next
 	} else {
-		x.head = e.next
+		x.heads[o] = e.next
 	}
 	if e.next != nilIdx {
 		x.ents[e.next].prev = e.prev
 	} else {
-		x.tail = e.prev
+		x.tails[o] = e.prev
 	}
 	e.prev, e.next = nilIdx, nilIdx
 }
@@ -120,6 +125,11 @@ func (x *index) unlink(i int32) {
 func (x *index) insert(k offload.Key, size int64) int32 {
 	i := x.alloc()
 	x.ents[i] = entry{key: k, size: uint32(size), state: stateLive}
+	if x.sh != nil {
+		o := x.sh.ownerOf(k)
+		x.ents[i].owner = o
+		x.sh.used[o] += size
+	}
 	x.pushFront(i)
 	x.byKey[k] = i
 	x.used += size
@@ -129,7 +139,7 @@ func (x *index) insert(k offload.Key, size int64) int32 {
 
 // touch moves a live entry to the MRU end.
 func (x *index) touch(i int32) {
-	if x.ents[i].state != stateLive || x.head == i {
+	if x.ents[i].state != stateLive || x.heads[x.ents[i].owner] == i {
 		return
 	}
 	x.unlink(i)
@@ -173,6 +183,9 @@ func (x *index) drop(i int32) {
 		delete(x.byKey, e.key)
 	}
 	x.used -= int64(e.size)
+	if x.sh != nil {
+		x.sh.used[e.owner] -= int64(e.size)
+	}
 	if e.readers == 0 {
 		x.release(i)
 		return
@@ -182,9 +195,13 @@ func (x *index) drop(i int32) {
 
 // pickVictims marks least-recently-used live files without readers as
 // evicting until at least need bytes are chosen, and returns them. It may
-// return fewer bytes when the rest is being read.
-func (x *index) pickVictims(need int64) (victims []int32, freed int64) {
-	for i := x.tail; i != nilIdx && freed < need; {
+// return fewer bytes when the rest is being read. With shares it chooses
+// across the owners (shares.go) for a store of storer's (-1: none).
+func (x *index) pickVictims(need int64, storer int) (victims []int32, freed int64) {
+	if x.sh != nil {
+		return x.sh.pickVictims(x, need, storer)
+	}
+	for i := x.tails[0]; i != nilIdx && freed < need; {
 		e := &x.ents[i]
 		prev := e.prev
 		if e.readers == 0 {
@@ -202,14 +219,15 @@ func (x *index) pickVictims(need int64) (victims []int32, freed int64) {
 // unevict puts an entry whose deletion failed back at the LRU end.
 func (x *index) unevict(i int32) {
 	e := &x.ents[i]
+	o := e.owner
 	e.state = stateLive
 	x.live++
-	e.prev, e.next = x.tail, nilIdx
-	if x.tail != nilIdx {
-		x.ents[x.tail].next = i
+	e.prev, e.next = x.tails[o], nilIdx
+	if x.tails[o] != nilIdx {
+		x.ents[x.tails[o]].next = i
 	}
-	x.tail = i
-	if x.head == nilIdx {
-		x.head = i
+	x.tails[o] = i
+	if x.heads[o] == nilIdx {
+		x.heads[o] = i
 	}
 }

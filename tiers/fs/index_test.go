@@ -42,7 +42,7 @@ func TestIndexModel(t *testing.T) {
 				t.Fatalf("used %d, model %d", x.used, used)
 			}
 			var got []offload.Key
-			for i := x.head; i != nilIdx; i = x.ents[i].next {
+			for i := x.heads[0]; i != nilIdx; i = x.ents[i].next {
 				got = append(got, x.ents[i].key)
 			}
 			if !slices.Equal(got, order) {
@@ -116,7 +116,7 @@ func TestIndexModel(t *testing.T) {
 					t.Skip("eviction in progress")
 				}
 				need := int64(rapid.IntRange(1, 300).Draw(t, "need"))
-				victims, freed := x.pickVictims(need)
+				victims, freed := x.pickVictims(need, 0)
 				var want []offload.Key
 				var wantFreed int64
 				for j := len(order) - 1; j >= 0 && wantFreed < need; j-- {

@@ -172,7 +172,7 @@ func (w *worker) storeBlock(job *offload.Job, i int, payload []byte) (written, e
 		return written{}, nil
 	}
 	size := t.s.format.fileSize(len(payload))
-	if err := t.reserve(size); err != nil {
+	if err := t.reserve(k, size); err != nil {
 		return written{}, err
 	}
 	tmp, err := w.writeFile(job, i, dest, payload)

@@ -108,6 +108,11 @@ func New(cfg Config) (*Tier, error) {
 		tmpPrefix: "_" + hex.EncodeToString(rnd[:]),
 		dirs:      newDirCache(lay.rankDir),
 	}
+	sh, err := newShares(cfg.Shares, s.maxBytes)
+	if err != nil {
+		return nil, fmt.Errorf("fs tier %q: %w", s.name, err)
+	}
+	t.idx.withShares(sh)
 	t.evictCond = sync.NewCond(&t.mu)
 	t.lookups = asynclookup.New(s.name, t.exists, asynclookup.Options{MaxBatch: s.lookupBatch, Logger: s.logger})
 	for _, step := range []func() error{t.prepareDirs, t.lockDir, t.probeDirect, t.scan} {
