@@ -2,28 +2,19 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
-	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
-// Shares: the primary divided between the owners of its blocks (tenants).
-//
-// A block's owner is read from its key (keyspace.IDOf): the configured
-// share whose space tagged it, else owner 0, the pool of untagged keys and
-// of spaces no share names. Each owner has a quota (slots it is
-// guaranteed), a weight, and its own eviction order (an LRU or ARC of its
-// blocks only). A store by owner t that must evict takes, one victim at a
-// time, the oldest block of the owner furthest above its quota —
-// (held − quota) / weight, largest first — and only when no owner is
-// above its quota one of t's own blocks. So an owner at or below its
-// quota never loses a block to another owner's store, an owner above it
-// is evicted down to exactly its quota, and an idle share is lent to
-// whoever stores, not reserved empty.
+// Shares: the primary divided between the owners of its blocks
+// (tenants) by package quota's rule. A block's owner is read from its key
+// (quota.Table.OwnerOf); each owner has its own eviction order, an LRU or
+// ARC of its blocks only, and a store that must evict asks the table, one
+// victim at a time, whose order to take the oldest block from.
 
 // MaxShares bounds the shares of a primary (owner 0 not counted).
-const MaxShares = 255
+const MaxShares = quota.MaxShares
 
 // Share is one owner's part of the primary.
 type Share struct {
@@ -52,24 +43,20 @@ type ShareStats struct {
 	EvictedByOthers uint64
 }
 
-// shares is the owner table and the policy that evicts across owners.
+// shares is the owner table (package quota) and the policy that evicts
+// across owners.
 type shares struct {
-	b      *blocks
-	owner  map[uint64]uint8 // space → owner
-	pols   []policy         // per owner
-	quota  []int
-	weight []float64
-	held   []int
-	stats  []ShareStats
+	b     *blocks
+	t     *quota.Table
+	pols  []policy // per owner
+	held  []int64
+	stats []ShareStats
 
 	// storer is the owner of the store being prepared.
 	storer uint8
-	// The last space ownerOf looked up, and its owner.
-	lastID    uint64
-	lastOwner uint8
 	// Per evict call: each owner's held count less the victims picked,
 	// whether its order has no candidate left, and its victims.
-	virt      []int
+	virt      []int64
 	exhausted []bool
 	picked    [][]int32
 }
@@ -77,76 +64,37 @@ type shares struct {
 // newShares validates cfg's shares for n slots; owner 0's quota is what
 // the shares leave.
 func newShares(b *blocks, n int, list []Share, arc bool) (*shares, error) {
-	if len(list) > MaxShares {
-		return nil, fmt.Errorf("cpu: %d shares, at most %d", len(list), MaxShares)
-	}
-	sh := &shares{b: b, owner: make(map[uint64]uint8, len(list))}
-	total := 0
-	sh.quota = append(sh.quota, 0)
-	sh.weight = append(sh.weight, 1)
+	qs := make([]quota.Share, len(list))
 	for i, s := range list {
-		switch {
-		case s.Space == 0:
-			return nil, fmt.Errorf("cpu: share %d: space 0 is the untagged pool", i)
-		case s.Slots < 0:
-			return nil, fmt.Errorf("cpu: share %d: quota of %d slots", i, s.Slots)
-		case s.Weight < 0 || math.IsNaN(s.Weight) || math.IsInf(s.Weight, 0):
-			return nil, fmt.Errorf("cpu: share %d: weight %v, want > 0", i, s.Weight)
-		}
-		if _, dup := sh.owner[s.Space]; dup {
-			return nil, fmt.Errorf("cpu: share %d: space %#x listed twice", i, s.Space)
-		}
-		total += s.Slots
-		if total > n {
-			return nil, fmt.Errorf("cpu: the shares' quotas add up to more than the primary's %d slots", n)
-		}
-		sh.owner[s.Space] = uint8(i + 1)
-		sh.quota = append(sh.quota, s.Slots)
-		sh.weight = append(sh.weight, cmpOr(s.Weight, 1))
+		qs[i] = quota.Share{Space: s.Space, Quota: int64(s.Slots), Weight: s.Weight}
 	}
-	sh.quota[0] = n - total
-	owners := len(sh.quota)
-	sh.held = make([]int, owners)
-	sh.stats = make([]ShareStats, owners)
-	sh.virt = make([]int, owners)
-	sh.exhausted = make([]bool, owners)
-	sh.picked = make([][]int32, owners)
+	t, err := quota.New(qs, int64(n), func(v int64) string { return fmt.Sprintf("%d slots", v) })
+	if err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
+	}
+	owners := t.Owners()
+	sh := &shares{
+		b: b, t: t,
+		held: make([]int64, owners), stats: make([]ShareStats, owners),
+		virt: make([]int64, owners), exhausted: make([]bool, owners), picked: make([][]int32, owners),
+	}
 	for o := range owners {
+		q := int(t.Quota(o))
 		if arc {
 			// An owner's ghosts remember as many blocks as its quota (at
 			// least one): the shares' ghosts together cost what one ARC's
 			// do.
-			sh.pols = append(sh.pols, newARC(b, max(sh.quota[o], 1)))
+			sh.pols = append(sh.pols, newARC(b, max(q, 1)))
 		} else {
 			sh.pols = append(sh.pols, newLRU(b))
 		}
-		sh.stats[o].Quota = sh.quota[o]
-		if o > 0 {
-			sh.stats[o].Space = list[o-1].Space
-		}
+		sh.stats[o].Quota, sh.stats[o].Space = q, t.Space(o)
 	}
 	return sh, nil
 }
 
-func cmpOr(w, def float64) float64 {
-	if w == 0 {
-		return def
-	}
-	return w
-}
-
-// ownerOf returns the owner of key k. The keys of one call are nearly
-// always one tenant's: the last space looked up is remembered.
-func (sh *shares) ownerOf(k offload.Key) uint8 {
-	id, ok := keyspace.IDOf(k)
-	if !ok {
-		return 0
-	}
-	if id != sh.lastID {
-		sh.lastID, sh.lastOwner = id, sh.owner[id] // 0 when no share names the space
-	}
-	return sh.lastOwner
-}
+// ownerOf returns the owner of key k.
+func (sh *shares) ownerOf(k offload.Key) uint8 { return sh.t.OwnerOf(k) }
 
 // take and drop count slot s for and against its owner.
 func (sh *shares) take(s int32, o uint8) {
@@ -205,7 +153,7 @@ func (sh *shares) evict(n int, epoch uint32, out []int32, revoke func(int32) boo
 		sh.picked[o] = sh.picked[o][:0]
 	}
 	for got := 0; got < n; {
-		o := sh.victimOwner()
+		o := sh.t.Victim(sh.virt, sh.exhausted, int(sh.storer))
 		if o < 0 {
 			return out, false
 		}
@@ -232,26 +180,6 @@ func (sh *shares) evict(n int, epoch uint32, out []int32, revoke func(int32) boo
 	return out, true
 }
 
-// victimOwner returns the owner to take the next victim from: the one
-// furthest above its quota, weighted, that has candidates left; else the
-// storer; -1 when neither has a candidate.
-func (sh *shares) victimOwner() int {
-	best, bestOver := -1, 0.0
-	for o, v := range sh.virt {
-		if v <= sh.quota[o] || sh.exhausted[o] {
-			continue
-		}
-		over := float64(v-sh.quota[o]) / sh.weight[o]
-		if best < 0 || over > bestOver {
-			best, bestOver = o, over
-		}
-	}
-	if best < 0 && !sh.exhausted[sh.storer] {
-		best = int(sh.storer)
-	}
-	return best
-}
-
 // Shares returns each owner's occupancy: index 0 is the untagged pool,
 // then the shares in the order configured. Nil without shares.
 func (p *Primary) Shares() []ShareStats {
@@ -261,7 +189,7 @@ func (p *Primary) Shares() []ShareStats {
 	out := make([]ShareStats, len(p.sh.stats))
 	copy(out, p.sh.stats)
 	for o := range out {
-		out[o].Held = p.sh.held[o]
+		out[o].Held = int(p.sh.held[o])
 	}
 	return out
 }
@@ -281,5 +209,9 @@ func (p *Primary) Quotas() []int {
 	if p.sh == nil {
 		return nil
 	}
-	return append([]int(nil), p.sh.quota...)
+	out := make([]int, p.sh.t.Owners())
+	for o := range out {
+		out[o] = int(p.sh.t.Quota(o))
+	}
+	return out
 }

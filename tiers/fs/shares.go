@@ -2,23 +2,18 @@ package fs
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/kvtier/kvtier/confvalue"
-	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
-// Shares: the tier's max_bytes divided between tenants, as cpu.Share
-// divides the primary. A file's owner is read from its key's tag (package
-// keyspace): the share whose space tagged it, else owner 0, the pool of
-// untagged keys. Each owner has a quota of bytes, a weight and its own LRU
-// list. Eviction for a write takes, file by file, the oldest file of the
-// owner furthest above its quota ((held − quota) / weight) and only when
-// none is above its quota the writer's own oldest: a tenant within its
-// quota never loses a file to another's cascades. When nothing may be
-// taken the write fails with ErrFull, like a full tier: the block stays
-// in the primary.
+// Shares: the tier's max_bytes divided between tenants by package
+// quota's rule, as the primary's slots are. A file's owner is read from
+// its key (so it survives restarts), each owner has its own LRU list, and
+// a write's eviction asks the table, file by file, whose oldest file to
+// take. When nothing may be taken the write fails with ErrFull, like a
+// full tier: the block stays in the primary.
 
 // Share is one tenant's part of the tier.
 type Share struct {
@@ -32,17 +27,9 @@ type Share struct {
 }
 
 type shares struct {
-	owner  map[uint64]uint8
-	quota  []int64
-	weight []float64
-	used   []int64 // bytes of each owner's live and evicting files
-
-	lastID    uint64
-	lastOwner uint8
+	t    *quota.Table
+	used []int64 // bytes of each owner's live and evicting files
 }
-
-// MaxShares bounds a tier's shares.
-const MaxShares = 255
 
 func newShares(list []Share, maxBytes int64) (*shares, error) {
 	if len(list) == 0 {
@@ -51,76 +38,34 @@ func newShares(list []Share, maxBytes int64) (*shares, error) {
 	if maxBytes == 0 {
 		return nil, fmt.Errorf("tenants' quotas need max_bytes: an unbounded tier evicts nothing")
 	}
-	if len(list) > MaxShares {
-		return nil, fmt.Errorf("%d shares, at most %d", len(list), MaxShares)
-	}
-	sh := &shares{owner: map[uint64]uint8{}, quota: []int64{0}, weight: []float64{1}}
-	var total int64
+	qs := make([]quota.Share, len(list))
 	for i, s := range list {
-		switch {
-		case s.Space == 0:
-			return nil, fmt.Errorf("share %d: space 0 is the untagged pool", i)
-		case s.Bytes < 0:
-			return nil, fmt.Errorf("share %d: quota of %d bytes", i, s.Bytes)
-		case s.Weight < 0 || math.IsNaN(s.Weight) || math.IsInf(s.Weight, 0):
-			return nil, fmt.Errorf("share %d: weight %v, want > 0", i, s.Weight)
-		}
-		if _, dup := sh.owner[s.Space]; dup {
-			return nil, fmt.Errorf("share %d: space listed twice", i)
-		}
-		if total += s.Bytes; total > maxBytes {
-			return nil, fmt.Errorf("the tenants' quotas add up to %s, more than max_bytes = %s", confvalue.ByteSize(total), confvalue.ByteSize(maxBytes))
-		}
-		w := s.Weight
-		if w == 0 {
-			w = 1
-		}
-		sh.owner[s.Space] = uint8(i + 1)
-		sh.quota = append(sh.quota, s.Bytes)
-		sh.weight = append(sh.weight, w)
+		qs[i] = quota.Share{Space: s.Space, Quota: s.Bytes, Weight: s.Weight}
 	}
-	sh.quota[0] = maxBytes - total
-	sh.used = make([]int64, len(sh.quota))
-	return sh, nil
+	t, err := quota.New(qs, maxBytes, func(v int64) string { return confvalue.ByteSize(v).String() })
+	if err != nil {
+		return nil, err
+	}
+	return &shares{t: t, used: make([]int64, t.Owners())}, nil
 }
 
 // ownerOf returns the owner of k's file.
-func (sh *shares) ownerOf(k offload.Key) uint8 {
-	id, ok := keyspace.IDOf(k)
-	if !ok {
-		return 0
-	}
-	if id != sh.lastID {
-		sh.lastID, sh.lastOwner = id, sh.owner[id]
-	}
-	return sh.lastOwner
-}
+func (sh *shares) ownerOf(k offload.Key) uint8 { return sh.t.OwnerOf(k) }
 
 // pickVictims is index.pickVictims across the owners: victims from the
 // owner furthest above its quota, then the storer's own (storer -1: a
 // pass with no writer, over-quota owners only).
 func (sh *shares) pickVictims(x *index, need int64, storer int) (victims []int32, freed int64) {
-	n := len(sh.quota)
+	n := sh.t.Owners()
 	virt := make([]int64, n)
 	cursor := make([]int32, n)
+	exhausted := make([]bool, n)
 	copy(virt, sh.used)
 	copy(cursor, x.tails)
 	for freed < need {
-		o := -1
-		best := 0.0
-		for u := range n {
-			if cursor[u] == nilIdx || virt[u] <= sh.quota[u] {
-				continue
-			}
-			if over := float64(virt[u]-sh.quota[u]) / sh.weight[u]; o < 0 || over > best {
-				o, best = u, over
-			}
-		}
+		o := sh.t.Victim(virt, exhausted, storer)
 		if o < 0 {
-			if storer < 0 || cursor[storer] == nilIdx {
-				break
-			}
-			o = storer
+			break
 		}
 		// The owner's oldest file without readers.
 		i := cursor[o]
@@ -128,7 +73,7 @@ func (sh *shares) pickVictims(x *index, need int64, storer int) (victims []int32
 			i = x.ents[i].prev
 		}
 		if i == nilIdx {
-			cursor[o] = nilIdx
+			exhausted[o] = true
 			continue
 		}
 		e := &x.ents[i]
@@ -157,8 +102,8 @@ func (x *index) withShares(sh *shares) {
 		return
 	}
 	x.sh = sh
-	x.heads = make([]int32, len(sh.quota))
-	x.tails = make([]int32, len(sh.quota))
+	x.heads = make([]int32, sh.t.Owners())
+	x.tails = make([]int32, sh.t.Owners())
 	for i := range x.heads {
 		x.heads[i], x.tails[i] = nilIdx, nilIdx
 	}
