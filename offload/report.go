@@ -23,6 +23,16 @@ type TierReport struct {
 	// Remote holds the figures of a tier with a notion of server health;
 	// nil for a tier that is always healthy.
 	Remote *RemoteReport
+	// Shares are the bytes each tenant's key space holds in a tier whose
+	// capacity is divided between tenants, and its quota; nil otherwise.
+	Shares []ShareReport
+}
+
+// ShareReport is one key space's part of a tier (Space 0: the untagged
+// pool).
+type ShareReport struct {
+	Space        uint64
+	Bytes, Quota int64
 }
 
 // UnknownOccupancy is a TierReport with no occupancy known.

@@ -113,6 +113,7 @@ func tierDetails(out *TierStats, t offload.SecondaryTier) {
 	out.OccupancyBlocks, out.OccupancyBytes, out.Evictions = rep.OccupancyBlocks, rep.OccupancyBytes, rep.Evictions
 	out.CorruptBlocks, out.CorruptDeleted = rep.CorruptBlocks, rep.CorruptDeleted
 	out.Remote = rep.Remote
+	out.Shares = rep.Shares
 }
 
 // WithPublisher makes p the event sink of nc: every step's events are

@@ -139,6 +139,8 @@ var (
 	descTenantEvict = prometheus.NewDesc("kvtier_tenant_evictions_total", "A tenant's blocks evicted from the primary, by whose store: self (its own), others (another tenant's, only ever while it held more than its quota).", []string{"namespace", "tenant", "by"}, nil)
 	descTenantLook  = prometheus.NewDesc("kvtier_tenant_lookups_total", "Blocks a tenant's Lookups and GetBlocks (API and block stream) looked up, by result (hit, miss).", []string{"tenant", "result"}, nil)
 	descTenantStore = prometheus.NewDesc("kvtier_tenant_stored_blocks_total", "Blocks a tenant's puts stored (API and block stream).", []string{"tenant"}, nil)
+	descTenantTier  = prometheus.NewDesc("kvtier_tenant_tier_bytes", "Bytes a tenant's (or shared space's) blocks hold in a secondary tier whose capacity is divided between tenants (fs with quota.tiers).", []string{"namespace", "tier", "tenant"}, nil)
+	descTenantTierQ = prometheus.NewDesc("kvtier_tenant_tier_quota_bytes", "A tenant's (or shared space's) guaranteed share of a secondary tier.", []string{"namespace", "tier", "tenant"}, nil)
 	descTenantRefsd = prometheus.NewDesc("kvtier_tenant_refusals_total", "A tenant's calls refused: permission denied (another namespace, an admin call), over a limit, no room in the primary.", []string{"tenant"}, nil)
 	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
@@ -154,7 +156,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
-		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd,
+		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
 	}
@@ -204,6 +206,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEventsSent, st.SinkEventsPublished, n)
 		counter(descBatchesDrp, st.SinkBatchesDropped, n)
 		collectTiers(ch, n, st.Tiers)
+		for _, t := range st.Tiers {
+			for _, sh := range t.Shares {
+				if name := c.s.tenancy.spaceName(sh.Space); name != "" {
+					gauge(descTenantTier, float64(sh.Bytes), n, t.Name, name)
+					gauge(descTenantTierQ, float64(sh.Quota), n, t.Name, name)
+				}
+			}
+		}
 		for _, ts := range c.s.tenancy.stats(st) {
 			if len(st.Shares) == 0 {
 				break // a namespace whose primary has no shares (an engine's)

@@ -97,6 +97,9 @@ type TierStats struct {
 	// Remote holds the figures of a tier with a notion of server health
 	// (redis, s3); nil for the others, which are always healthy.
 	Remote *RemoteTierStats
+	// Shares are the tenants' parts of a tier whose capacity is divided
+	// between them (fs with quota.tiers).
+	Shares []offload.ShareReport
 }
 
 // RemoteTierStats are the figures a tier talking to servers keeps (see

@@ -420,3 +420,19 @@ func (sv *service) tenantStats(ctx context.Context, p principal, name string) (*
 	}
 	return out, nil
 }
+
+// spaceName returns the tenant or shared space whose key space has ID id,
+// "" for none (the untagged pool).
+func (tn *tenancy) spaceName(id uint64) string {
+	for _, t := range tn.tenants {
+		if t.space.ID() == id {
+			return t.name
+		}
+	}
+	for _, s := range tn.shared {
+		if s.space.ID() == id {
+			return s.name
+		}
+	}
+	return ""
+}

@@ -12,9 +12,11 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/server"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // tenantEnv is a daemon with tenants acme and beta on the default
@@ -265,5 +267,39 @@ func TestTenantQuotaOverAPI(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// An fs tier divided between tenants reports each tenant's bytes in it.
+func TestTenantTierMetrics(t *testing.T) {
+	acme, _ := keyspace.Tenant("acme")
+	e := startEnv(t, envOptions{
+		slots: 64, token: "admin-token",
+		tenants: []server.TenantConfig{{Name: "acme", Token: "acme-token", Namespaces: []string{""}}},
+		tiers: func(envT) []offload.SecondaryTier {
+			tier, err := fs.New(fs.Config{Name: "disk", RootDir: t.TempDir(), MaxBytes: 1 << 20,
+				Shares:    []fs.Share{{Space: acme.ID(), Bytes: 64 << 10}},
+				Namespace: filemapper.Namespace{ModelName: "tenants", BlockBytes: slotSize}, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return []offload.SecondaryTier{tier}
+		},
+	})
+	ctx := ctxT(t)
+	acmeC := e.dialAs(t, "acme-token", "")
+	putAs(t, acmeC, "acme", key(1), key(2))
+	admin := e.dialAs(t, "admin-token", "")
+	for pending := true; pending; {
+		var err error
+		if pending, err = admin.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := scrape(t, e)
+	if !strings.Contains(body, `kvtier_tenant_tier_quota_bytes{namespace="",tenant="acme",tier="disk"} 65536`) ||
+		strings.Contains(body, `kvtier_tenant_tier_bytes{namespace="",tenant="acme",tier="disk"} 0`) ||
+		!strings.Contains(body, `kvtier_tenant_tier_bytes{namespace="",tenant="acme",tier="disk"}`) {
+		t.Fatalf("metrics lack acme's bytes in the fs tier:\n%s", grepLines(body, "kvtier_tenant_tier"))
 	}
 }

@@ -88,8 +88,16 @@ func (t *Tier) Len() int {
 // one).
 func (t *Tier) Report() offload.TierReport {
 	st := t.Stats()
-	return offload.TierReport{
+	r := offload.TierReport{
 		OccupancyBlocks: int64(st.Files), OccupancyBytes: st.UsedBytes, Evictions: st.EvictedBlocks,
 		CorruptBlocks: st.CorruptBlocks, CorruptDeleted: st.CorruptBlocks,
 	}
+	t.mu.Lock()
+	if sh := t.idx.sh; sh != nil {
+		for o, b := range sh.used {
+			r.Shares = append(r.Shares, offload.ShareReport{Space: sh.t.Space(o), Bytes: b, Quota: sh.t.Quota(o)})
+		}
+	}
+	t.mu.Unlock()
+	return r
 }
