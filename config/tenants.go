@@ -5,6 +5,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
 
 	"github.com/kvtier/kvtier/confvalue"
 )
@@ -32,7 +33,7 @@ type Tenant struct {
 	Weight float64 `yaml:"weight"`
 }
 
-// Quota is a guaranteed share of the primary and of fs tiers: blocks of
+// Quota is a guaranteed share of the primary and of fs and memory tiers: blocks of
 // the tenant within it are never evicted by another tenant's stores.
 type Quota struct {
 	// Primary is the share of the daemon's primary (primary.bytes),
@@ -40,10 +41,10 @@ type Quota struct {
 	// leave.
 	Primary confvalue.ByteSize `yaml:"primary"`
 	// Tiers are shares of secondary tiers' capacity, by tier name. Only
-	// fs tiers with max_bytes divide their capacity: the others have no
-	// capacity of kvtier's to divide (a Redis server's maxmemory evicts
-	// by itself, an object store and a peer's DRAM are not kvtier's to
-	// bound here).
+	// fs tiers with max_bytes and memory tiers with capacity_blocks
+	// divide their capacity: the others have no capacity of kvtier's to
+	// divide (a Redis server's maxmemory evicts by itself, an object
+	// store and a peer's DRAM are not kvtier's to bound here).
 	Tiers map[string]confvalue.ByteSize `yaml:"tiers"`
 }
 
@@ -161,8 +162,8 @@ func NamespaceName(n string) string {
 	return n
 }
 
-// checkTierQuotas checks quota.tiers: named fs tiers with max_bytes, whose
-// quotas fit in it.
+// checkTierQuotas checks quota.tiers: named fs tiers with max_bytes and
+// memory tiers with capacity_blocks, whose quotas fit in them.
 func (c *Config) checkTierQuotas(d *decoder) {
 	sums := map[string]confvalue.ByteSize{}
 	check := func(path string, q Quota) {
@@ -173,8 +174,8 @@ func (c *Config) checkTierQuotas(d *decoder) {
 			case i < 0:
 				d.errorf(nil, p, "no secondary tier is called %q", name)
 				continue
-			case c.SecondaryTiers[i].Type != "fs":
-				d.errorf(nil, p, "tier %q is a %s tier: only fs tiers (with max_bytes) divide their capacity between tenants", name, c.SecondaryTiers[i].Type)
+			case c.SecondaryTiers[i].Type != "fs" && c.SecondaryTiers[i].Type != "memory":
+				d.errorf(nil, p, "tier %q is a %s tier: only fs tiers (with max_bytes) and memory tiers (with capacity_blocks) divide their capacity between tenants", name, c.SecondaryTiers[i].Type)
 				continue
 			case b < 0:
 				d.errorf(nil, p, "must not be negative, got %s", b)
@@ -196,14 +197,36 @@ func (c *Config) checkTierQuotas(d *decoder) {
 	slices.Sort(names)
 	for _, name := range names {
 		t := c.SecondaryTiers[slices.IndexFunc(c.SecondaryTiers, func(t TierSpec) bool { return t.Name == name })]
-		maxBytes, err := confvalue.ParseByteSize(t.Value("max_bytes"))
+		capacity, key, what, ok := c.tierCapacity(t)
 		switch {
-		case t.Value("max_bytes") == "" || err != nil || maxBytes == 0:
-			d.errorf(nil, t.Path()+".max_bytes", "required by the tenants' quotas of tier %q: an unbounded tier evicts nothing to divide", name)
-		case sums[name] > maxBytes:
-			d.errorf(nil, "tenants", "the quotas of tier %q add up to %s, more than its max_bytes = %s", name, sums[name], maxBytes)
+		case !ok:
+			d.errorf(nil, t.Path()+"."+key, "required by the tenants' quotas of tier %q: an unbounded tier evicts nothing to divide", name)
+		case sums[name] > capacity:
+			d.errorf(nil, "tenants", "the quotas of tier %q add up to %s, more than its %s", name, sums[name], what)
 		}
 	}
+}
+
+// tierCapacity returns the bytes an fs tier (max_bytes) or a memory tier
+// (capacity_blocks of namespace.bytes_per_block) holds at most, the key
+// that bounds it, and that bound as an error message shows it; ok is
+// false for an unbounded tier.
+func (c *Config) tierCapacity(t TierSpec) (capacity confvalue.ByteSize, key, what string, ok bool) {
+	if t.Type == "memory" {
+		key = "capacity_blocks"
+		n, err := strconv.ParseInt(t.Value(key), 10, 64)
+		if err != nil || n <= 0 {
+			return 0, key, "", false
+		}
+		capacity = confvalue.ByteSize(n) * c.Namespace.BytesPerBlock
+		return capacity, key, fmt.Sprintf("capacity_blocks = %d × bytes_per_block %s = %s", n, c.Namespace.BytesPerBlock, capacity), true
+	}
+	key = "max_bytes"
+	capacity, err := confvalue.ParseByteSize(t.Value(key))
+	if err != nil || capacity == 0 {
+		return 0, key, "", false
+	}
+	return capacity, key, fmt.Sprintf("max_bytes = %s", capacity), true
 }
 
 // TierShare is one tenant's or shared space's quota of a tier.

@@ -1,6 +1,6 @@
 // Package quota divides a capacity — a primary's slots, an fs tier's
-// bytes — between the owners of key spaces (a daemon's tenants, package
-// keyspace), for the caches that evict by owner.
+// bytes, a memory tier's blocks — between the owners of key spaces (a
+// daemon's tenants, package keyspace), for the caches that evict by owner.
 //
 // Owner 0 is the pool of untagged keys and of spaces no share names; its
 // quota is what the shares leave. Each share has a quota and a weight.

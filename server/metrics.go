@@ -139,7 +139,7 @@ var (
 	descTenantEvict = prometheus.NewDesc("kvtier_tenant_evictions_total", "A tenant's blocks evicted from the primary, by whose store: self (its own), others (another tenant's, only ever while it held more than its quota).", []string{"namespace", "tenant", "by"}, nil)
 	descTenantLook  = prometheus.NewDesc("kvtier_tenant_lookups_total", "Blocks a tenant's Lookups and GetBlocks (API and block stream) looked up, by result (hit, miss).", []string{"tenant", "result"}, nil)
 	descTenantStore = prometheus.NewDesc("kvtier_tenant_stored_blocks_total", "Blocks a tenant's puts stored (API and block stream).", []string{"tenant"}, nil)
-	descTenantTier  = prometheus.NewDesc("kvtier_tenant_tier_bytes", "Bytes a tenant's (or shared space's) blocks hold in a secondary tier whose capacity is divided between tenants (fs with quota.tiers).", []string{"namespace", "tier", "tenant"}, nil)
+	descTenantTier  = prometheus.NewDesc("kvtier_tenant_tier_bytes", "Bytes a tenant's (or shared space's) blocks hold in a secondary tier whose capacity is divided between tenants (fs or memory with quota.tiers).", []string{"namespace", "tier", "tenant"}, nil)
 	descTenantTierQ = prometheus.NewDesc("kvtier_tenant_tier_quota_bytes", "A tenant's (or shared space's) guaranteed share of a secondary tier.", []string{"namespace", "tier", "tenant"}, nil)
 	descTenantRefsd = prometheus.NewDesc("kvtier_tenant_refusals_total", "A tenant's calls refused: permission denied (another namespace, an admin call), over a limit, no room in the primary.", []string{"tenant"}, nil)
 	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)

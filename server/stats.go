@@ -98,7 +98,7 @@ type TierStats struct {
 	// (redis, s3); nil for the others, which are always healthy.
 	Remote *RemoteTierStats
 	// Shares are the tenants' parts of a tier whose capacity is divided
-	// between them (fs with quota.tiers).
+	// between them (fs or memory with quota.tiers).
 	Shares []offload.ShareReport
 }
 

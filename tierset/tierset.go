@@ -244,7 +244,7 @@ type memorySpec struct {
 	Seed           int64              `yaml:"seed"`
 }
 
-func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
+func planMemory(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	var s memorySpec
 	if err := spec.Decode(&s); err != nil {
 		return plan{}, err
@@ -278,6 +278,12 @@ func planMemory(spec config.TierSpec, _ *config.Config) (plan, error) {
 		AsyncLookup:    s.AsyncLookup,
 		Events:         s.Events,
 		Seed:           s.Seed,
+	}
+	mc.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
+	if err := eachShare(cfg, spec.Name, func(space uint64, s config.TierShare) {
+		mc.Shares = append(mc.Shares, memory.Share{Space: space, Bytes: int64(s.Bytes), Weight: s.Weight})
+	}); err != nil {
+		return plan{}, err
 	}
 	return plan{
 		decl: Declaration{Name: mc.Name, Type: memory.Type, Medium: mc.Medium, Locality: mc.Locality},
@@ -340,17 +346,26 @@ func fsConfig(spec config.TierSpec, cfg *config.Config) (fs.Config, error) {
 		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
 	}
 	fc.GlobalEventsOff = !cfg.Events.Enabled
-	for _, s := range cfg.TierShares(spec.Name) {
+	err := eachShare(cfg, spec.Name, func(space uint64, s config.TierShare) {
+		fc.Shares = append(fc.Shares, fs.Share{Space: space, Bytes: int64(s.Bytes), Weight: s.Weight})
+	})
+	return fc, err
+}
+
+// eachShare calls fn with each tenant's or shared space's quota of tier
+// name and the ID of its key space.
+func eachShare(cfg *config.Config, name string, fn func(space uint64, s config.TierShare)) error {
+	for _, s := range cfg.TierShares(name) {
 		space, err := keyspace.Tenant(s.Name)
 		if s.Shared {
 			space, err = keyspace.Shared(s.Name)
 		}
 		if err != nil {
-			return fc, err
+			return err
 		}
-		fc.Shares = append(fc.Shares, fs.Share{Space: space.ID(), Bytes: int64(s.Bytes), Weight: s.Weight})
+		fn(space.ID(), s)
 	}
-	return fc, nil
+	return nil
 }
 
 // planFS plans an fs entry (fsConfig). Settings only fs.New can judge

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -254,5 +255,31 @@ shared_spaces:
 	want := []fs.Share{{Space: acme.ID(), Bytes: 100 << 20, Weight: 2}, {Space: prompts.ID(), Bytes: 10 << 20}}
 	if !slices.Equal(fcs[0].Shares, want) || fcs[1].Shares != nil {
 		t.Fatalf("shares %+v and %+v, want %+v and none", fcs[0].Shares, fcs[1].Shares, want)
+	}
+}
+
+// A memory tier with capacity_blocks divides it between the tenants'
+// quotas, rounded down to whole blocks of the namespace's size.
+func TestTenantQuotasReachTheMemoryTier(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+namespace: {bytes_per_block: 1MiB}
+secondary_tiers:
+  - {name: scratch, type: memory, capacity_blocks: 8}
+tenants:
+  - {name: acme, token: a, namespaces: [default], quota: {tiers: {scratch: 2.5MiB}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers, err := Build(t.Context(), cfg, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t.Context(), tiers)
+	acme, _ := keyspace.Tenant("acme")
+	rep := tiers[0].(offload.Reporter).Report()
+	want := []offload.ShareReport{{Space: 0, Quota: 6 << 20}, {Space: acme.ID(), Quota: 2 << 20}}
+	if !slices.Equal(rep.Shares, want) {
+		t.Fatalf("shares %+v, want %+v", rep.Shares, want)
 	}
 }

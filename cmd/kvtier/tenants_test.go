@@ -103,6 +103,8 @@ func TestTenantConfigErrors(t *testing.T) {
 		{`{secondary_tiers: [{name: r, type: redis, addr: "127.0.0.1:1"}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {r: 1GiB}}}]}`, "only fs tiers"},
 		{`{secondary_tiers: [{name: d, type: fs, root_dir: /tmp/x}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {d: 1GiB}}}]}`, "secondary_tiers[0].max_bytes: required by the tenants' quotas"},
 		{`{secondary_tiers: [{name: d, type: fs, root_dir: /tmp/x, max_bytes: 1GiB}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {d: 600MiB}}}, {name: b, token: y, namespaces: [default], quota: {tiers: {d: 600MiB}}}]}`, `the quotas of tier "d" add up to 1200MiB, more than its max_bytes = 1GiB`},
+		{`{secondary_tiers: [{name: m, type: memory}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {m: 1GiB}}}]}`, "secondary_tiers[0].capacity_blocks: required by the tenants' quotas"},
+		{`{secondary_tiers: [{name: m, type: memory, capacity_blocks: 4}], tenants: [{name: a, token: x, namespaces: [default], quota: {tiers: {m: 10MiB}}}]}`, `the quotas of tier "m" add up to 10MiB, more than its capacity_blocks = 4 × bytes_per_block 2MiB = 8MiB`},
 	} {
 		_, err := config.Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

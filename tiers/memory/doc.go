@@ -9,6 +9,9 @@
 // tier copies the real bytes between the job's arena slots and its own
 // storage, so end-to-end data integrity can be tested through it.
 //
+// With tenants' quotas (Config.Shares, from quota.tiers) its capacity is
+// divided between them by package quota's rule (shares.go).
+//
 // In the config file a memory tier is a secondary_tiers entry of type
 // memory; package tierset decodes and validates its keys into a Config.
 //

@@ -23,6 +23,9 @@ var (
 	ErrNotPresent = errors.New("memory tier: block not present")
 	// ErrInjected is the failure produced by Config.FailRate.
 	ErrInjected = errors.New("memory tier: injected failure")
+	// ErrFull fails the store of a block whose tenant's share leaves no
+	// room: every other tenant is within its quota (shares.go).
+	ErrFull = errors.New("memory tier: full for this tenant")
 )
 
 // Config configures a memory tier.
@@ -43,6 +46,12 @@ type Config struct {
 	AsyncLookup bool    // first lookup answers Retry; resolved at OnScheduleEnd
 	Events      bool    // emit stored/removed events
 	Seed        int64   // deterministic failure injection
+	// Shares divide CapacityBlocks between tenants (shares.go); set from
+	// the daemon's tenants' quota.tiers, not from the tier's own entry.
+	// BlockBytes, the size of the blocks the tier holds, converts their
+	// quotas in bytes; required with Shares.
+	Shares     []Share
+	BlockBytes int
 }
 
 // Tier is an in-process secondary tier. It implements
@@ -59,9 +68,12 @@ type Tier struct {
 
 	mu     sync.Mutex
 	blocks map[offload.Key]*entry
-	lru    entry    // sentinel of the recency list; lru.next is the oldest
-	spare  []*entry // evicted entries, recycled with their buffers
-	reqs   map[string]*reqState
+	// lrus are the sentinels of the recency lists, one per owner of
+	// the shares (one without shares); lru.next is the oldest.
+	lrus  []entry
+	sh    *shares  // nil without tenants' shares
+	spare []*entry // evicted entries, recycled with their buffers
+	reqs  map[string]*reqState
 	// asking are the requests with lookups queued for the step end, so
 	// that neither it nor HasPendingWork walks every request.
 	asking   map[*reqState]struct{}
@@ -91,6 +103,7 @@ type entry struct {
 	key        offload.Key
 	data       []byte
 	prev, next *entry
+	owner      uint8 // its share's owner (shares.go); 0 without shares
 }
 
 // reqState is what the tier remembers about one request: keys whose
@@ -126,8 +139,13 @@ func New(cfg Config) (*Tier, error) {
 	if !(cfg.FailRate >= 0 && cfg.FailRate <= 1) { // also rejects NaN
 		return nil, fmt.Errorf("memory tier %q: fail_rate %v: must be in [0, 1]", cfg.Name, cfg.FailRate)
 	}
+	sh, err := newShares(cfg.Shares, cfg.CapacityBlocks, cfg.BlockBytes)
+	if err != nil {
+		return nil, fmt.Errorf("memory tier %q: %w", cfg.Name, err)
+	}
 	t := &Tier{
 		cfg:     cfg,
+		sh:      sh,
 		closing: make(chan struct{}),
 		rng:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6b7674696572)),
 		blocks:  make(map[offload.Key]*entry),
@@ -135,7 +153,8 @@ func New(cfg Config) (*Tier, error) {
 		asking:  make(map[*reqState]struct{}),
 		serving: make(map[uint64]chan struct{}),
 	}
-	t.lru.prev, t.lru.next = &t.lru, &t.lru
+	t.lrus = make([]entry, sh.owners())
+	t.resetLRUs()
 	return t, nil
 }
 
@@ -374,7 +393,7 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 	// One pass, one map lookup per held key: held blocks are refreshed,
 	// new ones evict and are copied in. Removals and stores are announced
 	// once per job, removals first.
-	var stored, removed []offload.Key
+	var stored, removed, full []offload.Key
 	var n int64
 	for i, k := range job.Keys {
 		if e := t.blocks[k]; e != nil {
@@ -384,9 +403,15 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 		if !job.Claim(i) {
 			continue // taken back by the manager: not stored
 		}
+		owner := t.sh.ownerOf(k)
+		var room bool
+		if removed, room = t.evict(1, int(owner), removed); !room {
+			job.Release(i)
+			full = append(full, k)
+			continue
+		}
 		src, _ := job.Arena.Slot(job.Slots[i])
-		removed = t.evict(1, removed)
-		e := t.newEntry(k, len(src))
+		e := t.newEntry(k, len(src), owner)
 		copy(e.data, src)
 		job.Release(i)
 		n += int64(len(src))
@@ -402,6 +427,11 @@ func (t *Tier) store(job *offload.Job, failAt int) offload.JobResult {
 	stored = slices.DeleteFunc(stored, func(k offload.Key) bool { return t.blocks[k] == nil })
 	t.announce(removed, true)
 	t.announce(stored, false)
+	if len(full) > 0 {
+		ok := slices.DeleteFunc(slices.Clone(job.Keys), func(k offload.Key) bool { return slices.Contains(full, k) })
+		return offload.JobResult{SuccessfulKeys: ok, Bytes: n,
+			Err: fmt.Errorf("memory tier %q: store job %d: %d blocks: %w", t.cfg.Name, job.ID, len(full), ErrFull)}
+	}
 	return offload.JobResult{Success: true, Bytes: n}
 }
 
@@ -463,23 +493,58 @@ func (t *Tier) load(job *offload.Job, failAt int) offload.JobResult {
 	return res
 }
 
-// evict makes room for n new blocks under the capacity limit, appending
-// the evicted keys to removed when events are on.
-func (t *Tier) evict(n int, removed []offload.Key) []offload.Key {
+// evict makes room for n new blocks of storer's (the owner of their
+// share; 0 without shares) under the capacity limit, appending the
+// evicted keys to removed when events are on. It reports whether there
+// is room: with shares, an owner within its quota gives no block to
+// another's store.
+func (t *Tier) evict(n, storer int, removed []offload.Key) ([]offload.Key, bool) {
 	if t.cfg.CapacityBlocks <= 0 {
-		return removed
+		return removed, true
 	}
-	for len(t.blocks)+n > t.cfg.CapacityBlocks && t.lru.next != &t.lru {
-		e := t.lru.next
-		t.unlink(e)
-		delete(t.blocks, e.key)
-		t.spare = append(t.spare, e)
+	var exhausted []bool
+	if t.sh != nil {
+		exhausted = make([]bool, len(t.lrus))
+	}
+	for len(t.blocks)+n > t.cfg.CapacityBlocks {
+		o := 0
+		if t.sh != nil {
+			if o = t.sh.victim(exhausted, storer); o < 0 {
+				return removed, false
+			}
+		}
+		lru := &t.lrus[o]
+		if lru.next == lru {
+			if t.sh == nil {
+				break // n > capacity: as many as there are
+			}
+			exhausted[o] = true
+			continue
+		}
+		e := lru.next
+		t.drop(e)
 		t.evicted++
 		if t.cfg.Events {
 			removed = append(removed, e.key)
 		}
 	}
-	return removed
+	return removed, true
+}
+
+// drop forgets e, keeping its buffer for a later block.
+func (t *Tier) drop(e *entry) {
+	t.unlink(e)
+	delete(t.blocks, e.key)
+	t.sh.release(e.owner)
+	t.spare = append(t.spare, e)
+}
+
+// resetLRUs empties every recency list.
+func (t *Tier) resetLRUs() {
+	for i := range t.lrus {
+		l := &t.lrus[i]
+		l.prev, l.next = l, l
+	}
 }
 
 // announce buffers one event for keys, if any.
@@ -491,17 +556,19 @@ func (t *Tier) announce(keys []offload.Key, removed bool) {
 
 // newEntry returns an entry for key with a buffer of size n, reusing an
 // evicted one: blocks are fixed-size, so churn should not churn the heap.
-func (t *Tier) newEntry(key offload.Key, n int) *entry {
+// The entry counts against owner's share from now on.
+func (t *Tier) newEntry(key offload.Key, n int, owner uint8) *entry {
+	t.sh.hold(owner)
 	for len(t.spare) > 0 {
 		e := t.spare[len(t.spare)-1]
 		t.spare[len(t.spare)-1] = nil
 		t.spare = t.spare[:len(t.spare)-1]
 		if cap(e.data) >= n {
-			*e = entry{key: key, data: e.data[:n]}
+			*e = entry{key: key, data: e.data[:n], owner: owner}
 			return e
 		}
 	}
-	return &entry{key: key, data: make([]byte, n)}
+	return &entry{key: key, data: make([]byte, n), owner: owner}
 }
 
 func (t *Tier) unlink(e *entry) {
@@ -510,12 +577,14 @@ func (t *Tier) unlink(e *entry) {
 	e.prev, e.next = nil, nil
 }
 
-// pushFront makes e the most recently used entry (the list's tail).
+// pushFront makes e the most recently used entry of its owner (the
+// list's tail).
 func (t *Tier) pushFront(e *entry) {
-	e.prev = t.lru.prev
-	e.next = &t.lru
-	t.lru.prev.next = e
-	t.lru.prev = e
+	lru := &t.lrus[e.owner]
+	e.prev = lru.prev
+	e.next = lru
+	lru.prev.next = e
+	lru.prev = e
 }
 
 func (t *Tier) moveToFront(e *entry) {
@@ -644,7 +713,8 @@ func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	clear(t.blocks)
-	t.lru.prev, t.lru.next = &t.lru, &t.lru
+	t.resetLRUs()
+	t.sh.clear()
 	t.spare = nil
 	clear(t.reqs)
 	t.nmissed = 0
@@ -654,8 +724,9 @@ func (t *Tier) Close(ctx context.Context) error {
 // Report implements offload.Reporter: the blocks the tier holds and the
 // ones it evicted.
 func (t *Tier) Report() offload.TierReport {
-	n := int64(t.Len())
-	return offload.TierReport{OccupancyBlocks: n, OccupancyBytes: -1, Evictions: t.Evictions()}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return offload.TierReport{OccupancyBlocks: int64(len(t.blocks)), OccupancyBytes: -1, Evictions: t.evicted, Shares: t.sh.report()}
 }
 
 // Len returns the number of blocks the tier holds.
@@ -701,9 +772,7 @@ func (t *Tier) Remove(key offload.Key) bool {
 	if !ok {
 		return false
 	}
-	t.unlink(e)
-	delete(t.blocks, key)
-	t.spare = append(t.spare, e)
+	t.drop(e)
 	if t.cfg.Events {
 		t.announce([]offload.Key{key}, true)
 	}
@@ -711,23 +780,30 @@ func (t *Tier) Remove(key offload.Key) bool {
 }
 
 // Put stores data under key directly, bypassing jobs: for seeding a tier
-// in tests and tools. It evicts like a store and emits a stored event.
-func (t *Tier) Put(key offload.Key, data []byte) {
+// in tests and tools. It evicts like a store and emits a stored event; it
+// reports false when the key's share leaves no room (ErrFull).
+func (t *Tier) Put(key offload.Key, data []byte) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.blocks[key]; ok {
 		e.data = append(e.data[:0], data...)
 		t.moveToFront(e)
-		return
+		return true
 	}
-	t.announce(t.evict(1, nil), true)
-	e := t.newEntry(key, len(data))
+	owner := t.sh.ownerOf(key)
+	removed, room := t.evict(1, int(owner), nil)
+	t.announce(removed, true)
+	if !room {
+		return false
+	}
+	e := t.newEntry(key, len(data), owner)
 	copy(e.data, data)
 	t.blocks[key] = e
 	t.pushFront(e)
 	if t.cfg.Events {
 		t.announce([]offload.Key{key}, false)
 	}
+	return true
 }
 
 var (

@@ -481,14 +481,18 @@ func TestPutGet(t *testing.T) {
 	}
 }
 
-// listLen walks the recency list; it must always match the map.
+// listLen walks the recency lists; they must always match the map, and
+// each block sits in its owner's.
 func (t *Tier) listLen() int {
 	n := 0
-	for e := t.lru.next; e != &t.lru; e = e.next {
-		if t.blocks[e.key] != e {
-			return -1
+	for o := range t.lrus {
+		lru := &t.lrus[o]
+		for e := lru.next; e != lru; e = e.next {
+			if t.blocks[e.key] != e || int(e.owner) != o {
+				return -1
+			}
+			n++
 		}
-		n++
 	}
 	return n
 }
