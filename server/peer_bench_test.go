@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/offload"
@@ -115,6 +117,9 @@ func benchClientProcess(b *testing.B, mode string, perOp int) {
 		e = startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if cpu := os.Getenv("KVTIER_CHILD_CPU"); cpu != "" {
+		cmd = exec.Command("taskset", "-c", cpu, os.Args[0], "-test.run=^$")
+	}
 	cmd.Env = append(os.Environ(), clientEnv+"="+mode, "KVTIER_STREAM_TO="+e.tcp,
 		"KVTIER_STREAM_OPS="+strconv.Itoa(b.N), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp))
 	b.SetBytes(int64(perOp * bigBlock))
@@ -208,7 +213,8 @@ func benchPlainStream(b *testing.B, blocks bool, perOp int) {
 // bigBlocksEnv is a daemon with 2 MiB slots (and a block stream when
 // stream is set) holding perOp distinct blocks.
 func bigBlocksEnv(b *testing.B, stream bool, perOp int) (*env, []offload.Key, []client.Block) {
-	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: stream}, bigBlock)
+	// The default arena, as in production.
+	e := startEnvSlot(b, envOptions{slots: 16, tiers: noTiers, stream: stream, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	keys := make([]offload.Key, perOp)
 	blocks := make([]client.Block, perOp)
 	for i := range keys {
@@ -356,8 +362,14 @@ func BenchmarkPeerLookup1000Warm(b *testing.B) {
 // process of BenchmarkStreamPaired2MiB: connected to KVTIER_STREAM_TO, it
 // reads a command byte and answers it, until the connection closes:
 //
-//	'P' the plain stream: writes its KVTIER_STREAM_PER_OP distinct 2 MiB
-//	    buffers, in turn;
+//	'P' the plain stream towards the daemon: writes its
+//	    KVTIER_STREAM_PER_OP distinct 2 MiB buffers, in turn;
+//	'Q' the plain stream from the daemon: reads n 2 MiB blocks into its n
+//	    buffers, then writes one byte;
+//	'W' the block stream's wire format without a daemon: reads n blocks
+//	    framed as a get's reply frames them into its n buffers, through a
+//	    buffered reader and verifying each, as client.Stream does, then
+//	    writes one byte;
 //	'G' a remote engine's GetBlocks of blocks 0 … n-1 from the daemon at
 //	    KVTIER_STREAM_GET, into its n buffers, then writes one byte;
 //	'U' its PutBlocks of n new blocks to the daemon at KVTIER_STREAM_PUT;
@@ -424,6 +436,26 @@ func pairedChild() int {
 				}
 			}
 			continue
+		case 'Q':
+			for _, b := range bufs {
+				if _, err := io.ReadFull(c, b); err != nil {
+					return 3
+				}
+			}
+		case 'W':
+			r := bufio.NewReaderSize(c, 64<<10) // as the client's stream
+			var h blockstream.Summer
+			for _, b := range bufs {
+				if _, err := r.ReadByte(); err != nil {
+					return 3
+				}
+				if n, err := blockstream.ReadLen(r, &h); err != nil || n != int64(len(b)) {
+					return 3
+				}
+				if whole, err := blockstream.ReadBody(r, b, &h); err != nil || !whole {
+					return 3
+				}
+			}
 		case 'G':
 			got, err := getter.GetBlocks(ctx, keys, client.GetOptions{Buffers: bufs})
 			if err != nil || got.Hits != perOp {
@@ -465,24 +497,47 @@ func pairedChild() int {
 
 // BenchmarkStreamPaired2MiB measures the block stream against a plain
 // loopback TCP stream between two processes, op by op, so that both see
-// the same seconds of this machine. The other process (the test binary
-// as a child) is a remote engine and a peer: each op is a plain op (it
-// writes 8 distinct 2 MiB buffers, read here into 8 distinct 2 MiB
-// buffers), its peer tier's load of 8 blocks from this process's daemon
-// into 8 arena slots, a plain op, its GetBlocks of 8 blocks into its 8
-// buffers, a plain op, and its PutBlocks of 8 new blocks from its 8
-// buffers to another daemon here (whose primary evicts the previous op's
-// blocks). Every path touches 8 distinct 2 MiB buffers at each end, as
-// the plain stream does, and each is timed from the command byte to the
-// answer, as the plain op is. Reported: each path's payload rate, and its
-// ratio to the plain ops just before it (1: the socket's speed). Rounds
-// are -count runs:
+// the same seconds of this machine, and each path against the plain
+// stream in its own direction (a path compared with the other direction
+// measures the direction too: here the two differ by up to a third from
+// minute to minute). The other process (the test binary as a child) is a
+// remote engine and a peer. Per op, each path between two plain ops of
+// its direction:
+//
+//   - peer: its peer tier's load of 8 blocks from this process's daemon
+//     into 8 arena slots; plain: this process writes 8 distinct 2 MiB
+//     buffers, the child reads them into 8 distinct 2 MiB buffers;
+//   - get: its GetBlocks of the 8 blocks into its 8 buffers; plain alike;
+//   - wire: this process writes the 8 buffers framed and summed as the
+//     daemon's get reply (blockstream.WriteBlockSummed), the child reads
+//     and verifies them as client.Stream does: the format and the
+//     receiver's verification alone, without a daemon;
+//   - put: its PutBlocks of 8 new blocks from its 8 buffers to another
+//     daemon here (whose primary evicts the previous op's blocks); plain:
+//     the child writes its 8 buffers, read here into 8.
+//
+// Every path touches 8 distinct 2 MiB buffers at each end, as its plain
+// op does, and each op is timed here from the command byte to the last
+// byte of the answer. Reported: each path's payload rate and its ratio to
+// the mean of the plain ops just before and after it (1: the socket's
+// speed). Rounds are -count runs:
 //
 //	go test -c -o /tmp/server.test ./server/
-//	/tmp/server.test -test.run '^$' -test.bench StreamPaired2MiB -test.benchtime 40x -test.count 8
+//	/tmp/server.test -test.run '^$' -test.bench StreamPaired2MiB -test.benchtime 100x -test.count 8
+//
+// For investigation, KVTIER_CHILD_CPU pins the child to a CPU (taskset):
+// with this process under taskset on another, the two ends never share
+// one, which steadies the rates — but each Go process then runs with
+// GOMAXPROCS 1, which is not how a daemon runs (BENCHMARKS.md).
 func BenchmarkStreamPaired2MiB(b *testing.B) {
 	const perOp = 8
 	e, _, blocks := bigBlocksEnv(b, true, perOp)
+	srcs := make([][]byte, perOp) // what this process writes itself
+	sums := make([]uint64, perOp)
+	for i := range srcs {
+		srcs[i] = bytes.Clone(blocks[i].Data)
+		sums[i] = blockstream.Sum(srcs[i])
+	}
 	pe := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -490,6 +545,9 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 	}
 	defer l.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if cpu := os.Getenv("KVTIER_CHILD_CPU"); cpu != "" {
+		cmd = exec.Command("taskset", "-c", cpu, os.Args[0], "-test.run=^$")
+	}
 	cmd.Env = append(os.Environ(), pairedEnv+"=1", "KVTIER_STREAM_TO="+l.Addr().String(), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp),
 		"KVTIER_STREAM_GET="+e.tcp, "KVTIER_STREAM_PUT="+pe.tcp)
 	out := &bytes.Buffer{}
@@ -511,28 +569,49 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		if _, err := c.Write([]byte{what}); err != nil {
 			b.Fatal(err)
 		}
-		if what == 'P' {
+		switch what {
+		case 'P':
 			for _, d := range dsts {
 				if _, err := io.ReadFull(c, d); err != nil {
 					b.Fatal(err)
 				}
 			}
-		} else if _, err := io.ReadFull(c, one[:]); err != nil {
+			return time.Since(t0)
+		case 'Q':
+			for _, s := range srcs {
+				if _, err := c.Write(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		case 'W':
+			w := bufio.NewWriterSize(c, 64<<10) // as the daemon's stream
+			for i, s := range srcs {
+				if err := blockstream.WriteBlockSummed(w, c, s, sums[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		if _, err := io.ReadFull(c, one[:]); err != nil {
 			b.Fatalf("%c: %v (child: %s)", what, err, out)
 		}
 		return time.Since(t0)
 	}
-	paths := []byte{'R', 'G', 'U'}
-	var plainT, pathT [3]time.Duration
-	var pairs [3][]float64 // per op: plain time / path time
-	for _, p := range append([]byte{'P'}, paths...) {
+	paths := []byte{'R', 'G', 'W', 'U'}
+	plains := []byte{'Q', 'Q', 'Q', 'P'} // each path's direction
+	names := []string{"peer", "get", "wire", "put"}
+	var plainT, pathT [4]time.Duration
+	var pairs [4][]float64 // per op: plain time / path time
+	for _, p := range append([]byte{'P', 'Q'}, paths...) {
 		do(p) // warm every connection
 	}
 	b.ResetTimer()
 	for range b.N {
 		for i, p := range paths {
-			pt := do('P')
+			// A plain op on each side: drift, and what the op before
+			// left in the caches, weigh on both alike.
+			pt := do(plains[i])
 			t := do(p)
+			pt = (pt + do(plains[i])) / 2
 			plainT[i] += pt
 			pathT[i] += t
 			pairs[i] = append(pairs[i], float64(pt)/float64(t))
@@ -549,12 +628,13 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		}
 	}
 	mbps := func(d time.Duration) float64 { return float64(b.N*perOp*bigBlock) / d.Seconds() / 1e6 }
-	for i, name := range []string{"peer", "get", "put"} {
+	for i, name := range names {
 		b.ReportMetric(mbps(pathT[i]), name+"-MB/s")
 		b.ReportMetric(float64(plainT[i])/float64(pathT[i]), name+"/plain")
 		// The median pair: robust to the odd op that this machine stalls.
 		slices.Sort(pairs[i])
 		b.ReportMetric(pairs[i][len(pairs[i])/2], name+"/plain-med")
 	}
-	b.ReportMetric(mbps(plainT[0]+plainT[1]+plainT[2])*3, "plain-MB/s")
+	b.ReportMetric(mbps(plainT[0]+plainT[1]+plainT[2])*3, "plain-from-MB/s")
+	b.ReportMetric(mbps(plainT[3]), "plain-to-MB/s")
 }

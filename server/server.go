@@ -371,11 +371,10 @@ func (s *Server) serveListeners() {
 	}
 	if s.streamLn != nil {
 		s.streamConns = map[net.Conn]struct{}{}
-		ln := netutil.LimitListener(s.streamLn, s.connLimit)
 		s.streamWG.Add(1)
 		go func() {
 			defer s.streamWG.Done()
-			if err := s.serveStream(ln); !errors.Is(err, net.ErrClosed) {
+			if err := s.serveStream(s.streamLn, s.connLimit); !errors.Is(err, net.ErrClosed) {
 				s.log.Error("listener stopped", "listener", "block stream", "err", err)
 			}
 		}()

@@ -58,16 +58,25 @@ const (
 )
 
 // serveStream accepts block-stream connections until ln closes.
-func (s *Server) serveStream(ln net.Listener) error {
+// serveStream accepts block-stream connections, at most limit open at
+// once: like netutil.LimitListener it stops accepting at the limit, but it
+// hands each connection over as the listener made it, so that a reply's
+// blocks go out in one writev each (net.Buffers writes a wrapped
+// connection one buffer at a time).
+func (s *Server) serveStream(ln net.Listener, limit int) error {
+	sem := make(chan struct{}, max(limit, 1))
 	for {
+		sem <- struct{}{} // released when a connection ends; Close ends them all
 		c, err := ln.Accept()
 		if err != nil {
+			<-sem
 			return err
 		}
 		s.streamMu.Lock()
 		if s.streamClosed {
 			s.streamMu.Unlock()
 			c.Close()
+			<-sem
 			continue
 		}
 		s.streamConns[c] = struct{}{}
@@ -80,6 +89,7 @@ func (s *Server) serveStream(ln net.Listener) error {
 				delete(s.streamConns, c)
 				s.streamMu.Unlock()
 				c.Close()
+				<-sem
 			}()
 			if err := s.streamConn(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Debug("block stream ended", "remote", c.RemoteAddr().String(), "err", err)

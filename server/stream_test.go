@@ -366,3 +366,39 @@ func TestBlockStreamSumsFollowTheSlot(t *testing.T) {
 	}
 	get("the same key with other bytes", key(1), other)
 }
+
+// The block stream holds at most max_connections open: a connection
+// beyond it waits, unanswered, until one closes.
+func TestBlockStreamConnectionLimit(t *testing.T) {
+	const limit = 4 // the least FitConnections allows
+	e := startEnv(t, envOptions{slots: 8, tiers: noTiers, stream: true, limits: server.Limits{MaxConnections: limit}})
+	addr := e.srv.StreamAddr()
+	var open []net.Conn
+	for range limit {
+		c, _, st := streamHello(t, addr, "", "")
+		if st != 0 {
+			t.Fatalf("hello %d: status %d, want accepted", len(open), st)
+		}
+		open = append(open, c)
+	}
+	extra, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if _, err := extra.Write([]byte("KVBS\x01\x00\x00\x00\x00")); err != nil {
+		t.Fatal(err)
+	}
+	// A hello at the limit would be answered in well under this; a pass
+	// here can be late, never wrong.
+	var reply [5]byte
+	_ = extra.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := extra.Read(reply[:]); n > 0 || err == nil {
+		t.Fatalf("a connection beyond the limit of %d was answered (%d bytes)", limit, n)
+	}
+	open[0].Close()
+	_ = extra.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(extra, reply[:]); err != nil || string(reply[:]) != "KVBS\x00" {
+		t.Fatalf("after one closed, the waiting connection got %q, %v", reply, err)
+	}
+}
