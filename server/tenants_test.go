@@ -15,6 +15,7 @@ import (
 	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiers/fs"
 )
@@ -278,7 +279,7 @@ func TestTenantTierMetrics(t *testing.T) {
 		tenants: []server.TenantConfig{{Name: "acme", Token: "acme-token", Namespaces: []string{""}}},
 		tiers: func(envT) []offload.SecondaryTier {
 			tier, err := fs.New(fs.Config{Name: "disk", RootDir: t.TempDir(), MaxBytes: 1 << 20,
-				Shares:    []fs.Share{{Space: acme.ID(), Bytes: 64 << 10}},
+				Shares:    []quota.Share{{Space: acme.ID(), Quota: 64 << 10}},
 				Namespace: filemapper.Namespace{ModelName: "tenants", BlockBytes: slotSize}, Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/tiers/peer"
@@ -280,9 +281,8 @@ func planMemory(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		Seed:           s.Seed,
 	}
 	mc.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
-	if err := eachShare(cfg, spec.Name, func(space uint64, s config.TierShare) {
-		mc.Shares = append(mc.Shares, memory.Share{Space: space, Bytes: int64(s.Bytes), Weight: s.Weight})
-	}); err != nil {
+	var err error
+	if mc.Shares, err = tierShares(cfg, spec.Name); err != nil {
 		return plan{}, err
 	}
 	return plan{
@@ -346,26 +346,26 @@ func fsConfig(spec config.TierSpec, cfg *config.Config) (fs.Config, error) {
 		fc.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
 	}
 	fc.GlobalEventsOff = !cfg.Events.Enabled
-	err := eachShare(cfg, spec.Name, func(space uint64, s config.TierShare) {
-		fc.Shares = append(fc.Shares, fs.Share{Space: space, Bytes: int64(s.Bytes), Weight: s.Weight})
-	})
+	var err error
+	fc.Shares, err = tierShares(cfg, spec.Name)
 	return fc, err
 }
 
-// eachShare calls fn with each tenant's or shared space's quota of tier
-// name and the ID of its key space.
-func eachShare(cfg *config.Config, name string, fn func(space uint64, s config.TierShare)) error {
+// tierShares returns the tenants' and shared spaces' quotas of tier name
+// (in bytes), each under the ID of its key space.
+func tierShares(cfg *config.Config, name string) ([]quota.Share, error) {
+	var out []quota.Share
 	for _, s := range cfg.TierShares(name) {
 		space, err := keyspace.Tenant(s.Name)
 		if s.Shared {
 			space, err = keyspace.Shared(s.Name)
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
-		fn(space.ID(), s)
+		out = append(out, quota.Share{Space: space.ID(), Quota: int64(s.Bytes), Weight: s.Weight})
 	}
-	return nil
+	return out, nil
 }
 
 // planFS plans an fs entry (fsConfig). Settings only fs.New can judge

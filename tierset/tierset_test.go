@@ -13,7 +13,7 @@ import (
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/quota"
 )
 
 // fourTiers is the filter-examples stack of the design discussion, every
@@ -252,7 +252,7 @@ shared_spaces:
 	}
 	acme, _ := keyspace.Tenant("acme")
 	prompts, _ := keyspace.Shared("prompts")
-	want := []fs.Share{{Space: acme.ID(), Bytes: 100 << 20, Weight: 2}, {Space: prompts.ID(), Bytes: 10 << 20}}
+	want := []quota.Share{{Space: acme.ID(), Quota: 100 << 20, Weight: 2}, {Space: prompts.ID(), Quota: 10 << 20}}
 	if !slices.Equal(fcs[0].Shares, want) || fcs[1].Shares != nil {
 		t.Fatalf("shares %+v and %+v, want %+v and none", fcs[0].Shares, fcs[1].Shares, want)
 	}

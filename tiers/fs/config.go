@@ -9,6 +9,7 @@ import (
 	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/vfs"
 )
 
@@ -74,7 +75,8 @@ type Config struct {
 	FS vfs.FS `yaml:"-"`
 	// Shares divide max_bytes between tenants (shares.go); set from the
 	// daemon's tenants' quota.tiers, not from the tier's own entry.
-	Shares []Share `yaml:"-"`
+	// Each share's Quota is in bytes.
+	Shares []quota.Share `yaml:"-"`
 	// Logger (nil = slog.Default()).
 	Logger *slog.Logger `yaml:"-"`
 }

@@ -15,34 +15,19 @@ import (
 // take. When nothing may be taken the write fails with ErrFull, like a
 // full tier: the block stays in the primary.
 
-// Share is one tenant's part of the tier.
-type Share struct {
-	// Space is the tenant's keyspace ID (non-zero).
-	Space uint64
-	// Bytes is its quota: bytes of files no other tenant's writes evict.
-	Bytes int64
-	// Weight scales how far above its quota it may grow into space no
-	// one claims (> 0; 0 means 1).
-	Weight float64
-}
-
 type shares struct {
 	t    *quota.Table
 	used []int64 // bytes of each owner's live and evicting files
 }
 
-func newShares(list []Share, maxBytes int64) (*shares, error) {
+func newShares(list []quota.Share, maxBytes int64) (*shares, error) {
 	if len(list) == 0 {
 		return nil, nil
 	}
 	if maxBytes == 0 {
 		return nil, fmt.Errorf("tenants' quotas need max_bytes: an unbounded tier evicts nothing")
 	}
-	qs := make([]quota.Share, len(list))
-	for i, s := range list {
-		qs[i] = quota.Share{Space: s.Space, Quota: s.Bytes, Weight: s.Weight}
-	}
-	t, err := quota.New(qs, maxBytes, func(v int64) string { return confvalue.ByteSize(v).String() })
+	t, err := quota.New(list, maxBytes, func(v int64) string { return confvalue.ByteSize(v).String() })
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
 // A tenant flooding cascades into an fs tier with max_bytes evicts its own
@@ -16,7 +17,7 @@ func TestSharesKeepQuotaAcrossFloodAndRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := func(c *Config) {
 		c.MaxBytes = 10 * fileBytes // high 9.5 files, low 8.5
-		c.Shares = []Share{{Space: acme.ID(), Bytes: 4 * fileBytes}, {Space: beta.ID(), Bytes: 4 * fileBytes}}
+		c.Shares = []quota.Share{{Space: acme.ID(), Quota: 4 * fileBytes}, {Space: beta.ID(), Quota: 4 * fileBytes}}
 	}
 	tagged := func(sp keyspace.Space, from, n int) []offload.Key {
 		var ks []offload.Key
@@ -66,18 +67,18 @@ func TestSharesConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		max    int64
-		shares []Share
+		shares []quota.Share
 	}{
-		{"unbounded tier", 0, []Share{{Space: acme.ID(), Bytes: 1}}},
-		{"over max_bytes", 10, []Share{{Space: acme.ID(), Bytes: 11}}},
-		{"space 0", 10, []Share{{Space: 0, Bytes: 1}}},
-		{"twice", 10, []Share{{Space: acme.ID(), Bytes: 1}, {Space: acme.ID(), Bytes: 1}}},
+		{"unbounded tier", 0, []quota.Share{{Space: acme.ID(), Quota: 1}}},
+		{"over max_bytes", 10, []quota.Share{{Space: acme.ID(), Quota: 11}}},
+		{"space 0", 10, []quota.Share{{Space: 0, Quota: 1}}},
+		{"twice", 10, []quota.Share{{Space: acme.ID(), Quota: 1}, {Space: acme.ID(), Quota: 1}}},
 	} {
 		c := testConfig(t.TempDir(), func(c *Config) { c.MaxBytes = 1 << 20; c.Shares = tc.shares })
 		if tc.max == 0 {
 			c.MaxBytes = 0
 		} else {
-			c.Shares[0].Bytes *= 1 << 20 / 10
+			c.Shares[0].Quota *= 1 << 20 / 10
 		}
 		if tier, err := New(c); err == nil {
 			tier.Close(t.Context())

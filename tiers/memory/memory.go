@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
 // Type is the configured type of memory tiers.
@@ -48,9 +49,10 @@ type Config struct {
 	Seed        int64   // deterministic failure injection
 	// Shares divide CapacityBlocks between tenants (shares.go); set from
 	// the daemon's tenants' quota.tiers, not from the tier's own entry.
-	// BlockBytes, the size of the blocks the tier holds, converts their
-	// quotas in bytes; required with Shares.
-	Shares     []Share
+	// Their quotas are in bytes, rounded down to whole blocks of
+	// BlockBytes, the size of the blocks the tier holds (required with
+	// Shares).
+	Shares     []quota.Share
 	BlockBytes int
 }
 

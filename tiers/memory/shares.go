@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
@@ -16,25 +17,15 @@ import (
 // the block stays in the primary. Every method is nil-safe: a nil
 // *shares is the tier without tenants (one owner, 0).
 
-// Share is one tenant's part of the tier.
-type Share struct {
-	// Space is the tenant's keyspace ID (non-zero).
-	Space uint64
-	// Bytes is its quota, rounded down to whole blocks of
-	// Config.BlockBytes: blocks no other tenant's stores evict.
-	Bytes int64
-	// Weight scales how far above its quota it may grow into room no
-	// one claims (> 0; 0 means 1).
-	Weight float64
-}
-
 type shares struct {
 	t          *quota.Table
 	blockBytes int64
 	held       []int64 // bytes of each owner's blocks
 }
 
-func newShares(list []Share, capacityBlocks, blockBytes int) (*shares, error) {
+// newShares divides capacityBlocks blocks of blockBytes between list,
+// whose quotas in bytes are rounded down to whole blocks.
+func newShares(list []quota.Share, capacityBlocks, blockBytes int) (*shares, error) {
 	switch {
 	case len(list) == 0:
 		return nil, nil
@@ -44,9 +35,9 @@ func newShares(list []Share, capacityBlocks, blockBytes int) (*shares, error) {
 		return nil, fmt.Errorf("tenants' quotas need the block size (the namespace's bytes_per_block), got %d", blockBytes)
 	}
 	bb := int64(blockBytes)
-	qs := make([]quota.Share, len(list))
-	for i, s := range list {
-		qs[i] = quota.Share{Space: s.Space, Quota: s.Bytes / bb * bb, Weight: s.Weight}
+	qs := slices.Clone(list)
+	for i := range qs {
+		qs[i].Quota = qs[i].Quota / bb * bb
 	}
 	t, err := quota.New(qs, int64(capacityBlocks)*bb, func(v int64) string { return confvalue.ByteSize(v).String() })
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
 const shareBlock = 4 // bytes per block in these tests
@@ -24,14 +25,14 @@ func TestSharesModel(t *testing.T) {
 		nTenants := rapid.IntRange(1, 3).Draw(rt, "tenants")
 		capacity := rapid.IntRange(2, 12).Draw(rt, "capacity")
 		spaces := make([]keyspace.Space, nTenants)
-		var list []Share
+		var list []quota.Share
 		left := capacity
 		for i := range spaces {
 			spaces[i], _ = keyspace.Tenant(fmt.Sprint("t", i))
 			q := rapid.IntRange(0, left).Draw(rt, fmt.Sprint("quota", i))
 			left -= q
 			w := rapid.SampledFrom([]float64{0, 1, 2, 0.5}).Draw(rt, fmt.Sprint("weight", i))
-			list = append(list, Share{Space: spaces[i].ID(), Bytes: int64(q*shareBlock + rapid.IntRange(0, shareBlock-1).Draw(rt, "odd")), Weight: w})
+			list = append(list, quota.Share{Space: spaces[i].ID(), Quota: int64(q*shareBlock + rapid.IntRange(0, shareBlock-1).Draw(rt, "odd")), Weight: w})
 		}
 		tier, err := New(Config{CapacityBlocks: capacity, Shares: list, BlockBytes: shareBlock, Events: true})
 		if err != nil {
@@ -50,11 +51,11 @@ func TestSharesModel(t *testing.T) {
 			if o == 0 {
 				q := capacity
 				for _, s := range list {
-					q -= int(s.Bytes / shareBlock)
+					q -= int(s.Quota / shareBlock)
 				}
 				return q
 			}
-			return int(list[o-1].Bytes / shareBlock)
+			return int(list[o-1].Quota / shareBlock)
 		}
 		held := map[offload.Key][]byte{}
 		ownerOf := map[offload.Key]int{}
@@ -162,11 +163,11 @@ func TestSharesConfigErrors(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"unbounded tier", Config{BlockBytes: 4, Shares: []Share{{Space: acme.ID(), Bytes: 4}}}},
-		{"no block size", Config{CapacityBlocks: 4, Shares: []Share{{Space: acme.ID(), Bytes: 4}}}},
-		{"over capacity", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []Share{{Space: acme.ID(), Bytes: 20}}}},
-		{"space 0", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []Share{{Bytes: 4}}}},
-		{"twice", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []Share{{Space: acme.ID(), Bytes: 4}, {Space: acme.ID(), Bytes: 4}}}},
+		{"unbounded tier", Config{BlockBytes: 4, Shares: []quota.Share{{Space: acme.ID(), Quota: 4}}}},
+		{"no block size", Config{CapacityBlocks: 4, Shares: []quota.Share{{Space: acme.ID(), Quota: 4}}}},
+		{"over capacity", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []quota.Share{{Space: acme.ID(), Quota: 20}}}},
+		{"space 0", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []quota.Share{{Quota: 4}}}},
+		{"twice", Config{CapacityBlocks: 4, BlockBytes: 4, Shares: []quota.Share{{Space: acme.ID(), Quota: 4}, {Space: acme.ID(), Quota: 4}}}},
 	} {
 		if tier, err := New(tc.cfg); err == nil {
 			tier.Close(t.Context())
