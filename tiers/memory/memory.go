@@ -72,10 +72,13 @@ type Tier struct {
 	blocks map[offload.Key]*entry
 	// lrus are the sentinels of the recency lists, one per owner of
 	// the shares (one without shares); lru.next is the oldest.
-	lrus  []entry
-	sh    *shares  // nil without tenants' shares
-	spare []*entry // evicted entries, recycled with their buffers
-	reqs  map[string]*reqState
+	lrus []entry
+	sh   *shares // nil without tenants' shares
+	// exhausted is evict's scratch, one flag per owner (nil without
+	// shares).
+	exhausted []bool
+	spare     []*entry // evicted entries, recycled with their buffers
+	reqs      map[string]*reqState
 	// asking are the requests with lookups queued for the step end, so
 	// that neither it nor HasPendingWork walks every request.
 	asking   map[*reqState]struct{}
@@ -157,6 +160,9 @@ func New(cfg Config) (*Tier, error) {
 	}
 	t.lrus = make([]entry, sh.owners())
 	t.resetLRUs()
+	if sh != nil {
+		t.exhausted = make([]bool, sh.owners())
+	}
 	return t, nil
 }
 
@@ -504,10 +510,8 @@ func (t *Tier) evict(n, storer int, removed []offload.Key) ([]offload.Key, bool)
 	if t.cfg.CapacityBlocks <= 0 {
 		return removed, true
 	}
-	var exhausted []bool
-	if t.sh != nil {
-		exhausted = make([]bool, len(t.lrus))
-	}
+	exhausted := t.exhausted // owners with no block left to give
+	clear(exhausted)
 	for len(t.blocks)+n > t.cfg.CapacityBlocks {
 		o := 0
 		if t.sh != nil {
