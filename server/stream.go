@@ -57,12 +57,11 @@ const (
 	maxStreamField = 4096
 )
 
-// serveStream accepts block-stream connections until ln closes.
-// serveStream accepts block-stream connections, at most limit open at
-// once: like netutil.LimitListener it stops accepting at the limit, but it
-// hands each connection over as the listener made it, so that a reply's
-// blocks go out in one writev each (net.Buffers writes a wrapped
-// connection one buffer at a time).
+// serveStream accepts block-stream connections until ln closes, at most
+// limit open at once: like netutil.LimitListener it stops accepting at
+// the limit, but it hands each connection over as the listener made it,
+// so that a reply's blocks go out in one writev each (net.Buffers writes
+// a wrapped connection one buffer at a time).
 func (s *Server) serveStream(ln net.Listener, limit int) error {
 	sem := make(chan struct{}, max(limit, 1))
 	for {
