@@ -383,13 +383,21 @@ func (t *tenant) stats(st Stats) *kvtierv1.TenantStats {
 	return ts
 }
 
-// shareStats fills in the primary's figures of space sp.
+// shareStats fills in the figures of space sp in the primary and in the
+// tiers divided between tenants.
 func shareStats(ts *kvtierv1.TenantStats, st Stats, sp keyspace.Space) {
 	for _, sh := range st.Shares {
 		if sh.Space == sp.ID() {
 			ts.PrimaryBytes = int64(sh.Held) * st.Primary.SlotSize
 			ts.PrimaryQuotaBytes = int64(sh.Quota) * st.Primary.SlotSize
 			ts.Evicted, ts.EvictedByOthers = sh.Evicted, sh.EvictedByOthers
+		}
+	}
+	for _, t := range st.Tiers {
+		for _, sh := range t.Shares {
+			if sh.Space == sp.ID() {
+				ts.Tiers = append(ts.Tiers, &kvtierv1.TenantTierStats{Tier: t.Name, Bytes: sh.Bytes, QuotaBytes: sh.Quota})
+			}
 		}
 	}
 }

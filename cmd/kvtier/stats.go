@@ -126,15 +126,23 @@ func printStats(w io.Writer, st *kvtierv1.StatsResponse) {
 // printTenants prints one row per tenant or shared space.
 func printTenants(w io.Writer, ts []*kvtierv1.TenantStats) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT	KIND	PRIMARY	QUOTA	EVICTED self/others	HITS	MISSES	STORED	REFUSED")
+	fmt.Fprintln(tw, "TENANT	KIND	PRIMARY	QUOTA	EVICTED self/others	HITS	MISSES	STORED	REFUSED	TIERS (held/quota)")
 	for _, t := range ts {
 		kind := "tenant"
 		if t.GetShared() {
 			kind = "shared"
 		}
-		fmt.Fprintf(tw, "%s	%s	%s	%s	%d/%d	%d	%d	%d	%d\n",
+		tiers := "-"
+		if len(t.GetTiers()) > 0 {
+			parts := make([]string, len(t.GetTiers()))
+			for i, tt := range t.GetTiers() {
+				parts[i] = fmt.Sprintf("%s %s/%s", tt.GetTier(), confvalue.ByteSize(tt.GetBytes()).Approx(), confvalue.ByteSize(tt.GetQuotaBytes()).Approx())
+			}
+			tiers = strings.Join(parts, ", ")
+		}
+		fmt.Fprintf(tw, "%s	%s	%s	%s	%d/%d	%d	%d	%d	%d	%s\n",
 			t.GetName(), kind, confvalue.ByteSize(t.GetPrimaryBytes()).Approx(), confvalue.ByteSize(t.GetPrimaryQuotaBytes()).Approx(),
-			t.GetEvicted()-t.GetEvictedByOthers(), t.GetEvictedByOthers(), t.GetHits(), t.GetMisses(), t.GetStored(), t.GetRefusals())
+			t.GetEvicted()-t.GetEvictedByOthers(), t.GetEvictedByOthers(), t.GetHits(), t.GetMisses(), t.GetStored(), t.GetRefusals(), tiers)
 	}
 	tw.Flush()
 }

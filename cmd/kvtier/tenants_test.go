@@ -62,7 +62,7 @@ shared_spaces:
 		t.Fatalf("acme get: exit %d %q", code, errOut)
 	}
 	code, out, errOut := as("admin-secret", "stats", "--tenant", "acme")
-	if code != 0 || !strings.Contains(out, "acme    tenant  4.0KiB   16.0KiB") {
+	if code != 0 || !strings.Contains(out, "acme    tenant  4.0KiB   16.0KiB") || !strings.Contains(out, "/256.0KiB") {
 		t.Fatalf("stats --tenant acme: exit %d %q\n%s", code, errOut, out)
 	}
 	code, out, _ = as("admin-secret", "stats")

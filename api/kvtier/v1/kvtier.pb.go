@@ -2710,7 +2710,11 @@ type TenantStats struct {
 	Misses uint64 `protobuf:"varint,8,opt,name=misses,proto3" json:"misses,omitempty"`
 	Stored uint64 `protobuf:"varint,9,opt,name=stored,proto3" json:"stored,omitempty"`
 	// Calls refused: permission denied, over a limit, no room.
-	Refusals      uint64 `protobuf:"varint,10,opt,name=refusals,proto3" json:"refusals,omitempty"`
+	Refusals uint64 `protobuf:"varint,10,opt,name=refusals,proto3" json:"refusals,omitempty"`
+	// Its part of each secondary tier whose capacity is divided between
+	// tenants (fs and memory tiers named in its quota.tiers, or in
+	// another's).
+	Tiers         []*TenantTierStats `protobuf:"bytes,11,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2815,6 +2819,75 @@ func (x *TenantStats) GetRefusals() uint64 {
 	return 0
 }
 
+func (x *TenantStats) GetTiers() []*TenantTierStats {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+// TenantTierStats is a tenant's part of one secondary tier.
+type TenantTierStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tier  string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	// Bytes its blocks hold in the tier, and its quota there.
+	Bytes         int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	QuotaBytes    int64 `protobuf:"varint,3,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantTierStats) Reset() {
+	*x = TenantTierStats{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantTierStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantTierStats) ProtoMessage() {}
+
+func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantTierStats.ProtoReflect.Descriptor instead.
+func (*TenantTierStats) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *TenantTierStats) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TenantTierStats) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TenantTierStats) GetQuotaBytes() int64 {
+	if x != nil {
+		return x.QuotaBytes
+	}
+	return 0
+}
+
 // ExplainRequest asks how a request's filters would apply.
 type ExplainRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -2827,7 +2900,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +2912,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +2925,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExplainRequest) GetNamespace() string {
@@ -2890,7 +2963,7 @@ type TierDecision struct {
 
 func (x *TierDecision) Reset() {
 	*x = TierDecision{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2902,7 +2975,7 @@ func (x *TierDecision) String() string {
 func (*TierDecision) ProtoMessage() {}
 
 func (x *TierDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2915,7 +2988,7 @@ func (x *TierDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDecision.ProtoReflect.Descriptor instead.
 func (*TierDecision) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TierDecision) GetName() string {
@@ -2995,7 +3068,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3080,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3093,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExplainResponse) GetLoadFilter() *TierFilter {
@@ -3092,7 +3165,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3177,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3190,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Block) GetKey() []byte {
@@ -3151,7 +3224,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3236,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3249,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PutBlocksRequest) GetNamespace() string {
@@ -3220,7 +3293,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3305,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3318,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PutBlocksResponse) GetStatuses() []PutStatus {
@@ -3290,7 +3363,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3375,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3388,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBlocksRequest) GetNamespace() string {
@@ -3384,7 +3457,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3469,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3482,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetBlocksResponse) GetBlocks() []*Block {
@@ -3454,7 +3527,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3539,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3552,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListBlocksRequest) GetNamespace() string {
@@ -3530,7 +3603,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3542,7 +3615,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3555,7 +3628,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListBlocksResponse) GetKeys() [][]byte {
@@ -3617,7 +3690,7 @@ type GetArenaRequest struct {
 
 func (x *GetArenaRequest) Reset() {
 	*x = GetArenaRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3702,7 @@ func (x *GetArenaRequest) String() string {
 func (*GetArenaRequest) ProtoMessage() {}
 
 func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3715,7 @@ func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaRequest.ProtoReflect.Descriptor instead.
 func (*GetArenaRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetArenaRequest) GetNamespace() string {
@@ -3681,7 +3754,7 @@ type GetArenaResponse struct {
 
 func (x *GetArenaResponse) Reset() {
 	*x = GetArenaResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3693,7 +3766,7 @@ func (x *GetArenaResponse) String() string {
 func (*GetArenaResponse) ProtoMessage() {}
 
 func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3706,7 +3779,7 @@ func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaResponse.ProtoReflect.Descriptor instead.
 func (*GetArenaResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetArenaResponse) GetKind() ArenaKind {
@@ -3774,7 +3847,7 @@ type RegionRegistration struct {
 
 func (x *RegionRegistration) Reset() {
 	*x = RegionRegistration{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3786,7 +3859,7 @@ func (x *RegionRegistration) String() string {
 func (*RegionRegistration) ProtoMessage() {}
 
 func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3799,7 +3872,7 @@ func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
 func (*RegionRegistration) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
 }
 
 type RegionLookupRequest struct {
@@ -3819,7 +3892,7 @@ type RegionLookupRequest struct {
 
 func (x *RegionLookupRequest) Reset() {
 	*x = RegionLookupRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +3904,7 @@ func (x *RegionLookupRequest) String() string {
 func (*RegionLookupRequest) ProtoMessage() {}
 
 func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +3917,7 @@ func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RegionLookupRequest) GetRegionId() string {
@@ -3892,7 +3965,7 @@ type RegionLookupResponse struct {
 
 func (x *RegionLookupResponse) Reset() {
 	*x = RegionLookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3904,7 +3977,7 @@ func (x *RegionLookupResponse) String() string {
 func (*RegionLookupResponse) ProtoMessage() {}
 
 func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3917,7 +3990,7 @@ func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RegionLookupResponse) GetFound() []byte {
@@ -3946,7 +4019,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3958,7 +4031,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3971,7 +4044,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4033,7 +4106,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4045,7 +4118,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4058,7 +4131,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4083,7 +4156,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4095,7 +4168,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4108,7 +4181,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 type RegionResultsRequest struct {
@@ -4120,7 +4193,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4205,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4218,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -4168,7 +4241,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4253,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4266,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -4226,7 +4299,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4238,7 +4311,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4251,7 +4324,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -4272,7 +4345,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4284,7 +4357,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4297,7 +4370,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -4332,7 +4405,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4417,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4430,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -4396,7 +4469,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4408,7 +4481,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4421,7 +4494,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -4475,7 +4548,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4487,7 +4560,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4500,7 +4573,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -4520,7 +4593,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4532,7 +4605,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4545,7 +4618,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -4570,7 +4643,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4582,7 +4655,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4595,7 +4668,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 type EngineAttachRequest struct {
@@ -4609,7 +4682,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4621,7 +4694,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4634,7 +4707,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -4662,7 +4735,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4674,7 +4747,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4687,7 +4760,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -4735,7 +4808,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4747,7 +4820,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4760,7 +4833,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -4789,7 +4862,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4801,7 +4874,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4814,7 +4887,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -4853,7 +4926,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4865,7 +4938,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4878,7 +4951,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -4945,7 +5018,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4957,7 +5030,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4970,7 +5043,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5077,7 +5150,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5089,7 +5162,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5102,7 +5175,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -5141,7 +5214,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5153,7 +5226,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5166,7 +5239,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -5397,7 +5470,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"auto_steps\x18\v \x01(\x04R\tautoSteps\x12\x1f\n" +
 	"\vstream_addr\x18\f \x01(\tR\n" +
 	"streamAddr\x120\n" +
-	"\atenants\x18\r \x03(\v2\x16.kvtier.v1.TenantStatsR\atenants\"\xb4\x02\n" +
+	"\atenants\x18\r \x03(\v2\x16.kvtier.v1.TenantStatsR\atenants\"\xe6\x02\n" +
 	"\vTenantStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06shared\x18\x02 \x01(\bR\x06shared\x12#\n" +
@@ -5409,7 +5482,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x06misses\x18\b \x01(\x04R\x06misses\x12\x16\n" +
 	"\x06stored\x18\t \x01(\x04R\x06stored\x12\x1a\n" +
 	"\brefusals\x18\n" +
-	" \x01(\x04R\brefusals\"\\\n" +
+	" \x01(\x04R\brefusals\x120\n" +
+	"\x05tiers\x18\v \x03(\v2\x1a.kvtier.v1.TenantTierStatsR\x05tiers\"\\\n" +
+	"\x0fTenantTierStats\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1f\n" +
+	"\vquota_bytes\x18\x03 \x01(\x03R\n" +
+	"quotaBytes\"\\\n" +
 	"\x0eExplainRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
 	"\x12kv_transfer_params\x18\x02 \x01(\tR\x10kvTransferParams\"\x80\x02\n" +
@@ -5667,7 +5746,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -5705,42 +5784,43 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*TierStats)(nil),             // 33: kvtier.v1.TierStats
 	(*StatsResponse)(nil),         // 34: kvtier.v1.StatsResponse
 	(*TenantStats)(nil),           // 35: kvtier.v1.TenantStats
-	(*ExplainRequest)(nil),        // 36: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 37: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 38: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 39: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 40: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 41: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 42: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 43: kvtier.v1.GetBlocksResponse
-	(*ListBlocksRequest)(nil),     // 44: kvtier.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 45: kvtier.v1.ListBlocksResponse
-	(*GetArenaRequest)(nil),       // 46: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 47: kvtier.v1.GetArenaResponse
-	(*RegionRegistration)(nil),    // 48: kvtier.v1.RegionRegistration
-	(*RegionLookupRequest)(nil),   // 49: kvtier.v1.RegionLookupRequest
-	(*RegionLookupResponse)(nil),  // 50: kvtier.v1.RegionLookupResponse
-	(*RegionJob)(nil),             // 51: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 52: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 53: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 54: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 55: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 56: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 57: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 58: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 59: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 60: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 61: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 62: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 63: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 64: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 65: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 66: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 67: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 68: kvtier.v1.EngineStepRequest
-	(*EngineLookupResult)(nil),    // 69: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 70: kvtier.v1.EngineStepResponse
-	nil,                           // 71: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*TenantTierStats)(nil),       // 36: kvtier.v1.TenantTierStats
+	(*ExplainRequest)(nil),        // 37: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 38: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 39: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 40: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 41: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 42: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 43: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 44: kvtier.v1.GetBlocksResponse
+	(*ListBlocksRequest)(nil),     // 45: kvtier.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),    // 46: kvtier.v1.ListBlocksResponse
+	(*GetArenaRequest)(nil),       // 47: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 48: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 49: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 50: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 51: kvtier.v1.RegionLookupResponse
+	(*RegionJob)(nil),             // 52: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 53: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 54: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 55: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 56: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 57: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 58: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 59: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 60: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 61: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 62: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 63: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 64: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 65: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 66: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 67: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 68: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 69: kvtier.v1.EngineStepRequest
+	(*EngineLookupResult)(nil),    // 70: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 71: kvtier.v1.EngineStepResponse
+	nil,                           // 72: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -5754,85 +5834,86 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	20, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	71, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	72, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 	32, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
 	33, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
 	35, // 14: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
-	2,  // 15: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
-	3,  // 16: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	8,  // 17: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 18: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	9,  // 19: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	37, // 20: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	39, // 21: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 22: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	39, // 23: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 24: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 25: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	51, // 26: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	55, // 27: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	57, // 28: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 29: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 30: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	59, // 31: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	65, // 32: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	66, // 33: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	67, // 34: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	66, // 35: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	66, // 36: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	69, // 37: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	59, // 38: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 39: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 40: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	14, // 41: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	16, // 42: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	18, // 43: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	21, // 44: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	23, // 45: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	25, // 46: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	27, // 47: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	29, // 48: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	31, // 49: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	36, // 50: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	40, // 51: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	42, // 52: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	46, // 53: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	44, // 54: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	49, // 55: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	52, // 56: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	54, // 57: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	58, // 58: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	61, // 59: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	63, // 60: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	68, // 61: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	11, // 62: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	13, // 63: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 64: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	17, // 65: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	19, // 66: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	22, // 67: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	24, // 68: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	26, // 69: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	28, // 70: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	30, // 71: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	34, // 72: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	38, // 73: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	41, // 74: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	43, // 75: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	47, // 76: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	45, // 77: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	50, // 78: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	53, // 79: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	56, // 80: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	60, // 81: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	62, // 82: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	64, // 83: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	70, // 84: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	62, // [62:85] is the sub-list for method output_type
-	39, // [39:62] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	36, // 15: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
+	2,  // 16: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
+	3,  // 17: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
+	8,  // 18: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 19: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 20: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	38, // 21: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	40, // 22: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 23: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	40, // 24: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 25: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 26: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	52, // 27: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	56, // 28: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	58, // 29: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 30: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 31: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	60, // 32: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	66, // 33: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	67, // 34: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	68, // 35: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	67, // 36: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	67, // 37: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	70, // 38: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	60, // 39: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 40: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 41: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	14, // 42: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	16, // 43: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	18, // 44: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	21, // 45: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	23, // 46: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	25, // 47: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	27, // 48: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	29, // 49: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	31, // 50: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	37, // 51: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	41, // 52: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	43, // 53: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	47, // 54: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	45, // 55: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	50, // 56: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	53, // 57: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	55, // 58: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	59, // 59: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	62, // 60: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	64, // 61: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	69, // 62: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	11, // 63: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	13, // 64: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 65: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	17, // 66: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	19, // 67: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	22, // 68: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	24, // 69: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	26, // 70: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	28, // 71: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	30, // 72: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	34, // 73: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	39, // 74: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	42, // 75: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	44, // 76: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	48, // 77: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	46, // 78: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	51, // 79: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	54, // 80: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	57, // 81: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	61, // 82: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	63, // 83: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	65, // 84: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	71, // 85: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	63, // [63:86] is the sub-list for method output_type
+	40, // [40:63] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -5847,7 +5928,7 @@ func file_kvtier_v1_kvtier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   65,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -682,7 +682,7 @@ class StatsResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., primary: _Optional[_Union[PrimaryStats, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., active_requests: _Optional[int] = ..., cascade_pinned_slots: _Optional[int] = ..., cascade_pin_budget: _Optional[int] = ..., cascade_revocations: _Optional[int] = ..., sessions: _Optional[int] = ..., expired_requests: _Optional[int] = ..., released_requests: _Optional[int] = ..., auto_steps: _Optional[int] = ..., stream_addr: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
 
 class TenantStats(_message.Message):
-    __slots__ = ["evicted", "evicted_by_others", "hits", "misses", "name", "primary_bytes", "primary_quota_bytes", "refusals", "shared", "stored"]
+    __slots__ = ["evicted", "evicted_by_others", "hits", "misses", "name", "primary_bytes", "primary_quota_bytes", "refusals", "shared", "stored", "tiers"]
     EVICTED_BY_OTHERS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -693,6 +693,7 @@ class TenantStats(_message.Message):
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     evicted: int
     evicted_by_others: int
     hits: int
@@ -703,7 +704,18 @@ class TenantStats(_message.Message):
     refusals: int
     shared: bool
     stored: int
-    def __init__(self, name: _Optional[str] = ..., shared: bool = ..., primary_bytes: _Optional[int] = ..., primary_quota_bytes: _Optional[int] = ..., evicted: _Optional[int] = ..., evicted_by_others: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., stored: _Optional[int] = ..., refusals: _Optional[int] = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[TenantTierStats]
+    def __init__(self, name: _Optional[str] = ..., shared: bool = ..., primary_bytes: _Optional[int] = ..., primary_quota_bytes: _Optional[int] = ..., evicted: _Optional[int] = ..., evicted_by_others: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., stored: _Optional[int] = ..., refusals: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TenantTierStats, _Mapping]]] = ...) -> None: ...
+
+class TenantTierStats(_message.Message):
+    __slots__ = ["bytes", "quota_bytes", "tier"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    quota_bytes: int
+    tier: str
+    def __init__(self, tier: _Optional[str] = ..., bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ...) -> None: ...
 
 class TierDecision(_message.Message):
     __slots__ = ["load", "load_reason", "locality", "medium", "name", "store", "store_reason", "type"]
