@@ -347,6 +347,19 @@ func TestBlockStreamSumsFollowTheSlot(t *testing.T) {
 				t.Fatalf("%s: get %v: %v %v", what, k, res, err)
 			}
 		}
+		// The daemon unpins a get's slots once it has sent them, which a
+		// client can see after it has the whole reply: the put that
+		// follows needs the one slot free.
+		for {
+			stats, err := api.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats.GetPrimary().GetPinnedSlots() == 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	// Arrived on the stream: its sum is known.
 	if res, err := st.Put([]client.Block{{Key: key(1), Data: block(key(1))}}, deadline); err != nil || res[0] != client.PutStored {
