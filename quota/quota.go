@@ -86,6 +86,16 @@ func (t *Table) Quota(o int) int64 { return t.quota[o] }
 // Space returns owner o's keyspace ID (0 for the pool).
 func (t *Table) Space(o int) uint64 { return t.spaces[o] }
 
+// Report is what each owner holds (held, by owner) beside its quota, for
+// a tier's offload.TierReport.
+func (t *Table) Report(held []int64) []offload.ShareReport {
+	out := make([]offload.ShareReport, len(held))
+	for o, h := range held {
+		out[o] = offload.ShareReport{Space: t.spaces[o], Bytes: h, Quota: t.quota[o]}
+	}
+	return out
+}
+
 // OwnerOf returns the owner of key k.
 func (t *Table) OwnerOf(k offload.Key) uint8 {
 	id, ok := keyspace.IDOf(k)

@@ -116,10 +116,7 @@ func benchClientProcess(b *testing.B, mode string, perOp int) {
 	} else {
 		e = startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	if cpu := os.Getenv("KVTIER_CHILD_CPU"); cpu != "" {
-		cmd = exec.Command("taskset", "-c", cpu, os.Args[0], "-test.run=^$")
-	}
+	cmd := benchChild()
 	cmd.Env = append(os.Environ(), clientEnv+"="+mode, "KVTIER_STREAM_TO="+e.tcp,
 		"KVTIER_STREAM_OPS="+strconv.Itoa(b.N), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp))
 	b.SetBytes(int64(perOp * bigBlock))
@@ -175,7 +172,7 @@ func benchPlainStream(b *testing.B, blocks bool, perOp int) {
 		}
 		defer l.Close()
 		total := b.N * perOp * bigBlock
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd := benchChild()
 		cmd.Env = append(os.Environ(), streamEnv+"="+strconv.Itoa(total), "KVTIER_STREAM_TO="+l.Addr().String())
 		dsts := [][]byte{make([]byte, bigBlock)}
 		if blocks {
@@ -495,6 +492,18 @@ func pairedChild() int {
 	return 0
 }
 
+// benchChild is the test binary as the other process of a benchmark.
+// For investigation, KVTIER_CHILD_CPU pins it to a CPU (taskset): with
+// this process under taskset on another, the two ends never share one,
+// which steadies the rates — but each Go process then runs with
+// GOMAXPROCS 1, which is not how a daemon runs (BENCHMARKS.md).
+func benchChild() *exec.Cmd {
+	if cpu := os.Getenv("KVTIER_CHILD_CPU"); cpu != "" {
+		return exec.Command("taskset", "-c", cpu, os.Args[0], "-test.run=^$")
+	}
+	return exec.Command(os.Args[0], "-test.run=^$")
+}
+
 // BenchmarkStreamPaired2MiB measures the block stream against a plain
 // loopback TCP stream between two processes, op by op, so that both see
 // the same seconds of this machine, and each path against the plain
@@ -525,10 +534,7 @@ func pairedChild() int {
 //	go test -c -o /tmp/server.test ./server/
 //	/tmp/server.test -test.run '^$' -test.bench StreamPaired2MiB -test.benchtime 100x -test.count 8
 //
-// For investigation, KVTIER_CHILD_CPU pins the child to a CPU (taskset):
-// with this process under taskset on another, the two ends never share
-// one, which steadies the rates — but each Go process then runs with
-// GOMAXPROCS 1, which is not how a daemon runs (BENCHMARKS.md).
+// For investigation, KVTIER_CHILD_CPU pins the child (benchChild).
 func BenchmarkStreamPaired2MiB(b *testing.B) {
 	const perOp = 8
 	e, _, blocks := bigBlocksEnv(b, true, perOp)
@@ -544,10 +550,7 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	if cpu := os.Getenv("KVTIER_CHILD_CPU"); cpu != "" {
-		cmd = exec.Command("taskset", "-c", cpu, os.Args[0], "-test.run=^$")
-	}
+	cmd := benchChild()
 	cmd.Env = append(os.Environ(), pairedEnv+"=1", "KVTIER_STREAM_TO="+l.Addr().String(), "KVTIER_STREAM_PER_OP="+strconv.Itoa(perOp),
 		"KVTIER_STREAM_GET="+e.tcp, "KVTIER_STREAM_PUT="+pe.tcp)
 	out := &bytes.Buffer{}

@@ -94,9 +94,7 @@ func (t *Tier) Report() offload.TierReport {
 	}
 	t.mu.Lock()
 	if sh := t.idx.sh; sh != nil {
-		for o, b := range sh.used {
-			r.Shares = append(r.Shares, offload.ShareReport{Space: sh.t.Space(o), Bytes: b, Quota: sh.t.Quota(o)})
-		}
+		r.Shares = sh.t.Report(sh.used)
 	}
 	t.mu.Unlock()
 	return r

@@ -93,9 +93,5 @@ func (sh *shares) report() []offload.ShareReport {
 	if sh == nil {
 		return nil
 	}
-	out := make([]offload.ShareReport, len(sh.held))
-	for o, b := range sh.held {
-		out[o] = offload.ShareReport{Space: sh.t.Space(o), Bytes: b, Quota: sh.t.Quota(o)}
-	}
-	return out
+	return sh.t.Report(sh.held)
 }
