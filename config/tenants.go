@@ -33,18 +33,19 @@ type Tenant struct {
 	Weight float64 `yaml:"weight"`
 }
 
-// Quota is a guaranteed share of the primary and of fs and memory tiers: blocks of
-// the tenant within it are never evicted by another tenant's stores.
+// Quota is a guaranteed share of the primary and of fs, redis, s3 and
+// memory tiers: blocks of the tenant within it are never evicted by
+// another tenant's stores.
 type Quota struct {
 	// Primary is the share of the daemon's primary (primary.bytes),
 	// rounded down to whole blocks. 0: no guarantee, only what others
 	// leave.
 	Primary confvalue.ByteSize `yaml:"primary"`
-	// Tiers are shares of secondary tiers' capacity, by tier name. Only
-	// fs tiers with max_bytes and memory tiers with capacity_blocks
-	// divide their capacity: the others have no capacity of kvtier's to
-	// divide (a Redis server's maxmemory evicts by itself, an object
-	// store and a peer's DRAM are not kvtier's to bound here).
+	// Tiers are shares of secondary tiers' capacity, by tier name: of
+	// fs, redis and s3 tiers with max_bytes (for redis and s3 a ledger
+	// kvtier keeps of what it wrote, package remote's Budget) and of
+	// memory tiers with capacity_blocks. A peer tier's capacity is the
+	// peer daemon's DRAM, divided by that daemon's own config.
 	Tiers map[string]confvalue.ByteSize `yaml:"tiers"`
 }
 
@@ -162,8 +163,9 @@ func NamespaceName(n string) string {
 	return n
 }
 
-// checkTierQuotas checks quota.tiers: named fs tiers with max_bytes and
-// memory tiers with capacity_blocks, whose quotas fit in them.
+// checkTierQuotas checks quota.tiers: named fs, redis and s3 tiers with
+// max_bytes and memory tiers with capacity_blocks, whose quotas fit in
+// them.
 func (c *Config) checkTierQuotas(d *decoder) {
 	sums := map[string]confvalue.ByteSize{}
 	check := func(path string, q Quota) {
@@ -174,8 +176,8 @@ func (c *Config) checkTierQuotas(d *decoder) {
 			case i < 0:
 				d.errorf(nil, p, "no secondary tier is called %q", name)
 				continue
-			case c.SecondaryTiers[i].Type != "fs" && c.SecondaryTiers[i].Type != "memory":
-				d.errorf(nil, p, "tier %q is a %s tier: only fs tiers (with max_bytes) and memory tiers (with capacity_blocks) divide their capacity between tenants", name, c.SecondaryTiers[i].Type)
+			case !slices.Contains([]string{"fs", "memory", "redis", "s3"}, c.SecondaryTiers[i].Type):
+				d.errorf(nil, p, "tier %q is a %s tier: only fs, redis and s3 tiers (with max_bytes) and memory tiers (with capacity_blocks) divide their capacity between tenants; a peer's DRAM is its own daemon's to divide", name, c.SecondaryTiers[i].Type)
 				continue
 			case b < 0:
 				d.errorf(nil, p, "must not be negative, got %s", b)
@@ -207,7 +209,7 @@ func (c *Config) checkTierQuotas(d *decoder) {
 	}
 }
 
-// tierCapacity returns the bytes an fs tier (max_bytes) or a memory tier
+// tierCapacity returns the bytes an fs, redis or s3 tier (max_bytes) or a memory tier
 // (capacity_blocks of namespace.bytes_per_block) holds at most, the key
 // that bounds it, and that bound as an error message shows it; ok is
 // false for an unbounded tier.

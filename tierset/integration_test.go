@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
@@ -535,4 +536,45 @@ func (s *spy) SubmitLoad(job *offload.Job) {
 func (s *spy) SubmitStore(job *offload.Job) {
 	s.stores++
 	s.SecondaryTier.SubmitStore(job)
+}
+
+// Tenants' quota.tiers reach redis and s3 tiers with max_bytes as shares
+// of their ledgers, which a tier built from the config reports.
+func TestIntegrationTenantQuotasReachRemoteTiers(t *testing.T) {
+	ep, ak, sk := os.Getenv("KVTIER_TEST_S3_ENDPOINT"), os.Getenv("KVTIER_TEST_S3_ACCESS_KEY"), os.Getenv("KVTIER_TEST_S3_SECRET_KEY")
+	raddr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
+	if ep == "" || ak == "" || sk == "" || raddr == "" {
+		requireIntegration(t, "KVTIER_TEST_S3_* and KVTIER_TEST_REDIS_ADDR")
+	}
+	bucket := "kvtier-quota-" + randomHex(6)
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+secondary_tiers:
+  - {name: objects, type: s3, bucket: %s, endpoint: %q, access_key: %q, secret_key: %q, create_bucket: true, max_bytes: 1GiB}
+  - {name: dram, type: redis, addr: %q, key_prefix: %q, max_bytes: 512MiB}
+tenants:
+  - {name: acme, token: a, namespaces: [default], quota: {tiers: {objects: 100MiB, dram: 200MiB}}}
+`, bucket, ep, ak, sk, raddr, "kvtier-quota-"+randomHex(6)+":"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers, err := tierset.Build(t.Context(), cfg, tierset.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, tier := range tiers {
+			tier.Close(context.Background())
+		}
+		s3c := awss3.New(awss3.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(ak, sk, ""), UsePathStyle: true, BaseEndpoint: aws.String(ep)})
+		s3c.DeleteBucket(context.Background(), &awss3.DeleteBucketInput{Bucket: aws.String(bucket)})
+	}()
+	acme, _ := keyspace.Tenant("acme")
+	for i, want := range [][]offload.ShareReport{
+		{{Space: 0, Quota: 924 << 20}, {Space: acme.ID(), Quota: 100 << 20}},
+		{{Space: 0, Quota: 312 << 20}, {Space: acme.ID(), Quota: 200 << 20}},
+	} {
+		if got := tiers[i].(offload.Reporter).Report().Shares; !slices.Equal(got, want) {
+			t.Errorf("tier %s: shares %+v, want %+v", tiers[i].Name(), got, want)
+		}
+	}
 }

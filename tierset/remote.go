@@ -38,6 +38,9 @@ func planS3(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	if c.Namespace.BlockBytes == 0 {
 		c.Namespace.BlockBytes, _ = cfg.Namespace.BytesPerBlock.Int()
 	}
+	if c.Shares, err = tierShares(cfg, spec.Name); err != nil {
+		return plan{}, err
+	}
 	if err := c.Validate(); err != nil {
 		return plan{}, keyPathError(spec, c, err)
 	}
@@ -75,6 +78,9 @@ func planRedis(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	c.Name = spec.Name
 	if !spec.Has("key_prefix") {
 		c.KeyPrefix = redisKeyPrefix(cfg)
+	}
+	if c.Shares, err = tierShares(cfg, spec.Name); err != nil {
+		return plan{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return plan{}, keyPathError(spec, c, err)

@@ -9,12 +9,15 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
@@ -418,4 +421,67 @@ func TestIntegrationReconcileAfterRestartAndResubscribe(t *testing.T) {
 			t.Fatalf("removal published twice: %+v", ev)
 		}
 	}
+}
+
+// TestIntegrationBudget: max_bytes and tenants' quotas on a real server
+// (remotetest.RunBudget).
+func TestIntegrationBudget(t *testing.T) {
+	base := sharedRedisConfig(t)
+	runBudget(t, base, func(ctx context.Context, fn func(*goredis.Client) error) error {
+		c := goredis.NewClient(&goredis.Options{Addr: base.Addr})
+		defer c.Close()
+		return fn(c)
+	})
+}
+
+// TestIntegrationClusterBudget: the same on a Redis Cluster, whose
+// blocks the tier lists and deletes on every master.
+func TestIntegrationClusterBudget(t *testing.T) {
+	addrs := clusterAddrs(t)
+	raw := rawCluster(t, addrs)
+	base := clusterConfig(addrs)
+	eachMaster := func(ctx context.Context, fn func(*goredis.Client) error) error {
+		return raw.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return fn(c) })
+	}
+	t.Cleanup(func() {
+		eachMaster(context.Background(), func(c *goredis.Client) error {
+			for _, n := range c.Keys(context.Background(), base.KeyPrefix+"*").Val() {
+				c.Del(context.Background(), n)
+			}
+			return nil
+		})
+	})
+	runBudget(t, base, eachMaster)
+}
+
+// runBudget runs remotetest.RunBudget on tiers of base, listing the
+// server's keys with eachServer (every master of a cluster).
+func runBudget(t *testing.T, base Config, eachServer func(context.Context, func(*goredis.Client) error) error) {
+	rt.RunBudget(t, rt.BudgetCase{
+		New: func(ctx context.Context, maxBytes int64, shares []quota.Share) (offload.SecondaryTier, error) {
+			cfg := base
+			cfg.MaxBytes, cfg.Shares = confvalue.ByteSize(maxBytes), shares
+			return New(ctx, cfg)
+		},
+		Held: func(t testing.TB) []offload.Key {
+			var mu sync.Mutex
+			var out []offload.Key
+			parse := &Tier{cfg: base}
+			err := eachServer(context.Background(), func(c *goredis.Client) error {
+				names, err := c.Keys(context.Background(), base.KeyPrefix+"*").Result()
+				mu.Lock()
+				defer mu.Unlock()
+				for _, n := range names {
+					if k, ok := parse.parseKey(n); ok {
+						out = append(out, k)
+					}
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out
+		},
+	})
 }

@@ -27,7 +27,7 @@ var ErrUnreachable = errors.New("server unreachable")
 
 // ErrNotFound reports a block the server does not hold (never stored,
 // evicted or expired).
-var ErrNotFound = errors.New("block not found")
+var ErrNotFound = remote.ErrNotFound
 
 // ErrValueTooLarge reports a block whose envelope exceeds max_value_bytes.
 var ErrValueTooLarge = errors.New("value exceeds max_value_bytes")
@@ -56,6 +56,9 @@ type Tier struct {
 	// of its own (nil for a single server).
 	cl    *cluster
 	ioSem chan struct{} // bounds concurrent transfer pipelines
+
+	// budget is max_bytes' ledger (nil without max_bytes).
+	budget *remote.Budget
 
 	events        *remote.Events     // nil when events are off
 	recon         *remote.Reconciler // nil when events are off
@@ -96,6 +99,10 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		t.log = slog.Default()
 	}
 	t.log = t.log.With("tier", cfg.Name, "type", Type)
+	var err error
+	if t.budget, err = cfg.NewBudget(); err != nil {
+		return nil, fmt.Errorf("%s: %w", t.label(), err)
+	}
 	if err := t.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -115,6 +122,12 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	}
 	t.wg.Add(1)
 	go t.touchLoop()
+	if t.budget != nil {
+		if err := t.fillBudget(ctx); err != nil {
+			t.Close(context.Background())
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -205,6 +218,8 @@ func (t *Tier) startBase() {
 		Logger:        t.log,
 		Store:         t.store,
 		Load:          t.load,
+		Budget:        t.budget,
+		Delete:        t.del,
 	})
 	t.recon = remote.StartReconciler(t.ctx, &t.wg, remote.ReconcilerConfig{
 		Events:   t.events,
@@ -275,6 +290,10 @@ func (t *Tier) Report() offload.TierReport {
 		r.Remote.Nodes = append(r.Remote.Nodes, offload.NodeReport{Addr: n.Addr, Healthy: n.Healthy})
 	}
 	r.Remote.SlotMapChanges = uint64(t.SlotMapReloads())
+	// With max_bytes the ledger is the occupancy, and the evictions are
+	// its deletions (the server's own would count them twice as del
+	// notifications).
+	t.budget.AddTo(&r)
 	return r
 }
 
@@ -328,6 +347,9 @@ func (t *Tier) parseKey(s string) (offload.Key, bool) {
 // engine keeps using are the last the server evicts. It never blocks; a
 // touch that finds the queue full is dropped.
 func (t *Tier) Touch(keys []offload.Key, _ *offload.ReqContext) {
+	if t.budget != nil {
+		t.budget.Touch(keys)
+	}
 	if len(keys) == 0 || !t.health.Healthy() {
 		return
 	}

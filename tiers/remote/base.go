@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -67,7 +68,16 @@ type BaseConfig struct {
 
 	Store StoreFunc
 	Load  LoadFunc
+
+	// Budget, when set, is the tier's max_bytes: a store job is admitted
+	// by it and first deletes its victims with Delete (see Budget).
+	Budget *Budget
+	Delete DeleteFunc
 }
+
+// DeleteFunc deletes keys on the server; deleting a key the server does
+// not hold is not an error.
+type DeleteFunc func(ctx context.Context, keys []offload.Key) error
 
 // Base is the backend-independent part of a remote secondary tier: its
 // declarations, the health gate in front of every lookup and job, the
@@ -92,6 +102,8 @@ type Base struct {
 	lookups *asynclookup.Manager
 	store   StoreFunc
 	load    LoadFunc
+	budget  *Budget
+	del     DeleteFunc
 
 	// missQ and forgetQ carry keys from job goroutines to the lookup
 	// state, applied on the manager's goroutine.
@@ -114,8 +126,10 @@ func NewBase(cfg BaseConfig) *Base {
 			Timeout:  cfg.LookupTimeout,
 			Logger:   cfg.Logger,
 		}),
-		store: cfg.Store,
-		load:  cfg.Load,
+		store:  cfg.Store,
+		load:   cfg.Load,
+		budget: cfg.Budget,
+		del:    cfg.Delete,
 	}
 }
 
@@ -206,6 +220,8 @@ func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	case len(job.Keys) == 0:
 	case job.Arena == nil:
 		err = fmt.Errorf("%s: store job %d: no arena", b.label, job.ID)
+	case b.budget != nil:
+		fates, err = b.storeWithin(ctx, job)
 	default:
 		fates, err = b.callStore(ctx, job)
 	}
@@ -248,6 +264,33 @@ func (b *Base) runStore(ctx context.Context, job *offload.Job) offload.JobResult
 	return res
 }
 
+// storeWithin runs a store job under the tier's Budget: admitted, its
+// victims deleted (and announced removed), written, settled.
+func (b *Base) storeWithin(ctx context.Context, job *offload.Job) ([]Fate, error) {
+	size := int64(HeaderSize + job.Arena.SlotSize())
+	adm, victims, err := b.budget.Admit(job.Keys, size)
+	if err != nil {
+		return nil, fmt.Errorf("%s: store job %d: %d blocks: %w", b.label, job.ID, len(job.Keys), err)
+	}
+	if len(victims) > 0 {
+		if err := b.del(ctx, victims); err != nil {
+			// The server may still hold them: counted again, as the
+			// oldest, and the job's blocks are not written.
+			b.budget.Restore(victims, size)
+			b.budget.Settle(adm, func(int) bool { return false })
+			return nil, fmt.Errorf("%s: store job %d: deleting %d blocks to make room: %w", b.label, job.ID, len(victims), err)
+		}
+		b.forgetQ.Add(victims...)
+		b.events.Removed(victims)
+	}
+	fates, err := b.callStore(ctx, job)
+	b.budget.Settle(adm, func(i int) bool {
+		// After a failure any block may have reached the server.
+		return err != nil || fates == nil || fates[i] == Written
+	})
+	return fates, err
+}
+
 // runLoad answers a load job: the slots are resolved (a key without a
 // usable slot fails alone), the LoadFunc fills the rest, and a partial
 // load reports its loaded prefix. Failed keys answer Miss for the
@@ -259,6 +302,9 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 		b.callLoad(ctx, job, slots, errs)
 	}
 	loaded, err := loadedKeys(job.Keys, errs)
+	if b.budget != nil {
+		b.settleLoad(job.Keys, loaded, errs)
+	}
 	res := offload.JobResult{Duration: time.Since(start)}
 	if len(loaded) > 0 {
 		res.Bytes = int64(len(loaded)) * int64(job.Arena.SlotSize())
@@ -279,6 +325,23 @@ func (b *Base) runLoad(ctx context.Context, job *offload.Job) offload.JobResult 
 	}
 	b.missQ.Add(failed...)
 	return res
+}
+
+// settleLoad tells the Budget which blocks were read (the newest now)
+// and which the server no longer holds.
+func (b *Base) settleLoad(keys, loaded []offload.Key, errs []error) {
+	if len(loaded) == len(keys) {
+		b.budget.Touch(keys)
+		return
+	}
+	b.budget.Touch(loaded)
+	var gone []offload.Key
+	for i, e := range errs {
+		if errors.Is(e, ErrNotFound) {
+			gone = append(gone, keys[i])
+		}
+	}
+	b.budget.Forget(gone)
 }
 
 // callStore and callLoad run the tier's I/O, turning a panic into the

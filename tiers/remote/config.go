@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 )
 
 // ParseLocality reads a tier's locality key: local, remote (or its
@@ -62,6 +64,16 @@ type Shared struct {
 	// outage. ReconcileRate bounds the keys checked per second.
 	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
 	ReconcileRate     int           `yaml:"reconcile_rate"`
+	// MaxBytes bounds what the tier keeps on the server, envelopes
+	// included (0: no bound of kvtier's; the server's own policy
+	// evicts). With it the tier keeps a ledger of its blocks, lists the
+	// server's at startup, and deletes its least recently used blocks to
+	// make room (see Budget). Tenants' quotas of the tier (Shares) need
+	// it.
+	MaxBytes confvalue.ByteSize `yaml:"max_bytes"`
+	// Shares divide MaxBytes between tenants (package quota); set by the
+	// daemon from its tenants' quotas, not a key of the entry.
+	Shares []quota.Share `yaml:"-"`
 }
 
 // Default values of Shared that are the same for every remote tier.
@@ -125,6 +137,12 @@ func (s Shared) Check(counts []Count, spans []Span) error {
 		if c.Value <= 0 {
 			return fmt.Errorf("%s: must be > 0, got %d", c.Key, c.Value)
 		}
+	}
+	if s.MaxBytes < 0 {
+		return fmt.Errorf("max_bytes: must be >= 0, got %d", s.MaxBytes)
+	}
+	if len(s.Shares) > 0 && s.MaxBytes == 0 {
+		return fmt.Errorf("tenants' quotas need max_bytes: without it the server's own policy evicts, across tenants")
 	}
 	if s.Retries < 0 {
 		return fmt.Errorf("retries: must be >= 0, got %d", s.Retries)

@@ -49,4 +49,12 @@
 // change (a stored key is probed again, a key that failed to load is a
 // Miss for the requests that asked for it). Shared and ParseLocality
 // check the config keys every remote tier has.
+//
+// # Budget
+//
+// With max_bytes a tier keeps a ledger of the blocks it wrote (Budget):
+// listed from the server at startup, a store admitted only with room,
+// made by deleting victims first — divided between tenants by package
+// quota's rule, so that a tenant within its quota never loses a block to
+// another's store on a server that knows nothing of tenants.
 package remote

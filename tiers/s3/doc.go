@@ -25,6 +25,13 @@
 //	    probe_interval: 1s          # health probe while down
 //	    unhealthy_after: 3          # consecutive transport failures
 //	    events: false               # stored/removed events
+//	    max_bytes: 10TiB            # optional: kvtier's own bound (remote.Budget)
+//
+// With max_bytes the tier lists its layout's objects at startup and,
+// before a store that would pass the bound, deletes the least recently
+// stored or loaded objects (tenants' quota.tiers divide the bound). An
+// object store keeps no recency, so the order is the tier's own since
+// startup; listed objects start as the oldest.
 //
 // Invalid values are errors naming the key. Startup checks the bucket
 // with HEAD: an endpoint that does not answer (ErrUnreachable) or a

@@ -19,7 +19,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/kvtier/kvtier/confvalue"
+	"github.com/kvtier/kvtier/filemapper"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
@@ -343,4 +346,34 @@ func TestIntegrationReconcileVanishedObjects(t *testing.T) {
 	if st := tier.Stats(); st.ReconciledRemovals != 3 || st.Reconciles == 0 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// TestIntegrationBudget: max_bytes and tenants' quotas on a real S3
+// service (remotetest.RunBudget).
+func TestIntegrationBudget(t *testing.T) {
+	base := realS3Config(t)
+	rt.RunBudget(t, rt.BudgetCase{
+		New: func(ctx context.Context, maxBytes int64, shares []quota.Share) (offload.SecondaryTier, error) {
+			cfg := base
+			cfg.MaxBytes, cfg.Shares = confvalue.ByteSize(maxBytes), shares
+			return New(ctx, cfg)
+		},
+		Held: func(t testing.TB) []offload.Key {
+			var out []offload.Key
+			dir := base.Prefix + "/" + filemapper.RankDir(base.Layout.Base, base.Layout.Rank) + "/"
+			p := s3.NewListObjectsV2Paginator(rawClient(base), &s3.ListObjectsV2Input{Bucket: aws.String(base.Bucket)})
+			for p.HasMorePages() {
+				page, err := p.NextPage(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range page.Contents {
+					if k, ok := filemapper.ParseRelPath(strings.TrimPrefix(aws.ToString(o.Key), dir)); ok {
+						out = append(out, k)
+					}
+				}
+			}
+			return out
+		},
+	})
 }

@@ -33,7 +33,7 @@ var ErrBucketNotFound = errors.New("bucket does not exist")
 var ErrUnreachable = errors.New("endpoint unreachable")
 
 // ErrNotFound reports a block the store does not hold.
-var ErrNotFound = errors.New("block not found")
+var ErrNotFound = remote.ErrNotFound
 
 // Tier is an S3-compatible object store as a STORAGE secondary tier. It
 // implements offload.SecondaryTier; the embedded remote.Base does the
@@ -57,6 +57,7 @@ type Tier struct {
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 	c          remote.Counters
+	budget     *remote.Budget  // max_bytes' ledger; nil without
 	retry      *remote.Retrier // transfers
 	probeRetry *remote.Retrier // existence checks: shorter timeout
 
@@ -100,6 +101,9 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		t.httpc = newHTTPClient(cfg.IOThreads)
 	}
 	t.client = newClient(cfg, t.httpc)
+	if t.budget, err = cfg.NewBudget(); err != nil {
+		return nil, fmt.Errorf("%s: %w", t.label(), err)
+	}
 
 	if err := t.checkBucket(ctx); err != nil {
 		t.httpc.CloseIdleConnections()
@@ -131,6 +135,8 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Logger:        t.log,
 		Store:         t.store,
 		Load:          t.load,
+		Budget:        t.budget,
+		Delete:        t.del,
 	})
 	// Lifecycle rules and other clients delete objects without telling
 	// anyone: a periodic pass publishes those removals.
@@ -143,6 +149,12 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 		Healthy:  t.health.Healthy,
 		Logger:   t.log,
 	})
+	if t.budget != nil {
+		if err := t.fillBudget(ctx); err != nil {
+			t.Close(context.Background())
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -155,7 +167,11 @@ func (t *Tier) Stats() remote.Stats {
 }
 
 // Report implements offload.Reporter.
-func (t *Tier) Report() offload.TierReport { return remote.ReportOf(t.Stats()) }
+func (t *Tier) Report() offload.TierReport {
+	r := remote.ReportOf(t.Stats())
+	t.budget.AddTo(&r)
+	return r
+}
 
 // Reconcile runs one reconciliation pass now (see remote.Events.Reconcile)
 // and returns how many keys it checked and removals it published.
@@ -267,9 +283,14 @@ func (t *Tier) probe(ctx context.Context) error {
 // Type returns "s3".
 func (t *Tier) Type() string { return Type }
 
-// Touch is a no-op: object stores keep no recency; capacity is the
-// bucket's lifecycle policy (see the package documentation).
-func (t *Tier) Touch([]offload.Key, *offload.ReqContext) {}
+// Touch renews keys in the max_bytes ledger; without max_bytes it is a
+// no-op: object stores keep no recency, and capacity is the bucket's
+// lifecycle policy (see the package documentation).
+func (t *Tier) Touch(keys []offload.Key, _ *offload.ReqContext) {
+	if t.budget != nil {
+		t.budget.Touch(keys)
+	}
+}
 
 // Close cancels running transfers, waits for them until ctx ends, answers
 // every outstanding job, and releases connections. It is idempotent.

@@ -1,0 +1,247 @@
+package remote
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/kvtier/kvtier/keyspace"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/quota"
+)
+
+// TestBudgetModel drives a Budget with random store jobs (admitted,
+// their victims deleted from a model server, then settled with random
+// outcomes, several in flight at once), reads, removals by the server and
+// listings, and checks after each step: the ledger never exceeds
+// max_bytes; it holds every block the model server holds (it never
+// undercounts); a victim is never a block being written; an owner other
+// than the storer loses a block only while it is above its quota, and
+// then not below its quota by a block or more; a refused job takes
+// nothing; and at the end every admission is settled with nothing left
+// being written.
+func TestBudgetModel(t *testing.T) {
+	const size = 4
+	rapid.Check(t, func(rt *rapid.T) {
+		nTenants := rapid.IntRange(0, 3).Draw(rt, "tenants")
+		capBlocks := rapid.IntRange(1, 10).Draw(rt, "capacity")
+		maxBytes := int64(capBlocks*size + rapid.IntRange(0, size-1).Draw(rt, "odd"))
+		spaces := make([]keyspace.Space, nTenants)
+		var list []quota.Share
+		left := maxBytes
+		for i := range spaces {
+			spaces[i], _ = keyspace.Tenant(fmt.Sprint("t", i))
+			q := rapid.Int64Range(0, left).Draw(rt, fmt.Sprint("quota", i))
+			left -= q
+			list = append(list, quota.Share{Space: spaces[i].ID(), Quota: q, Weight: rapid.SampledFrom([]float64{0, 1, 2}).Draw(rt, "weight")})
+		}
+		b, err := NewBudget(maxBytes, list)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		quotaOf := func(o int) int64 {
+			if o == 0 {
+				return left
+			}
+			return list[o-1].Quota
+		}
+		keyOf := func(o, n int) offload.Key {
+			raw := offload.MakeKey(fmt.Appendf(nil, "%d/%d", o, n), 0)
+			if o == 0 {
+				return raw
+			}
+			return spaces[o-1].Key([]byte(raw))
+		}
+		ownerOf := map[offload.Key]int{}
+		server := map[offload.Key]bool{} // what the model server holds
+		writing := map[offload.Key]int{}
+		type pending struct {
+			a    *Admission
+			keys []offload.Key
+		}
+		var inflight []pending
+
+		heldBy := func() []int64 {
+			h := make([]int64, nTenants+1)
+			for k, e := range b.ents {
+				if e.size != size || int(e.owner) != ownerOf[k] {
+					rt.Fatalf("entry %v: size %d owner %d", k, e.size, e.owner)
+				}
+				h[e.owner] += e.size
+			}
+			return h
+		}
+		check := func() {
+			var total int64
+			h := heldBy()
+			for o, v := range h {
+				if v != b.held[o] {
+					rt.Fatalf("owner %d: held %d, entries %d", o, b.held[o], v)
+				}
+				total += v
+			}
+			if total > maxBytes {
+				rt.Fatalf("ledger %d bytes > max %d", total, maxBytes)
+			}
+			for k := range server {
+				if b.ents[k] == nil {
+					rt.Fatalf("server holds %v, the ledger does not", k)
+				}
+			}
+			n := 0
+			for o := range b.lru {
+				for e := b.lru[o].next; e != &b.lru[o]; e = e.next {
+					if b.ents[e.key] != e || int(e.owner) != o {
+						rt.Fatalf("list %d holds a stray entry", o)
+					}
+					n++
+				}
+			}
+			if n != len(b.ents) {
+				rt.Fatalf("lists hold %d entries, map %d", n, len(b.ents))
+			}
+		}
+
+		rt.Repeat(map[string]func(*rapid.T){
+			"admit": func(rt *rapid.T) {
+				o := rapid.IntRange(0, nTenants).Draw(rt, "owner")
+				var keys []offload.Key
+				for range rapid.IntRange(1, 4).Draw(rt, "n") {
+					k := keyOf(o, rapid.IntRange(0, 12).Draw(rt, "key"))
+					ownerOf[k] = o
+					keys = append(keys, k)
+				}
+				before := heldBy()
+				entsBefore := len(b.ents)
+				a, victims, err := b.Admit(keys, size)
+				if errors.Is(err, ErrFull) {
+					if len(b.ents) != entsBefore {
+						rt.Fatalf("a refused job changed the ledger")
+					}
+					for i, h := range heldBy() {
+						if h != before[i] {
+							rt.Fatalf("a refused job changed owner %d's bytes", i)
+						}
+					}
+					return
+				}
+				if err != nil {
+					rt.Fatal(err)
+				}
+				after := heldBy()
+				lost := map[int]bool{}
+				for _, v := range victims {
+					if writing[v] > 0 {
+						rt.Fatalf("victim %v is being written", v)
+					}
+					delete(server, v)
+					lost[ownerOf[v]] = true
+				}
+				for vo := range lost {
+					if vo == o {
+						continue
+					}
+					if before[vo] <= quotaOf(vo) || after[vo] <= quotaOf(vo)-size {
+						rt.Fatalf("owner %d (quota %d) went %d → %d for owner %d's store", vo, quotaOf(vo), before[vo], after[vo], o)
+					}
+				}
+				for _, k := range keys {
+					writing[k]++
+				}
+				inflight = append(inflight, pending{a, keys})
+			},
+			"settle": func(rt *rapid.T) {
+				if len(inflight) == 0 {
+					rt.Skip("nothing in flight")
+				}
+				i := rapid.IntRange(0, len(inflight)-1).Draw(rt, "job")
+				p := inflight[i]
+				inflight = append(inflight[:i], inflight[i+1:]...)
+				written := make([]bool, len(p.keys))
+				for j := range written {
+					written[j] = rapid.Bool().Draw(rt, "written")
+					if written[j] {
+						server[p.keys[j]] = true
+					}
+				}
+				b.Settle(p.a, func(j int) bool { return written[j] })
+				for _, k := range p.keys {
+					writing[k]--
+				}
+			},
+			"touch": func(rt *rapid.T) {
+				o := rapid.IntRange(0, nTenants).Draw(rt, "owner")
+				b.Touch([]offload.Key{keyOf(o, rapid.IntRange(0, 12).Draw(rt, "key"))})
+			},
+			"server drops": func(rt *rapid.T) {
+				o := rapid.IntRange(0, nTenants).Draw(rt, "owner")
+				k := keyOf(o, rapid.IntRange(0, 12).Draw(rt, "key"))
+				if writing[k] > 0 {
+					return // the write in flight may land after the drop
+				}
+				delete(server, k)
+				b.Forget([]offload.Key{k})
+			},
+			"": func(rt *rapid.T) { check() },
+		})
+		for _, p := range inflight {
+			b.Settle(p.a, func(int) bool { return true })
+		}
+		for k, e := range b.ents {
+			if e.writing != 0 {
+				rt.Fatalf("%v still being written after every job settled", k)
+			}
+		}
+		check()
+	})
+}
+
+// TestBudgetListing: blocks found on the server enter as their owners'
+// oldest, and Trim deletes down to max_bytes from owners above their
+// quotas only.
+func TestBudgetListing(t *testing.T) {
+	a, _ := keyspace.Tenant("a")
+	bs, _ := keyspace.Tenant("b")
+	b, err := NewBudget(40, []quota.Share{{Space: a.ID(), Quota: 20}, {Space: bs.ID(), Quota: 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(s keyspace.Space, n int) offload.Key {
+		return s.Key([]byte(offload.MakeKey(fmt.Appendf(nil, "%d", n), 0)))
+	}
+	for i := range 3 {
+		b.Add(key(a, i), 10) // 30 of a's 20
+	}
+	b.Add(key(bs, 0), 10)
+	b.Add(key(bs, 0), 10) // listed twice: counted once
+	b.Add(key(bs, 1), 10)
+	if st := b.Stats(); st.Bytes != 50 || st.Blocks != 5 {
+		t.Fatalf("after the listing: %+v", st)
+	}
+	v := b.Trim()
+	if len(v) != 1 {
+		t.Fatalf("Trim took %v, want one block", v)
+	}
+	if id, _ := keyspace.IDOf(v[0]); id != a.ID() {
+		t.Fatalf("Trim took %v, want one of a's", v)
+	}
+	if st := b.Stats(); st.Bytes != 40 || st.Evicted != 1 {
+		t.Fatalf("after Trim: %+v", st)
+	}
+	// b within its quota: a's store evicts a's own blocks.
+	_, v, err = b.Admit([]offload.Key{key(a, 9)}, 10)
+	if err != nil || len(v) != 1 {
+		t.Fatalf("Admit: victims %v, %v", v, err)
+	}
+	if id, _ := keyspace.IDOf(v[0]); id != a.ID() {
+		t.Fatalf("Admit took %v, want one of a's", v)
+	}
+	if _, err := NewBudget(10, []quota.Share{{Space: a.ID(), Quota: 20}}); !errors.Is(err, quota.ErrOverCommitted) {
+		t.Fatalf("over-committed quotas: %v", err)
+	}
+	if _, err := NewBudget(0, nil); err == nil {
+		t.Fatal("max_bytes 0 accepted")
+	}
+}
