@@ -2,9 +2,7 @@ package redis
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -13,20 +11,6 @@ import (
 
 // max_bytes (remote.Budget): the tier lists its blocks on every master at
 // startup and deletes victims to make room.
-
-// fillBudget enters the blocks the server holds under the tier's prefix
-// into the ledger, deleting the oldest beyond max_bytes.
-func (t *Tier) fillBudget(ctx context.Context) error {
-	start := time.Now()
-	listed, trimmed, err := t.budget.Fill(ctx, t.list, t.del)
-	if err != nil {
-		return fmt.Errorf("%s: max_bytes: %w", t.label(), err)
-	}
-	st := t.budget.Stats()
-	t.log.Info("max_bytes: blocks on the server counted", "blocks", listed, "bytes", st.Bytes, "max_bytes", st.MaxBytes,
-		"deleted_over_max", trimmed, "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
 
 // listBatch is the SCAN count and the size of one STRLEN pipeline.
 const listBatch = 1000

@@ -123,9 +123,9 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 	t.wg.Add(1)
 	go t.touchLoop()
 	if t.budget != nil {
-		if err := t.fillBudget(ctx); err != nil {
+		if err := t.budget.Fill(ctx, t.list, t.del, t.log); err != nil {
 			t.Close(context.Background())
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", t.label(), err)
 		}
 	}
 	return t, nil

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
@@ -127,19 +129,13 @@ func (b *Budget) Admit(keys []offload.Key, size int64) (*Admission, []offload.Ke
 			fresh = append(fresh, k)
 		}
 	}
-	n := b.t.Owners()
-	virt := append([]int64(nil), b.held...)
-	cursor := make([]*bentry, n)
-	exhausted := make([]bool, n)
-	for o := range cursor {
-		cursor[o] = b.lru[o].prev
-	}
+	p := b.newPicker()
 	total := b.total()
 	var victims []*bentry
 	for _, k := range fresh {
 		o := int(b.t.OwnerOf(k))
 		for total+size > b.max {
-			v := b.pickLocked(virt, cursor, exhausted, o)
+			v := p.next(o)
 			if v == nil {
 				for _, k := range keys {
 					if e := b.ents[k]; e != nil {
@@ -150,10 +146,9 @@ func (b *Budget) Admit(keys []offload.Key, size int64) (*Admission, []offload.Ke
 				return nil, nil, ErrFull
 			}
 			victims = append(victims, v)
-			virt[v.owner] -= v.size
 			total -= v.size
 		}
-		virt[o] += size
+		p.virt[o] += size
 		total += size
 	}
 	// Room for every block: take the victims, then enter the blocks.
@@ -181,23 +176,44 @@ func (b *Budget) Admit(keys []offload.Key, size int64) (*Admission, []offload.Ke
 	return &Admission{keys: keys}, out, nil
 }
 
-// pickLocked returns the next victim for a store by storer, advancing
-// the owners' cursors, or nil when no owner may give one.
-func (b *Budget) pickLocked(virt []int64, cursor []*bentry, exhausted []bool, storer int) *bentry {
+// picker chooses the victims of one admission (or trim) under b.mu:
+// what each owner would hold without the victims taken so far, and where
+// each owner's walk from its oldest block has reached.
+type picker struct {
+	b         *Budget
+	virt      []int64
+	cursor    []*bentry
+	exhausted []bool
+}
+
+func (b *Budget) newPicker() *picker {
+	n := b.t.Owners()
+	p := &picker{b: b, virt: append([]int64(nil), b.held...), cursor: make([]*bentry, n), exhausted: make([]bool, n)}
+	for o := range p.cursor {
+		p.cursor[o] = b.lru[o].prev
+	}
+	return p
+}
+
+// next returns the next victim for a store by storer (-1: a trim, from
+// owners above their quotas only), or nil when no owner may give one. A
+// block being written is never one.
+func (p *picker) next(storer int) *bentry {
 	for {
-		o := b.t.Victim(virt, exhausted, storer)
+		o := p.b.t.Victim(p.virt, p.exhausted, storer)
 		if o < 0 {
 			return nil
 		}
-		e := cursor[o]
-		for e != &b.lru[o] && e.writing > 0 {
+		e := p.cursor[o]
+		for e != &p.b.lru[o] && e.writing > 0 {
 			e = e.prev
 		}
-		if e == &b.lru[o] {
-			exhausted[o] = true
+		if e == &p.b.lru[o] {
+			p.exhausted[o] = true
 			continue
 		}
-		cursor[o] = e.prev
+		p.cursor[o] = e.prev
+		p.virt[o] -= e.size
 		return e
 	}
 }
@@ -282,20 +298,13 @@ func (b *Budget) Add(k offload.Key, size int64) {
 func (b *Budget) Trim() []offload.Key {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := b.t.Owners()
-	virt := append([]int64(nil), b.held...)
-	cursor := make([]*bentry, n)
-	exhausted := make([]bool, n)
-	for o := range cursor {
-		cursor[o] = b.lru[o].prev
-	}
+	p := b.newPicker()
 	var out []offload.Key
 	for total := b.total(); total > b.max; {
-		v := b.pickLocked(virt, cursor, exhausted, -1)
+		v := p.next(-1)
 		if v == nil {
 			break
 		}
-		virt[v.owner] -= v.size
 		total -= v.size
 		out = append(out, v.key)
 	}
@@ -323,25 +332,29 @@ func (s Shared) NewBudget() (*Budget, error) {
 // tier's blocks the server holds, with its size on the server.
 type ListFunc func(ctx context.Context, add func(k offload.Key, size int64)) error
 
-// Fill enters the blocks list finds and deletes the oldest of those that
-// take the ledger past max_bytes (Trim). It reports the blocks listed and
-// deleted.
-func (b *Budget) Fill(ctx context.Context, list ListFunc, del DeleteFunc) (listed, trimmed int, err error) {
+// Fill enters the blocks list finds, deletes the oldest of those that
+// take the ledger past max_bytes (Trim), and logs what it found. A tier
+// that fails to fill its ledger must not start: it would write past
+// max_bytes.
+func (b *Budget) Fill(ctx context.Context, list ListFunc, del DeleteFunc, log *slog.Logger) error {
+	start := time.Now()
 	var n atomic.Int64
 	if err := list(ctx, func(k offload.Key, size int64) {
 		n.Add(1)
 		b.Add(k, size)
 	}); err != nil {
-		return int(n.Load()), 0, fmt.Errorf("listing the server: %w", err)
+		return fmt.Errorf("max_bytes: listing the server: %w", err)
 	}
 	victims := b.Trim()
-	if len(victims) == 0 {
-		return int(n.Load()), 0, nil
+	if len(victims) > 0 {
+		if err := del(ctx, victims); err != nil {
+			return fmt.Errorf("max_bytes: deleting %d blocks over it: %w", len(victims), err)
+		}
 	}
-	if err := del(ctx, victims); err != nil {
-		return int(n.Load()), 0, fmt.Errorf("deleting %d blocks over max_bytes: %w", len(victims), err)
-	}
-	return int(n.Load()), len(victims), nil
+	st := b.Stats()
+	log.Info("max_bytes: the tier's blocks on the server counted", "blocks", n.Load(), "bytes", st.Bytes,
+		"max_bytes", st.MaxBytes, "deleted_over_max", len(victims), "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // AddTo puts the ledger's figures into a tier's report: its blocks as the

@@ -3,10 +3,8 @@ package s3
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -18,20 +16,6 @@ import (
 // max_bytes (remote.Budget): the tier lists its layout's objects at
 // startup and deletes victims to make room. An object store keeps no
 // recency, so the ledger's order is the tier's own: stores and loads.
-
-// fillBudget enters the objects of the tier's layout into the ledger,
-// deleting the oldest beyond max_bytes.
-func (t *Tier) fillBudget(ctx context.Context) error {
-	start := time.Now()
-	listed, trimmed, err := t.budget.Fill(ctx, t.list, t.del)
-	if err != nil {
-		return fmt.Errorf("%s: max_bytes: %w", t.label(), err)
-	}
-	st := t.budget.Stats()
-	t.log.Info("max_bytes: blocks in the bucket counted", "blocks", listed, "bytes", st.Bytes, "max_bytes", st.MaxBytes,
-		"deleted_over_max", trimmed, "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
 
 // layoutDir is the object-key prefix of the tier's rank directory.
 func (t *Tier) layoutDir() string {
