@@ -363,6 +363,7 @@ func BenchmarkPeerLookup1000Warm(b *testing.B) {
 //	    KVTIER_STREAM_PER_OP distinct 2 MiB buffers, in turn;
 //	'Q' the plain stream from the daemon: reads n 2 MiB blocks into its n
 //	    buffers, then writes one byte;
+//	'A' the same into its arena's n slots;
 //	'W' the block stream's wire format without a daemon: reads n blocks
 //	    framed as a get's reply frames them into its n buffers, through a
 //	    buffered reader and verifying each, as client.Stream does, then
@@ -439,6 +440,13 @@ func pairedChild() int {
 					return 3
 				}
 			}
+		case 'A':
+			for i := range perOp {
+				b, _ := arena.Slot(int64(i))
+				if _, err := io.ReadFull(c, b); err != nil {
+					return 3
+				}
+			}
 		case 'W':
 			r := bufio.NewReaderSize(c, 64<<10) // as the client's stream
 			var h blockstream.Summer
@@ -492,6 +500,24 @@ func pairedChild() int {
 	return 0
 }
 
+// daemonSlots returns the slots of e's primary that hold blocks, in
+// their order: the memory the daemon sends them from.
+func daemonSlots(b *testing.B, e *env, blocks []client.Block) [][]byte {
+	a := e.prim.Arena()
+	out := make([][]byte, len(blocks))
+	for i, blk := range blocks {
+		for s := range int64(a.NumSlots()) {
+			if d, _ := a.Slot(s); bytes.Equal(d, blk.Data) {
+				out[i] = d
+			}
+		}
+		if out[i] == nil {
+			b.Fatalf("block %d is in no slot of the daemon's primary", i)
+		}
+	}
+	return out
+}
+
 // benchChild is the test binary as the other process of a benchmark.
 // For investigation, KVTIER_CHILD_CPU pins it to a CPU (taskset): with
 // this process under taskset on another, the two ends never share one,
@@ -506,24 +532,29 @@ func benchChild() *exec.Cmd {
 
 // BenchmarkStreamPaired2MiB measures the block stream against a plain
 // loopback TCP stream between two processes, op by op, so that both see
-// the same seconds of this machine, and each path against the plain
-// stream in its own direction (a path compared with the other direction
-// measures the direction too: here the two differ by up to a third from
-// minute to minute). The other process (the test binary as a child) is a
-// remote engine and a peer. Per op, each path between two plain ops of
-// its direction:
+// the same seconds of this machine, and each path against a plain stream
+// that moves the same bytes in the same direction between the same
+// buffers: a path compared with another direction measures the direction
+// (here the two differ by up to a third from minute to minute), and one
+// compared with other memory measures which memory the caches still hold
+// (a plain stream between the buffers it used a moment before ran up to a
+// sixth faster than one from the daemon's slots). The other process (the
+// test binary as a child) is a remote engine and a peer. Per op, each
+// path between two plain ops of its own:
 //
 //   - peer: its peer tier's load of 8 blocks from this process's daemon
-//     into 8 arena slots; plain: this process writes 8 distinct 2 MiB
-//     buffers, the child reads them into 8 distinct 2 MiB buffers;
-//   - get: its GetBlocks of the 8 blocks into its 8 buffers; plain alike;
-//   - wire: this process writes the 8 buffers framed and summed as the
-//     daemon's get reply (blockstream.WriteBlockSummed), the child reads
-//     and verifies them as client.Stream does: the format and the
-//     receiver's verification alone, without a daemon;
+//     into 8 arena slots; plain: this process writes the 8 daemon slots
+//     that hold them, the child reads them into the same 8 arena slots;
+//   - get: its GetBlocks of the 8 blocks into its 8 buffers; plain: the
+//     8 daemon slots into those 8 buffers;
+//   - wire: this process writes 8 buffers of its own framed and summed as
+//     the daemon's get reply (blockstream.WriteBlockSummed), the child
+//     reads and verifies them as client.Stream does into its 8 buffers:
+//     the format and the receiver's verification alone, without a
+//     daemon; plain: the same buffers unframed;
 //   - put: its PutBlocks of 8 new blocks from its 8 buffers to another
 //     daemon here (whose primary evicts the previous op's blocks); plain:
-//     the child writes its 8 buffers, read here into 8.
+//     the child writes its 8 buffers, read here into 8 of this process.
 //
 // Every path touches 8 distinct 2 MiB buffers at each end, as its plain
 // op does, and each op is timed here from the command byte to the last
@@ -544,6 +575,7 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		srcs[i] = bytes.Clone(blocks[i].Data)
 		sums[i] = blockstream.Sum(srcs[i])
 	}
+	slots := daemonSlots(b, e, blocks) // what the daemon sends a get from
 	pe := startEnvSlot(b, envOptions{slots: 2 * perOp, tiers: noTiers, stream: true, arena: cpu.ArenaConfig{Kind: cpu.ArenaAnonymous}}, bigBlock)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -567,9 +599,14 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		dsts[i] = make([]byte, bigBlock)
 	}
 	var one [1]byte
+	child := map[byte]byte{'S': 'Q', 'T': 'A'} // what the child does for these
 	do := func(what byte) time.Duration {
 		t0 := time.Now()
-		if _, err := c.Write([]byte{what}); err != nil {
+		cmd := what
+		if c, ok := child[what]; ok {
+			cmd = c
+		}
+		if _, err := c.Write([]byte{cmd}); err != nil {
 			b.Fatal(err)
 		}
 		switch what {
@@ -582,6 +619,12 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 			return time.Since(t0)
 		case 'Q':
 			for _, s := range srcs {
+				if _, err := c.Write(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		case 'S', 'T': // from the daemon's slots, into the child's buffers or arena
+			for _, s := range slots {
 				if _, err := c.Write(s); err != nil {
 					b.Fatal(err)
 				}
@@ -600,11 +643,14 @@ func BenchmarkStreamPaired2MiB(b *testing.B) {
 		return time.Since(t0)
 	}
 	paths := []byte{'R', 'G', 'W', 'U'}
-	plains := []byte{'Q', 'Q', 'Q', 'P'} // each path's direction
+	// Each path's plain op moves the same bytes between the same buffers
+	// at both ends as the path does (the direction, and which memory the
+	// caches hold, weigh on both alike).
+	plains := []byte{'T', 'S', 'Q', 'P'}
 	names := []string{"peer", "get", "wire", "put"}
 	var plainT, pathT [4]time.Duration
 	var pairs [4][]float64 // per op: plain time / path time
-	for _, p := range append([]byte{'P', 'Q'}, paths...) {
+	for _, p := range append([]byte{'P', 'Q', 'S', 'T'}, paths...) {
 		do(p) // warm every connection
 	}
 	b.ResetTimer()

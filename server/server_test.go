@@ -36,6 +36,7 @@ const slotSize = 256
 // "local-disk" (STORAGE, LOCAL).
 type env struct {
 	srv   *server.Server
+	prim  *cpu.Primary
 	unix  string
 	tcp   string
 	token string
@@ -163,7 +164,7 @@ func startEnvSlot(t envT, o envOptions, size int) *env {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e.srv, e.unix, e.tcp, e.token, e.dir = srv, srv.UnixAddr(), srv.TCPAddr(), o.token, dir
+	e.srv, e.prim, e.unix, e.tcp, e.token, e.dir = srv, p, srv.UnixAddr(), srv.TCPAddr(), o.token, dir
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
