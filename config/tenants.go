@@ -45,7 +45,9 @@ type Quota struct {
 	// fs, redis and s3 tiers with max_bytes (for redis and s3 a ledger
 	// kvtier keeps of what it wrote, package remote's Budget) and of
 	// memory tiers with capacity_blocks. A peer tier's capacity is the
-	// peer daemon's DRAM, divided by that daemon's own config.
+	// peer daemon's DRAM, divided by that daemon's own tenants (a pushed
+	// block keeps its tenant's key space, which the peer's config names
+	// alike).
 	Tiers map[string]confvalue.ByteSize `yaml:"tiers"`
 }
 

@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -18,6 +20,8 @@ import (
 	"github.com/kvtier/kvtier/quota"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/peer"
+	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
 
 // tenantEnv is a daemon with tenants acme and beta on the default
@@ -302,5 +306,68 @@ func TestTenantTierMetrics(t *testing.T) {
 		strings.Contains(body, `kvtier_tenant_tier_bytes{namespace="",tenant="acme",tier="disk"} 0`) ||
 		!strings.Contains(body, `kvtier_tenant_tier_bytes{namespace="",tenant="acme",tier="disk"}`) {
 		t.Fatalf("metrics lack acme's bytes in the fs tier:\n%s", grepLines(body, "kvtier_tenant_tier"))
+	}
+}
+
+// A peer's DRAM is divided by that daemon's own tenants: a block pushed
+// under a tenant's key space counts against the same tenant's quota on
+// the peer (key spaces are derived from the tenant's name, so two daemons
+// that configure the tenant agree on its blocks), and another tenant's
+// flood there never evicts it.
+func TestPeerPushKeepsTenantQuotas(t *testing.T) {
+	acme, _ := keyspace.Tenant("acme")
+	b := startEnv(t, envOptions{slots: 16, token: "admin-token", stream: true, tiers: noTiers,
+		tenants: []server.TenantConfig{
+			{Name: "acme", Token: "acme-token", Namespaces: []string{""}},
+			{Name: "beta", Token: "beta-token", Namespaces: []string{""}},
+		},
+		shares: []cpu.Share{{Space: acme.ID(), Slots: 8}},
+	})
+	tier, err := peer.New(peer.Config{Name: "fleet", Push: true, EventIndex: new(bool),
+		Peers: []peer.PeerConfig{{Name: "b", Addr: b.tcp, Token: "admin-token"}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close(context.Background())
+	// acme's blocks as acme's daemon cascades them: keys in acme's space.
+	raw := keys(0, 8)
+	tagged := make([]offload.Key, len(raw))
+	arena := rt.NewArena(slotSize, len(raw))
+	for i, k := range raw {
+		tagged[i] = acme.Key([]byte(k))
+		s, _ := arena.Slot(int64(i))
+		copy(s, tenantBlock("acme", k))
+	}
+	req, _ := offload.NewReqContext("push", nil)
+	if res := rt.Run(t, tier, &offload.Job{ID: 1, Keys: tagged, Slots: rt.Slots(0, len(raw)), Arena: arena, Req: req}); !res.Success {
+		t.Fatalf("push: %v", res.Err)
+	}
+	// beta fills the peer's primary four times over.
+	bc := b.dialAs(t, "beta-token", "")
+	for j := range 8 {
+		putAs(t, bc, "beta", keys(100+8*j, 8)...)
+	}
+	// Every pushed block is still there, acme's to read with its token.
+	ac := b.dialAs(t, "acme-token", "")
+	for _, k := range raw {
+		if got := get(t, ac, k); !bytes.Equal(got, tenantBlock("acme", k)) {
+			t.Fatalf("acme's pushed block %s is gone or changed on the peer after beta's flood", k)
+		}
+	}
+	st, err := b.dial(t, b.unix).Stats(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, ts := range st.GetTenants() {
+		if ts.GetName() == "acme" {
+			found = true
+			if ts.GetPrimaryBytes() != int64(8*slotSize) || ts.GetEvictedByOthers() != 0 {
+				t.Errorf("the peer counts %d bytes for acme and %d evicted by others, want its 8 pushed blocks and none", ts.GetPrimaryBytes(), ts.GetEvictedByOthers())
+			}
+		}
+	}
+	if !found {
+		t.Error("the peer's stats have no row for acme")
 	}
 }
