@@ -129,7 +129,7 @@ events:
 #     namespaces: [default] # what its token reaches; others: PERMISSION_DENIED
 #     quota:                # guaranteed: no other tenant's store evicts it
 #       primary: 256MiB
-#       tiers: {local-disk: 5GiB}  # fs tiers with max_bytes, memory tiers with capacity_blocks
+#       tiers: {local-disk: 5GiB}  # fs, redis, s3 tiers with max_bytes; memory with capacity_blocks
 #     weight: 1             # share of the space no quota claims
 # shared_spaces:            # blocks several tenants share, e.g. system prompts
 #   - name: prompts         # reached as namespace "prompts"
