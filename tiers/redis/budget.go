@@ -58,16 +58,22 @@ func (t *Tier) list(ctx context.Context, add func(offload.Key, int64)) error {
 }
 
 // del deletes keys in one pipeline (a cluster client sends each to its
-// master), within one timeout.
-func (t *Tier) del(ctx context.Context, keys []offload.Key) error {
+// master), within one timeout; a key whose master failed it is returned.
+func (t *Tier) del(ctx context.Context, keys []offload.Key) (failed []offload.Key, err error) {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	pipe := t.client.Pipeline()
-	for _, k := range keys {
-		pipe.Del(ctx, t.redisKey(k))
+	cmds := make([]*goredis.IntCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Del(ctx, t.redisKey(k))
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	_, err = pipe.Exec(ctx)
+	for i, c := range cmds {
+		if c.Err() != nil {
+			failed = append(failed, keys[i])
+		}
+	}
+	return failed, err
 }
 
 // globEscape quotes the glob characters of SCAN's MATCH in s.

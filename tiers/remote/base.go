@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/kvtier/kvtier/asynclookup"
@@ -75,9 +76,10 @@ type BaseConfig struct {
 	Delete DeleteFunc
 }
 
-// DeleteFunc deletes keys on the server; deleting a key the server does
-// not hold is not an error.
-type DeleteFunc func(ctx context.Context, keys []offload.Key) error
+// DeleteFunc deletes keys on the server and returns those it could not
+// delete, with the first error; deleting a key the server does not hold
+// is not an error.
+type DeleteFunc func(ctx context.Context, keys []offload.Key) (failed []offload.Key, err error)
 
 // Base is the backend-independent part of a remote secondary tier: its
 // declarations, the health gate in front of every lookup and job, the
@@ -273,15 +275,23 @@ func (b *Base) storeWithin(ctx context.Context, job *offload.Job) ([]Fate, error
 		return nil, fmt.Errorf("%s: store job %d: %d blocks: %w", b.label, job.ID, len(job.Keys), err)
 	}
 	if len(victims) > 0 {
-		if err := b.del(ctx, victims); err != nil {
-			// The server may still hold them: counted again, as the
-			// oldest, and the job's blocks are not written.
-			b.budget.Restore(victims, size)
-			b.budget.Settle(adm, func(int) bool { return false })
-			return nil, fmt.Errorf("%s: store job %d: deleting %d blocks to make room: %w", b.label, job.ID, len(victims), err)
+		failed, err := b.del(ctx, victims)
+		if len(failed) < len(victims) {
+			gone := victims
+			if len(failed) > 0 {
+				gone = slices.DeleteFunc(slices.Clone(victims), func(k offload.Key) bool { return slices.Contains(failed, k) })
+			}
+			b.forgetQ.Add(gone...)
+			b.events.Removed(gone)
 		}
-		b.forgetQ.Add(victims...)
-		b.events.Removed(victims)
+		if len(failed) > 0 || err != nil {
+			// The server may still hold them: counted again, as the
+			// newest (a node that is down must not make every store pick
+			// them again), and the job's blocks are not written.
+			b.budget.Restore(failed, size)
+			b.budget.Settle(adm, func(int) bool { return false })
+			return nil, fmt.Errorf("%s: store job %d: deleting %d of %d blocks to make room: %w", b.label, job.ID, len(failed), len(victims), err)
+		}
 	}
 	fates, err := b.callStore(ctx, job)
 	b.budget.Settle(adm, func(i int) bool {

@@ -271,10 +271,18 @@ func (b *Budget) Forget(keys []offload.Key) {
 }
 
 // Restore enters blocks the server may still hold after their deletion
-// failed, as their owners' oldest, so that they are the next victims.
+// failed, as their owners' newest: the next stores take other victims
+// first (the failed ones' node may be down).
 func (b *Budget) Restore(keys []offload.Key, size int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	for _, k := range keys {
-		b.Add(k, size)
+		if b.ents[k] == nil {
+			e := &bentry{key: k, size: size, owner: b.t.OwnerOf(k), confirmed: true}
+			b.ents[k] = e
+			b.held[e.owner] += size
+			b.pushFront(e)
+		}
 	}
 }
 
@@ -347,8 +355,8 @@ func (b *Budget) Fill(ctx context.Context, list ListFunc, del DeleteFunc, log *s
 	}
 	victims := b.Trim()
 	if len(victims) > 0 {
-		if err := del(ctx, victims); err != nil {
-			return fmt.Errorf("max_bytes: deleting %d blocks over it: %w", len(victims), err)
+		if failed, err := del(ctx, victims); len(failed) > 0 || err != nil {
+			return fmt.Errorf("max_bytes: deleting %d of %d blocks over it: %w", len(failed), len(victims), err)
 		}
 	}
 	st := b.Stats()

@@ -1,9 +1,12 @@
 package remote
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -243,5 +246,80 @@ func TestBudgetListing(t *testing.T) {
 	}
 	if _, err := NewBudget(0, nil); err == nil {
 		t.Fatal("max_bytes 0 accepted")
+	}
+}
+
+// A victim whose deletion fails stays counted, as the newest: the store
+// that needed it fails without writing, and the next store takes another
+// victim instead of failing on the same one again (its node may be down).
+func TestBaseBudgetDeleteFails(t *testing.T) {
+	f := &fakeBackend{blocks: map[offload.Key]byte{}, bad: map[offload.Key]bool{}}
+	h := NewHealth("t", func(context.Context) error { return nil }, HealthOptions{Threshold: 1, Interval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	undeletable := offload.Key("key-x")
+	del := func(_ context.Context, keys []offload.Key) ([]offload.Key, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		var failed []offload.Key
+		for _, k := range keys {
+			if k == undeletable {
+				failed = append(failed, k)
+				continue
+			}
+			delete(f.blocks, k)
+		}
+		if failed != nil {
+			return failed, errors.New("node down")
+		}
+		return nil, nil
+	}
+	arena := &memArena{slots: [][]byte{{1}, {2}, {3}}}
+	size := int64(HeaderSize + 1)
+	budget, err := NewBudget(2*size, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := NewEvents("t", offload.MediumCPU, offload.LocalityRemote, 0)
+	b := NewBase(BaseConfig{
+		Name: "t", Label: `test tier "t"`, Medium: offload.MediumCPU, Locality: offload.LocalityRemote,
+		Health: h, Counters: new(Counters), Events: ev, MaxInflight: 8,
+		Exists: f.exists, Logger: slog.New(slog.DiscardHandler),
+		Store: f.store, Load: f.load, Budget: budget, Delete: del,
+	})
+	defer b.Close(context.Background())
+	store := func(id uint64, k offload.Key, slot int64) offload.JobResult {
+		b.SubmitStore(&offload.Job{ID: id, Keys: []offload.Key{k}, Slots: []int64{slot}, Arena: arena})
+		return results(t, b, 1)[id]
+	}
+	if r := store(1, undeletable, 0); !r.Success {
+		t.Fatal(r.Err)
+	}
+	if r := store(2, "key-y", 1); !r.Success {
+		t.Fatal(r.Err)
+	}
+	// key-z needs room: the oldest, key-x, cannot be deleted.
+	if r := store(3, "key-z", 2); r.Success {
+		t.Fatal("a store whose victim could not be deleted succeeded")
+	}
+	if _, ok := f.blocks["key-z"]; ok {
+		t.Fatal("a store without room wrote its block")
+	}
+	if st := budget.Stats(); st.Blocks != 2 || st.Bytes != 2*size {
+		t.Fatalf("ledger after the failed delete: %+v", st)
+	}
+	// Again: key-x is now the newest, so key-y goes.
+	if r := store(4, "key-z", 2); !r.Success {
+		t.Fatalf("the next store: %v", r.Err)
+	}
+	if _, ok := f.blocks["key-y"]; ok || len(f.blocks) != 2 {
+		t.Fatalf("server holds %v, want key-x and key-z", f.blocks)
+	}
+	var removed []offload.Key
+	for _, e := range b.TakeEvents() {
+		if e.Removed {
+			removed = append(removed, e.Keys...)
+		}
+	}
+	if len(removed) != 1 || removed[0] != "key-y" {
+		t.Fatalf("removed events %v, want key-y only", removed)
 	}
 }

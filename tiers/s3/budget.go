@@ -56,7 +56,7 @@ func (t *Tier) list(ctx context.Context, add func(offload.Key, int64)) error {
 
 // del deletes the objects of keys, at most io_threads at once; a missing
 // object is not an error.
-func (t *Tier) del(ctx context.Context, keys []offload.Key) error {
+func (t *Tier) del(ctx context.Context, keys []offload.Key) (failed []offload.Key, err error) {
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
 	for i, k := range keys {
@@ -74,5 +74,10 @@ func (t *Tier) del(ctx context.Context, keys []offload.Key) error {
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	for i, e := range errs {
+		if e != nil {
+			failed = append(failed, keys[i])
+		}
+	}
+	return failed, errors.Join(errs...)
 }
