@@ -26,11 +26,14 @@ import (
 // with ErrFull and the blocks stay in the primary.
 //
 // The ledger counts conservatively: a block whose write failed midway
-// stays counted (the server may hold it), a block the server dropped by
-// itself is counted until the tier learns of it (a load that finds it
-// gone, a keyspace notification). So the ledger is never below what the
-// tier wrote, and what the server holds of the tier's blocks exceeds
-// max_bytes at most by the victims whose deletion is in flight.
+// stays counted (the server may hold it), and a block the server dropped
+// by itself (a ttl, maxmemory, a flush) stays counted until a load finds
+// it gone or it is chosen as a victim (deleting it again costs nothing).
+// Keyspace notifications do not uncount: one can arrive after the key was
+// written again, and an undercount would let the server grow past
+// max_bytes for good. So the ledger is never below what the tier wrote,
+// and what the server holds of the tier's blocks exceeds max_bytes at
+// most by the victims whose deletion is in flight.
 
 // ErrFull fails a store job when the tier's max_bytes, as divided
 // between tenants, leaves no room for its blocks and nothing may be
