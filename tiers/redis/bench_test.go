@@ -9,6 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
@@ -175,5 +176,55 @@ func BenchmarkTLSThroughput(b *testing.B) {
 	defer bare.Close()
 	for _, width := range []int{1, 8} {
 		throughput(b, tier, bare, cfg.KeyPrefix, width)
+	}
+}
+
+// What max_bytes costs a store: jobs of 8 new blocks into a tier whose
+// max_bytes holds 8, so that each job first deletes the previous job's
+// blocks (one DEL pipeline) and the ledger admits and settles it, against
+// the same tier without max_bytes storing the same 8 keys over and over
+// (no DEL, no ledger), alternating within the run.
+//
+//	go test -run '^$' -bench BudgetThroughput -benchtime=40x -count 6 ./tiers/redis/
+func BenchmarkBudgetThroughput(b *testing.B) {
+	const width = 8
+	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = startRedis(b).addr
+	}
+	base := DefaultConfig()
+	base.Name = "bench"
+	base.Addr = addr
+	base.KeyPrefix = rt.UniqueName() + ":"
+	base.Logger = slog.New(slog.DiscardHandler)
+	b.Cleanup(func() { removePrefix(addr, base.KeyPrefix) })
+	arena := rt.NewArena(benchBlock, width)
+	for i := range width {
+		arena.Fill(int64(i), uint64(i))
+	}
+	for _, budget := range []bool{false, true} {
+		cfg := base
+		name := "overwrite"
+		if budget {
+			cfg.MaxBytes = confvalue.ByteSize(width * (benchBlock + remote.HeaderSize))
+			name = "max_bytes_evicting"
+		}
+		tier, err := New(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(width * benchBlock))
+			for i := 0; b.Loop(); i++ {
+				keys := rt.Keys(0, width)
+				if budget {
+					keys = rt.Keys((i+1)*width, width)
+				}
+				if res := rt.Run(b, tier, &offload.Job{ID: uint64(i), Keys: keys, Slots: rt.Slots(0, width), Arena: arena, Req: offload.Background("b")}); !res.Success {
+					b.Fatal(res.Err)
+				}
+			}
+		})
+		tier.Close(context.Background())
 	}
 }
