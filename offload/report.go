@@ -64,6 +64,9 @@ type RemoteReport struct {
 	// was down; SlotMapChanges the slot maps it read that differed from
 	// the previous one (failovers, reshardings).
 	NodeDownBlocks, SlotMapChanges uint64
+	// StoresFull counts the store jobs a tier with max_bytes refused for
+	// lack of room: its quotas left the storer nothing to evict.
+	StoresFull uint64
 }
 
 // NodeReport is one server of a tier of several.

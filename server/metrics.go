@@ -105,6 +105,7 @@ var (
 	descTierReconRm   = prometheus.NewDesc("kvtier_tier_reconciled_removals_total", "Removed events a remote tier published late, after a reconciliation pass found blocks it had announced gone from the server (a keyspace subscription down, a server restarted empty, an object lifecycle rule); remote tiers with events only.", tierLabels, nil)
 	descTierReconErr  = prometheus.NewDesc("kvtier_tier_reconcile_failures_total", "Reconciliation passes of a remote tier that could not finish (the server failed a check); they are retried.", tierLabels, nil)
 	descTierNode      = prometheus.NewDesc("kvtier_tier_node_healthy", "1 while a node of a clustered remote tier (a Redis Cluster master) answers its probe, else 0.", append(tierLabels, "node"), nil)
+	descStoresFull    = prometheus.NewDesc("kvtier_tier_stores_full_total", "Store jobs a redis or s3 tier with max_bytes refused for lack of room: the tenants' quotas left the storer nothing to evict (its blocks stay in the primary).", tierLabels, nil)
 	descNodeDown      = prometheus.NewDesc("kvtier_tier_node_down_blocks_total", "Blocks a clustered remote tier (Redis Cluster) did not load, store or look up, without I/O, because the master of their slot was down; the other masters' blocks go on.", tierLabels, nil)
 	descSlotMap       = prometheus.NewDesc("kvtier_tier_slot_map_changes_total", "Slot maps a clustered remote tier (Redis Cluster) read that differed from the previous one: failovers and reshardings it followed.", tierLabels, nil)
 	descNodeIndexed   = prometheus.NewDesc("kvtier_tier_node_indexed", "1 while a peer tier answers lookups for this peer from its KV events (index current), else 0 (it asks the peer).", append(tierLabels, "node"), nil)
@@ -153,7 +154,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descPrimarySlots, descPrimarySlot, descPrimaryLook, descPrimaryEvict, descPrimaryRej,
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
-		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
+		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
@@ -297,6 +298,7 @@ func collectTiers(ch chan<- prometheus.Metric, n string, tiers []TierStats) {
 			counter(descTierJobsSkip, r.StoreJobsSkipped, with("store")...)
 			counter(descTierReconRm, r.ReconciledRemovals, l...)
 			counter(descTierReconErr, r.ReconcileFailures, l...)
+			counter(descStoresFull, r.StoresFull, l...)
 			if t.Type == "redis" {
 				counter(descNodeDown, r.NodeDownBlocks, l...)
 				counter(descSlotMap, r.SlotMapChanges, l...)

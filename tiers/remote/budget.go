@@ -378,6 +378,9 @@ func (b *Budget) AddTo(r *offload.TierReport) {
 	r.OccupancyBlocks, r.OccupancyBytes = st.Blocks, st.Bytes
 	r.Evictions = uint64(st.Evicted)
 	r.Shares = st.Shares
+	if r.Remote != nil {
+		r.Remote.StoresFull = uint64(st.Full)
+	}
 }
 
 // BudgetStats are a Budget's figures.

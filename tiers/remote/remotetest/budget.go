@@ -154,4 +154,7 @@ func RunBudget(t *testing.T, c BudgetCase) {
 	if n := len(c.Held(t)); n != 4 {
 		t.Fatalf("after a refused job the server holds %d blocks, want 4", n)
 	}
+	if rep := tier.(offload.Reporter).Report(); rep.Remote == nil || rep.Remote.StoresFull != 1 {
+		t.Fatalf("report after a refused job: %+v, want StoresFull 1", rep.Remote)
+	}
 }
