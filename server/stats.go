@@ -98,7 +98,7 @@ type TierStats struct {
 	// (redis, s3); nil for the others, which are always healthy.
 	Remote *RemoteTierStats
 	// Shares are the tenants' parts of a tier whose capacity is divided
-	// between them (fs or memory with quota.tiers).
+	// between them (quota.tiers of fs, memory, redis or s3 tiers).
 	Shares []offload.ShareReport
 }
 

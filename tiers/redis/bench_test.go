@@ -26,16 +26,8 @@ import (
 const benchBlock = 2 << 20
 
 func BenchmarkThroughput(b *testing.B) {
-	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
-	if addr == "" {
-		addr = startRedis(b).addr
-	}
-	cfg := DefaultConfig()
-	cfg.Name = "bench"
-	cfg.Addr = addr
-	cfg.KeyPrefix = rt.UniqueName() + ":"
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	b.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
+	cfg := benchConfig(b)
+	addr := cfg.Addr
 	tier, err := New(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -179,25 +171,35 @@ func BenchmarkTLSThroughput(b *testing.B) {
 	}
 }
 
-// What max_bytes costs a store: jobs of 8 new blocks into a tier whose
-// max_bytes holds 8, so that each job first deletes the previous job's
-// blocks (one DEL pipeline) and the ledger admits and settles it, against
-// the same tier without max_bytes storing the same 8 keys over and over
-// (no DEL, no ledger), alternating within the run.
-//
-//	go test -run '^$' -bench BudgetThroughput -benchtime=40x -count 6 ./tiers/redis/
-func BenchmarkBudgetThroughput(b *testing.B) {
-	const width = 8
+// benchConfig is a tier config for a benchmark against
+// $KVTIER_TEST_REDIS_ADDR (or a redis-server of its own), with a key
+// prefix of its own whose keys go when the benchmark ends.
+func benchConfig(b *testing.B) Config {
 	addr := os.Getenv("KVTIER_TEST_REDIS_ADDR")
 	if addr == "" {
 		addr = startRedis(b).addr
 	}
-	base := DefaultConfig()
-	base.Name = "bench"
-	base.Addr = addr
-	base.KeyPrefix = rt.UniqueName() + ":"
-	base.Logger = slog.New(slog.DiscardHandler)
-	b.Cleanup(func() { removePrefix(addr, base.KeyPrefix) })
+	cfg := DefaultConfig()
+	cfg.Name = "bench"
+	cfg.Addr = addr
+	cfg.KeyPrefix = rt.UniqueName() + ":"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	b.Cleanup(func() { removePrefix(addr, cfg.KeyPrefix) })
+	return cfg
+}
+
+// What max_bytes costs a store: jobs of 8 new blocks into a tier whose
+// max_bytes holds 8, so that each job first deletes the previous job's
+// blocks (one DEL pipeline) and the ledger admits and settles it, against
+// the same tier without max_bytes storing the same 8 keys over and over
+// (no DEL, no ledger). Within one run the two go one after the other;
+// rounds of -count 1 alternate them:
+//
+//	go test -c -o /tmp/redis.test ./tiers/redis/
+//	for i in 1 2 3 4 5 6; do /tmp/redis.test -test.run '^$' -test.bench BudgetThroughput -test.benchtime 40x; done
+func BenchmarkBudgetThroughput(b *testing.B) {
+	const width = 8
+	base := benchConfig(b)
 	arena := rt.NewArena(benchBlock, width)
 	for i := range width {
 		arena.Fill(int64(i), uint64(i))

@@ -280,10 +280,7 @@ func (b *Budget) Restore(keys []offload.Key, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, k := range keys {
-		if b.ents[k] == nil {
-			e := &bentry{key: k, size: size, owner: b.t.OwnerOf(k), confirmed: true}
-			b.ents[k] = e
-			b.held[e.owner] += size
+		if e := b.insertLocked(k, size); e != nil {
 			b.pushFront(e)
 		}
 	}
@@ -294,13 +291,21 @@ func (b *Budget) Restore(keys []offload.Key, size int64) {
 func (b *Budget) Add(k offload.Key, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if e := b.insertLocked(k, size); e != nil {
+		b.pushBack(e)
+	}
+}
+
+// insertLocked counts a block the server holds, not yet in any list; nil
+// when the ledger holds it already.
+func (b *Budget) insertLocked(k offload.Key, size int64) *bentry {
 	if b.ents[k] != nil {
-		return
+		return nil
 	}
 	e := &bentry{key: k, size: size, owner: b.t.OwnerOf(k), confirmed: true}
 	b.ents[k] = e
 	b.held[e.owner] += size
-	b.pushBack(e)
+	return e
 }
 
 // Trim takes the ledger back under max_bytes after a listing found more

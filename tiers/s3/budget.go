@@ -19,14 +19,10 @@ import (
 
 // layoutDir is the object-key prefix of the tier's rank directory.
 func (t *Tier) layoutDir() string {
-	d := filemapper.RankDir(t.cfg.Layout.Base, t.cfg.Layout.Rank) + "/"
-	if t.cfg.Layout.Base == "" {
-		d = filemapper.RankDir(defaultLayoutBase, t.cfg.Layout.Rank) + "/"
-	}
 	if t.prefix == "" {
-		return d
+		return t.cfg.Layout.dir() + "/"
 	}
-	return t.prefix + "/" + d
+	return t.prefix + "/" + t.cfg.Layout.dir() + "/"
 }
 
 // list calls add for every object of the tier's layout that names a

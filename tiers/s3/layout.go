@@ -67,11 +67,16 @@ func (l Layout) validate() error {
 // Path returns the object path of k below the prefix. Keys are
 // hex-encoded, so no key can escape the layout.
 func (l Layout) Path(k offload.Key) string {
+	return l.dir() + "/" + filemapper.RelPath(k)
+}
+
+// dir is the rank directory every block path starts with.
+func (l Layout) dir() string {
 	base := l.Base
 	if base == "" {
 		base = defaultLayoutBase
 	}
-	return filemapper.RankDir(base, l.Rank) + "/" + filemapper.RelPath(k)
+	return filemapper.RankDir(base, l.Rank)
 }
 
 // objectKey joins the configured prefix and the layout path.
