@@ -192,11 +192,13 @@ func benchConfig(b *testing.B) Config {
 // max_bytes holds 8, so that each job first deletes the previous job's
 // blocks (one DEL pipeline) and the ledger admits and settles it, against
 // the same tier without max_bytes storing the same 8 keys over and over
-// (no DEL, no ledger). Within one run the two go one after the other;
-// rounds of -count 1 alternate them:
+// (no DEL, no ledger). Run together, whichever goes first in the process
+// is favoured, so a round runs each in a process of its own, the order
+// swapped every round (BENCHMARKS.md):
 //
 //	go test -c -o /tmp/redis.test ./tiers/redis/
-//	for i in 1 2 3 4 5 6; do /tmp/redis.test -test.run '^$' -test.bench BudgetThroughput -test.benchtime 40x; done
+//	/tmp/redis.test -test.run '^$' -test.bench 'BudgetThroughput/overwrite' -test.benchtime 40x
+//	/tmp/redis.test -test.run '^$' -test.bench 'BudgetThroughput/max_bytes' -test.benchtime 40x
 func BenchmarkBudgetThroughput(b *testing.B) {
 	const width = 8
 	base := benchConfig(b)
