@@ -296,6 +296,11 @@ type Cascades struct {
 	// when there are several tiers, in (0, 1] (default 0.5; 1 with one
 	// tier).
 	TierShare float64 `yaml:"tier_share"`
+	// MaxDeferredBlocks bounds the blocks of the cascades that wait for
+	// the pin budget instead of being dropped (default 0: as many as the
+	// primary has slots; -1: no waiting, a cascade over the budget is
+	// dropped at once).
+	MaxDeferredBlocks int `yaml:"max_deferred_blocks"`
 	// BackPressure drops cascades to a tier whose cascades have become
 	// slow, until they are fast again.
 	BackPressure BackPressure `yaml:"back_pressure"`
@@ -355,6 +360,9 @@ func (c *Config) checkCascades(d *decoder) {
 	}
 	if k.TierShare != 0 && !(k.TierShare > 0 && k.TierShare <= 1) {
 		d.errorf(nil, "cascades.tier_share", "want a share of the pin budget in (0, 1], got %v", k.TierShare)
+	}
+	if k.MaxDeferredBlocks < -1 {
+		d.errorf(nil, "cascades.max_deferred_blocks", "want 0 (as many as the primary has slots), -1 (off) or a positive bound, got %d", k.MaxDeferredBlocks)
 	}
 	b := k.BackPressure
 	if b.Alpha != 0 && !(b.Alpha > 0 && b.Alpha <= 1) {

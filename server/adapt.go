@@ -58,10 +58,11 @@ func statsOf(m *tiering.Manager) Stats {
 			Lookups: p.Lookups, Hits: p.Hits, Misses: p.Misses, Evictions: p.Evictions,
 			StoresRejected: p.RejectedStores,
 		},
-		Tiers:         make([]TierStats, len(ts.Tiers)),
-		CascadePinned: int64(ts.CascadePinned),
-		CascadeBudget: int64(ts.CascadeBudget),
-		Revocations:   p.Revocations,
+		Tiers:          make([]TierStats, len(ts.Tiers)),
+		CascadePinned:  int64(ts.CascadePinned),
+		CascadeBudget:  int64(ts.CascadeBudget),
+		DeferredBlocks: int64(ts.DeferredBlocks),
+		Revocations:    p.Revocations,
 	}
 	st.Tiers = tierStatsOf(ts.Tiers, m.Tiers(), int64(p.SlotSize))
 	return st
@@ -83,6 +84,7 @@ func tierStatsOf(ts []tiering.TierStats, tiers []offload.SecondaryTier, slotSize
 			CascadeLatencyEMA:    t.CascadeLatencyEMA,
 			DroppedBy:            t.DroppedBy,
 			CascadeBlocksRevoked: t.CascadeBlocksRevoked,
+			CascadesDeferred:     t.CascadesDeferred,
 			PinnedSlots:          int64(t.PinnedSlots), PinBudget: int64(t.PinBudget),
 			Queued: int64(t.Queued), QueueCapacity: int64(t.QueueCapacity),
 			LoadLatency: t.LoadLatency, StoreLatency: t.StoreLatency,

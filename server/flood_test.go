@@ -87,7 +87,7 @@ func TestFloodOfStoresNeverRejected(t *testing.T) {
 			}
 			body := scrape(t, e)
 			var sum float64
-			for _, r := range []string{"budget", "tier_budget", "cancelled", "queue_full", "pressure"} {
+			for _, r := range []string{"budget", "tier_budget", "cancelled", "queue_full", "pressure", "evicted"} {
 				v, ok := metricValue(body, "kvtier_tier_cascades_dropped_total", `reason="`+r+`"`)
 				if !ok {
 					t.Fatalf("no kvtier_tier_cascades_dropped_total{reason=%q} in /metrics", r)

@@ -112,7 +112,8 @@ var (
 	descNodeIndexKeys = prometheus.NewDesc("kvtier_tier_node_index_blocks", "Blocks in a peer tier's index of this peer.", append(tierLabels, "node"), nil)
 	descNodeIndexGaps = prometheus.NewDesc("kvtier_tier_node_index_gaps_total", "KV event sequence gaps a peer tier saw from this peer (filled by replay or a new pass over its blocks).", append(tierLabels, "node"), nil)
 	descTierCorrupt   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_total", "Blocks that failed verification when the tier read them (0 for tiers that do not verify, e.g. memory).", tierLabels, nil)
-	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks), tenant_budget (the share of the budget of the tenant whose blocks they are is spent).", append(tierLabels, "reason"), nil)
+	descTierDropped   = prometheus.NewDesc("kvtier_tier_cascades_dropped_total", "Cascades to the tier not carried out (the blocks stay in the primary only), by reason: pressure (back-pressure), budget (the primary's cascade pin budget is spent), tier_budget (the tier's share of it is spent), queue_full (the tier's queue or in-flight bound was full), tier_down (its server was down), cancelled (queued, withdrawn so that an engine store could evict its blocks), tenant_budget (the share of the budget of the tenant whose blocks they are is spent), evicted (deferred for the budget, and the blocks left the primary before their turn).", append(tierLabels, "reason"), nil)
+	descTierDeferred  = prometheus.NewDesc("kvtier_tier_cascades_deferred_total", "Cascades to the tier that the cascade pin budget could not take when they came and that waited for it (unpinned, in a bounded queue) instead of being dropped.", tierLabels, nil)
 	descTierRevoked   = prometheus.NewDesc("kvtier_tier_cascade_blocks_revoked_total", "Blocks eviction took back from the tier's cascades in flight, one per job, so that the primary evicts them where it would without tiers (tiers that claim blocks: fs, memory, s3, redis); the tier holds them only if it had written them by then.", tierLabels, nil)
 	descTierPinned    = prometheus.NewDesc("kvtier_tier_cascade_pinned_slots", "Primary slots pinned by the tier's cascades in flight.", tierLabels, nil)
 	descTierPinBudget = prometheus.NewDesc("kvtier_tier_cascade_pin_budget_slots", "The tier's share of the cascade pin budget, in primary slots (0: unbounded).", tierLabels, nil)
@@ -121,6 +122,7 @@ var (
 	descTierCorrDel   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_deleted_total", "Corrupt blocks the tier deleted.", tierLabels, nil)
 
 	descCascadePin  = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
+	descCascadeDef  = prometheus.NewDesc("kvtier_cascade_deferred_blocks", "Blocks of the cascades waiting for the cascade pin budget (bounded by budget.max_deferred_blocks; a full queue drops).", []string{"namespace"}, nil)
 	descCascadeBud  = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
 	descRevoked     = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
 	descSessions    = prometheus.NewDesc("kvtier_sessions", "Client sessions (connections) holding requests.", []string{"namespace"}, nil)
@@ -155,8 +157,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierLookups, descTierSkipped, descTierPromos, descTierCascades, descTierBytes,
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
-		descTierDropped, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
-		descCascadePin, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
+		descCascadePin, descCascadeDef, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -194,6 +196,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRequests, float64(st.ActiveRequests), n)
 		gauge(descCascadePin, float64(st.CascadePinned), n)
 		gauge(descCascadeBud, float64(st.CascadeBudget), n)
+		gauge(descCascadeDef, float64(st.DeferredBlocks), n)
 		counter(descRevoked, st.Revocations, n)
 		gauge(descSessions, float64(st.Sessions), n)
 		counter(descReleased, st.ReleasedRequests, n, "session_ended")
@@ -267,6 +270,7 @@ func collectTiers(ch chan<- prometheus.Metric, n string, tiers []TierStats) {
 		for r, v := range t.DroppedBy {
 			counter(descTierDropped, v, with(tiering.DropReason(r).String())...)
 		}
+		counter(descTierDeferred, t.CascadesDeferred, l...)
 		counter(descTierRevoked, t.CascadeBlocksRevoked, l...)
 		gauge(descTierPinned, float64(t.PinnedSlots), l...)
 		gauge(descTierPinBudget, float64(t.PinBudget), l...)

@@ -27,6 +27,9 @@ type Stats struct {
 	// release (withdrawing their queued cascades).
 	CascadePinned, CascadeBudget int64
 	Revocations                  uint64
+	// DeferredBlocks are the blocks of the cascades waiting for the pin
+	// budget (tiering.BudgetConfig.MaxDeferred).
+	DeferredBlocks int64
 	// Sessions counts the sessions holding requests here;
 	// ExpiredRequests the requests released after RequestIdleTimeout,
 	// ReleasedRequests those released because their session ended, and
@@ -72,6 +75,9 @@ type TierStats struct {
 	// CascadeBlocksRevoked counts blocks eviction took back from the
 	// tier's cascades in flight (tiering.TierStats).
 	CascadeBlocksRevoked uint64
+	// CascadesDeferred counts cascades that waited for the pin budget
+	// rather than being dropped (tiering.TierStats).
+	CascadesDeferred uint64
 	// Gauges: primary slots the tier's cascades in flight pin and the
 	// tier's share of the budget (0: unbounded); jobs queued in the tier
 	// and its queue capacity (0: no queue or unbounded).

@@ -30,11 +30,15 @@ const (
 	// DropTenantBudget: the share of the pin budget of the tenant whose
 	// blocks these are is spent (StackConfig.Owners).
 	DropTenantBudget
+	// DropEvicted: the cascade was deferred for the budget
+	// (BudgetConfig.MaxDeferred) and its blocks left the primary before
+	// the budget took it; the primary alone would have lost them too.
+	DropEvicted
 	// NumDropReasons is the number of drop reasons.
 	NumDropReasons
 )
 
-var dropNames = [NumDropReasons]string{"pressure", "budget", "tier_budget", "queue_full", "tier_down", "cancelled", "tenant_budget"}
+var dropNames = [NumDropReasons]string{"pressure", "budget", "tier_budget", "queue_full", "tier_down", "cancelled", "tenant_budget", "evicted"}
 
 // String returns the reason's metric label.
 func (r DropReason) String() string {
@@ -62,9 +66,12 @@ const (
 
 // BudgetConfig bounds the primary slots that cascades in flight pin
 // (DESIGN.md §7: a secondary tier never makes the cache worse than the
-// primary alone). A cascade that does not fit is dropped and counted with
-// DropBudget or DropTierBudget; engine loads and promotions are never
-// refused because of cascades. The zero value means the defaults.
+// primary alone). A cascade that does not fit waits, unpinned, in a
+// bounded queue of deferred cascades and goes when the budget frees and
+// its blocks are still in the primary; when the queue is full it is
+// dropped and counted with DropBudget, DropTierBudget or
+// DropTenantBudget. Engine loads and promotions are never refused because
+// of cascades. The zero value means the defaults.
 //
 // A cascade of one store batch counts its blocks once against the
 // budget, however many tiers it goes to, and once against each of those
@@ -82,6 +89,12 @@ type BudgetConfig struct {
 	// (0, 1]; 0 means DefaultTierFraction with several tiers and 1 with
 	// one.
 	TierFraction float64
+	// MaxDeferred bounds the blocks of the cascades waiting for the
+	// budget: 0 means as many as the primary has slots (a deferred block
+	// is a block in the primary, so more could never be cascaded), a
+	// negative value turns deferral off (a cascade over the budget is
+	// dropped at once).
+	MaxDeferred int
 }
 
 func (c BudgetConfig) validate() error {

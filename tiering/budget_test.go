@@ -113,15 +113,16 @@ func TestBudgetLimits(t *testing.T) {
 	}
 }
 
-// A cascade beyond the budget is dropped (counted, the blocks stay in the
-// primary), one beyond the tier's share too; with nothing in flight one
-// cascade is admitted whatever its size; engine stores are not refused.
+// Without deferral a cascade beyond the budget is dropped (counted, the
+// blocks stay in the primary), one beyond the tier's share too; with
+// nothing in flight one cascade is admitted whatever its size; engine
+// stores are not refused.
 func TestBudgetDropsCascades(t *testing.T) {
 	slow := newFake("slow", offload.MediumStorage, offload.LocalityRemote, nil)
 	slow.hold = true
 	fast := newFake("fast", offload.MediumCPU, offload.LocalityLocal, nil)
 	// 16 slots: budget 4, each tier's share 2.
-	m := budgetManager(t, 16, BudgetConfig{}, slow, fast)
+	m := budgetManager(t, 16, BudgetConfig{MaxDeferred: -1}, slow, fast)
 	req := reqWith("r", nil, nil)
 	m.OnNewRequest(req)
 
@@ -463,7 +464,7 @@ func TestBudgetTenantShares(t *testing.T) {
 	slow := newFake("slow", offload.MediumStorage, offload.LocalityRemote, nil)
 	slow.hold = true
 	// 40 slots: budget 10, each tenant's share 5 (the pool's quota is 0).
-	m, err := New(Config{Primary: p, Tiers: []offload.SecondaryTier{slow}, Admission: AdmissionConfig{Disabled: true}})
+	m, err := New(Config{Primary: p, Tiers: []offload.SecondaryTier{slow}, Admission: AdmissionConfig{Disabled: true}, Budget: BudgetConfig{MaxDeferred: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

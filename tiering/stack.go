@@ -96,6 +96,8 @@ type Stack struct {
 	ownerMax    []int
 	ownerPinned []int
 	pinned      int
+	// dq holds the cascades the budget could not take yet.
+	dq deferQueue
 
 	// nextID is the job id counter shared by promotions and cascades.
 	// groups holds the cascades in flight, free its unused entries; jobs
@@ -190,6 +192,12 @@ func NewStack(cfg StackConfig) (*Stack, error) {
 		}
 	}
 	s.maxPinned, s.tierMaxPinned = cfg.Budget.limits(slots, writable)
+	if s.maxPinned > 0 && cfg.Budget.MaxDeferred >= 0 {
+		s.dq.max = cfg.Budget.MaxDeferred
+		if s.dq.max == 0 {
+			s.dq.max = slots
+		}
+	}
 	if s.ownerMax = cfg.Owners.limits(s.maxPinned); s.ownerMax != nil {
 		s.ownerOf = cfg.Owners.Of
 		s.ownerPinned = make([]int, len(s.ownerMax))
@@ -272,8 +280,10 @@ func (s *Stack) OnNewRequest(req *offload.ReqContext) (requestLevel uint64) {
 	return requestLevel
 }
 
-// OnRequestFinished tells every tier that req finished.
+// OnRequestFinished tells every tier that req finished. Its cascades
+// still waiting for the budget go on under a context of their own.
 func (s *Stack) OnRequestFinished(req *offload.ReqContext) {
+	s.detachDeferred(req)
 	for _, ts := range s.tiers {
 		s.tierOnRequestFinished(ts, req)
 	}
@@ -322,8 +332,11 @@ func (s *Stack) HasPendingWork() bool {
 }
 
 // Drain waits (bounded by ctx) until no tier transfer touches the arena.
-// If a tier cannot be drained the error says which.
+// If a tier cannot be drained the error says which. The deferred cascades
+// are dropped first: they would start transfers after it (its callers
+// reset or close what the arena holds).
 func (s *Stack) Drain(ctx context.Context) error {
+	s.dropDeferred()
 	for _, ts := range s.tiers {
 		if err := s.tierDrain(ctx, ts); err != nil {
 			return fmt.Errorf("drain tier %q: %w", ts.name, err)
@@ -344,6 +357,8 @@ func (s *Stack) Forget() {
 		}
 	}
 	s.resetFloor = s.nextID
+	// The reset drops the blocks the deferred cascades name.
+	s.dropDeferred()
 }
 
 // Close closes every tier (answering its outstanding jobs), applies their
@@ -354,6 +369,7 @@ func (s *Stack) Close(ctx context.Context) error {
 	if s.closed {
 		return nil
 	}
+	s.dropDeferred()
 	var errs []error
 	for _, ts := range s.tiers {
 		if err := s.tierClose(ctx, ts); err != nil {

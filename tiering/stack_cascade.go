@@ -41,6 +41,18 @@ func (s *Stack) Cascade(keys []offload.Key, req *offload.ReqContext, mask uint64
 // tell which cascade a CascadeDone belongs to even when it arrives during
 // the call (a submission that panicked).
 func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.ReqContext, mask uint64) (first uint64, n int) {
+	first, n, keys, mask = s.cascade(a, keys, req, mask, false)
+	if mask != 0 {
+		s.dq.push(deferred{keys: keys, req: req, mask: mask})
+	}
+	return first, n
+}
+
+// cascade submits the jobs of a cascade (retry: a deferred one, which
+// owes the tiers in mask). A tier the budget cannot take now is left to
+// the caller to defer when canDefer allows: it returns the keys (those
+// still in the primary) and the tiers they are owed to.
+func (s *Stack) cascade(a offload.Arena, keys []offload.Key, req *offload.ReqContext, mask uint64, retry bool) (first uint64, n int, _ []offload.Key, owed uint64) {
 	first = s.nextID
 	filter := req.StoreFilter
 	var now time.Time
@@ -52,6 +64,9 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 	if s.ownerOf != nil && len(keys) > 0 {
 		owner = s.ownerOf(keys[0]) // one store's keys are one tenant's
 	}
+	// A retry is deferred again as a whole if it was before; a new
+	// cascade only while the queue has room for it.
+	mayDefer := retry || s.canDefer(a, len(keys))
 	for _, ts := range s.tiers {
 		if mask&(1<<ts.idx) == 0 || ts.readOnly {
 			continue
@@ -62,6 +77,13 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 		}
 		if s.maxPinned > 0 || ts.queue != nil || ts.pressure.active {
 			if r, drop := s.admit(ts, len(keys), owner, gid == 0 || s.groups[gid-1].jobs == 0); drop {
+				if mayDefer && r.deferrable() {
+					if owed&(1<<ts.idx) == 0 && !retry {
+						ts.stats.CascadesDeferred++
+					}
+					owed |= 1 << ts.idx
+					continue
+				}
 				s.countDrop(ts, r, len(keys))
 				continue
 			}
@@ -84,8 +106,13 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 				slots = nil
 				continue
 			}
+			if retry && len(pinned) < len(keys) {
+				// Left the primary while deferred: lost to every tier
+				// still owed them (the ones visited so far are in owed).
+				s.countDeferredLost(mask&^(1<<ts.idx-1)|owed, len(keys)-len(pinned))
+			}
 			if len(pinned) == 0 {
-				return first, n
+				return first, n, nil, 0
 			}
 			keys = pinned
 		}
@@ -120,7 +147,7 @@ func (s *Stack) CascadeFrom(a offload.Arena, keys []offload.Key, req *offload.Re
 			s.freeGroup(gid)
 		}
 	}
-	return first, n
+	return first, n, keys, owed
 }
 
 // joinGroup makes jb a job of cascade gid, whose source blocks are in

@@ -44,8 +44,8 @@ func (s *Stack) failSubmitted(jb *job, why string) {
 	s.finishJob(jb, offload.JobResult{JobID: jb.j.ID, Err: errors.New(why)})
 }
 
-// Poll collects every tier's finished jobs, in tier order, and applies
-// them.
+// Poll collects every tier's finished jobs, in tier order, applies them,
+// and then cascades the deferred stores the freed budget takes.
 func (s *Stack) Poll() {
 	// The results were all collected now: one clock read dates them.
 	s.finishedAt = time.Time{}
@@ -66,6 +66,7 @@ func (s *Stack) Poll() {
 			s.finishJob(jb, r)
 		}
 	}
+	s.retryDeferred()
 }
 
 // latency is the time from a job's submission to its result: the

@@ -24,6 +24,10 @@ type Stats struct {
 	// pin (a block cascaded to several tiers counts once); CascadeBudget
 	// bounds it (0: unbounded).
 	CascadePinned, CascadeBudget int
+	// DeferredCascades and DeferredBlocks are the cascades waiting for
+	// the pin budget and their blocks (BudgetConfig.MaxDeferred bounds
+	// the blocks).
+	DeferredCascades, DeferredBlocks int
 }
 
 // TierStats are one secondary tier's counters (monotonic) and gauges.
@@ -61,6 +65,10 @@ type TierStats struct {
 	DroppedBy               [NumDropReasons]uint64
 	CascadesSkippedByFilter uint64
 	CascadedBlocks          uint64
+	// CascadesDeferred counts cascades the pin budget could not take when
+	// they came, which waited for it (BudgetConfig.MaxDeferred) instead of
+	// being dropped; each ends later as a job or as a DropEvicted drop.
+	CascadesDeferred uint64
 	// CascadeBlocksRevoked counts blocks that eviction took back from
 	// this tier's cascades in flight (offload.BlockClaimer), one per job:
 	// the tier stored them only if it had written them by then. They are
@@ -105,6 +113,7 @@ func (m *Manager) Stats() Stats {
 		StaleResults:      m.stack.staleResults,
 	}
 	s.CascadePinned, s.CascadeBudget = m.stack.Pinned()
+	s.DeferredCascades, s.DeferredBlocks = m.stack.Deferred()
 	if !m.closed {
 		s.Primary = m.primary.Stats()
 	}

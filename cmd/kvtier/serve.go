@@ -105,6 +105,7 @@ events:
 # cascades:                 # primary -> secondary tiers, in every namespace
 #   pin_budget: 0.25        # share of the primary cascades in flight may pin; "off"
 #   tier_share: 0.5         # share of that budget one tier may pin (1 with one tier)
+#   max_deferred_blocks: 0  # blocks of cascades waiting for that budget (0: the primary's slots; -1: drop at once)
 #   back_pressure:          # drop cascades to a tier while its cascades are slow
 #     enabled: true
 #     alpha: 0.3            # EMA weight of a new latency sample
@@ -617,7 +618,7 @@ func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error)
 // namespace's stack (config.Cascades; validated when it was parsed).
 func cascadeConfig(cfg *config.Config) (tiering.BudgetConfig, tiering.AdmissionConfig) {
 	share, _ := cfg.Cascades.PinBudgetShare()
-	b := tiering.BudgetConfig{Disabled: share < 0, TierFraction: cfg.Cascades.TierShare}
+	b := tiering.BudgetConfig{Disabled: share < 0, TierFraction: cfg.Cascades.TierShare, MaxDeferred: cfg.Cascades.MaxDeferredBlocks}
 	if share > 0 {
 		b.Fraction = share
 	}
