@@ -111,6 +111,43 @@ func (r *Region) Lookup(ctx context.Context, id, params string, keys []offload.K
 	return out, nil
 }
 
+// RegionLookup is one request's lookup in LookupMany.
+type RegionLookup struct {
+	RequestID string
+	Params    string
+	Keys      []offload.Key
+}
+
+// LookupMany asks the lookups of many requests in one call (an engine
+// step's); the daemon puts them to the tiers at once. An entry the daemon
+// could not answer has a nil answer and its reason in errs (co-indexed).
+func (r *Region) LookupMany(ctx context.Context, lookups []RegionLookup) (found [][]kvtierv1.RegionFound, errs []error, err error) {
+	in := &kvtierv1.RegionLookupsRequest{RegionId: r.ID, Lookups: make([]*kvtierv1.RegionLookupRequest, len(lookups))}
+	for i, l := range lookups {
+		p, size := packed(l.Keys)
+		in.Lookups[i] = &kvtierv1.RegionLookupRequest{RequestId: l.RequestID, KvTransferParams: l.Params, PackedKeys: p, KeySize: size}
+	}
+	resp, err := r.c.api.RegionLookups(ctx, in)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(resp.GetLookups()) != len(lookups) {
+		return nil, nil, fmt.Errorf("kvtier: %d answers to %d lookups", len(resp.GetLookups()), len(lookups))
+	}
+	found, errs = make([][]kvtierv1.RegionFound, len(lookups)), make([]error, len(lookups))
+	for i, a := range resp.GetLookups() {
+		if a.GetError() != "" {
+			errs[i] = errors.New(a.GetError())
+			continue
+		}
+		found[i] = make([]kvtierv1.RegionFound, len(a.GetFound()))
+		for j, b := range a.GetFound() {
+			found[i][j] = kvtierv1.RegionFound(b)
+		}
+	}
+	return found, errs, nil
+}
+
 // RegionJob is a store or promotion job of the region's engine.
 type RegionJob struct {
 	ID        uint64

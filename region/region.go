@@ -116,6 +116,53 @@ func (r *Region) Lookup(ctx context.Context, id string, params []byte, keys []of
 	}
 }
 
+// LookupEntry is one request's lookup in a LookupMany.
+type LookupEntry struct {
+	RequestID string
+	Params    []byte
+	Keys      []offload.Key
+}
+
+// LookupAnswer is one request's answer in a LookupMany: Found for each
+// key, or the error that kept it from being answered.
+type LookupAnswer struct {
+	Found []Found
+	Err   error
+}
+
+// LookupMany is Lookup for many requests at once (an engine step's
+// lookups): they are all put to the tiers in one turn of the namespace's
+// executor and wait together, so the call takes as long as its slowest
+// request, not the sum of them. An entry's own failure (its request
+// could not be created) is its answer's Err; the call fails only when the
+// region is gone or ctx ends.
+func (r *Region) LookupMany(ctx context.Context, entries []LookupEntry) ([]LookupAnswer, error) {
+	if err := r.live(); err != nil {
+		return nil, err
+	}
+	replies := make([]chan lookupReply, len(entries))
+	for i := range replies {
+		replies[i] = make(chan lookupReply, 1)
+	}
+	if err := r.g.do(ctx, func() {
+		for i, e := range entries {
+			r.g.lookup(r, e.RequestID, e.Params, e.Keys, replies[i])
+		}
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]LookupAnswer, len(entries))
+	for i, reply := range replies {
+		select {
+		case rep := <-reply:
+			out[i] = LookupAnswer{Found: rep.found, Err: rep.err}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return out, nil
+}
+
 // Submit hands the engine's jobs to the namespace's tiers; their outcomes
 // arrive through NextResults. params (co-indexed with jobs, entries may be
 // nil) are read for requests the region has not named before.

@@ -222,6 +222,42 @@ func (sv *service) RegionLookup(ctx context.Context, in *kvtierv1.RegionLookupRe
 	return &kvtierv1.RegionLookupResponse{Found: out}, nil
 }
 
+func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookupsRequest) (*kvtierv1.RegionLookupsResponse, error) {
+	r, err := sv.regionOf(in.GetRegionId())
+	if err != nil {
+		return nil, err
+	}
+	entries := make([]region.LookupEntry, len(in.GetLookups()))
+	total := 0
+	for i, lk := range in.GetLookups() {
+		keys, err := packedKeys(lk.GetPackedKeys(), lk.GetKeySize(), sv.s.limits.MaxKeysPerCall)
+		if err != nil {
+			return nil, toStatus(fmt.Errorf("lookups[%d]: %w", i, err))
+		}
+		if total += len(keys); total > sv.s.limits.MaxKeysPerCall {
+			return nil, toStatus(fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, total, sv.s.limits.MaxKeysPerCall))
+		}
+		entries[i] = region.LookupEntry{RequestID: lk.GetRequestId(), Params: []byte(lk.GetKvTransferParams()), Keys: keys}
+	}
+	answers, err := r.LookupMany(ctx, entries)
+	if err != nil {
+		return nil, regionStatus(err)
+	}
+	out := &kvtierv1.RegionLookupsResponse{Lookups: make([]*kvtierv1.RegionLookupResponse, len(answers))}
+	for i, a := range answers {
+		if a.Err != nil {
+			out.Lookups[i] = &kvtierv1.RegionLookupResponse{Error: a.Err.Error()}
+			continue
+		}
+		found := make([]byte, len(a.Found))
+		for j, f := range a.Found {
+			found[j] = byte(f)
+		}
+		out.Lookups[i] = &kvtierv1.RegionLookupResponse{Found: found}
+	}
+	return out, nil
+}
+
 func (sv *service) RegionSubmit(ctx context.Context, in *kvtierv1.RegionSubmitRequest) (*kvtierv1.RegionSubmitResponse, error) {
 	r, err := sv.regionOf(in.GetRegionId())
 	if err != nil {

@@ -176,6 +176,18 @@ func TestRegionSocketAndRPCs(t *testing.T) {
 	if err != nil || found[0] != kvtierv1.RegionFound_REGION_FOUND_HIT || found[1] != kvtierv1.RegionFound_REGION_FOUND_MISS {
 		t.Fatalf("lookup %v, %v", found, err)
 	}
+	// The same lookups, many requests in one call, answer the same; each
+	// request keeps its own filter.
+	many, errs, err := r.LookupMany(ctx, []client.RegionLookup{
+		{RequestID: "m1", Keys: []offload.Key{k, offload.MakeKey([]byte("hash-of-block-2"), 0)}},
+		{RequestID: "m2", Params: `{"kv_load_tiers":[]}`, Keys: []offload.Key{k}},
+	})
+	if err != nil || len(many) != 2 || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("lookups %v, %v, %v", many, errs, err)
+	}
+	if many[0][0] != kvtierv1.RegionFound_REGION_FOUND_HIT || many[0][1] != kvtierv1.RegionFound_REGION_FOUND_MISS || many[1][0] != kvtierv1.RegionFound_REGION_FOUND_MISS {
+		t.Fatalf("lookups answered %v", many)
+	}
 	if err := r.Submit(ctx, []client.RegionJob{{ID: 2, RequestID: "b", Keys: []offload.Key{k}, Slots: []int64{3}, Promotion: true}}); err != nil {
 		t.Fatal(err)
 	}
@@ -185,12 +197,12 @@ func TestRegionSocketAndRPCs(t *testing.T) {
 	if string(mem[3*4096:4*4096]) != strings.Repeat("k", 4096) {
 		t.Fatal("the promotion did not write the stored bytes into the region")
 	}
-	ev, err := r.Step(ctx, []string{"a", "b"})
+	ev, err := r.Step(ctx, []string{"a", "b", "m1", "m2"})
 	if err != nil || len(ev) != 1 || ev[0].GetMedium() != kvtierv1.Medium_MEDIUM_STORAGE {
 		t.Fatalf("step events %v, %v", ev, err)
 	}
 	st, err := c.WithNamespace(r.Namespace).Stats(ctx)
-	if err != nil || len(st.GetTiers()) != 1 || st.GetTiers()[0].GetHits() != 1 {
+	if err != nil || len(st.GetTiers()) != 1 || st.GetTiers()[0].GetHits() != 2 { // b's and m1's
 		t.Fatalf("stats of the region namespace: %v, %v", st, err)
 	}
 	// Closing the registration releases the region.

@@ -3958,7 +3958,10 @@ func (x *RegionLookupRequest) GetKeySize() uint32 {
 type RegionLookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One RegionFound per key, as bytes.
-	Found         []byte `protobuf:"bytes,1,opt,name=found,proto3" json:"found,omitempty"`
+	Found []byte `protobuf:"bytes,1,opt,name=found,proto3" json:"found,omitempty"`
+	// In a RegionLookups answer: why this entry was not answered (found is
+	// then empty), e.g. the region's request table is full. Empty otherwise.
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4000,6 +4003,111 @@ func (x *RegionLookupResponse) GetFound() []byte {
 	return nil
 }
 
+func (x *RegionLookupResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type RegionLookupsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RegionId string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// One entry per request; their region_id is ignored.
+	Lookups       []*RegionLookupRequest `protobuf:"bytes,2,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionLookupsRequest) Reset() {
+	*x = RegionLookupsRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionLookupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionLookupsRequest) ProtoMessage() {}
+
+func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionLookupsRequest.ProtoReflect.Descriptor instead.
+func (*RegionLookupsRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RegionLookupsRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionLookupsRequest) GetLookups() []*RegionLookupRequest {
+	if x != nil {
+		return x.Lookups
+	}
+	return nil
+}
+
+type RegionLookupsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Co-indexed with the request's lookups.
+	Lookups       []*RegionLookupResponse `protobuf:"bytes,1,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionLookupsResponse) Reset() {
+	*x = RegionLookupsResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionLookupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionLookupsResponse) ProtoMessage() {}
+
+func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionLookupsResponse.ProtoReflect.Descriptor instead.
+func (*RegionLookupsResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RegionLookupsResponse) GetLookups() []*RegionLookupResponse {
+	if x != nil {
+		return x.Lookups
+	}
+	return nil
+}
+
 // RegionJob is one engine job: a store of the blocks in slots to the tiers
 // the request's store filter allows, or (promotion) a load of the keys
 // into slots from the tiers that answered HIT.
@@ -4019,7 +4127,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4031,7 +4139,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4044,7 +4152,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4106,7 +4214,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4226,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4239,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4156,7 +4264,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4168,7 +4276,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4181,7 +4289,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 type RegionResultsRequest struct {
@@ -4193,7 +4301,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4313,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4326,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -4241,7 +4349,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4253,7 +4361,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4266,7 +4374,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -4299,7 +4407,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4419,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4432,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -4345,7 +4453,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4357,7 +4465,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4370,7 +4478,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -4405,7 +4513,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4417,7 +4525,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4430,7 +4538,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -4469,7 +4577,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4589,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4602,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -4548,7 +4656,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4560,7 +4668,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4573,7 +4681,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -4593,7 +4701,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4605,7 +4713,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4618,7 +4726,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -4643,7 +4751,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +4763,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +4776,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 type EngineAttachRequest struct {
@@ -4682,7 +4790,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +4802,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +4815,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -4735,7 +4843,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4747,7 +4855,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4760,7 +4868,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -4808,7 +4916,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4820,7 +4928,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4833,7 +4941,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -4862,7 +4970,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4874,7 +4982,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4887,7 +4995,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -4926,7 +5034,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4938,7 +5046,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4951,7 +5059,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -5018,7 +5126,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5030,7 +5138,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5043,7 +5151,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5137,6 +5245,152 @@ func (x *EngineStepRequest) GetEpoch() uint64 {
 	return 0
 }
 
+type EngineReserveRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// As in EngineStepRequest: a call of another epoch is refused.
+	Epoch uint64 `protobuf:"fixed64,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The keys the engine is about to store, back to back.
+	PackedKeys []byte `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32 `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// The most free slots to lease to the engine now, on top of those it
+	// holds (bounded like EngineStep's leases; fewer when the primary has
+	// fewer). The daemon leases only what the keys it does not hold need
+	// beyond free_slots.
+	MoreSlots uint32 `protobuf:"varint,5,opt,name=more_slots,json=moreSlots,proto3" json:"more_slots,omitempty"`
+	// The free slots the engine holds leased and unused.
+	FreeSlots     uint32 `protobuf:"varint,6,opt,name=free_slots,json=freeSlots,proto3" json:"free_slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineReserveRequest) Reset() {
+	*x = EngineReserveRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineReserveRequest) ProtoMessage() {}
+
+func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineReserveRequest.ProtoReflect.Descriptor instead.
+func (*EngineReserveRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *EngineReserveRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EngineReserveRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EngineReserveRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *EngineReserveRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *EngineReserveRequest) GetMoreSlots() uint32 {
+	if x != nil {
+		return x.MoreSlots
+	}
+	return 0
+}
+
+func (x *EngineReserveRequest) GetFreeSlots() uint32 {
+	if x != nil {
+		return x.FreeSlots
+	}
+	return 0
+}
+
+type EngineReserveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One RegionFound per key, as bytes: HIT when the daemon holds the
+	// block, MISS when not.
+	Found []byte `protobuf:"bytes,1,opt,name=found,proto3" json:"found,omitempty"`
+	// Slots newly leased to the engine.
+	GrantedSlots  []int64 `protobuf:"varint,2,rep,packed,name=granted_slots,json=grantedSlots,proto3" json:"granted_slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineReserveResponse) Reset() {
+	*x = EngineReserveResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineReserveResponse) ProtoMessage() {}
+
+func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineReserveResponse.ProtoReflect.Descriptor instead.
+func (*EngineReserveResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *EngineReserveResponse) GetFound() []byte {
+	if x != nil {
+		return x.Found
+	}
+	return nil
+}
+
+func (x *EngineReserveResponse) GetGrantedSlots() []int64 {
+	if x != nil {
+		return x.GrantedSlots
+	}
+	return nil
+}
+
 type EngineLookupResult struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -5150,7 +5404,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5162,7 +5416,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5175,7 +5429,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -5214,7 +5468,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5226,7 +5480,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5239,7 +5493,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -5570,9 +5824,15 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x12kv_transfer_params\x18\x03 \x01(\tR\x10kvTransferParams\x12\x1f\n" +
 	"\vpacked_keys\x18\x04 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
-	"\bkey_size\x18\x05 \x01(\rR\akeySize\",\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\"B\n" +
 	"\x14RegionLookupResponse\x12\x14\n" +
-	"\x05found\x18\x01 \x01(\fR\x05found\"\xdf\x01\n" +
+	"\x05found\x18\x01 \x01(\fR\x05found\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"m\n" +
+	"\x14RegionLookupsRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x128\n" +
+	"\alookups\x18\x02 \x03(\v2\x1e.kvtier.v1.RegionLookupRequestR\alookups\"R\n" +
+	"\x15RegionLookupsResponse\x129\n" +
+	"\alookups\x18\x01 \x03(\v2\x1f.kvtier.v1.RegionLookupResponseR\alookups\"\xdf\x01\n" +
 	"\tRegionJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\x04R\x05jobId\x12\x1d\n" +
 	"\n" +
@@ -5662,7 +5922,20 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"resetCache\x122\n" +
 	"\x15scheduled_request_ids\x18\v \x03(\tR\x13scheduledRequestIds\x122\n" +
 	"\x15preempted_request_ids\x18\f \x03(\tR\x13preemptedRequestIds\x12\x14\n" +
-	"\x05epoch\x18\r \x01(\x06R\x05epoch\"_\n" +
+	"\x05epoch\x18\r \x01(\x06R\x05epoch\"\xc4\x01\n" +
+	"\x14EngineReserveRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x06R\x05epoch\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\x12\x1d\n" +
+	"\n" +
+	"more_slots\x18\x05 \x01(\rR\tmoreSlots\x12\x1d\n" +
+	"\n" +
+	"free_slots\x18\x06 \x01(\rR\tfreeSlots\"R\n" +
+	"\x15EngineReserveResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\fR\x05found\x12#\n" +
+	"\rgranted_slots\x18\x02 \x03(\x03R\fgrantedSlots\"_\n" +
 	"\x12EngineLookupResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -5703,7 +5976,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xbb\r\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xe3\x0e\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
@@ -5723,7 +5996,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\bGetArena\x12\x1a.kvtier.v1.GetArenaRequest\x1a\x1b.kvtier.v1.GetArenaResponse\x12I\n" +
 	"\n" +
 	"ListBlocks\x12\x1c.kvtier.v1.ListBlocksRequest\x1a\x1d.kvtier.v1.ListBlocksResponse\x12O\n" +
-	"\fRegionLookup\x12\x1e.kvtier.v1.RegionLookupRequest\x1a\x1f.kvtier.v1.RegionLookupResponse\x12O\n" +
+	"\fRegionLookup\x12\x1e.kvtier.v1.RegionLookupRequest\x1a\x1f.kvtier.v1.RegionLookupResponse\x12R\n" +
+	"\rRegionLookups\x12\x1f.kvtier.v1.RegionLookupsRequest\x1a .kvtier.v1.RegionLookupsResponse\x12O\n" +
 	"\fRegionSubmit\x12\x1e.kvtier.v1.RegionSubmitRequest\x1a\x1f.kvtier.v1.RegionSubmitResponse\x12T\n" +
 	"\rRegionResults\x12\x1f.kvtier.v1.RegionResultsRequest\x1a .kvtier.v1.RegionResultsResponse0\x01\x12I\n" +
 	"\n" +
@@ -5731,7 +6005,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionDrain\x12\x1d.kvtier.v1.RegionDrainRequest\x1a\x1e.kvtier.v1.RegionDrainResponse\x12O\n" +
 	"\fEngineAttach\x12\x1e.kvtier.v1.EngineAttachRequest\x1a\x1f.kvtier.v1.EngineAttachResponse\x12I\n" +
 	"\n" +
-	"EngineStep\x12\x1c.kvtier.v1.EngineStepRequest\x1a\x1d.kvtier.v1.EngineStepResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
+	"EngineStep\x12\x1c.kvtier.v1.EngineStepRequest\x1a\x1d.kvtier.v1.EngineStepResponse\x12R\n" +
+	"\rEngineReserve\x12\x1f.kvtier.v1.EngineReserveRequest\x1a .kvtier.v1.EngineReserveResponseB1Z/github.com/kvtier/kvtier/api/kvtier/v1;kvtierv1b\x06proto3"
 
 var (
 	file_kvtier_v1_kvtier_proto_rawDescOnce sync.Once
@@ -5746,7 +6021,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -5800,27 +6075,31 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*RegionRegistration)(nil),    // 49: kvtier.v1.RegionRegistration
 	(*RegionLookupRequest)(nil),   // 50: kvtier.v1.RegionLookupRequest
 	(*RegionLookupResponse)(nil),  // 51: kvtier.v1.RegionLookupResponse
-	(*RegionJob)(nil),             // 52: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 53: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 54: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 55: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 56: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 57: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 58: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 59: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 60: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 61: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 62: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 63: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 64: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 65: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 66: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 67: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 68: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 69: kvtier.v1.EngineStepRequest
-	(*EngineLookupResult)(nil),    // 70: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 71: kvtier.v1.EngineStepResponse
-	nil,                           // 72: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*RegionLookupsRequest)(nil),  // 52: kvtier.v1.RegionLookupsRequest
+	(*RegionLookupsResponse)(nil), // 53: kvtier.v1.RegionLookupsResponse
+	(*RegionJob)(nil),             // 54: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 55: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 56: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 57: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 58: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 59: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 60: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 61: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 62: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 63: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 64: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 65: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 66: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 67: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 68: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 69: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 70: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 71: kvtier.v1.EngineStepRequest
+	(*EngineReserveRequest)(nil),  // 72: kvtier.v1.EngineReserveRequest
+	(*EngineReserveResponse)(nil), // 73: kvtier.v1.EngineReserveResponse
+	(*EngineLookupResult)(nil),    // 74: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 75: kvtier.v1.EngineStepResponse
+	nil,                           // 76: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -5834,7 +6113,7 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	20, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	72, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	76, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 	32, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
 	33, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
 	35, // 14: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
@@ -5850,70 +6129,76 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	40, // 24: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
 	0,  // 25: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
 	5,  // 26: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	52, // 27: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	56, // 28: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	58, // 29: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 30: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 31: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	60, // 32: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	66, // 33: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	67, // 34: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	68, // 35: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	67, // 36: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	67, // 37: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	70, // 38: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	60, // 39: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 40: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 41: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	14, // 42: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	16, // 43: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	18, // 44: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	21, // 45: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	23, // 46: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	25, // 47: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	27, // 48: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	29, // 49: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	31, // 50: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	37, // 51: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	41, // 52: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	43, // 53: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	47, // 54: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	45, // 55: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	50, // 56: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	53, // 57: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	55, // 58: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	59, // 59: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	62, // 60: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	64, // 61: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	69, // 62: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	11, // 63: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	13, // 64: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 65: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	17, // 66: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	19, // 67: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	22, // 68: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	24, // 69: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	26, // 70: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	28, // 71: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	30, // 72: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	34, // 73: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	39, // 74: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	42, // 75: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	44, // 76: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	48, // 77: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	46, // 78: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	51, // 79: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	54, // 80: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	57, // 81: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	61, // 82: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	63, // 83: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	65, // 84: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	71, // 85: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	63, // [63:86] is the sub-list for method output_type
-	40, // [40:63] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	50, // 27: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	51, // 28: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	54, // 29: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	58, // 30: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	60, // 31: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 32: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 33: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	62, // 34: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	68, // 35: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	69, // 36: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	70, // 37: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	69, // 38: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	69, // 39: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	74, // 40: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	62, // 41: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 42: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 43: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	14, // 44: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	16, // 45: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	18, // 46: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	21, // 47: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	23, // 48: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	25, // 49: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	27, // 50: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	29, // 51: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	31, // 52: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	37, // 53: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	41, // 54: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	43, // 55: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	47, // 56: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	45, // 57: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	50, // 58: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	52, // 59: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	55, // 60: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	57, // 61: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	61, // 62: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	64, // 63: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	66, // 64: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	71, // 65: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	72, // 66: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 67: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	13, // 68: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 69: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	17, // 70: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	19, // 71: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	22, // 72: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	24, // 73: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	26, // 74: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	28, // 75: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	30, // 76: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	34, // 77: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	39, // 78: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	42, // 79: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	44, // 80: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	48, // 81: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	46, // 82: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	51, // 83: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	53, // 84: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	56, // 85: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	59, // 86: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	63, // 87: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	65, // 88: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	67, // 89: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	75, // 90: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	73, // 91: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	67, // [67:92] is the sub-list for method output_type
+	42, // [42:67] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -5928,7 +6213,7 @@ func file_kvtier_v1_kvtier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   66,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -73,12 +73,14 @@ const (
 	KVTier_GetArena_FullMethodName      = "/kvtier.v1.KVTier/GetArena"
 	KVTier_ListBlocks_FullMethodName    = "/kvtier.v1.KVTier/ListBlocks"
 	KVTier_RegionLookup_FullMethodName  = "/kvtier.v1.KVTier/RegionLookup"
+	KVTier_RegionLookups_FullMethodName = "/kvtier.v1.KVTier/RegionLookups"
 	KVTier_RegionSubmit_FullMethodName  = "/kvtier.v1.KVTier/RegionSubmit"
 	KVTier_RegionResults_FullMethodName = "/kvtier.v1.KVTier/RegionResults"
 	KVTier_RegionStep_FullMethodName    = "/kvtier.v1.KVTier/RegionStep"
 	KVTier_RegionDrain_FullMethodName   = "/kvtier.v1.KVTier/RegionDrain"
 	KVTier_EngineAttach_FullMethodName  = "/kvtier.v1.KVTier/EngineAttach"
 	KVTier_EngineStep_FullMethodName    = "/kvtier.v1.KVTier/EngineStep"
+	KVTier_EngineReserve_FullMethodName = "/kvtier.v1.KVTier/EngineReserve"
 )
 
 // KVTierClient is the client API for KVTier service.
@@ -151,6 +153,12 @@ type KVTierClient interface {
 	// RegionLookup answers, per key, whether a tier the request may load
 	// from holds it, waiting for tiers that check asynchronously.
 	RegionLookup(ctx context.Context, in *RegionLookupRequest, opts ...grpc.CallOption) (*RegionLookupResponse, error)
+	// RegionLookups is RegionLookup for many requests in one call (an
+	// engine step's lookups): every request is asked of the tiers at once,
+	// so that the time to answer a step does not grow with the requests that
+	// arrived in it. The keys of all entries count against
+	// limits.max_keys_per_call together.
+	RegionLookups(ctx context.Context, in *RegionLookupsRequest, opts ...grpc.CallOption) (*RegionLookupsResponse, error)
 	// RegionSubmit hands the engine's store and promotion jobs to the tiers.
 	RegionSubmit(ctx context.Context, in *RegionSubmitRequest, opts ...grpc.CallOption) (*RegionSubmitResponse, error)
 	// RegionResults streams the outcome of every submitted job, once each.
@@ -175,6 +183,13 @@ type KVTierClient interface {
 	// is a lease: the block is pinned for the request until the engine
 	// unpins it), grants slots and returns the step's events.
 	EngineStep(ctx context.Context, in *EngineStepRequest, opts ...grpc.CallOption) (*EngineStepResponse, error)
+	// EngineReserve is the one call an engine makes on its scheduler's
+	// thread, when a store finds too few leased slots: which of the keys the
+	// daemon already holds (in the primary, or promoting into it), and more
+	// free slots leased for the rest, so that the store goes whole in the
+	// step that wants it and no slot, nor an eviction, is spent on a copy.
+	// It pins nothing.
+	EngineReserve(ctx context.Context, in *EngineReserveRequest, opts ...grpc.CallOption) (*EngineReserveResponse, error)
 }
 
 type kVTierClient struct {
@@ -355,6 +370,16 @@ func (c *kVTierClient) RegionLookup(ctx context.Context, in *RegionLookupRequest
 	return out, nil
 }
 
+func (c *kVTierClient) RegionLookups(ctx context.Context, in *RegionLookupsRequest, opts ...grpc.CallOption) (*RegionLookupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionLookupsResponse)
+	err := c.cc.Invoke(ctx, KVTier_RegionLookups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *kVTierClient) RegionSubmit(ctx context.Context, in *RegionSubmitRequest, opts ...grpc.CallOption) (*RegionSubmitResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegionSubmitResponse)
@@ -418,6 +443,16 @@ func (c *kVTierClient) EngineStep(ctx context.Context, in *EngineStepRequest, op
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(EngineStepResponse)
 	err := c.cc.Invoke(ctx, KVTier_EngineStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) EngineReserve(ctx context.Context, in *EngineReserveRequest, opts ...grpc.CallOption) (*EngineReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EngineReserveResponse)
+	err := c.cc.Invoke(ctx, KVTier_EngineReserve_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -494,6 +529,12 @@ type KVTierServer interface {
 	// RegionLookup answers, per key, whether a tier the request may load
 	// from holds it, waiting for tiers that check asynchronously.
 	RegionLookup(context.Context, *RegionLookupRequest) (*RegionLookupResponse, error)
+	// RegionLookups is RegionLookup for many requests in one call (an
+	// engine step's lookups): every request is asked of the tiers at once,
+	// so that the time to answer a step does not grow with the requests that
+	// arrived in it. The keys of all entries count against
+	// limits.max_keys_per_call together.
+	RegionLookups(context.Context, *RegionLookupsRequest) (*RegionLookupsResponse, error)
 	// RegionSubmit hands the engine's store and promotion jobs to the tiers.
 	RegionSubmit(context.Context, *RegionSubmitRequest) (*RegionSubmitResponse, error)
 	// RegionResults streams the outcome of every submitted job, once each.
@@ -518,6 +559,13 @@ type KVTierServer interface {
 	// is a lease: the block is pinned for the request until the engine
 	// unpins it), grants slots and returns the step's events.
 	EngineStep(context.Context, *EngineStepRequest) (*EngineStepResponse, error)
+	// EngineReserve is the one call an engine makes on its scheduler's
+	// thread, when a store finds too few leased slots: which of the keys the
+	// daemon already holds (in the primary, or promoting into it), and more
+	// free slots leased for the rest, so that the store goes whole in the
+	// step that wants it and no slot, nor an eviction, is spent on a copy.
+	// It pins nothing.
+	EngineReserve(context.Context, *EngineReserveRequest) (*EngineReserveResponse, error)
 	mustEmbedUnimplementedKVTierServer()
 }
 
@@ -579,6 +627,9 @@ func (UnimplementedKVTierServer) ListBlocks(context.Context, *ListBlocksRequest)
 func (UnimplementedKVTierServer) RegionLookup(context.Context, *RegionLookupRequest) (*RegionLookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionLookup not implemented")
 }
+func (UnimplementedKVTierServer) RegionLookups(context.Context, *RegionLookupsRequest) (*RegionLookupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionLookups not implemented")
+}
 func (UnimplementedKVTierServer) RegionSubmit(context.Context, *RegionSubmitRequest) (*RegionSubmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionSubmit not implemented")
 }
@@ -596,6 +647,9 @@ func (UnimplementedKVTierServer) EngineAttach(context.Context, *EngineAttachRequ
 }
 func (UnimplementedKVTierServer) EngineStep(context.Context, *EngineStepRequest) (*EngineStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EngineStep not implemented")
+}
+func (UnimplementedKVTierServer) EngineReserve(context.Context, *EngineReserveRequest) (*EngineReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EngineReserve not implemented")
 }
 func (UnimplementedKVTierServer) mustEmbedUnimplementedKVTierServer() {}
 func (UnimplementedKVTierServer) testEmbeddedByValue()                {}
@@ -924,6 +978,24 @@ func _KVTier_RegionLookup_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVTier_RegionLookups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionLookupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).RegionLookups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_RegionLookups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).RegionLookups(ctx, req.(*RegionLookupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _KVTier_RegionSubmit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegionSubmitRequest)
 	if err := dec(in); err != nil {
@@ -1025,6 +1097,24 @@ func _KVTier_EngineStep_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVTier_EngineReserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).EngineReserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_EngineReserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).EngineReserve(ctx, req.(*EngineReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVTier_ServiceDesc is the grpc.ServiceDesc for KVTier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1101,6 +1191,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _KVTier_RegionLookup_Handler,
 		},
 		{
+			MethodName: "RegionLookups",
+			Handler:    _KVTier_RegionLookups_Handler,
+		},
+		{
 			MethodName: "RegionSubmit",
 			Handler:    _KVTier_RegionSubmit_Handler,
 		},
@@ -1119,6 +1213,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EngineStep",
 			Handler:    _KVTier_EngineStep_Handler,
+		},
+		{
+			MethodName: "EngineReserve",
+			Handler:    _KVTier_EngineReserve_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -143,6 +143,30 @@ class EngineNewRequest(_message.Message):
     request_id: str
     def __init__(self, request_id: _Optional[str] = ..., kv_transfer_params: _Optional[str] = ...) -> None: ...
 
+class EngineReserveRequest(_message.Message):
+    __slots__ = ["epoch", "free_slots", "key_size", "more_slots", "namespace", "packed_keys"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MORE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    free_slots: int
+    key_size: int
+    more_slots: int
+    namespace: str
+    packed_keys: bytes
+    def __init__(self, namespace: _Optional[str] = ..., epoch: _Optional[int] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., more_slots: _Optional[int] = ..., free_slots: _Optional[int] = ...) -> None: ...
+
+class EngineReserveResponse(_message.Message):
+    __slots__ = ["found", "granted_slots"]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    found: bytes
+    granted_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, found: _Optional[bytes] = ..., granted_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class EngineStepRequest(_message.Message):
     __slots__ = ["epoch", "finished_request_ids", "lookups", "namespace", "new_requests", "preempted_request_ids", "reset_cache", "return_slots", "scheduled_request_ids", "stores", "touches", "unpins", "want_free_slots"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -558,10 +582,26 @@ class RegionLookupRequest(_message.Message):
     def __init__(self, region_id: _Optional[str] = ..., request_id: _Optional[str] = ..., kv_transfer_params: _Optional[str] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ...) -> None: ...
 
 class RegionLookupResponse(_message.Message):
-    __slots__ = ["found"]
+    __slots__ = ["error", "found"]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    error: str
     found: bytes
-    def __init__(self, found: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, found: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RegionLookupsRequest(_message.Message):
+    __slots__ = ["lookups", "region_id"]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[RegionLookupRequest]
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ..., lookups: _Optional[_Iterable[_Union[RegionLookupRequest, _Mapping]]] = ...) -> None: ...
+
+class RegionLookupsResponse(_message.Message):
+    __slots__ = ["lookups"]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[RegionLookupResponse]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[RegionLookupResponse, _Mapping]]] = ...) -> None: ...
 
 class RegionRegistration(_message.Message):
     __slots__ = []

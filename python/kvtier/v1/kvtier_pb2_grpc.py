@@ -100,6 +100,11 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupResponse.FromString,
                 )
+        self.RegionLookups = channel.unary_unary(
+                '/kvtier.v1.KVTier/RegionLookups',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsResponse.FromString,
+                )
         self.RegionSubmit = channel.unary_unary(
                 '/kvtier.v1.KVTier/RegionSubmit',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitRequest.SerializeToString,
@@ -129,6 +134,11 @@ class KVTierStub(object):
                 '/kvtier.v1.KVTier/EngineStep',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.FromString,
+                )
+        self.EngineReserve = channel.unary_unary(
+                '/kvtier.v1.KVTier/EngineReserve',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineReserveRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineReserveResponse.FromString,
                 )
 
 
@@ -285,6 +295,17 @@ class KVTierServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegionLookups(self, request, context):
+        """RegionLookups is RegionLookup for many requests in one call (an
+        engine step's lookups): every request is asked of the tiers at once,
+        so that the time to answer a step does not grow with the requests that
+        arrived in it. The keys of all entries count against
+        limits.max_keys_per_call together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegionSubmit(self, request, context):
         """RegionSubmit hands the engine's store and promotion jobs to the tiers.
         """
@@ -334,6 +355,18 @@ class KVTierServicer(object):
         free slots the engine wants leased to it; it answers the lookups (a HIT
         is a lease: the block is pinned for the request until the engine
         unpins it), grants slots and returns the step's events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EngineReserve(self, request, context):
+        """EngineReserve is the one call an engine makes on its scheduler's
+        thread, when a store finds too few leased slots: which of the keys the
+        daemon already holds (in the primary, or promoting into it), and more
+        free slots leased for the rest, so that the store goes whole in the
+        step that wants it and no slot, nor an eviction, is spent on a copy.
+        It pins nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -427,6 +460,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupResponse.SerializeToString,
             ),
+            'RegionLookups': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegionLookups,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsResponse.SerializeToString,
+            ),
             'RegionSubmit': grpc.unary_unary_rpc_method_handler(
                     servicer.RegionSubmit,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.RegionSubmitRequest.FromString,
@@ -456,6 +494,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     servicer.EngineStep,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.SerializeToString,
+            ),
+            'EngineReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.EngineReserve,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.EngineReserveRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.EngineReserveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -758,6 +801,23 @@ class KVTier(object):
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
+    def RegionLookups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/RegionLookups',
+            kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.RegionLookupsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
     def RegionSubmit(request,
             target,
             options=(),
@@ -856,5 +916,22 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/EngineStep',
             kvtier_dot_v1_dot_kvtier__pb2.EngineStepRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.EngineStepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EngineReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/EngineReserve',
+            kvtier_dot_v1_dot_kvtier__pb2.EngineReserveRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.EngineReserveResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

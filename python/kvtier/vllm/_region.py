@@ -5,7 +5,8 @@ A RegionLink registers the engine's region on the daemon's region socket
 threads of its own, so that the scheduler thread never waits on a round
 trip:
 
-* the lookup thread sends one RegionLookup per request per step;
+* the lookup thread sends a step's lookups, every request's, in one
+  RegionLookups call (steps that end while a call is out join the next);
 * the job thread sends submits and step ends, in the order they were made;
 * the results thread reads the RegionResults stream.
 
@@ -57,6 +58,29 @@ def unix_path(target: str) -> str:
         f"kvtier tier mode needs the daemon's Unix socket (the region travels as a file "
         f"descriptor); target {target!r} is not one (want unix:///path/kvtier.sock)"
     )
+
+
+#: Keys in one RegionLookups call: under the daemon's default
+#: limits.max_keys_per_call (65536), so that a storm of arrivals is split
+#: rather than refused.
+_MAX_LOOKUP_KEYS = 32768
+
+
+def _split(batch: list[tuple[str, str, list[bytes]]], max_keys: int) -> list[list[tuple[str, str, list[bytes]]]]:
+    """Cuts a batch of lookups into calls of at most max_keys keys (a
+    request with more keys than that goes alone)."""
+    parts: list[list[tuple[str, str, list[bytes]]]] = []
+    cur: list[tuple[str, str, list[bytes]]] = []
+    n = 0
+    for entry in batch:
+        if cur and n + len(entry[2]) > max_keys:
+            parts.append(cur)
+            cur, n = [], 0
+        cur.append(entry)
+        n += len(entry[2])
+    if cur:
+        parts.append(cur)
+    return parts
 
 
 def _pack(keys: Sequence[bytes]) -> tuple[bytes, int]:
@@ -156,6 +180,7 @@ class RegionLink:
         self._md = (("authorization", "Bearer " + token),) if token else None
         self._api = pb_grpc.KVTierStub(self._channel)
         self._on_lookup = on_lookup
+        self._one_by_one = False  # the daemon lacks RegionLookups
         self._results = results
         self._events = events
         self._lookups: "queue.SimpleQueue[list[tuple[str, str, list[bytes]]] | None]" = queue.SimpleQueue()
@@ -194,19 +219,67 @@ class RegionLink:
             batch = self._lookups.get()
             if batch is None:
                 return
-            for req_id, params, keys in batch:
-                found: bytes | None = None
-                if not self.dead.is_set():
-                    try:
-                        packed, size = _pack(keys)
-                        rep = self._call(
-                            self._api.RegionLookup,
-                            pb.RegionLookupRequest(region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size),
-                        )
-                        found = rep.found
-                    except (grpc.RpcError, ValueError) as e:
-                        log.warning("kvtier: lookup of %d keys for request %s failed: %s", len(keys), req_id, _rpc_msg(e))
-                self._on_lookup(req_id, keys, found)
+            # Steps that ended while the last call was out join this one:
+            # however many requests arrive, one call is out at a time and
+            # the next carries everything that came meanwhile.
+            while True:
+                try:
+                    more = self._lookups.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._lookups.put(None)
+                    break
+                batch.extend(more)
+            for part in _split(batch, _MAX_LOOKUP_KEYS):
+                for (req_id, _, keys), found in zip(part, self._lookup_part(part)):
+                    self._on_lookup(req_id, keys, found)
+
+    def _lookup_part(self, part: list[tuple[str, str, list[bytes]]]) -> list[bytes | None]:
+        """The answers of one RegionLookups call: per request, a RegionFound
+        per key, or None when it failed (the caller turns that into misses)."""
+        if self.dead.is_set():
+            return [None] * len(part)
+        if self._one_by_one:
+            return [self._lookup_one(req_id, params, keys) for req_id, params, keys in part]
+        req = pb.RegionLookupsRequest(region_id=self.region_id)
+        try:
+            for req_id, params, keys in part:
+                packed, size = _pack(keys)
+                req.lookups.add(request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size)
+            rep = self._call(self._api.RegionLookups, req)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                # A daemon older than RegionLookups: one call per request.
+                log.info("kvtier: the daemon at %s has no RegionLookups; asking request by request", self.path)
+                self._one_by_one = True
+                return self._lookup_part(part)
+            log.warning("kvtier: lookup of %d requests failed: %s", len(part), _rpc_msg(e))
+            return [None] * len(part)
+        except ValueError as e:
+            log.warning("kvtier: lookup of %d requests not sent: %s", len(part), e)
+            return [None] * len(part)
+        out: list[bytes | None] = []
+        for (req_id, _, keys), a in zip(part, rep.lookups):
+            if a.error:
+                log.warning("kvtier: lookup of %d keys for request %s failed: %s", len(keys), req_id, a.error)
+                out.append(None)
+            else:
+                out.append(a.found)
+        out.extend([None] * (len(part) - len(out)))
+        return out
+
+    def _lookup_one(self, req_id: str, params: str, keys: list[bytes]) -> bytes | None:
+        try:
+            packed, size = _pack(keys)
+            rep = self._call(
+                self._api.RegionLookup,
+                pb.RegionLookupRequest(region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size),
+            )
+            return bytes(rep.found)
+        except (grpc.RpcError, ValueError) as e:
+            log.warning("kvtier: lookup of %d keys for request %s failed: %s", len(keys), req_id, _rpc_msg(e))
+            return None
 
     def _job_loop(self) -> None:
         while True:

@@ -10,8 +10,8 @@ The tier never makes vLLM's scheduler wait on the daemon:
 
 * ``lookup`` answers from a per-request cache; a key it has not seen
   answers RETRY and joins the step's batch, sent at ``on_schedule_end`` as
-  one RPC per request on a thread of its own; the next step answers from
-  the result. After a failed or partial load the keys that did not arrive
+  one RegionLookups call for all the step's requests, on a thread of its
+  own; the next step answers from the result. After a failed or partial load the keys that did not arrive
   turn to MISS, so vLLM does not promote them again every step.
 * ``submit_store`` / ``submit_load`` enqueue; results stream back and
   ``get_finished_jobs`` drains them.
