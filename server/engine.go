@@ -110,6 +110,18 @@ func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepReques
 	return out, nil
 }
 
+func (sv *service) EngineReserve(ctx context.Context, in *kvtierv1.EngineReserveRequest) (*kvtierv1.EngineReserveResponse, error) {
+	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
+	if err != nil {
+		return nil, err
+	}
+	out, err := ns.EngineReserve(sessionOf(ctx), in)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return out, nil
+}
+
 // settleSlice is how long the settle pass sleeps between asks.
 const settleSlice = 250 * time.Microsecond
 

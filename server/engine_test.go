@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"path/filepath"
@@ -158,6 +159,17 @@ func TestEngineAttachLeaseStoreLookup(t *testing.T) {
 	if err != nil || st.GetPrimary().GetPinnedSlots() != 1 {
 		t.Fatalf("the lookup lease does not pin: %v %v", st.GetPrimary(), err)
 	}
+	// A reserve says which keys the daemon holds, leases slots for the
+	// others only, and pins nothing.
+	packed3, size3 := pack(k2, offload.MakeKey([]byte("engine-block-9"), 0))
+	r4, err := e2.API().EngineReserve(ctx, &kvtierv1.EngineReserveRequest{Namespace: ns, PackedKeys: packed3, KeySize: size3, MoreSlots: 3})
+	if err != nil || len(r4.GetGrantedSlots()) != 1 || !bytes.Equal(r4.GetFound(),
+		[]byte{byte(kvtierv1.RegionFound_REGION_FOUND_HIT), byte(kvtierv1.RegionFound_REGION_FOUND_MISS)}) {
+		t.Fatalf("reserve: %v %v", r4, err)
+	}
+	if st, err := e2.WithNamespace(ns).Stats(ctx); err != nil || st.GetPrimary().GetPinnedSlots() != 1 || st.GetPrimary().GetLeasedSlots() < 1 {
+		t.Fatalf("after a reserve: %v %v (want 1 pin, its slot leased)", st.GetPrimary(), err)
+	}
 	// Engine 1 dies: its leased slots come back; engine 2's lease stays.
 	e1.Close()
 	for i := 0; ; i++ {
@@ -166,11 +178,11 @@ func TestEngineAttachLeaseStoreLookup(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := st.GetPrimary()
-		if p.GetLeasedSlots() == 0 && p.GetPinnedSlots() == 1 && p.GetUsedSlots() == 2 {
+		if p.GetLeasedSlots() == 1 && p.GetPinnedSlots() == 1 && p.GetUsedSlots() == 2 {
 			break
 		}
 		if i > 2000 {
-			t.Fatalf("after engine 1 ended: %v (want its 4 leased slots back, engine 2's pin kept)", p)
+			t.Fatalf("after engine 1 ended: %v (want its 4 leased slots back, engine 2's pin and leases kept)", p)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

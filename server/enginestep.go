@@ -45,6 +45,64 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 	return st.out, nil
 }
 
+// EngineReserve answers an engine whose store found too few leased slots
+// (see the API): which keys the daemon holds, in the primary or promoting
+// into it, and up to in.more_slots more slots leased to s. It pins
+// nothing and ends no step.
+func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest) (*kvtierv1.EngineReserveResponse, error) {
+	lm, ok := ns.mgr.(leaser)
+	if !ok {
+		return nil, fmt.Errorf("%w: namespace %q does not lease slots", ErrProtocol, ns.name)
+	}
+	if s == nil {
+		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
+	}
+	if e := in.GetEpoch(); e != 0 && e != ns.epoch {
+		return nil, fmt.Errorf("%w: the reserve is for epoch %016x of namespace %q, which is at %016x (the daemon restarted): attach again", ErrStaleEpoch, e, ns.name, ns.epoch)
+	}
+	keys, err := packedKeys(in.GetPackedKeys(), in.GetKeySize(), ns.limits.MaxKeysPerCall)
+	if err != nil {
+		return nil, err
+	}
+	if err := ns.lock(); err != nil {
+		return nil, err
+	}
+	defer ns.mu.Unlock()
+	out := &kvtierv1.EngineReserveResponse{Found: make([]byte, len(keys))}
+	src, _ := ns.mgr.(sourcer)
+	missing := 0
+	for i, k := range keys {
+		out.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_MISS)
+		if src != nil && src.Source(k) != "" {
+			out.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_HIT)
+		} else {
+			missing++
+		}
+	}
+	if n := min(int(in.GetMoreSlots()), missing-int(in.GetFreeSlots())); n > 0 {
+		if out.GrantedSlots, err = leaseMore(lm, ns.leasesOf(s), n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// leaseMore leases up to n more free slots into leases, the slots an
+// engine session holds, which stay within maxEngineLeases.
+func leaseMore(lm leaser, leases map[int64]struct{}, n int) ([]int64, error) {
+	if n = min(n, maxEngineLeases-len(leases)); n <= 0 {
+		return nil, nil
+	}
+	slots, _, err := lm.Lease(n)
+	if err != nil {
+		return nil, err
+	}
+	for _, sl := range slots {
+		leases[sl] = struct{}{}
+	}
+	return slots, nil
+}
+
 // engineStep is one EngineStep in progress, under the namespace's lock.
 // Its phases run in the order EngineStep lists; each returns an error
 // only for a request the engine could not have meant (a key list that
@@ -225,14 +283,10 @@ func (st *engineStep) end() error {
 		}
 	}
 	ns.lastStep = time.Now()
-	want := min(int(in.GetWantFreeSlots()), maxEngineLeases)
-	if need := want - len(st.leases); need > 0 {
-		slots, _, err := st.lm.Lease(need)
+	if need := int(in.GetWantFreeSlots()) - len(st.leases); need > 0 {
+		slots, err := leaseMore(st.lm, st.leases, need)
 		if err != nil {
 			return err
-		}
-		for _, sl := range slots {
-			st.leases[sl] = struct{}{}
 		}
 		out.GrantedSlots = slots
 	}

@@ -140,3 +140,39 @@ def test_many_leases_cost_no_step_time(daemon: Daemon, mgr: Any) -> None:
         step(mgr)
     assert len(mgr._lease_q) == 0, len(mgr._lease_q)
     wait_until(lambda: pinned(daemon, mgr) == 0, 10, "every lease given back")
+
+
+def test_a_short_store_skips_what_the_daemon_holds(daemon: Daemon, mgr: Any) -> None:
+    """Issue 40's agent sessions: a store offers a shared prefix the daemon
+    already holds (vLLM offers every chunk of a request whose prefix hit
+    its GPU cache) and the session's own blocks, more than the pool of
+    leased slots. No slot is spent on the prefix, and the own blocks are
+    stored whole in the step that offers them (before, the pool went to
+    the prefix's copies and vLLM never offered the rest again)."""
+    from vllm.v1.kv_offload.base import ReqContext
+
+    shared = [key(200 + i) for i in range(12)]
+    first = ReqContext(req_id="first")
+    mgr.on_new_request(first)
+    step(mgr)
+    out = mgr.prepare_store(shared, first)
+    assert out is not None and list(out.keys_to_store) == shared
+    mgr.complete_store(shared, first, True)
+    step(mgr)
+    for _ in range(20):  # long enough that the reserve's answers are forgotten
+        step(mgr)
+    mgr._pool.clear()  # the pool is short again (its slots stay leased on the daemon)
+    own = [key(300 + i) for i in range(6)]
+    session = ReqContext(req_id="session")
+    mgr.on_new_request(session)
+    out = mgr.prepare_store(shared + own, session)
+    assert out is not None
+    assert list(out.keys_to_store) == own, "a slot was spent on a block the daemon holds"
+    assert mgr.reserves >= 1 and mgr.reserve_failures == 0
+    mgr.complete_store(own, session, True)
+    step(mgr)
+    reader = ReqContext(req_id="reader")
+    mgr.on_new_request(reader)
+    lookups(mgr, shared + own, reader)
+    step(mgr)
+    assert lookups(mgr, shared + own, reader) == ["HIT"] * 18

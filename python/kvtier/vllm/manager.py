@@ -11,15 +11,20 @@ Everything the scheduler calls is answered locally:
   within ``lease_steps`` steps (or by its finish) is released.
 * ``prepare_store`` assigns slots from a pool of *slot leases* (free slots
   the daemon leased to this engine) and returns at once; the writes are
-  bound to their keys with ``complete_store``, at the next step end.
+  bound to their keys with ``complete_store``, at the next step end. A
+  store the pool is too small for makes the one call the scheduler thread
+  waits on (EngineReserve, bounded): it leaves out the keys the daemon
+  holds already and leases slots for the rest, so the store goes whole.
 * completions, touches, finishes and new requests are batched into the
   step-end call, which also returns the step's events.
 
 The step-end call runs on a thread of its own: ``on_schedule_end`` hands it
 the step's batch and returns; its answer is applied at the next call of
 the scheduler. One call is out at a time: steps that end while it is out
-add their work to the next batch, which goes when the answer is in. Nothing
-here blocks the scheduler thread on the daemon.
+add their work to the next batch, which goes when the answer is in. The
+scheduler thread waits on the daemon only for EngineReserve, on a store
+the pool is too small for, bounded by 100 ms (or lookup_timeout_s), and
+not again after one fails until a step call has been answered.
 
 The link to the daemon
 ----------------------
@@ -83,6 +88,8 @@ _ABSENT = object()
 _HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
 _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
 _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
+_HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
+_RESERVE_TIMEOUT = 0.1  # seconds, the most an EngineReserve may hold the scheduler
 
 
 @dataclass
@@ -163,6 +170,21 @@ class KvtierProxyManager(vc.OffloadingManager):
         # refills it) and stays within a quarter of the primary, which
         # other engines may share.
         self._max_free = max(spec.num_chunks // 4, 1)
+        # For a store larger than that, EngineReserve may lease up to three
+        # quarters of the primary: its new blocks evict that much anyway,
+        # and the blocks the daemon holds are not among them.
+        self._max_burst = max(min(spec.num_chunks * 3 // 4, _MAX_FREE), self._max_free)
+        # The bound on EngineReserve, the one call the scheduler thread
+        # waits on; after one fails, none is made until a step answer
+        # comes back (the daemon is slow or gone: the store keeps what the
+        # pool holds, as before).
+        self._reserve_timeout = min(spec._lookup_timeout, _RESERVE_TIMEOUT)
+        self._reserve_ok = True
+        # Keys the daemon said it holds (reserve answers): key -> the step
+        # count of the answer, and the same in answer order, so that step
+        # ends drop stale ones in proportion to the answers.
+        self._held: dict[bytes, int] = {}
+        self._held_q: deque[tuple[int, bytes]] = deque()
         self._min_free = min(spec._min_free, self._max_free)
         self._timeout = spec._timeout
         self._lookup_timeout = spec._lookup_timeout
@@ -179,6 +201,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         # for, the epoch its slots belong to, whether it is up.
         link = _Link(1, spec.client(), spec.namespace, spec.epoch, spec.num_chunks)
         self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
+        # The link's connection, for EngineReserve (gRPC calls may overlap
+        # the sending thread's: one connection, one daemon session).
+        self._client = link.client
         self._up = True
         self._invalidated = True  # nothing of a down link is left to drop
         self._attached: _Attached | None = None  # a new link, switched to between steps
@@ -211,8 +236,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         self.late_lookups = 0
         self.outages = 0
         self.reattaches = 0
-        # prepare_store calls that wanted more leased slots than the pool had
+        # prepare_store calls that wanted more leased slots than the pool had,
+        # the EngineReserve calls they made, and those that failed
         self.store_shortfalls = 0
+        self.reserves = 0
+        self.reserve_failures = 0
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
@@ -373,6 +401,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         rep = a.rep
         if rep is None:
             return  # only a failed or stale answer has none, and it is not applied
+        self._reserve_ok = True
         for lk in rep.lookups:
             rid = lk.request_id
             r = self._reqs.get(rid)
@@ -461,6 +490,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         link = a.link
         self._old_clients[self._gen] = a.old_client
         self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
+        self._client = link.client
         self._up = True
         self.reattaches += 1
         # The new session knows no request: announce the live ones again
@@ -622,20 +652,28 @@ class KvtierProxyManager(vc.OffloadingManager):
         if not self._up:
             return None  # vLLM keeps the blocks on the GPU
         r = self._req(req_context)
-        # A key this request holds a lease on is in the primary already.
-        to_store = [k for k in keys if k not in r.slot and k not in r.storing]
-        self._step_stores += len(to_store)
+        # A key this request holds a lease on is in the primary already, and
+        # so is one the daemon said it holds: no slot (and no eviction) is
+        # spent on a copy.
+        held = self._held
+        to_store = [k for k in keys if k not in r.slot and k not in r.storing and k not in held]
         if len(to_store) > len(self._pool):
-            # Fewer leased slots than the step wants: the step's demand
-            # sizes the pool the step end asks for. The leading blocks that
-            # fit are stored now, since vLLM never offers the rest again (it
-            # moves past every key it was offered once stores start) and a
-            # request's prefix is what later requests can hit; with none
-            # leased, None makes vLLM offer them all again next step.
+            # Fewer leased slots than the store wants. vLLM never offers
+            # these keys again (after any answer but None it moves past every
+            # key it offered, and a finished request's blocks are offered
+            # once more at most), so the store cannot wait for the step end:
+            # one bounded call asks which keys the daemon holds already (a
+            # shared system prompt, another engine's document) and leases
+            # slots for the rest, up to three quarters of the primary. What
+            # still does not fit keeps its leading blocks, since a request's
+            # prefix is what later requests can hit.
             self.store_shortfalls += 1
-            if not self._pool:
-                return None
-            to_store = to_store[:len(self._pool)]
+            to_store = self._reserve(to_store)
+            if len(to_store) > len(self._pool):
+                if not self._pool:
+                    return None
+                to_store = to_store[:len(self._pool)]
+        self._step_stores += len(to_store)
         slots = [self._pool.pop() for _ in to_store]
         for k, s in zip(to_store, slots):
             r.storing[k] = s
@@ -644,6 +682,37 @@ class KvtierProxyManager(vc.OffloadingManager):
         from kvtier.vllm.spec import KvtierSlotSpec
 
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
+
+    def _reserve(self, keys: list[bytes]) -> list[bytes]:
+        """EngineReserve for a store the pool is too small for: drops the
+        keys the daemon holds (and remembers them for a few steps, for the
+        other requests that offer them) and adds the slots it leased to the
+        pool. Returns the keys left to store. After a failed call the keys
+        come back as they are, and no call is made until a step answer
+        shows the daemon answering again."""
+        if not self._reserve_ok:
+            return keys
+        cap = min(self._max_burst, _MAX_FREE)
+        req = self._pb.EngineReserveRequest(
+            namespace=self._ns, epoch=self._epoch, packed_keys=b"".join(keys), key_size=len(keys[0]),
+            more_slots=max(cap - len(self._pool), 0), free_slots=len(self._pool))
+        try:
+            rep = self._client.stub.EngineReserve(req, timeout=self._reserve_timeout, metadata=self._client._md)
+        except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
+            self._reserve_ok = False
+            self.reserve_failures += 1
+            log.debug("kvtier: EngineReserve of %d keys: %s", len(keys), _rpc_msg(e))
+            return keys
+        self.reserves += 1
+        found, step, held, out = rep.found, self._steps, self._held, []
+        for i, k in enumerate(keys):
+            if i < len(found) and found[i] == 2:  # the daemon holds it
+                held[k] = step
+                self._held_q.append((step, k))
+            else:
+                out.append(k)
+        self._pool.extend(rep.granted_slots)
+        return out
 
     def complete_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext, success: bool = True) -> None:
         r = self._reqs.get(req_context.req_id)
@@ -718,8 +787,15 @@ class KvtierProxyManager(vc.OffloadingManager):
         # prefill's stores, whose tail would then never be offloaded.
         if self._step_stores:
             self._stored_recent.append(self._step_stores)
-        self._step_stores = 0
+        # Reserve answers hold for a few steps: a block the daemon held
+        # then may be evicted since, and must then be stored again.
+        hq, old = self._held_q, self._steps - _HELD_STEPS
+        while hq and hq[0][0] <= old:
+            at, k = hq.popleft()
+            if self._held.get(k) == at:
+                del self._held[k]
         want = min(max(self._min_free, max(self._stored_recent, default=0)), self._max_free, _MAX_FREE)
+        self._step_stores = 0
         if len(self._pool) > 2 * want:
             self._b_return.extend(self._pool[want:])
             del self._pool[want:]
