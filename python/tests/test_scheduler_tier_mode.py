@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Daemon
+from conftest import Daemon, wait_until
 from engine_harness import BLOCK, Engine
 
 
@@ -56,3 +56,67 @@ def test_store_reset_reload_through_the_scheduler(daemon: Daemon) -> None:
         assert after.skipped_by_filter > before.skipped_by_filter
     finally:
         e.shutdown()
+
+
+def _steps_to_settle(e: Engine, rids: list[str], answered: Any) -> int:
+    """Engine steps until every request of a storm was scheduled once. After
+    each step the secondary tier is given the time to answer what it was
+    asked (answered(): nothing in flight), as a model's forward pass would:
+    the count is then the steps the lookups cost, not the machine's speed."""
+    steps = 0
+    while not all(r in e.reused for r in rids):
+        e.step()
+        steps += 1
+        wait_until(answered, 60, "the tier's lookups to be answered")
+        assert steps < 1000, "the storm never settled"
+    return steps
+
+
+STORM = 256
+
+
+def test_a_storm_of_arrivals_settles_like_vllms_fs_tier(daemon: Daemon, tmp_path: Any) -> None:
+    """Issue 40/46: 256 requests arrive at once, every prefix unknown to
+    every tier. kvtier's tier asks the daemon about all of them in one
+    call per step (it was one call per request, on one thread) and the
+    storm settles within 2 steps of vLLM's own FS tier."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
+
+    load_general_plugins()
+    prompts = {f"s{i}": list(range(20_000 + 1000 * i, 20_000 + 1000 * i + 2 * BLOCK + 1)) for i in range(STORM)}
+
+    page = 2 * BLOCK * 2 * 16 * 2
+    fs = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 32 * 2 * page,
+                 "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "vllm-fs")}]})
+    try:
+        lm = fs.manager.secondary_tiers[0]._lookup_manager
+
+        def fs_answered() -> bool:
+            lm.drain_results()
+            return all(st.phase is not LookupPhase.IN_FLIGHT for st in lm._lookup_state.values())
+
+        for rid, p in prompts.items():
+            fs.add(rid, p)
+        fs_steps = _steps_to_settle(fs, list(prompts), fs_answered)
+    finally:
+        fs.shutdown()
+
+    e = engine(daemon)
+    try:
+        tier = e.manager.secondary_tiers[0]
+
+        def kv_answered() -> bool:
+            tier._drain_answers()
+            return tier._inflight_lookups == 0
+
+        for rid, p in prompts.items():
+            e.add(rid, p)
+        e.step()  # every request is asked about in the first step...
+        wait_until(kv_answered, 60, "the storm's lookups to be answered")
+        assert tier._link.lookup_calls == 1, f"{tier._link.lookup_calls} lookup calls for one step's {STORM} arrivals"
+        kv_steps = 1 + _steps_to_settle(e, list(prompts), kv_answered)
+    finally:
+        e.shutdown()
+    print(f"storm of {STORM}: steps to settle kvtier tier mode {kv_steps}, vLLM FS tier {fs_steps}")
+    assert kv_steps <= fs_steps + 2, (kv_steps, fs_steps)

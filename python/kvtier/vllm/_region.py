@@ -181,6 +181,7 @@ class RegionLink:
         self._api = pb_grpc.KVTierStub(self._channel)
         self._on_lookup = on_lookup
         self._one_by_one = False  # the daemon lacks RegionLookups
+        self.lookup_calls = 0  # lookup RPCs sent (tests, benchmarks)
         self._results = results
         self._events = events
         self._lookups: "queue.SimpleQueue[list[tuple[str, str, list[bytes]]] | None]" = queue.SimpleQueue()
@@ -247,6 +248,7 @@ class RegionLink:
             for req_id, params, keys in part:
                 packed, size = _pack(keys)
                 req.lookups.add(request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size)
+            self.lookup_calls += 1
             rep = self._call(self._api.RegionLookups, req)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -270,6 +272,7 @@ class RegionLink:
         return out
 
     def _lookup_one(self, req_id: str, params: str, keys: list[bytes]) -> bytes | None:
+        self.lookup_calls += 1
         try:
             packed, size = _pack(keys)
             rep = self._call(
