@@ -20,17 +20,9 @@ import (
 // request or a slot not leased to the session is skipped with a warning
 // in the answer: one bad entry must not cost the engine its step.
 func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kvtierv1.EngineStepResponse, error) {
-	lm, ok := ns.mgr.(leaser)
-	if !ok {
-		return nil, fmt.Errorf("%w: namespace %q does not lease slots", ErrProtocol, ns.name)
-	}
-	if s == nil {
-		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
-	}
-	if e := in.GetEpoch(); e != 0 && e != ns.epoch {
-		// The engine's slots and pins are another arena's: binding or
-		// unpinning them here would name this arena's slots.
-		return nil, fmt.Errorf("%w: the step is for epoch %016x of namespace %q, which is at %016x (the daemon restarted): attach again", ErrStaleEpoch, e, ns.name, ns.epoch)
+	lm, err := ns.engineCall(s, in.GetEpoch(), "step")
+	if err != nil {
+		return nil, err
 	}
 	if err := ns.lock(); err != nil {
 		return nil, err
@@ -50,15 +42,9 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 // into it, and up to in.more_slots more slots leased to s. It pins
 // nothing and ends no step.
 func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest) (*kvtierv1.EngineReserveResponse, error) {
-	lm, ok := ns.mgr.(leaser)
-	if !ok {
-		return nil, fmt.Errorf("%w: namespace %q does not lease slots", ErrProtocol, ns.name)
-	}
-	if s == nil {
-		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
-	}
-	if e := in.GetEpoch(); e != 0 && e != ns.epoch {
-		return nil, fmt.Errorf("%w: the reserve is for epoch %016x of namespace %q, which is at %016x (the daemon restarted): attach again", ErrStaleEpoch, e, ns.name, ns.epoch)
+	lm, err := ns.engineCall(s, in.GetEpoch(), "reserve")
+	if err != nil {
+		return nil, err
 	}
 	keys, err := packedKeys(in.GetPackedKeys(), in.GetKeySize(), ns.limits.MaxKeysPerCall)
 	if err != nil {
@@ -85,6 +71,25 @@ func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest
 		}
 	}
 	return out, nil
+}
+
+// engineCall checks a manager-mode call (what names it in errors) of
+// session s for epoch: the namespace leases slots, and the call is for
+// this arena.
+func (ns *Namespace) engineCall(s *session, epoch uint64, what string) (leaser, error) {
+	lm, ok := ns.mgr.(leaser)
+	if !ok {
+		return nil, fmt.Errorf("%w: namespace %q does not lease slots", ErrProtocol, ns.name)
+	}
+	if s == nil {
+		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
+	}
+	if epoch != 0 && epoch != ns.epoch {
+		// The engine's slots and pins are another arena's: binding or
+		// unpinning them here would name this arena's slots.
+		return nil, fmt.Errorf("%w: the %s is for epoch %016x of namespace %q, which is at %016x (the daemon restarted): attach again", ErrStaleEpoch, what, epoch, ns.name, ns.epoch)
+	}
+	return lm, nil
 }
 
 // leaseMore leases up to n more free slots into leases, the slots an

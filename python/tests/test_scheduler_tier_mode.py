@@ -4,6 +4,7 @@ reloaded after a prefix-cache reset are the bytes the "model" computed."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from conftest import Daemon, wait_until
@@ -72,11 +73,12 @@ def _steps_to_settle(e: Engine, rids: list[str], answered: Any) -> int:
     return steps
 
 
-STORM = 256
+# The suite's storm; KVTIER_STORM=2000 runs issue 40's (BENCHMARKS.md).
+STORM = int(os.environ.get("KVTIER_STORM", "256"))
 
 
 def test_a_storm_of_arrivals_settles_like_vllms_fs_tier(daemon: Daemon, tmp_path: Any) -> None:
-    """Issue 40/46: 256 requests arrive at once, every prefix unknown to
+    """Issue 40/46: STORM requests arrive at once, every prefix unknown to
     every tier. kvtier's tier asks the daemon about all of them in one
     call per step (it was one call per request, on one thread) and the
     storm settles within 2 steps of vLLM's own FS tier."""
