@@ -683,7 +683,7 @@ class KvtierProxyManager(vc.OffloadingManager):
 
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
-    def _reserve(self, keys: list[bytes]) -> list[bytes]:
+    def _reserve(self, keys: list[vc.OffloadKey]) -> list[vc.OffloadKey]:
         """EngineReserve for a store the pool is too small for: drops the
         keys the daemon holds (and remembers them for a few steps, for the
         other requests that offer them) and adds the slots it leased to the
@@ -704,7 +704,8 @@ class KvtierProxyManager(vc.OffloadingManager):
             log.debug("kvtier: EngineReserve of %d keys: %s", len(keys), _rpc_msg(e))
             return keys
         self.reserves += 1
-        found, step, held, out = rep.found, self._steps, self._held, []
+        found, step, held = rep.found, self._steps, self._held
+        out: list[vc.OffloadKey] = []
         for i, k in enumerate(keys):
             if i < len(found) and found[i] == 2:  # the daemon holds it
                 held[k] = step
