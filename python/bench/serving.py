@@ -4,7 +4,8 @@ with kvtier and the alternatives a vLLM operator would pick instead.
 
     scripts/serving-bench.sh [--quick] [--configs a,b] [--rounds N] [--json F] [--plots DIR]
 
-Configurations (--configs; all by default, in rounds, interleaved):
+Configurations (--configs; all by default, in --rounds rounds (5), each round
+in a fresh random order):
 
   none            no offloading: vLLM's device (here: CPU KV space) prefix cache only
   cpu             vLLM's OffloadingConnector with its CPU spec (CPUOffloadingSpec)
@@ -21,10 +22,16 @@ manager mode one shared CPU primary of both engines' budgets).
 
 Every configuration gets the same DRAM budget per engine (--cpu-share of
 the workload's distinct prompt KV) and the same device cache (--device-share).
-Each workload (the Mooncake conversation trace, scaled; many users asking
-about one long document) runs on fresh servers in every configuration; the
-client sends requests in order, --concurrency per engine in flight, and
-times each streamed response. Hit tokens by source come from the engines'
+Each workload (--workloads: mooncake, the Mooncake conversation trace,
+scaled; document, many users asking about one long document; no-reuse,
+prompts that share nothing; agent, sessions with one system prompt and
+growing histories, turns interleaved; documents, several documents asked
+round-robin, larger together than a device cache; burst, 64 requests at one
+instant, half on a cached prefix) runs on fresh servers in every
+configuration; the client sends requests in order, --concurrency per engine
+in flight (the burst: all at once), and times each streamed response.
+Each kvtier / alternative ratio of p50 TTFT is reported as the median over
+rounds with a bootstrap 90 % interval, paired by round. Hit tokens by source come from the engines'
 Prometheus counters (vllm:prompt_tokens_cached_by_source) and, for kvtier,
 the daemon's per-tier counters.
 """
@@ -37,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import shutil
 import subprocess
 import sys
@@ -47,7 +55,7 @@ from typing import Any, Callable
 import serving_client as client
 import serving_procs as procs
 import serving_workload as wl
-from serving_report import Run, ms, table, targets
+from serving_report import Run, ms, ratios, table, targets
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -58,6 +66,7 @@ TRACE = pathlib.Path(os.environ.get("KVTIER_TRACE") or (
     _FULL_TRACE if _FULL_TRACE.exists() else ROOT / "workload" / "testdata" / "mooncake_conversation_2000.jsonl.gz"))
 MODEL_DIR = HERE / "serving_model"
 CONFIGS = ("none", "cpu", "vllm-fs", "kvtier-tier", "kvtier-manager", "lmcache")
+WORKLOADS = ("mooncake", "document", "no-reuse", "agent", "documents", "burst")
 # What vLLM's external_unspecified source means per configuration.
 EXTERNAL = {"kvtier-manager": "kvtier", "kvtier-tier": "kvtier", "lmcache": "lmcache"}
 
@@ -283,7 +292,7 @@ def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callab
     cpu0 = stack.cache_proc.cpu_seconds() if stack.cache_proc else 0.0
     run.results, run.wall_s = client.replay(stack.engines, str(s.model), workload.requests,
                                             concurrency=s.concurrency * run.engines, timeout=s.timeout,
-                                            speedup=s.speedup)
+                                            speedup=s.speedup or (1.0 if workload.open_loop else 0.0))
     if stack.cache_proc:
         # The cache process's CPU time: on a small machine it is taken from
         # the engines' compute.
@@ -311,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations (default: all)")
     ap.add_argument("--engines", default="1,2", help="engine counts to run (2: offloading configurations only)")
-    ap.add_argument("--workloads", default="mooncake,document")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds over all configurations, interleaved")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="rounds over all configurations, each in a fresh random order (default 5; 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a small workload, for the test suite")
     ap.add_argument("--conversations", type=int, default=14, help="Mooncake conversations sampled")
     ap.add_argument("--max-requests", type=int, default=0, help="cut the Mooncake workload to this many requests")
@@ -344,8 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     if not engines or min(engines) < 1 or max(engines) > 2:
         ap.error("--engines: want 1, 2 or 1,2")
     workloads_wanted = [w for w in a.workloads.split(",") if w]
-    if bad := [w for w in workloads_wanted if w not in ("mooncake", "document")]:
-        ap.error(f"unknown workload(s) {', '.join(bad)}: want mooncake, document")
+    if bad := [w for w in workloads_wanted if w not in WORKLOADS]:
+        ap.error(f"unknown workload(s) {', '.join(bad)}: want some of {', '.join(WORKLOADS)}")
+    if a.rounds == 0:
+        a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
         ap.error("--rounds: want >= 1")
     if "mooncake" in workloads_wanted and not TRACE.is_file():
@@ -399,17 +411,33 @@ def main(argv: list[str] | None = None) -> int:
         else:
             workloads.append(wl.document(users=8, questions=3, doc_tokens=1536, question_tokens=64, noise=4,
                                          max_tokens=a.max_tokens, vocab=vocab, seed=a.seed))
+    # The synthetic workloads' sizes: --quick keeps them to a few requests.
+    q = a.quick
+    if "no-reuse" in workloads_wanted:
+        workloads.append(wl.no_reuse(requests=4 if q else 24, prompt_tokens=256 if q else 1024, max_tokens=a.max_tokens,
+                                     vocab=vocab, seed=a.seed))
+    if "agent" in workloads_wanted:
+        workloads.append(wl.agent(sessions=2 if q else 10, turns=2 if q else 4, system_tokens=128 if q else 512,
+                                  turn_tokens=64 if q else 128, max_tokens=a.max_tokens, vocab=vocab, seed=a.seed))
+    if "documents" in workloads_wanted:
+        workloads.append(wl.documents(documents=2 if q else 6, questions=2 if q else 4, doc_tokens=256 if q else 1536,
+                                      question_tokens=32 if q else 64, max_tokens=a.max_tokens, vocab=vocab, seed=a.seed))
+    if "burst" in workloads_wanted:
+        workloads.append(wl.burst(requests=4 if q else 64, prefix_tokens=256 if q else 512, suffix_tokens=64,
+                                  max_tokens=a.max_tokens, vocab=vocab, seed=a.seed))
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    # Every round runs the configurations in a fresh random order (seeded,
+    # and logged), so that a drift of the machine over a round (a warming
+    # disk, another process) does not always favour the same ones.
     plan: list[tuple[int, str, int]] = []
+    order_rng = random.Random(a.seed)
     for rnd in range(1, a.rounds + 1):
-        for n in engines:
-            for c in configs:
-                if n > 1 and c == "none":
-                    continue  # two engines without offloading share nothing to compare
-                plan.append((rnd, c, n))
+        this = [(rnd, c, n) for n in engines for c in configs if not (n > 1 and c == "none")]  # two engines without offloading share nothing
+        order_rng.shuffle(this)
+        plan += this
     log(f"serving benchmark: {len(plan)} server stacks, {len(workloads)} workload(s) each; "
         f"load average {os.getloadavg()[0]:.2f} on {ncpu} cores")
     # One sizing for every workload of a stack: the CPU cache a share of the
@@ -435,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         runs += group
     runs.sort(key=lambda r: (r.workload != workloads[0].name, r.round, r.engines))
     print(table(runs))
+    rs = ratios(runs, seed=a.seed)
+    for x in rs:
+        print(f"{x['workload']} ({x['engines']} engine(s)): {x['config']} / {x['against']} p50 TTFT: median {x['median']:.2f} "
+              f"over {x['rounds']} round(s), 90% interval {x['lo']:.2f}-{x['hi']:.2f}; per round "
+              + ", ".join(f"{v:.2f}" for v in x["per_round"]))
     tg = targets(runs)
     for t in tg:
         print(f"{t['workload']}: {t['target']}: {'met' if t['met'] else 'NOT met'} "
@@ -448,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                   "tokens_per_hash": a.tokens_per_hash, "max_tokens": a.max_tokens, "seed": a.seed,
                   "workloads": {w.name: {"requests": len(w.requests), "prompt_tokens": w.prompt_tokens(),
                                          "distinct_tokens": w.unique_tokens(block)} for w in workloads}},
-        "runs": [r.to_json() for r in runs], "targets": tg, "seconds": time.monotonic() - t0,
+        "runs": [r.to_json() for r in runs], "ratios": rs, "targets": tg, "seconds": time.monotonic() - t0,
+        "order": [f"{rnd}:{c}x{n}" for rnd, c, n in plan],
     }
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(doc, indent=1))

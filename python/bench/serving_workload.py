@@ -1,6 +1,10 @@
 """Workloads of the serving benchmark (serving.py): token-id prompts built
-from the Mooncake conversation trace, and a synthetic "many users, one long
-document" workload.
+from the Mooncake conversation trace, and synthetic ones: many users asking
+about one long document, prompts that share nothing (the cost of
+offloading when nothing hits), agent sessions (one system prompt, histories
+that grow turn by turn, turns of different sessions interleaved), several
+documents queried round-robin (for two engines whose device caches cannot
+hold them), and a burst of arrivals at one instant (an open loop).
 
 A trace request is a list of hash ids, one per 512-token block; requests
 that share leading ids share that prefix. The benchmark keeps the sharing
@@ -36,6 +40,9 @@ class Request:
 class Workload:
     name: str
     requests: tuple[Request, ...]
+    # Sent at their arrival times whatever the benchmark's --speedup (a
+    # burst is a burst only if it arrives at once).
+    open_loop: bool = False
 
     def unique_tokens(self, block: int) -> int:
         """Distinct prompt tokens in whole blocks of `block` tokens, keyed
@@ -131,3 +138,66 @@ def document(*, users: int, questions: int, doc_tokens: int, question_tokens: in
             other = [rng.randrange(16, vocab) for _ in range(doc_tokens + question_tokens)]
             reqs.append(Request(tuple(other), max_tokens, f"noise{q}.{n}", len(reqs) * gap_s))
     return Workload("document", tuple(reqs))
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(16, vocab) for _ in range(n)]
+
+
+def no_reuse(*, requests: int, prompt_tokens: int, max_tokens: int, vocab: int, seed: int, gap_s: float = 1.0) -> Workload:
+    """Prompts that share no token: nothing can hit, in any cache. What an
+    offloading cache costs here is its whole cost (lookups that miss,
+    stores nobody reads)."""
+    rng = random.Random(seed * 7919 + 1)
+    reqs = tuple(Request(tuple(_tokens(rng, prompt_tokens, vocab)), max_tokens, f"u{i}", i * gap_s) for i in range(requests))
+    return Workload("no-reuse", reqs)
+
+
+def agent(*, sessions: int, turns: int, system_tokens: int, turn_tokens: int, max_tokens: int, vocab: int, seed: int,
+          gap_s: float = 1.0) -> Workload:
+    """Agent sessions: every prompt starts with one system prompt; a
+    session's turn t is its turn t-1's prompt plus a new observation of
+    turn_tokens tokens (its history grows turn by turn), and the sessions'
+    turns interleave (turn 1 of every session, then turn 2, ...), so a
+    session's history must survive the other sessions' turns to be hit."""
+    rng = random.Random(seed * 7919 + 2)
+    system = _tokens(rng, system_tokens, vocab)
+    history = [list(system) for _ in range(sessions)]
+    reqs = []
+    for t in range(turns):
+        for sess in range(sessions):
+            history[sess] += _tokens(rng, turn_tokens, vocab)
+            reqs.append(Request(tuple(history[sess]), max_tokens, f"session{sess}", len(reqs) * gap_s))
+    return Workload("agent", tuple(reqs))
+
+
+def documents(*, documents: int, questions: int, doc_tokens: int, question_tokens: int, max_tokens: int, vocab: int,
+              seed: int, gap_s: float = 1.0) -> Workload:
+    """Several documents, each asked `questions` questions, round-robin over
+    the documents: with the benchmark's round-robin client and two engines,
+    an engine is asked about a document the other engine computed, and the
+    documents together are larger than a device cache."""
+    rng = random.Random(seed * 7919 + 3)
+    docs = [_tokens(rng, doc_tokens, vocab) for _ in range(documents)]
+    reqs = []
+    for q in range(questions):
+        for d in range(documents):
+            reqs.append(Request(tuple(docs[d] + _tokens(rng, question_tokens, vocab)), max_tokens, f"doc{d}",
+                                len(reqs) * gap_s))
+    return Workload("documents", tuple(reqs))
+
+
+def burst(*, requests: int, prefix_tokens: int, suffix_tokens: int, max_tokens: int, vocab: int, seed: int,
+          warm_gap_s: float = 5.0) -> Workload:
+    """An arrival burst: one request with a shared prefix, then, warm_gap_s
+    later, `requests` requests at the same instant, half of them on that
+    prefix (hits for a cache that kept it) and half on prefixes of their
+    own (misses). Sent as an open loop: every request of the burst waits on
+    the cache's lookups at once."""
+    rng = random.Random(seed * 7919 + 4)
+    prefix = _tokens(rng, prefix_tokens, vocab)
+    reqs = [Request(tuple(prefix + _tokens(rng, suffix_tokens, vocab)), max_tokens, "warm", 0.0)]
+    for i in range(requests):
+        head = prefix if i % 2 == 0 else _tokens(rng, prefix_tokens, vocab)
+        reqs.append(Request(tuple(head + _tokens(rng, suffix_tokens, vocab)), max_tokens, f"b{i}", warm_gap_s))
+    return Workload("burst", tuple(reqs), open_loop=True)
