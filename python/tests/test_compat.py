@@ -207,3 +207,19 @@ def test_manager_mode_reattach_assumptions() -> None:
     tail = [ln.strip() for ln in build.rstrip().splitlines()[-3:]]
     assert tail[-2].startswith("self.manager.on_schedule_end(") and tail[-1] == "return meta", tail
     assert vc.RESET_FLUSH_CALLBACK == (vc.vllm_version() >= "0.33")
+
+
+def test_request_keys_are_recorded_before_the_first_lookup() -> None:
+    """The manager's first-sight lookup reads a request's keys from the
+    ReqContext, which vLLM's connector fills (update_offload_keys, in
+    prefix order) right before it scans the request's keys with lookup."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as sched
+
+    rc = vc.ReqContext(req_id="r")
+    for i in range(3):
+        rc.set_offload_key_position(vc.OffloadKey(bytes([i]) * 8), (i + 1) * 16)
+    assert vc.request_keys(rc) == [bytes([i]) * 8 for i in range(3)]
+    src = inspect.getsource(sched.OffloadingConnectorScheduler.get_num_new_matched_tokens)
+    assert src.index("req_status.update_offload_keys()") < src.index("self._lookup(req_status")
+    upd = inspect.getsource(sched.RequestOffloadState.update_offload_keys)
+    assert "set_offload_key_position" in upd

@@ -124,3 +124,63 @@ def test_steps_that_store_nothing_keep_the_pool(engine_daemon: Daemon) -> None:
     finally:
         e1.shutdown()
         e2.shutdown()
+
+
+def _steps_until_scheduled(e: Engine, rid: str, prompt: list[int]) -> int:
+    """Engine steps from a request's arrival to its first scheduled step.
+    Between steps the daemon's answers to the step's calls are let in (as
+    during a forward pass), so the count is steps, not the machine's speed."""
+    import time
+
+    m = e.manager
+    e.add(rid, prompt)
+    for n in range(1, 50):
+        e.step()
+        if rid in e.reused:
+            return n
+        deadline = time.monotonic() + 10
+        while getattr(m, "_in_flight", 0) and time.monotonic() < deadline:
+            time.sleep(0.001)
+            m._drain()
+    raise AssertionError(f"{rid} not scheduled in 50 steps")
+
+
+def test_a_miss_and_a_primary_hit_are_answered_in_the_asking_step(engine_daemon: Daemon) -> None:
+    """Issue 40: a new request's lookups are answered in the step that asks
+    (the first-sight call), HIT and MISS alike, as vLLM's own CPU manager
+    answers from its memory: a miss is scheduled in its first step, a hit
+    as soon as vLLM's load of it is done, in as many steps as with vLLM's
+    CPU manager. Before, every answer came one engine step late."""
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    model = tiny_model_dir()
+    # vLLM's CPU manager: its tiering spec with no secondary tier (on
+    # kvtier's host-copy worker, as vLLM builds none on the CPU backend).
+    cpu = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 4 << 20,
+                  "secondary_tiers": []}, model=model)
+    try:
+        cpu_miss = _steps_until_scheduled(cpu, "m", list(range(5000, 5000 + 4 * BLOCK + 3)))
+        cpu.add("w", list(range(6000, 6000 + 4 * BLOCK + 3)))
+        cpu.run()
+        # Off the device, still in vLLM's CPU cache.
+        assert cpu.scheduler.reset_prefix_cache(reset_connector=False)
+        cpu_hit = _steps_until_scheduled(cpu, "h", list(range(6000, 6000 + 4 * BLOCK + 3)))
+        assert cpu.reused["h"] == (4, 4), cpu.reused["h"]
+    finally:
+        cpu.shutdown()
+    e1, e2 = engine(engine_daemon, model), engine(engine_daemon, model)
+    try:
+        prompt = list(range(7000, 7000 + 4 * BLOCK + 3))
+        e1.add("w", prompt)
+        e1.run()
+        miss = _steps_until_scheduled(e2, "m", list(range(9000, 9000 + 4 * BLOCK + 3)))
+        hit = _steps_until_scheduled(e2, "h", prompt)  # in the daemon's primary, never on e2's device
+        assert e2.reused["h"] == (4, 4), e2.reused["h"]
+        assert e2.manager.first_sights >= 2 and e2.manager.first_sight_failures == 0
+    finally:
+        e1.shutdown()
+        e2.shutdown()
+    print(f"steps to first schedule: vLLM CPU manager miss {cpu_miss}, CPU hit {cpu_hit}; "
+          f"kvtier manager mode miss {miss}, primary hit {hit}")
+    assert (miss, hit) == (cpu_miss, cpu_hit), (miss, hit, cpu_miss, cpu_hit)

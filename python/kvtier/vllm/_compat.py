@@ -124,6 +124,7 @@ __all__ = [
     "region_fd",
     "region_layout",
     "events_enabled",
+    "request_keys",
     "vllm_version",
 ]
 
@@ -183,6 +184,17 @@ def region_layout(offloading_spec: Any, primary_kv_view: memoryview) -> dict[str
             for g in cfg.groups
         ],
     }
+
+
+def request_keys(req_context: Any) -> list[Any] | None:
+    """Every offload key of a request, in prefix order, as vLLM's connector
+    recorded them (ReqContext._offload_key_positions, filled when the
+    request is added, before its first lookup); None when this vLLM keeps
+    no such record."""
+    positions = getattr(req_context, "_offload_key_positions", None)
+    if not isinstance(positions, dict):
+        return None
+    return list(positions)  # insertion order is prefix order
 
 
 def events_enabled(offloading_spec: Any) -> bool:

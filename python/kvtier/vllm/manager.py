@@ -3,8 +3,13 @@ daemon without a round trip per key or per request.
 
 Everything the scheduler calls is answered locally:
 
-* ``lookup`` answers from the result of the step's batched call; a key seen
-  for the first time answers RETRY and joins the next EngineStep. A HIT is
+* ``lookup`` answers from the result of the step's batched call. The first
+  lookup of a request the daemon has not heard of makes one bounded call
+  (the *first sight*): it announces the request and asks about all its
+  keys from there on, which vLLM has recorded by then, so that the
+  request's HITs, MISSes and promotions start in the step that asks; the
+  calls of one step share a time budget (``first_sight_ms``). Other keys
+  seen for the first time answer RETRY and join the next EngineStep. A HIT is
   a *lookup lease*: the daemon pinned the block for the request and sent
   its slot, so ``prepare_load`` returns the slot without asking, and no
   eviction can take the block first. A lease the request does not use
@@ -22,9 +27,13 @@ The step-end call runs on a thread of its own: ``on_schedule_end`` hands it
 the step's batch and returns; its answer is applied at the next call of
 the scheduler. One call is out at a time: steps that end while it is out
 add their work to the next batch, which goes when the answer is in. The
-scheduler thread waits on the daemon only for EngineReserve, on a store
-the pool is too small for, bounded by 100 ms (or lookup_timeout_s), and
-not again after one fails until a step call has been answered.
+scheduler thread waits on the daemon only for first sights (within the
+step's budget) and for EngineReserve, on a store the pool is too small
+for, each bounded by 100 ms (or lookup_timeout_s), and for neither again
+after one fails until a step call has been answered. A first sight goes
+ahead of the batch being built, so it is skipped while a cache reset is
+pending, and its MISS for a block this engine stored but no step call has
+bound yet is asked again with the batch.
 
 The link to the daemon
 ----------------------
@@ -90,6 +99,7 @@ _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
 _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 _HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
 _RESERVE_TIMEOUT = 0.1  # seconds, the most an EngineReserve may hold the scheduler
+_FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
 
 
 @dataclass
@@ -116,6 +126,9 @@ class _Req:
     # generation of each. Their completions commit nothing.
     stale_loading: dict[bytes, list[int]] = field(default_factory=dict)
     stale_storing: dict[bytes, list[int]] = field(default_factory=dict)
+    # Announced in the batch being built and never asked about: its first
+    # lookup may ask the daemon at once (first sight).
+    fresh: bool = False
     finished: bool = False
 
 
@@ -180,6 +193,18 @@ class KvtierProxyManager(vc.OffloadingManager):
         # pool holds, as before).
         self._reserve_timeout = min(spec._lookup_timeout, _RESERVE_TIMEOUT)
         self._reserve_ok = True
+        # First-sight lookups (see _first_sight): the scheduler thread's
+        # time for them per step, the bound on one, and whether the daemon
+        # answered the last call (none after one fails until a step answer
+        # comes back).
+        self._sync_budget = spec._first_sight_s
+        self._sync_timeout = min(spec._lookup_timeout, _RESERVE_TIMEOUT)
+        self._sync_left = 0.0
+        self._sync_ok = True
+        # Keys of successful stores no step call has bound yet (count), and
+        # the stored keys of each batch sent, in order.
+        self._unbound: dict[bytes, int] = {}
+        self._batch_stores: deque[list[bytes]] = deque()
         # Keys the daemon said it holds (reserve answers): key -> the step
         # count of the answer, and the same in answer order, so that step
         # ends drop stale ones in proportion to the answers.
@@ -241,6 +266,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         self.store_shortfalls = 0
         self.reserves = 0
         self.reserve_failures = 0
+        # first-sight lookups made, and those that failed
+        self.first_sights = 0
+        self.first_sight_failures = 0
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
@@ -270,6 +298,18 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._b_scheduled: list[str] = []
         self._b_preempted: list[str] = []
 
+    def _drop_batch(self) -> None:
+        """Discards the batch being built (its link is down): its stores
+        will never be bound."""
+        for _, ks, _, ok in self._b_stores:
+            if ok:
+                for k in ks:
+                    if (n := self._unbound.get(k, 0) - 1) > 0:
+                        self._unbound[k] = n
+                    else:
+                        self._unbound.pop(k, None)
+        self._new_batch()
+
     def _post(self, want: int) -> None:
         """Hands the batch to the sending thread and starts a new one."""
         pb = self._pb
@@ -280,6 +320,8 @@ class KvtierProxyManager(vc.OffloadingManager):
         )
         for rid, params in self._b_new:
             req.new_requests.add(request_id=rid, kv_transfer_params=params)
+            if (r := self._reqs.get(rid)) is not None:
+                r.fresh = False
         for rid, keys in self._b_unpins.items():
             req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         for rid, keys, slots, ok in self._b_stores:
@@ -289,6 +331,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         for rid, keys in self._b_lookups.items():
             req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         lookups = self._b_lookups
+        self._batch_stores.append([k for _, ks, _, ok in self._b_stores if ok for k in ks])
         self._reset = False
         self._new_batch()
         self._in_flight += 1
@@ -387,6 +430,14 @@ class KvtierProxyManager(vc.OffloadingManager):
             self._attached = a  # one reattach at a time: the sending thread waits for no other
             return
         self._in_flight -= 1
+        # Answers come back in the order the batches went: this one's
+        # stores are bound now (or never will be).
+        if self._batch_stores:
+            for k in self._batch_stores.popleft():
+                if (n := self._unbound.get(k, 0) - 1) > 0:
+                    self._unbound[k] = n
+                else:
+                    self._unbound.pop(k, None)
         if a.gen != self._gen or a.stale:
             return
         if a.err is not None:
@@ -401,12 +452,18 @@ class KvtierProxyManager(vc.OffloadingManager):
         rep = a.rep
         if rep is None:
             return  # only a failed or stale answer has none, and it is not applied
-        self._reserve_ok = True
-        for lk in rep.lookups:
+        self._reserve_ok = self._sync_ok = True
+        self._apply_lookups(rep.lookups, a.lookups)
+        self._apply_rest(rep)
+
+    def _apply_lookups(self, answers: Iterable[pb.EngineLookupResult], sent: dict[str, list[bytes]]) -> None:
+        """Applies a step call's lookup answers to the keys sent (by request
+        id, co-indexed with each answer's found)."""
+        for lk in answers:
             rid = lk.request_id
             r = self._reqs.get(rid)
             slots = iter(lk.slots)
-            batch = a.lookups.get(rid, ())
+            batch = sent.get(rid, ())
             for i in range(min(len(lk.found), len(batch))):
                 k = batch[i]
                 f = lk.found[i]
@@ -431,6 +488,9 @@ class KvtierProxyManager(vc.OffloadingManager):
                     # Not sure yet: asked again next time, within the
                     # deadline of its first ask.
                     r.retry_by[k] = r.asked.pop(k)
+
+    def _apply_rest(self, rep: pb.EngineStepResponse) -> None:
+        """A step call's granted slots, events and warnings."""
         self._pool.extend(rep.granted_slots)
         if self._events_on:
             for e in rep.events:
@@ -449,6 +509,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         are applied, and a down link is dropped or a new one taken."""
         self._in_step = True
         self._now = time.monotonic()
+        self._sync_left = self._sync_budget if self._sync_ok else 0.0
         self._boundary()
 
     def _boundary(self) -> None:
@@ -466,7 +527,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         handed to workers become stale."""
         self._invalidated = True
         self._pool.clear()
-        self._new_batch()
+        self._drop_batch()
         for r in self._reqs.values():
             self._stale(r)
             for k in r.slot:  # the leases went with the link; misses stay
@@ -532,7 +593,7 @@ class KvtierProxyManager(vc.OffloadingManager):
 
     def on_new_request_state(self, ctx: vc.ReqContext) -> _Req:
         params = json.dumps(ctx.kv_transfer_params) if ctx.kv_transfer_params else ""
-        r = _Req(ctx=ctx, params=params)
+        r = _Req(ctx=ctx, params=params, fresh=True)
         self._reqs[ctx.req_id] = r
         self._b_new.append((ctx.req_id, params))
         return r
@@ -577,6 +638,10 @@ class KvtierProxyManager(vc.OffloadingManager):
                 self.late_lookups += 1
                 return _MISS
             return _RETRY
+        if r.fresh and self._sync_left > 0.0:
+            a = self._first_sight(r, key, req_context)
+            if a is not None:
+                return a
         deadline = r.retry_by.pop(key, None) if r.retry_by else None
         if deadline is None:
             deadline = self._now + self._lookup_timeout
@@ -590,6 +655,60 @@ class KvtierProxyManager(vc.OffloadingManager):
         else:
             b.append(key)
         return _RETRY
+
+    def _first_sight(self, r: _Req, key: vc.OffloadKey, ctx: vc.ReqContext) -> vc.LookupResult | None:
+        """The first lookup of a request the daemon has not been told of:
+        one bounded step call announces it and looks up its keys from this
+        one on (vLLM records them all before it scans them), so that HITs
+        (leased), MISSes and the promotions of blocks on a secondary tier
+        start in the step that asks, not the next. Returns the key's answer,
+        or None to take the asynchronous path (the call failed, or the key
+        is not settled yet)."""
+        r.fresh = False
+        if self._reset or self._flush_in or self._attached is not None:
+            return None  # a reset or a new link goes first, with the step's batch
+        keys = vc.request_keys(ctx)
+        if not keys:
+            return None
+        try:
+            i = keys.index(key)
+        except ValueError:
+            return None
+        keys = keys[i:i + _FIRST_SIGHT_KEYS]
+        rid = ctx.req_id
+        try:
+            self._b_new.remove((rid, r.params))  # this call announces it
+        except ValueError:
+            return None
+        pb = self._pb
+        req = pb.EngineStepRequest(namespace=self._ns, epoch=self._epoch)
+        req.new_requests.add(request_id=rid, kv_transfer_params=r.params)
+        req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
+        t0 = time.monotonic()
+        try:
+            rep = self._client.stub.EngineStep(req, timeout=self._sync_timeout, metadata=self._client._md)
+        except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
+            self._b_new.append((rid, r.params))  # announced with the step's batch after all
+            self._sync_left, self._sync_ok = 0.0, False
+            self.first_sight_failures += 1
+            log.debug("kvtier: first-sight lookup of %d keys for %s: %s", len(keys), rid, _rpc_msg(e))
+            return None
+        finally:
+            self._sync_left -= time.monotonic() - t0
+        self.first_sights += 1
+        deadline = self._now + self._lookup_timeout
+        for k in keys:
+            r.asked[k] = deadline
+        self._apply_lookups(rep.lookups, {rid: keys})
+        self._apply_rest(rep)
+        # This call went ahead of stores the engine completed that no step
+        # call has bound yet: the daemon's MISS for those is not final.
+        if self._unbound:
+            for k in keys:
+                if k in self._unbound and r.answer.get(k) is _MISS:
+                    del r.answer[k]
+                    r.retry_by[k] = deadline
+        return r.answer.get(key)
 
     def prepare_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> KvtierSlotSpec:
         from kvtier.vllm.spec import KvtierSlotSpec
@@ -731,6 +850,9 @@ class KvtierProxyManager(vc.OffloadingManager):
                 ss.append(s)
         if ks:
             self._b_stores.append((req_context.req_id, ks, ss, bool(success)))
+            if success:
+                for kb in ks:
+                    self._unbound[kb] = self._unbound.get(kb, 0) + 1
         self._maybe_forget(r)
 
     def on_request_finished(self, req_context: vc.ReqContext) -> None:
@@ -764,7 +886,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         if not self._up:
             # Nothing reaches a down link: what the step produced named its
             # session, which is gone or abandoned.
-            self._new_batch()
+            self._drop_batch()
             return
         # Release the lookup leases unused for lease_steps step ends, in
         # the order they came (work in proportion to the leases that

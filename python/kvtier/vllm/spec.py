@@ -35,7 +35,8 @@ PAGESIZE = mmap.PAGESIZE
 
 log = logging.getLogger("kvtier.vllm")
 
-_KEYS = ("target", "token", "timeout_s", "lookup_timeout_s", "reconnect_interval_s", "lease_steps", "min_free_slots")
+_KEYS = ("target", "token", "timeout_s", "lookup_timeout_s", "reconnect_interval_s", "lease_steps", "min_free_slots",
+         "first_sight_ms")
 
 
 def _round_up(n: int, to: int) -> int:
@@ -49,7 +50,9 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
     the daemon's answer before it answers MISS, 1), ``reconnect_interval_s``
     (how often to attach again while the daemon is away, 1),
     ``lease_steps`` (how many steps an unused lookup lease is kept, 8),
-    ``min_free_slots`` (the smallest pool of leased store slots, 64)."""
+    ``min_free_slots`` (the smallest pool of leased store slots, 64),
+    ``first_sight_ms`` (the scheduler thread's time per step for the
+    synchronous first lookups of new requests, 5; 0: none)."""
 
     def __init__(self, config: vc.OffloadingConfig) -> None:
         super().__init__(config)
@@ -61,6 +64,10 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         self._reconnect_interval = _positive(kc, "reconnect_interval_s", 1.0)
         self._lease_steps = int(kc.pop("lease_steps", 8))
         self._min_free = int(kc.pop("min_free_slots", 64))
+        first_sight_ms = float(kc.pop("first_sight_ms", 5.0))
+        if not first_sight_ms >= 0:
+            raise ValueError(f"kvtier spec: first_sight_ms {first_sight_ms!r}: want a number of milliseconds >= 0")
+        self._first_sight_s = first_sight_ms / 1000
         if kc:
             raise ValueError(f"kvtier spec: unknown key(s) {sorted(kc)} in kv_connector_extra_config.kvtier "
                              f"(known: {', '.join(_KEYS)})")
