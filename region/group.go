@@ -1,6 +1,7 @@
 package region
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -221,7 +222,7 @@ func (g *group) forget(rq *reqState) {
 	g.stack.OnRequestFinished(rq.ctx)
 }
 
-func (g *group) lookup(r *Region, id string, params []byte, keys []offload.Key, reply chan<- lookupReply) {
+func (g *group) lookup(r *Region, id string, params []byte, keys []offload.Key, wait time.Duration, reply chan<- lookupReply) {
 	rq, err := g.req(r, id, params)
 	if err != nil {
 		reply <- lookupReply{err: err}
@@ -230,7 +231,7 @@ func (g *group) lookup(r *Region, id string, params []byte, keys []offload.Key, 
 	// A lookup is a poll point, as in the manager: results that arrived
 	// free what they held before the tiers are asked.
 	g.stack.Poll()
-	w := &lookupWait{r: r, rq: rq, keys: keys, found: make([]Found, len(keys)), deadline: time.Now().Add(g.svc.cfg.LookupWait), reply: reply}
+	w := &lookupWait{r: r, rq: rq, keys: keys, found: make([]Found, len(keys)), deadline: time.Now().Add(cmp.Or(wait, g.svc.cfg.LookupWait)), reply: reply}
 	for i, k := range keys {
 		switch res, idx := g.stack.Lookup(k, rq.ctx); res {
 		case offload.Hit:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/kvtier/kvtier/offload"
 )
@@ -101,11 +102,17 @@ func (r *Region) live() error {
 // time the region names the request. It waits (up to Config.LookupWait,
 // or ctx) for tiers that answer asynchronously.
 func (r *Region) Lookup(ctx context.Context, id string, params []byte, keys []offload.Key) ([]Found, error) {
+	return r.LookupWithin(ctx, id, params, keys, 0)
+}
+
+// LookupWithin is Lookup waiting at most wait (0: Config.LookupWait) for
+// the tiers that answer asynchronously.
+func (r *Region) LookupWithin(ctx context.Context, id string, params []byte, keys []offload.Key, wait time.Duration) ([]Found, error) {
 	if err := r.live(); err != nil {
 		return nil, err
 	}
 	reply := make(chan lookupReply, 1)
-	if err := r.g.do(ctx, func() { r.g.lookup(r, id, params, keys, reply) }); err != nil {
+	if err := r.g.do(ctx, func() { r.g.lookup(r, id, params, keys, wait, reply) }); err != nil {
 		return nil, err
 	}
 	select {
@@ -146,7 +153,7 @@ func (r *Region) LookupMany(ctx context.Context, entries []LookupEntry) ([]Looku
 	}
 	if err := r.g.do(ctx, func() {
 		for i, e := range entries {
-			r.g.lookup(r, e.RequestID, e.Params, e.Keys, replies[i])
+			r.g.lookup(r, e.RequestID, e.Params, e.Keys, 0, replies[i])
 		}
 	}); err != nil {
 		return nil, err

@@ -211,7 +211,8 @@ func (sv *service) RegionLookup(ctx context.Context, in *kvtierv1.RegionLookupRe
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	found, err := r.Lookup(ctx, in.GetRequestId(), []byte(in.GetKvTransferParams()), keys)
+	wait := time.Duration(in.GetWaitUs()) * time.Microsecond
+	found, err := r.LookupWithin(ctx, in.GetRequestId(), []byte(in.GetKvTransferParams()), keys, wait)
 	if err != nil {
 		return nil, regionStatus(err)
 	}

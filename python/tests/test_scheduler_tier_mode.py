@@ -116,9 +116,51 @@ def test_a_storm_of_arrivals_settles_like_vllms_fs_tier(daemon: Daemon, tmp_path
             e.add(rid, p)
         e.step()  # every request is asked about in the first step...
         wait_until(kv_answered, 60, "the storm's lookups to be answered")
+        # Past the first sights of the step's budget, the rest of the
+        # arrivals went in one batched call.
         assert tier._link.lookup_calls == 1, f"{tier._link.lookup_calls} lookup calls for one step's {STORM} arrivals"
         kv_steps = 1 + _steps_to_settle(e, list(prompts), kv_answered)
     finally:
         e.shutdown()
     print(f"storm of {STORM}: steps to settle kvtier tier mode {kv_steps}, vLLM FS tier {fs_steps}")
     assert kv_steps <= fs_steps + 2, (kv_steps, fs_steps)
+
+
+def test_a_miss_is_answered_in_the_asking_step(daemon: Daemon, tmp_path: Any) -> None:
+    """Issue 46: a new request's first lookup asks the daemon at once (the
+    first sight), so a prefix no tier holds is a MISS in the step that
+    asks and the request is scheduled in it; vLLM's own FS tier checks its
+    disk off the thread and answers a step later."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
+
+    load_general_plugins()
+    page = 2 * BLOCK * 2 * 16 * 2
+    fs = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 32 * 2 * page,
+                 "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "vllm-fs")}]})
+    try:
+        lm = fs.manager.secondary_tiers[0]._lookup_manager
+
+        def fs_answered() -> bool:
+            lm.drain_results()
+            return all(st.phase is not LookupPhase.IN_FLIGHT for st in lm._lookup_state.values())
+
+        fs.add("m", list(range(40_000, 40_000 + 4 * BLOCK + 3)))
+        fs_miss = _steps_to_settle(fs, ["m"], fs_answered)
+    finally:
+        fs.shutdown()
+    e = engine(daemon)
+    try:
+        tier = e.manager.secondary_tiers[0]
+
+        def kv_answered() -> bool:
+            tier._drain_answers()
+            return tier._inflight_lookups == 0
+
+        e.add("m", list(range(50_000, 50_000 + 4 * BLOCK + 3)))
+        miss = _steps_to_settle(e, ["m"], kv_answered)
+        assert tier.first_sights >= 1
+    finally:
+        e.shutdown()
+    print(f"steps to first schedule, a miss: kvtier tier mode {miss}, vLLM FS tier {fs_miss}")
+    assert miss == 1 and miss <= fs_miss, (miss, fs_miss)

@@ -3884,8 +3884,12 @@ type RegionLookupRequest struct {
 	// region names the request; later calls may leave it empty.
 	KvTransferParams string `protobuf:"bytes,3,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
 	// The keys back to back, key_size bytes each.
-	PackedKeys    []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
-	KeySize       uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	PackedKeys []byte `protobuf:"bytes,4,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32 `protobuf:"varint,5,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// How long to wait for tiers that answer asynchronously before the
+	// keys they have not settled answer UNKNOWN; 0: regions.lookup_wait. An
+	// engine asking on its scheduler's thread keeps it short.
+	WaitUs        uint32 `protobuf:"varint,6,opt,name=wait_us,json=waitUs,proto3" json:"wait_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3951,6 +3955,13 @@ func (x *RegionLookupRequest) GetPackedKeys() []byte {
 func (x *RegionLookupRequest) GetKeySize() uint32 {
 	if x != nil {
 		return x.KeySize
+	}
+	return 0
+}
+
+func (x *RegionLookupRequest) GetWaitUs() uint32 {
+	if x != nil {
+		return x.WaitUs
 	}
 	return 0
 }
@@ -5816,7 +5827,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04path\x18\x05 \x01(\tR\x04path\x12\x1b\n" +
 	"\tfd_socket\x18\x06 \x01(\tR\bfdSocket\"\x14\n" +
-	"\x12RegionRegistration\"\xbb\x01\n" +
+	"\x12RegionRegistration\"\xd4\x01\n" +
 	"\x13RegionLookupRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1d\n" +
 	"\n" +
@@ -5824,7 +5835,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x12kv_transfer_params\x18\x03 \x01(\tR\x10kvTransferParams\x12\x1f\n" +
 	"\vpacked_keys\x18\x04 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
-	"\bkey_size\x18\x05 \x01(\rR\akeySize\"B\n" +
+	"\bkey_size\x18\x05 \x01(\rR\akeySize\x12\x17\n" +
+	"\await_us\x18\x06 \x01(\rR\x06waitUs\"B\n" +
 	"\x14RegionLookupResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\fR\x05found\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"m\n" +

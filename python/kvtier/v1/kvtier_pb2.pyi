@@ -568,18 +568,20 @@ class RegionJobResult(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., success: bool = ..., successful_indexes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegionLookupRequest(_message.Message):
-    __slots__ = ["key_size", "kv_transfer_params", "packed_keys", "region_id", "request_id"]
+    __slots__ = ["key_size", "kv_transfer_params", "packed_keys", "region_id", "request_id", "wait_us"]
     KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_US_FIELD_NUMBER: _ClassVar[int]
     key_size: int
     kv_transfer_params: str
     packed_keys: bytes
     region_id: str
     request_id: str
-    def __init__(self, region_id: _Optional[str] = ..., request_id: _Optional[str] = ..., kv_transfer_params: _Optional[str] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ...) -> None: ...
+    wait_us: int
+    def __init__(self, region_id: _Optional[str] = ..., request_id: _Optional[str] = ..., kv_transfer_params: _Optional[str] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., wait_us: _Optional[int] = ...) -> None: ...
 
 class RegionLookupResponse(_message.Message):
     __slots__ = ["error", "found"]

@@ -181,7 +181,10 @@ class RegionLink:
         self._api = pb_grpc.KVTierStub(self._channel)
         self._on_lookup = on_lookup
         self._one_by_one = False  # the daemon lacks RegionLookups
-        self.lookup_calls = 0  # lookup RPCs sent (tests, benchmarks)
+        # Lookup RPCs sent by the lookup thread, and first sights (tests,
+        # benchmarks).
+        self.lookup_calls = 0
+        self.first_sight_calls = 0
         self._results = results
         self._events = events
         self._lookups: "queue.SimpleQueue[list[tuple[str, str, list[bytes]]] | None]" = queue.SimpleQueue()
@@ -203,6 +206,21 @@ class RegionLink:
     def lookup(self, batch: list[tuple[str, str, list[bytes]]]) -> None:
         """Posts one step's lookups: (request id, params, keys) per request."""
         self._lookups.put(batch)
+
+    def lookup_now(self, req_id: str, params: str, keys: list[bytes], *, wait_us: int, timeout: float) -> bytes | None:
+        """One RegionLookup on the calling thread (a first sight), the
+        daemon waiting at most wait_us for asynchronous tiers; None when it
+        failed."""
+        self.first_sight_calls += 1
+        try:
+            packed, size = _pack(keys)
+            rep = self._call(self._api.RegionLookup, pb.RegionLookupRequest(
+                region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed,
+                key_size=size, wait_us=wait_us), timeout=timeout)
+            return bytes(rep.found)
+        except (grpc.RpcError, ValueError) as e:
+            log.debug("kvtier: first-sight lookup of %d keys for request %s: %s", len(keys), req_id, _rpc_msg(e))
+            return None
 
     def submit(self, job: Job) -> None:
         self._jobs.put(job)

@@ -8,10 +8,14 @@ tiers (fs, s3, redis, ...) stand behind it: kvtier applies each request's
 
 The tier never makes vLLM's scheduler wait on the daemon:
 
-* ``lookup`` answers from a per-request cache; a key it has not seen
-  answers RETRY and joins the step's batch, sent at ``on_schedule_end`` as
-  one RegionLookups call for all the step's requests, on a thread of its
-  own; the next step answers from the result. After a failed or partial load the keys that did not arrive
+* ``lookup`` answers from a per-request cache. The first lookup of a
+  request makes one bounded call (the *first sight*) about all its keys
+  from there on, which vLLM has recorded by then, so that misses and hits
+  the daemon can tell at once are answered in the step that asks; the
+  calls of one step share ``first_sight_ms``. Any other key not seen
+  before answers RETRY and joins the step's batch, sent at
+  ``on_schedule_end`` as one RegionLookups call for all the step's
+  requests, on a thread of its own; the next step answers from the result. After a failed or partial load the keys that did not arrive
   turn to MISS, so vLLM does not promote them again every step.
 * ``submit_store`` / ``submit_load`` enqueue; results stream back and
   ``get_finished_jobs`` drains them.
@@ -38,6 +42,9 @@ log = logging.getLogger("kvtier.vllm")
 
 _ABSENT = object()
 _HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
+_FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
+_FIRST_SIGHT_WAIT_US = 3000  # how long its daemon waits for asynchronous tiers (as engine_lookup_settle)
+_FIRST_SIGHT_TIMEOUT = 0.1  # seconds, the most one may hold the scheduler
 
 
 class KvtierSecondaryTier(vc.SecondaryTierManager):
@@ -51,7 +58,9 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
     * ``timeout_s`` — bound on one call to the daemon (default 10);
     * ``drain_timeout_s`` — bound on ``drain_jobs`` (default 60);
     * ``reconnect_interval_s`` — how often to try a daemon that went away
-      (default 1).
+      (default 1);
+    * ``first_sight_ms`` — the scheduler thread's time per step for the
+      first lookups of new requests (default 5; 0: none).
     """
 
     medium = None
@@ -67,13 +76,16 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         timeout_s: float = 10.0,
         drain_timeout_s: float = 60.0,
         reconnect_interval_s: float = 1.0,
+        first_sight_ms: float = 5.0,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise TypeError(
                 f"kvtier tier: unknown key(s) {sorted(unknown)} in its secondary_tiers entry "
-                "(known: target, token, timeout_s, drain_timeout_s, reconnect_interval_s)"
+                "(known: target, token, timeout_s, drain_timeout_s, reconnect_interval_s, first_sight_ms)"
             )
+        if not float(first_sight_ms) >= 0:
+            raise ValueError(f"kvtier tier: first_sight_ms {first_sight_ms!r}: want a number of milliseconds >= 0")
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = None
         self._path = _region.unix_path(target)
@@ -82,6 +94,13 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         self._timeout = float(timeout_s)
         self._drain_timeout = float(drain_timeout_s)
         self._reconnect_interval = float(reconnect_interval_s)
+        # First sights (see lookup): the budget per step, what is left of
+        # it, and whether the daemon answered the last lookup (none after
+        # one fails until an asynchronous answer comes back).
+        self._sync_budget = float(first_sight_ms) / 1000
+        self._sync_left = self._sync_budget
+        self._sync_ok = True
+        self.first_sights = 0
         self._layout = vc.region_layout(offloading_spec, primary_kv_view)
         self._events_on = vc.events_enabled(offloading_spec)
 
@@ -173,6 +192,8 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         while not answers.empty():
             rid, keys, found = answers.get_nowait()
             self._inflight_lookups -= 1
+            if found is not None:
+                self._sync_ok = True
             st = self._state.get(rid)
             if st is None:
                 continue  # the request finished meanwhile
@@ -209,6 +230,10 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         st = self._state.get(rid)
         if st is None:
             st = self._state[rid] = {}
+            if self._sync_left > 0.0 and link is not None and not link.dead.is_set():
+                a = self._first_sight(link, st, key, req_context)
+                if a is not None:
+                    return a
         found = st.get(key, _ABSENT)
         if found is True:
             return _HIT
@@ -229,6 +254,40 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         else:
             b.append(key)
         return _RETRY
+
+    def _first_sight(self, link: _region.RegionLink, st: dict[bytes, bool | None], key: vc.OffloadKey,
+                     ctx: vc.ReqContext) -> vc.LookupResult | None:
+        """The first lookup of a request: one bounded RegionLookup about its
+        keys from this one on (waiting a few milliseconds for the daemon's
+        asynchronous tiers), on the scheduler's thread. Settled keys are
+        cached as the asynchronous answers are; returns the key's answer, or
+        None to take the asynchronous path."""
+        keys = vc.request_keys(ctx)
+        if not keys:
+            return None
+        try:
+            i = keys.index(key)
+        except ValueError:
+            return None
+        keys = keys[i:i + _FIRST_SIGHT_KEYS]
+        rid = ctx.req_id
+        t0 = time.monotonic()
+        found = link.lookup_now(rid, self._params_of(ctx), keys, wait_us=_FIRST_SIGHT_WAIT_US,
+                                timeout=min(self._timeout, _FIRST_SIGHT_TIMEOUT))
+        self._sync_left -= time.monotonic() - t0
+        if found is None:
+            self._sync_left, self._sync_ok = 0.0, False
+            return None
+        self.first_sights += 1
+        for k, f in zip(keys, found):
+            if f == _region.HIT or f == _region.MISS:
+                st[k] = f == _region.HIT
+                if (rs := self._key_reqs.get(k)) is None:
+                    self._key_reqs[k] = {rid}
+                else:
+                    rs.add(rid)
+        a = st.get(key)
+        return None if a is None else (_HIT if a else _MISS)
 
     def _mark_miss(self, keys: Iterable[bytes]) -> None:
         for k in keys:
@@ -334,6 +393,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
     def on_schedule_end(self, context: vc.ScheduleEndContext) -> None:
         self._drain_answers()
+        self._sync_left = self._sync_budget if self._sync_ok else 0.0
         self._check_link()
         link = self._link
         if link is None:
