@@ -184,3 +184,39 @@ def test_a_miss_and_a_primary_hit_are_answered_in_the_asking_step(engine_daemon:
     print(f"steps to first schedule: vLLM CPU manager miss {cpu_miss}, CPU hit {cpu_hit}; "
           f"kvtier manager mode miss {miss}, primary hit {hit}")
     assert (miss, hit) == (cpu_miss, cpu_hit), (miss, hit, cpu_miss, cpu_hit)
+
+
+def test_promotions_start_at_first_sight(engine_daemon: Daemon) -> None:
+    """Issue 40: when the engine first asks about a request whose prefix
+    is on kvtier's disk tier only, every block of the prefix starts its
+    promotion in that step's call, not only the block vLLM asked about,
+    and not a step later."""
+    import time
+
+    from conftest import wait_until
+
+    model = tiny_model_dir()
+    e1, e2 = engine(engine_daemon, model), engine(engine_daemon, model)
+    try:
+        prompt = list(range(11_000, 11_000 + 8 * BLOCK + 5))
+        e1.add("w", prompt)
+        e1.run()
+        ns = e1.manager._ns
+        wait_until(lambda: engine_daemon.tier_stats(ns)["disk"].cascades_ok >= 1, 20, "the prefix on disk")
+        # Drop the daemon's primary (the reset travels with a step of e1).
+        e1.reset_prefix_cache()
+        e1.add("flush", [7, 7, 7])
+        e1.run()
+        before = engine_daemon.tier_stats(ns)["disk"].hits
+        t0 = time.monotonic()
+        e2.add("r", prompt)
+        e2.step()  # the asking step: its first-sight call looked the prefix up
+        hits = engine_daemon.tier_stats(ns)["disk"].hits - before
+        assert e2.manager.first_sights >= 1
+        assert hits == 8, f"{hits} of the prefix's 8 blocks found on disk in the asking step"
+        e2.run()
+        assert e2.reused["r"] == (8, 8), e2.reused["r"]
+        print(f"a disk-only prefix of 8 blocks: all promoted from the asking step; scheduled after {time.monotonic() - t0:.3f}s")
+    finally:
+        e1.shutdown()
+        e2.shutdown()
