@@ -36,7 +36,19 @@ type group struct {
 	early   []uint64
 	waiters []*lookupWait
 	events  []offload.Event // scratch for TakeEvents
+	// lookupKeys counts the keys lookups answered, by Found (Unknown: the
+	// engine asks again, a step later); promoSteps the engine steps its
+	// promotions took, from their submission to their outcome
+	// (PromotionStepBuckets), and promoStepSum their sum.
+	lookupKeys   [3]uint64
+	promoSteps   [len(PromotionStepBuckets) + 1]uint64
+	promoStepSum uint64
 }
+
+// PromotionStepBuckets are the upper bounds of NamespaceStats's
+// histogram of the engine steps a promotion took (the last bucket, past
+// them, is implicit).
+var PromotionStepBuckets = [...]uint64{0, 1, 2, 3, 5, 8, 13, 21}
 
 type reqKey struct {
 	r  *Region
@@ -64,9 +76,10 @@ type vjob struct {
 	keys   []offload.Key
 	slots  []int64
 	promo  bool
-	total  int  // stack jobs submitted
-	done   int  // stack jobs answered
-	open   bool // still submitting
+	step   uint64 // the region's step count when it was submitted
+	total  int    // stack jobs submitted
+	done   int    // stack jobs answered
+	open   bool   // still submitting
 	loaded []offload.Key
 	failed int // promotion keys no tier could serve
 }
@@ -183,7 +196,7 @@ func (g *group) poll() {
 		}
 		w.left = left
 		if len(left) == 0 || now.After(w.deadline) {
-			w.reply <- lookupReply{found: w.found} // the rest stay Unknown
+			g.answer(w) // the rest stay Unknown
 			continue
 		}
 		kept = append(kept, w)
@@ -244,7 +257,7 @@ func (g *group) lookup(r *Region, id string, params []byte, keys []offload.Key, 
 		}
 	}
 	if len(w.left) == 0 {
-		reply <- lookupReply{found: w.found}
+		g.answer(w)
 		return
 	}
 	// The asynchronous tiers check at their step end: end one now.
@@ -279,7 +292,7 @@ func (g *group) submit(r *Region, jobs []Job, params [][]byte) error {
 			r.push(Result{JobID: j.ID})
 			continue
 		}
-		v := &vjob{r: r, rq: rq, id: j.ID, keys: slices.Clone(j.Keys), slots: slices.Clone(j.Slots), promo: j.Promotion, open: true}
+		v := &vjob{r: r, rq: rq, id: j.ID, keys: slices.Clone(j.Keys), slots: slices.Clone(j.Slots), promo: j.Promotion, open: true, step: r.steps.Load()}
 		r.jobIDs[j.ID] = struct{}{}
 		r.inflight++
 		rq.jobs++
@@ -365,6 +378,7 @@ func (g *group) maybeFinish(v *vjob) {
 	}
 	res := Result{JobID: v.id, Success: true}
 	if v.promo {
+		g.countPromotion(v.r.steps.Load() - v.step)
 		if len(v.loaded) < len(v.keys) {
 			res.Success = false
 			loaded := make(map[offload.Key]struct{}, len(v.loaded))
@@ -467,8 +481,29 @@ func (g *group) expire(now time.Time) {
 	}
 }
 
+// answer sends a lookup's answer, counted.
+func (g *group) answer(w *lookupWait) {
+	for _, f := range w.found {
+		if int(f) < len(g.lookupKeys) {
+			g.lookupKeys[f]++
+		}
+	}
+	w.reply <- lookupReply{found: w.found}
+}
+
+// countPromotion counts a promotion that took steps engine steps.
+func (g *group) countPromotion(steps uint64) {
+	i := 0
+	for i < len(PromotionStepBuckets) && steps > PromotionStepBuckets[i] {
+		i++
+	}
+	g.promoSteps[i]++
+	g.promoStepSum += steps
+}
+
 func (g *group) stats() NamespaceStats {
-	st := NamespaceStats{Name: g.name, Regions: len(g.regions), Requests: len(g.reqs), Tiers: g.stack.Stats(), TierObjects: g.stack.Tiers(), RowStride: g.rowStride}
+	st := NamespaceStats{Name: g.name, Regions: len(g.regions), Requests: len(g.reqs), Tiers: g.stack.Stats(), TierObjects: g.stack.Tiers(), RowStride: g.rowStride,
+		LookupKeys: g.lookupKeys, PromotionSteps: g.promoSteps[:], PromotionStepSum: g.promoStepSum}
 	for r := range g.regions {
 		st.Jobs += r.inflight
 		r.mu.Lock()

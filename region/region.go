@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
@@ -58,6 +59,10 @@ type Region struct {
 	g      *group
 	m      *mapping
 	svc    *Service
+
+	// steps counts the engine's step ends (Step calls), which date its
+	// promotions in engine steps.
+	steps atomic.Uint64
 
 	mu            sync.Mutex
 	results       []Result
@@ -260,6 +265,7 @@ func (r *Region) Step(ctx context.Context, finished []string, touches []Touch) (
 	if err := r.live(); err != nil {
 		return nil, err
 	}
+	r.steps.Add(1)
 	if len(finished) > 0 || len(touches) > 0 {
 		if err := r.g.do(ctx, func() { r.g.step(r, finished, touches) }); err != nil {
 			return nil, err

@@ -257,6 +257,14 @@ type NamespaceStats struct {
 	// EventsDropped counts events dropped because a region's buffer was
 	// full (its engine did not step).
 	EventsDropped uint64
+	// LookupKeys counts the keys the engines' lookups answered, indexed by
+	// Found: Unknown ones the engine asks again a step later (a deferral).
+	LookupKeys [3]uint64
+	// PromotionSteps counts promotions by the engine steps (step ends of
+	// their region) from submission to outcome, in the buckets
+	// PromotionStepBuckets and one past them; PromotionStepSum is their sum.
+	PromotionSteps   []uint64
+	PromotionStepSum uint64
 }
 
 // Stats describes every namespace, in no particular order.

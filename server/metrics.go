@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tierset"
 )
@@ -122,6 +123,8 @@ var (
 	descTierCorrDel   = prometheus.NewDesc("kvtier_tier_corrupt_blocks_deleted_total", "Corrupt blocks the tier deleted.", tierLabels, nil)
 
 	descCascadePin  = prometheus.NewDesc("kvtier_cascade_pinned_slots", "Primary slots pinned by cascades in flight (a block cascaded to several tiers counts once).", []string{"namespace"}, nil)
+	descRegionLook  = prometheus.NewDesc("kvtier_region_lookup_keys_total", "Keys vLLM tier-mode lookups answered, by answer: hit, miss, or unknown (not settled in time: the engine asks again a step later, a deferral).", []string{"namespace", "answer"}, nil)
+	descRegionPromo = prometheus.NewDesc("kvtier_region_promotion_steps", "Engine steps (the region's step ends) a tier-mode promotion took from its submission to its outcome.", []string{"namespace"}, nil)
 	descCascadeDef  = prometheus.NewDesc("kvtier_cascade_deferred_blocks", "Blocks of the cascades waiting for the cascade pin budget (bounded by budget.max_deferred_blocks; a full queue drops).", []string{"namespace"}, nil)
 	descCascadeBud  = prometheus.NewDesc("kvtier_cascade_pin_budget_slots", "Bound on kvtier_cascade_pinned_slots (0: unbounded).", []string{"namespace"}, nil)
 	descRevoked     = prometheus.NewDesc("kvtier_cascade_revocations_total", "Blocks held only by cascades that eviction reached and asked to release, withdrawing their queued cascades rather than evict a more recent block.", []string{"namespace"}, nil)
@@ -158,7 +161,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierPressure, descTierBlocks, descTierHeld, descTierEvictions, descTierJobs,
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
-		descCascadePin, descCascadeDef, descCascadeBud, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descCascadePin, descCascadeDef, descCascadeBud, descRegionLook, descRegionPromo, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -240,9 +243,30 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for _, rs := range c.s.regions.Stats(context.Background()) {
 			gauge(descRequests, float64(rs.Requests), rs.Name)
 			gauge(descSessions, float64(rs.Regions), rs.Name)
+			counter(descRegionLook, rs.LookupKeys[region.Hit], rs.Name, "hit")
+			counter(descRegionLook, rs.LookupKeys[region.Miss], rs.Name, "miss")
+			counter(descRegionLook, rs.LookupKeys[region.Unknown], rs.Name, "unknown")
+			ch <- promotionSteps(rs)
 			collectTiers(ch, rs.Name, tierStatsOf(rs.Tiers, rs.TierObjects, int64(rs.RowStride)))
 		}
 	}
+}
+
+// promotionSteps is the histogram of a tier-mode namespace's promotions
+// in engine steps.
+func promotionSteps(rs region.NamespaceStats) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(region.PromotionStepBuckets))
+	var n uint64
+	for i, le := range region.PromotionStepBuckets {
+		if i < len(rs.PromotionSteps) {
+			n += rs.PromotionSteps[i]
+		}
+		buckets[float64(le)] = n
+	}
+	for _, c := range rs.PromotionSteps[min(len(region.PromotionStepBuckets), len(rs.PromotionSteps)):] {
+		n += c
+	}
+	return prometheus.MustNewConstHistogram(descRegionPromo, n, float64(rs.PromotionStepSum), buckets, rs.Name)
 }
 
 // collectTiers sends the series of namespace n's secondary tiers.

@@ -91,7 +91,29 @@ func TestRegionTiersOnMetrics(t *testing.T) {
 	if _, err := r.Step(ctx, []string{"a"}); err != nil {
 		t.Fatal(err)
 	}
+	// A lookup (one hit, one miss) and a promotion whose outcome the engine
+	// reads after two of its steps.
+	if found, err := r.Lookup(ctx, "b", "", []offload.Key{k, offload.MakeKey([]byte("absent-block!"), 0)}); err != nil || len(found) != 2 {
+		t.Fatalf("lookup %v, %v", found, err)
+	}
+	if err := r.Submit(ctx, []client.RegionJob{{ID: 2, RequestID: "b", Keys: []offload.Key{k}, Slots: []int64{2}, Promotion: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := results.Recv(); err != nil || !res.GetResults()[0].GetSuccess() {
+		t.Fatalf("promotion result %v, %v", res, err)
+	}
 	page := scrapeURL(t, "http://"+srv.MetricsAddr()+"/metrics")
+	for _, want := range []string{
+		fmt.Sprintf(`kvtier_region_lookup_keys_total{answer="hit",namespace=%q} 1`, r.Namespace),
+		fmt.Sprintf(`kvtier_region_lookup_keys_total{answer="miss",namespace=%q} 1`, r.Namespace),
+		fmt.Sprintf(`kvtier_region_lookup_keys_total{answer="unknown",namespace=%q} 0`, r.Namespace),
+		fmt.Sprintf(`kvtier_region_promotion_steps_bucket{namespace=%q,le="0"} 1`, r.Namespace),
+		fmt.Sprintf(`kvtier_region_promotion_steps_count{namespace=%q} 1`, r.Namespace),
+	} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("/metrics lacks %s:\n%s", want, grepLines(page, "kvtier_region_"))
+		}
+	}
 	want := fmt.Sprintf(`kvtier_tier_cascades_total{locality="LOCAL",medium="STORAGE",namespace=%q,result="ok",tier="mem",type="memory"} 1`, r.Namespace)
 	if !strings.Contains(page, want) {
 		t.Fatalf("/metrics lacks %s:\n%s", want, grepLines(page, "kvtier_tier_cascades_total"))

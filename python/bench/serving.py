@@ -237,6 +237,29 @@ def daemon_tier_tokens(stack: Stack, block_tokens: int) -> dict[str, float]:
 SOURCES = ("device", "host", "disk", "p2p", "external_unspecified")
 
 
+# vLLM's offloading counters a run reports (what issue 46 compares between
+# a secondary tier and vLLM's own): store allocations and promotion
+# allocations that failed, and the time requests waited on deferred
+# lookups (the sum and count of vLLM's histogram).
+OFFLOAD_COUNTERS = {
+    "allocation_failures": "vllm:kv_offload_allocation_failure_total",
+    "promotion_allocation_failures": "vllm:kv_offload_tiering_promotion_allocation_failures_total",
+    "lookup_deferred_s": "vllm:kv_offload_lookup_async_delay_seconds_sum",
+    "lookup_deferrals": "vllm:kv_offload_lookup_async_delay_seconds_count",
+}
+
+
+def offload_counters(d: dict[str, float]) -> dict[str, float]:
+    """vLLM's offloading counters of a run (OFFLOAD_COUNTERS), from the
+    change of its /metrics over the run; absent ones are left out."""
+    out = {}
+    for name, metric in OFFLOAD_COUNTERS.items():
+        vals = [v for k, v in d.items() if k == metric or k.startswith(metric + "{")]
+        if vals:
+            out[name] = sum(vals)
+    return out
+
+
 def hit_tokens(config: str, d: dict[str, float]) -> dict[str, int]:
     out = {}
     for src in SOURCES:
@@ -297,7 +320,9 @@ def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callab
         # The cache process's CPU time: on a small machine it is taken from
         # the engines' compute.
         run.cache_cpu_s = stack.cache_proc.cpu_seconds() - cpu0
-    run.hit_tokens = hit_tokens(run.config, client.delta(before, scrape_all(stack)))
+    moved = client.delta(before, scrape_all(stack))
+    run.hit_tokens = hit_tokens(run.config, moved)
+    run.offload = offload_counters(moved)
     dafter = daemon_tier_tokens(stack, s.block_tokens)
     run.kvtier_tiers = {k: int(v - dbefore.get(k, 0.0)) for k, v in dafter.items() if v - dbefore.get(k, 0.0) > 0}
     if run.config == "kvtier-manager":
@@ -310,7 +335,7 @@ def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callab
         log(f"  {run.label}, {workload.name}: {len(bad)} of {len(run.results)} requests failed, e.g. {bad[0].error}")
     sm = run.summary()
     log(f"  {run.label}, {workload.name}: p50 TTFT {ms(sm['ttft_p50_s'])}, hit share {sm['hit_share'] or 0:.3f} "
-        f"in {run.wall_s:.0f}s")
+        f"in {run.wall_s:.0f}s; " + (", ".join(f"{k} {v:g}" for k, v in run.offload.items()) or "no offloading counters"))
 
 
 # ---------------------------------------------------------------- main
@@ -468,6 +493,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{x['workload']} ({x['engines']} engine(s)): {x['config']} / {x['against']} p50 TTFT: median {x['median']:.2f} "
               f"over {x['rounds']} round(s), 90% interval {x['lo']:.2f}-{x['hi']:.2f}; per round "
               + ", ".join(f"{v:.2f}" for v in x["per_round"]))
+    for w in workloads:
+        for n in engines:
+            for c in configs:
+                rr = [r for r in runs if (r.workload, r.engines, r.config) == (w.name, n, c) and r.offload]
+                if rr:
+                    keys = sorted({k for r in rr for k in r.offload})
+                    print(f"{w.name} ({n} engine(s)) {c}: vLLM's offloading counters per round: " + "; ".join(
+                        f"{k} {[round(r.offload.get(k, 0.0), 3) for r in rr]}" for k in keys))
     tg = targets(runs)
     for t in tg:
         print(f"{t['workload']}: {t['target']}: {'met' if t['met'] else 'NOT met'} "

@@ -29,6 +29,7 @@ class Run:
     wall_s: float = 0.0
     hit_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     kvtier_tiers: dict[str, int] = dataclasses.field(default_factory=dict)  # tokens served by the daemon, per tier
+    offload: dict[str, float] = dataclasses.field(default_factory=dict)  # vLLM's offloading counters (serving.OFFLOAD_COUNTERS)
     startup_s: float = 0.0
     cache_cpu_s: float | None = None  # CPU seconds the kvtier daemon / LMCache server used during the workload
     error: str = ""
@@ -63,7 +64,7 @@ class Run:
             "round": self.round, "cpu_bytes": self.cpu_bytes, "device_blocks": self.device_blocks,
             "startup_s": self.startup_s, "cache_cpu_s": self.cache_cpu_s, "error": self.error, "summary": self.summary(),
             "prompt_tokens": self.summary()["prompt_tokens"], "hit_tokens": self.hit_tokens,
-            "kvtier_tier_tokens": self.kvtier_tiers, "ttft_s": [r.ttft_s for r in self.ok()],
+            "kvtier_tier_tokens": self.kvtier_tiers, "offload_counters": self.offload, "ttft_s": [r.ttft_s for r in self.ok()],
             "requests": [{"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "ttft_s": r.ttft_s,
                           "e2e_s": r.e2e_s, "error": r.error} for r in self.results],
             "request_errors": sorted({r.error for r in self.results if r.error})[:5],

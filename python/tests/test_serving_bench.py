@@ -138,3 +138,13 @@ def test_quick_serving_benchmark_serves_tokens_from_kvtier(kvtier_bin: str) -> N
     for name in ("ttft-mooncake.png", "hits-mooncake.png", "ttft-document.png", "hits-document.png"):
         assert (d / "plots" / name).stat().st_size > 0
     print(p.stdout)
+
+
+def test_offload_counters_of_a_run() -> None:
+    import serving
+
+    moved = {"vllm:kv_offload_tiering_promotion_allocation_failures_total": 3.0,
+             "vllm:kv_offload_lookup_async_delay_seconds_sum": 0.25, "vllm:kv_offload_lookup_async_delay_seconds_count": 2.0,
+             "vllm:prompt_tokens_total": 99.0}
+    assert serving.offload_counters(moved) == {"promotion_allocation_failures": 3.0, "lookup_deferred_s": 0.25,
+                                               "lookup_deferrals": 2.0}
