@@ -293,3 +293,32 @@ func TestStatsWithoutANamespaceOfItsOwn(t *testing.T) {
 		t.Fatalf("stats with one engine namespace: %v %v", st, err)
 	}
 }
+
+// A step call with keep_events (an engine's first sight, made ahead of a
+// step call in flight) leaves its events to the next call, so that they
+// reach the engine in the order they happened.
+func TestEngineStepKeepEvents(t *testing.T) {
+	sock, _ := startEngineDaemon(t)
+	ctx := ctxT(t)
+	c := dialEngine(t, sock)
+	att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := att.GetNamespace()
+	r1, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 1})
+	if err != nil || len(r1.GetGrantedSlots()) != 1 {
+		t.Fatalf("step 1: %v %v", r1, err)
+	}
+	packed, size := pack(offload.MakeKey([]byte("kept-event"), 0))
+	r2, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(), KeepEvents: true,
+		Stores: []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots(), Success: true}}})
+	if err != nil || len(r2.GetEvents()) != 0 {
+		t.Fatalf("a step with keep_events: %v %v (want no events)", r2, err)
+	}
+	r3, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch()})
+	if err != nil || len(r3.GetEvents()) != 1 || r3.GetEvents()[0].GetRemoved() {
+		t.Fatalf("the next step: %v %v (want the stored block's event)", r3, err)
+	}
+}

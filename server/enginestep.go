@@ -295,6 +295,9 @@ func (st *engineStep) end() error {
 		}
 		out.GrantedSlots = slots
 	}
+	if in.GetKeepEvents() {
+		return nil
+	}
 	for _, e := range ns.mgr.TakeEvents() {
 		packed, size := packKeys(e.Keys)
 		out.Events = append(out.Events, &kvtierv1.RegionEvent{

@@ -5130,7 +5130,12 @@ type EngineStepRequest struct {
 	// (EngineAttachResponse.epoch): a step of another epoch is refused whole
 	// (FAILED_PRECONDITION), since its slots name another arena's. 0 skips
 	// the check.
-	Epoch         uint64 `protobuf:"fixed64,13,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"fixed64,13,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Leave the events of the call for the next step call. An engine sets it
+	// on a call its scheduler makes ahead of the step call in flight (a
+	// first sight), whose answer it may apply first: events must reach it in
+	// the order they happened.
+	KeepEvents    bool `protobuf:"varint,14,opt,name=keep_events,json=keepEvents,proto3" json:"keep_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5254,6 +5259,13 @@ func (x *EngineStepRequest) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *EngineStepRequest) GetKeepEvents() bool {
+	if x != nil {
+		return x.KeepEvents
+	}
+	return false
 }
 
 type EngineReserveRequest struct {
@@ -5918,7 +5930,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"packedKeys\x12\x19\n" +
 	"\bkey_size\x18\x03 \x01(\rR\akeySize\x12\x14\n" +
 	"\x05slots\x18\x04 \x03(\x03R\x05slots\x12\x18\n" +
-	"\asuccess\x18\x05 \x01(\bR\asuccess\"\xce\x04\n" +
+	"\asuccess\x18\x05 \x01(\bR\asuccess\"\xef\x04\n" +
 	"\x11EngineStepRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12>\n" +
 	"\fnew_requests\x18\x02 \x03(\v2\x1b.kvtier.v1.EngineNewRequestR\vnewRequests\x12-\n" +
@@ -5934,7 +5946,9 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"resetCache\x122\n" +
 	"\x15scheduled_request_ids\x18\v \x03(\tR\x13scheduledRequestIds\x122\n" +
 	"\x15preempted_request_ids\x18\f \x03(\tR\x13preemptedRequestIds\x12\x14\n" +
-	"\x05epoch\x18\r \x01(\x06R\x05epoch\"\xc4\x01\n" +
+	"\x05epoch\x18\r \x01(\x06R\x05epoch\x12\x1f\n" +
+	"\vkeep_events\x18\x0e \x01(\bR\n" +
+	"keepEvents\"\xc4\x01\n" +
 	"\x14EngineReserveRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x06R\x05epoch\x12\x1f\n" +

@@ -168,9 +168,10 @@ class EngineReserveResponse(_message.Message):
     def __init__(self, found: _Optional[bytes] = ..., granted_slots: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineStepRequest(_message.Message):
-    __slots__ = ["epoch", "finished_request_ids", "lookups", "namespace", "new_requests", "preempted_request_ids", "reset_cache", "return_slots", "scheduled_request_ids", "stores", "touches", "unpins", "want_free_slots"]
+    __slots__ = ["epoch", "finished_request_ids", "keep_events", "lookups", "namespace", "new_requests", "preempted_request_ids", "reset_cache", "return_slots", "scheduled_request_ids", "stores", "touches", "unpins", "want_free_slots"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_EVENTS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +185,7 @@ class EngineStepRequest(_message.Message):
     WANT_FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     finished_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    keep_events: bool
     lookups: _containers.RepeatedCompositeFieldContainer[EngineKeys]
     namespace: str
     new_requests: _containers.RepeatedCompositeFieldContainer[EngineNewRequest]
@@ -195,7 +197,7 @@ class EngineStepRequest(_message.Message):
     touches: _containers.RepeatedCompositeFieldContainer[EngineKeys]
     unpins: _containers.RepeatedCompositeFieldContainer[EngineKeys]
     want_free_slots: int
-    def __init__(self, namespace: _Optional[str] = ..., new_requests: _Optional[_Iterable[_Union[EngineNewRequest, _Mapping]]] = ..., unpins: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., stores: _Optional[_Iterable[_Union[EngineStore, _Mapping]]] = ..., touches: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., lookups: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., return_slots: _Optional[_Iterable[int]] = ..., want_free_slots: _Optional[int] = ..., reset_cache: bool = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., preempted_request_ids: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., new_requests: _Optional[_Iterable[_Union[EngineNewRequest, _Mapping]]] = ..., unpins: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., stores: _Optional[_Iterable[_Union[EngineStore, _Mapping]]] = ..., touches: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., lookups: _Optional[_Iterable[_Union[EngineKeys, _Mapping]]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., return_slots: _Optional[_Iterable[int]] = ..., want_free_slots: _Optional[int] = ..., reset_cache: bool = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., preempted_request_ids: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., keep_events: bool = ...) -> None: ...
 
 class EngineStepResponse(_message.Message):
     __slots__ = ["events", "granted_slots", "lookups", "warnings"]

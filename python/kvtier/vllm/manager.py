@@ -681,7 +681,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         except ValueError:
             return None
         pb = self._pb
-        req = pb.EngineStepRequest(namespace=self._ns, epoch=self._epoch)
+        # Its events stay for the next step call: an answer of an earlier
+        # one may still be on its way, and events must keep their order.
+        req = pb.EngineStepRequest(namespace=self._ns, epoch=self._epoch, keep_events=True)
         req.new_requests.add(request_id=rid, kv_transfer_params=r.params)
         req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         t0 = time.monotonic()
