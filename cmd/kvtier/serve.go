@@ -140,6 +140,7 @@ events:
 
 type serveFlags struct {
 	printDefault bool
+	checkConfig  bool
 	config       string
 	primaryBytes string
 	logLevel     string
@@ -170,12 +171,16 @@ to start before it touches any of the first one's files.`,
 		Example: `  kvtier serve
   kvtier serve --primary-bytes 8GiB
   kvtier serve --print-default-config > kvtier.yaml
-  kvtier serve --config kvtier.yaml`,
+  kvtier serve --config kvtier.yaml
+  kvtier serve --config kvtier.yaml --check-config`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.printDefault {
 				_, err := fmt.Fprint(cmd.OutOrStdout(), defaultServeConfig)
 				return err
+			}
+			if f.checkConfig {
+				return checkServeConfig(f, cmd.OutOrStdout())
 			}
 			// SIGHUP (the terminal went away, or an init system's
 			// reload) stops the daemon like SIGTERM: configuration is
@@ -187,6 +192,7 @@ to start before it touches any of the first one's files.`,
 	}
 	cmd.Flags().StringVar(&f.config, "config", "", "config file (YAML); default: the embedded default")
 	cmd.Flags().BoolVar(&f.printDefault, "print-default-config", false, "print the embedded default config (commented) and exit")
+	cmd.Flags().BoolVar(&f.checkConfig, "check-config", false, "validate the config as a start would (every key, every tier's settings), touching no file, socket or server, and exit: 0 when it is valid, 2 when not (the key named)")
 	cmd.Flags().StringVar(&f.primaryBytes, "primary-bytes", "", "primary tier capacity, e.g. 1GiB (overrides primary.bytes)")
 	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
@@ -234,6 +240,46 @@ func loadServeConfig(f serveFlags) (*config.Config, error) {
 	return cfg, nil
 }
 
+// checkServeConfig validates the configuration serve would start with
+// (--check-config): it parses and checks every key and plans every tier
+// as a start does, but opens, binds and dials nothing. An invalid one is
+// exit code 2 with the error, which names the key.
+func checkServeConfig(f serveFlags, stdout interface{ Write([]byte) (int, error) }) error {
+	invalid := func(err error) error {
+		return &exitError{code: 2, msg: "kvtier: invalid configuration: " + err.Error()}
+	}
+	cfg, err := loadServeConfig(f)
+	if err != nil {
+		return invalid(err)
+	}
+	if err := checkSocketPath(cfg.Server.UnixSocket); err != nil {
+		return invalid(err)
+	}
+	decls, err := tierset.Declare(cfg)
+	if err != nil {
+		return invalid(err)
+	}
+	src := f.config
+	if src == "" {
+		src = "the embedded default"
+	}
+	fmt.Fprintf(stdout, "%s: valid: primary %s, %d secondary tier(s)", src, cfg.Primary.Bytes, len(decls))
+	for _, d := range decls {
+		fmt.Fprintf(stdout, "; %s", d)
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// checkSocketPath rejects a Unix socket path bind(2) cannot take, with
+// room for the arena side socket's suffix.
+func checkSocketPath(p string) error {
+	if len(p) > maxSocketPath-4 {
+		return fmt.Errorf("server.unix_socket: %q is %d bytes long; Unix socket paths are limited to %d bytes (the arena side socket adds \".arena\"): use a shorter path", p, len(p), maxSocketPath-6)
+	}
+	return nil
+}
+
 // maxSocketPath is the longest Unix socket path bind(2) takes.
 const maxSocketPath = 107
 
@@ -243,8 +289,8 @@ const maxSocketPath = 107
 func claimDaemon(cfg *config.Config) (*dirlock.Lock, error) {
 	var lock *dirlock.Lock
 	if p := cfg.Server.UnixSocket; p != "" {
-		if len(p) > maxSocketPath-4 {
-			return nil, fmt.Errorf("server.unix_socket: %q is %d bytes long; Unix socket paths are limited to %d bytes (the arena side socket adds \".arena\"): use a shorter path", p, len(p), maxSocketPath-6)
+		if err := checkSocketPath(p); err != nil {
+			return nil, err
 		}
 		l, err := dirlock.AcquireFile(p+".lock", "kvtier daemon")
 		if err != nil {
