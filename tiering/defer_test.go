@@ -134,3 +134,23 @@ func TestDeferredCascadeAfterFinish(t *testing.T) {
 		t.Fatalf("deferred cascade under id %q, filter %v; want another id, the request's filter", j.Req.ID, j.Req.StoreFilter)
 	}
 }
+
+// A queue that never empties (steady pressure: one in, one out) keeps an
+// array the size of its live entries, not of everything that went through.
+func TestDeferQueueStaysBounded(t *testing.T) {
+	var d deferQueue
+	req := reqWith("r", nil, nil)
+	for i := range 10 {
+		d.push(deferred{keys: keyRange(i, i+1), req: req})
+	}
+	for i := 10; i < 100_000; i++ {
+		d.push(deferred{keys: keyRange(i, i+1), req: req})
+		d.pop()
+	}
+	if d.len() != 10 || d.keys != 10 || cap(d.q) > 256 {
+		t.Fatalf("%d queued (%d keys), array of %d entries: want 10 in a bounded array", d.len(), d.keys, cap(d.q))
+	}
+	if e := d.pop(); e.keys[0] != keyRange(99_990, 99_991)[0] {
+		t.Fatalf("order lost: popped %v", e.keys[0])
+	}
+}

@@ -35,8 +35,10 @@
 // jobs are withdrawn whole while still queued (offload.JobQueue). A read
 // in progress is never torn. A pin budget (BudgetConfig) bounds the slots
 // the cascades in flight pin, in all and per tier; a cascade that does
-// not fit, or that a tier refuses (offload.ErrRefused), is dropped and
-// counted by DropReason. A job's latency runs from its submission to its result,
+// not fit waits, unpinned, in a bounded queue and goes when the budget
+// frees if its blocks are still in the primary (stack_defer.go); one the
+// queue cannot take, or that a tier refuses (offload.ErrRefused), is
+// dropped and counted by DropReason. A job's latency runs from its submission to its result,
 // so back-pressure sees the time jobs wait in a tier's queue.
 // The manager matches every pin with one unpin and resolves every reserved
 // slot, on success, failure, reset and shutdown alike, and it survives
@@ -57,8 +59,9 @@
 // manager_lookup.go (lookups, promotions, loads), manager_store.go
 // (stores, leases); stack.go (the Stack and its tiers), stack_lookup.go
 // (lookup and promotion), stack_cascade.go (cascades and their budget),
-// stack_jobs.go (job results, once per step), stack_revoke.go (taking
-// cascade pins back for eviction); admission.go and budget.go (what a
+// stack_defer.go (cascades waiting for the budget), stack_jobs.go (job
+// results, once per step), stack_revoke.go (taking cascade pins back for
+// eviction); admission.go and budget.go (what a
 // cascade may pin and when it is dropped), safe.go (tier calls that
 // panic), stats.go and histogram.go.
 package tiering

@@ -78,7 +78,7 @@ func (s *Stack) cascade(a offload.Arena, keys []offload.Key, req *offload.ReqCon
 		if s.maxPinned > 0 || ts.queue != nil || ts.pressure.active {
 			if r, drop := s.admit(ts, len(keys), owner, gid == 0 || s.groups[gid-1].jobs == 0); drop {
 				if mayDefer && r.deferrable() {
-					if owed&(1<<ts.idx) == 0 && !retry {
+					if !retry {
 						ts.stats.CascadesDeferred++
 					}
 					owed |= 1 << ts.idx

@@ -51,8 +51,15 @@ func (d *deferQueue) pop() deferred {
 	} else {
 		delete(d.byReq, e.req)
 	}
-	if d.head == len(d.q) {
+	switch {
+	case d.head == len(d.q):
 		d.q, d.head = d.q[:0], 0
+	case d.head >= 64 && 2*d.head >= len(d.q):
+		// A queue that never empties under steady pressure: move the live
+		// entries down, so that its array stays bounded by them.
+		n := copy(d.q, d.q[d.head:])
+		clear(d.q[n:])
+		d.q, d.head = d.q[:n], 0
 	}
 	return e
 }
