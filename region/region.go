@@ -113,19 +113,11 @@ func (r *Region) Lookup(ctx context.Context, id string, params []byte, keys []of
 // LookupWithin is Lookup waiting at most wait (0: Config.LookupWait) for
 // the tiers that answer asynchronously.
 func (r *Region) LookupWithin(ctx context.Context, id string, params []byte, keys []offload.Key, wait time.Duration) ([]Found, error) {
-	if err := r.live(); err != nil {
+	a, err := r.LookupMany(ctx, []LookupEntry{{RequestID: id, Params: params, Keys: keys}}, wait)
+	if err != nil {
 		return nil, err
 	}
-	reply := make(chan lookupReply, 1)
-	if err := r.g.do(ctx, func() { r.g.lookup(r, id, params, keys, wait, reply) }); err != nil {
-		return nil, err
-	}
-	select {
-	case rep := <-reply:
-		return rep.found, rep.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return a[0].Found, a[0].Err
 }
 
 // LookupEntry is one request's lookup in a LookupMany.
@@ -143,12 +135,13 @@ type LookupAnswer struct {
 }
 
 // LookupMany is Lookup for many requests at once (an engine step's
-// lookups): they are all put to the tiers in one turn of the namespace's
-// executor and wait together, so the call takes as long as its slowest
-// request, not the sum of them. An entry's own failure (its request
-// could not be created) is its answer's Err; the call fails only when the
-// region is gone or ctx ends.
-func (r *Region) LookupMany(ctx context.Context, entries []LookupEntry) ([]LookupAnswer, error) {
+// lookups), each waiting at most wait (0: Config.LookupWait): they are all
+// put to the tiers in one turn of the namespace's executor and wait
+// together, so the call takes as long as its slowest request, not the sum
+// of them. An entry's own failure (its request could not be created) is
+// its answer's Err; the call fails only when the region is gone or ctx
+// ends.
+func (r *Region) LookupMany(ctx context.Context, entries []LookupEntry, wait time.Duration) ([]LookupAnswer, error) {
 	if err := r.live(); err != nil {
 		return nil, err
 	}
@@ -158,7 +151,7 @@ func (r *Region) LookupMany(ctx context.Context, entries []LookupEntry) ([]Looku
 	}
 	if err := r.g.do(ctx, func() {
 		for i, e := range entries {
-			r.g.lookup(r, e.RequestID, e.Params, e.Keys, 0, replies[i])
+			r.g.lookup(r, e.RequestID, e.Params, e.Keys, wait, replies[i])
 		}
 	}); err != nil {
 		return nil, err

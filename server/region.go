@@ -216,11 +216,16 @@ func (sv *service) RegionLookup(ctx context.Context, in *kvtierv1.RegionLookupRe
 	if err != nil {
 		return nil, regionStatus(err)
 	}
+	return &kvtierv1.RegionLookupResponse{Found: foundBytes(found)}, nil
+}
+
+// foundBytes is a lookup's answer as the API sends it, a byte per key.
+func foundBytes(found []region.Found) []byte {
 	out := make([]byte, len(found))
 	for i, f := range found {
 		out[i] = byte(f)
 	}
-	return &kvtierv1.RegionLookupResponse{Found: out}, nil
+	return out
 }
 
 func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookupsRequest) (*kvtierv1.RegionLookupsResponse, error) {
@@ -240,7 +245,7 @@ func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookups
 		}
 		entries[i] = region.LookupEntry{RequestID: lk.GetRequestId(), Params: []byte(lk.GetKvTransferParams()), Keys: keys}
 	}
-	answers, err := r.LookupMany(ctx, entries)
+	answers, err := r.LookupMany(ctx, entries, 0)
 	if err != nil {
 		return nil, regionStatus(err)
 	}
@@ -250,11 +255,7 @@ func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookups
 			out.Lookups[i] = &kvtierv1.RegionLookupResponse{Error: a.Err.Error()}
 			continue
 		}
-		found := make([]byte, len(a.Found))
-		for j, f := range a.Found {
-			found[j] = byte(f)
-		}
-		out.Lookups[i] = &kvtierv1.RegionLookupResponse{Found: found}
+		out.Lookups[i] = &kvtierv1.RegionLookupResponse{Found: foundBytes(a.Found)}
 	}
 	return out, nil
 }
