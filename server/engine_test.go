@@ -236,10 +236,10 @@ func TestEngineStepOfAnotherEpochIsRefused(t *testing.T) {
 	}
 }
 
-// vLLM resets its cache between steps, so a reset and the next step's
-// lookups travel in one EngineStep: the reset comes first, and a block it
-// drops is neither answered HIT nor left leased to the lookup.
-func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
+// engineWithRequest attaches an engine to a new daemon and makes its
+// first step: request "a" and one leased slot.
+func engineWithRequest(t *testing.T) (*client.Client, *kvtierv1.EngineAttachResponse, *kvtierv1.EngineStepResponse) {
+	t.Helper()
 	sock, _ := startEngineDaemon(t)
 	ctx := ctxT(t)
 	c := dialEngine(t, sock)
@@ -247,12 +247,21 @@ func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := att.GetNamespace()
-	r1, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+	r1, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: att.GetNamespace(), Epoch: att.GetEpoch(),
 		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 1})
 	if err != nil || len(r1.GetGrantedSlots()) != 1 {
 		t.Fatalf("step 1: %v %v", r1, err)
 	}
+	return c, att, r1
+}
+
+// vLLM resets its cache between steps, so a reset and the next step's
+// lookups travel in one EngineStep: the reset comes first, and a block it
+// drops is neither answered HIT nor left leased to the lookup.
+func TestEngineResetComesBeforeTheStepsLookups(t *testing.T) {
+	ctx := ctxT(t)
+	c, att, r1 := engineWithRequest(t)
+	ns := att.GetNamespace()
 	k := offload.MakeKey([]byte("reset-block"), 0)
 	packed, size := pack(k)
 	if _, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
@@ -298,19 +307,9 @@ func TestStatsWithoutANamespaceOfItsOwn(t *testing.T) {
 // step call in flight) leaves its events to the next call, so that they
 // reach the engine in the order they happened.
 func TestEngineStepKeepEvents(t *testing.T) {
-	sock, _ := startEngineDaemon(t)
 	ctx := ctxT(t)
-	c := dialEngine(t, sock)
-	att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, att, r1 := engineWithRequest(t)
 	ns := att.GetNamespace()
-	r1, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
-		NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 1})
-	if err != nil || len(r1.GetGrantedSlots()) != 1 {
-		t.Fatalf("step 1: %v %v", r1, err)
-	}
 	packed, size := pack(offload.MakeKey([]byte("kept-event"), 0))
 	r2, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(), KeepEvents: true,
 		Stores: []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: r1.GetGrantedSlots(), Success: true}}})
