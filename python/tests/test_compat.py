@@ -218,7 +218,9 @@ def test_request_keys_are_recorded_before_the_first_lookup() -> None:
     rc = vc.ReqContext(req_id="r")
     for i in range(3):
         rc.set_offload_key_position(vc.OffloadKey(bytes([i]) * 8), (i + 1) * 16)
-    assert vc.request_keys(rc) == [bytes([i]) * 8 for i in range(3)]
+    assert vc.request_keys(rc, bytes([1]) * 8, 4096) == [bytes([1]) * 8, bytes([2]) * 8]
+    assert vc.request_keys(rc, bytes([0]) * 8, 2) == [bytes([0]) * 8, bytes([1]) * 8]
+    assert vc.request_keys(rc, b"absent", 4096) is None
     src = inspect.getsource(sched.OffloadingConnectorScheduler.get_num_new_matched_tokens)
     assert src.index("req_status.update_offload_keys()") < src.index("self._lookup(req_status")
     upd = inspect.getsource(sched.RequestOffloadState.update_offload_keys)

@@ -5,7 +5,7 @@ reloaded after a prefix-cache reset are the bytes the "model" computed."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from conftest import Daemon, wait_until
 from engine_harness import BLOCK, Engine
@@ -74,6 +74,34 @@ def _steps_to_settle(e: Engine, rids: list[str], answered: Any) -> int:
 
 
 # The suite's storm; KVTIER_STORM=2000 runs issue 40's (BENCHMARKS.md).
+def _vllm_fs_engine(root: Any) -> tuple[Engine, Callable[[], bool]]:
+    """An engine with vLLM's own CPU+FS tiering, and a predicate that is
+    true once its FS tier has answered every lookup it was asked."""
+    from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
+
+    page = 2 * BLOCK * 2 * 16 * 2
+    fs = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 32 * 2 * page,
+                 "secondary_tiers": [{"type": "fs", "root_dir": str(root)}]})
+    lm = fs.manager.secondary_tiers[0]._lookup_manager
+
+    def answered() -> bool:
+        lm.drain_results()
+        return all(st.phase is not LookupPhase.IN_FLIGHT for st in lm._lookup_state.values())
+
+    return fs, answered
+
+
+def _kvtier_answered(e: Engine) -> Callable[[], bool]:
+    """True once kvtier's tier of e has the answers of every lookup it sent."""
+    tier = e.manager.secondary_tiers[0]
+
+    def answered() -> bool:
+        tier._drain_answers()
+        return bool(tier._inflight_lookups == 0)
+
+    return answered
+
+
 STORM = int(os.environ.get("KVTIER_STORM", "256"))
 
 
@@ -83,21 +111,12 @@ def test_a_storm_of_arrivals_settles_like_vllms_fs_tier(daemon: Daemon, tmp_path
     call per step (it was one call per request, on one thread) and the
     storm settles within 2 steps of vLLM's own FS tier."""
     from vllm.plugins import load_general_plugins
-    from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
 
     load_general_plugins()
     prompts = {f"s{i}": list(range(20_000 + 1000 * i, 20_000 + 1000 * i + 2 * BLOCK + 1)) for i in range(STORM)}
 
-    page = 2 * BLOCK * 2 * 16 * 2
-    fs = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 32 * 2 * page,
-                 "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "vllm-fs")}]})
+    fs, fs_answered = _vllm_fs_engine(tmp_path / "vllm-fs")
     try:
-        lm = fs.manager.secondary_tiers[0]._lookup_manager
-
-        def fs_answered() -> bool:
-            lm.drain_results()
-            return all(st.phase is not LookupPhase.IN_FLIGHT for st in lm._lookup_state.values())
-
         for rid, p in prompts.items():
             fs.add(rid, p)
         fs_steps = _steps_to_settle(fs, list(prompts), fs_answered)
@@ -107,11 +126,7 @@ def test_a_storm_of_arrivals_settles_like_vllms_fs_tier(daemon: Daemon, tmp_path
     e = engine(daemon)
     try:
         tier = e.manager.secondary_tiers[0]
-
-        def kv_answered() -> bool:
-            tier._drain_answers()
-            return tier._inflight_lookups == 0
-
+        kv_answered = _kvtier_answered(e)
         for rid, p in prompts.items():
             e.add(rid, p)
         e.step()  # every request is asked about in the first step...
@@ -132,34 +147,19 @@ def test_a_miss_is_answered_in_the_asking_step(daemon: Daemon, tmp_path: Any) ->
     asks and the request is scheduled in it; vLLM's own FS tier checks its
     disk off the thread and answers a step later."""
     from vllm.plugins import load_general_plugins
-    from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
 
     load_general_plugins()
-    page = 2 * BLOCK * 2 * 16 * 2
-    fs = Engine({"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm", "cpu_bytes_to_use": 32 * 2 * page,
-                 "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "vllm-fs")}]})
+    fs, fs_answered = _vllm_fs_engine(tmp_path / "vllm-fs")
     try:
-        lm = fs.manager.secondary_tiers[0]._lookup_manager
-
-        def fs_answered() -> bool:
-            lm.drain_results()
-            return all(st.phase is not LookupPhase.IN_FLIGHT for st in lm._lookup_state.values())
-
         fs.add("m", list(range(40_000, 40_000 + 4 * BLOCK + 3)))
         fs_miss = _steps_to_settle(fs, ["m"], fs_answered)
     finally:
         fs.shutdown()
     e = engine(daemon)
     try:
-        tier = e.manager.secondary_tiers[0]
-
-        def kv_answered() -> bool:
-            tier._drain_answers()
-            return tier._inflight_lookups == 0
-
         e.add("m", list(range(50_000, 50_000 + 4 * BLOCK + 3)))
-        miss = _steps_to_settle(e, ["m"], kv_answered)
-        assert tier.first_sights >= 1
+        miss = _steps_to_settle(e, ["m"], _kvtier_answered(e))
+        assert e.manager.secondary_tiers[0].first_sights >= 1
     finally:
         e.shutdown()
     print(f"steps to first schedule, a miss: kvtier tier mode {miss}, vLLM FS tier {fs_miss}")

@@ -186,15 +186,18 @@ def region_layout(offloading_spec: Any, primary_kv_view: memoryview) -> dict[str
     }
 
 
-def request_keys(req_context: Any) -> list[Any] | None:
-    """Every offload key of a request, in prefix order, as vLLM's connector
-    recorded them (ReqContext._offload_key_positions, filled when the
-    request is added, before its first lookup); None when this vLLM keeps
-    no such record."""
+def request_keys(req_context: Any, first: Any, limit: int) -> list[Any] | None:
+    """A request's offload keys in prefix order from ``first`` on, at most
+    ``limit`` of them, as vLLM's connector recorded them on its context
+    (ReqContext._offload_key_positions, filled right before it scans them
+    with lookup); None when this vLLM keeps no such record or ``first`` is
+    not in it."""
     positions = getattr(req_context, "_offload_key_positions", None)
-    if not isinstance(positions, dict):
+    if not isinstance(positions, dict) or first not in positions:
         return None
-    return list(positions)  # insertion order is prefix order
+    keys = list(positions)  # insertion order is prefix order
+    i = keys.index(first)
+    return keys[i:i + limit]
 
 
 def events_enabled(offloading_spec: Any) -> bool:

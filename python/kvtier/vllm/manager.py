@@ -667,14 +667,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         r.fresh = False
         if self._reset or self._flush_in or self._attached is not None:
             return None  # a reset or a new link goes first, with the step's batch
-        keys = vc.request_keys(ctx)
+        keys = vc.request_keys(ctx, key, _FIRST_SIGHT_KEYS)
         if not keys:
             return None
-        try:
-            i = keys.index(key)
-        except ValueError:
-            return None
-        keys = keys[i:i + _FIRST_SIGHT_KEYS]
         rid = ctx.req_id
         try:
             self._b_new.remove((rid, r.params))  # this call announces it

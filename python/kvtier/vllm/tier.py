@@ -208,6 +208,14 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
                 else:
                     self._forget(rid, k)  # ask again
 
+    def _note(self, rid: str, k: bytes) -> None:
+        """Records that request rid has an answer for k (pending or
+        settled), so that a lost block turns into a miss for it."""
+        if (rs := self._key_reqs.get(k)) is None:
+            self._key_reqs[k] = {rid}
+        else:
+            rs.add(rid)
+
     def _forget(self, rid: str, k: bytes) -> None:
         st = self._state.get(rid)
         if st is not None:
@@ -244,10 +252,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         if link is None:
             return _MISS
         st[key] = None
-        if (rs := self._key_reqs.get(key)) is None:
-            self._key_reqs[key] = {rid}
-        else:
-            rs.add(rid)
+        self._note(rid, key)
         if (b := self._batch.get(rid)) is None:
             self._params_of(req_context)
             self._batch[rid] = [key]
@@ -262,14 +267,9 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         asynchronous tiers), on the scheduler's thread. Settled keys are
         cached as the asynchronous answers are; returns the key's answer, or
         None to take the asynchronous path."""
-        keys = vc.request_keys(ctx)
+        keys = vc.request_keys(ctx, key, _FIRST_SIGHT_KEYS)
         if not keys:
             return None
-        try:
-            i = keys.index(key)
-        except ValueError:
-            return None
-        keys = keys[i:i + _FIRST_SIGHT_KEYS]
         rid = ctx.req_id
         t0 = time.monotonic()
         found = link.lookup_now(rid, self._params_of(ctx), keys, wait_us=_FIRST_SIGHT_WAIT_US,
@@ -282,10 +282,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         for k, f in zip(keys, found):
             if f == _region.HIT or f == _region.MISS:
                 st[k] = f == _region.HIT
-                if (rs := self._key_reqs.get(k)) is None:
-                    self._key_reqs[k] = {rid}
-                else:
-                    rs.add(rid)
+                self._note(rid, k)
         a = st.get(key)
         return None if a is None else (_HIT if a else _MISS)
 
