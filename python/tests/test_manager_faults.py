@@ -336,3 +336,35 @@ def test_model_random_lifecycles(kvtier_bin: str, seed: int) -> None:
         daemon.stop()
     print(f"seed {seed}: {counts}")
     assert counts["serve"] >= 5, counts
+
+
+def test_a_first_sight_answered_late_leaves_no_pin(daemon: Daemon) -> None:
+    """A daemon stopped through a first sight: the engine stops waiting
+    after its bound and asks again with the step's batch; the daemon,
+    resumed, carries out the first sight all the same and leases the hits
+    to the request. That late answer's leases are given back: once the
+    request is served and finished nothing stays pinned, with the engine's
+    session still open (a finished request keeps its pins on the daemon)."""
+    model = tiny_model_dir()
+    e1, e2 = engine(daemon, model), engine(daemon, model)
+    try:
+        assert serve(e1, "w", prompt(3)) == (0, 0)
+        m = e2.manager
+        ns = m._ns
+        wait_until(lambda: not m._in_flight, 10, "engine 2 idle")
+        assert daemon.proc is not None
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        try:
+            e2.add("h", prompt(3))
+            e2.step()  # its first sight waits out its bound: the daemon is stopped
+            assert m.first_sight_failures == 1 and m.first_sights == 0
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        wait_until(lambda: (e2.step(), m.late_answers >= 1)[1], 20, "the first sight's late answer")
+        e2.run(max_steps=20000)
+        assert e2.reused["h"] == (4, 4), e2.reused["h"]
+        wait_until(lambda: (e2.step(), daemon.client(ns).stats().primary.pinned_slots == 0)[1], 20,
+                   "the late first sight's leases to be given back")
+    finally:
+        e1.shutdown()
+        e2.shutdown()

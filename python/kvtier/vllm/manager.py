@@ -83,6 +83,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Collection, Iterable
 
+import grpc
+
 from kvtier.vllm import _compat as vc
 from kvtier.vllm._region import _rpc_msg
 
@@ -152,6 +154,18 @@ class _Answer:
     rep: pb.EngineStepResponse | None = None
     err: BaseException | None = None
     stale: bool = False      # not sent: its link was down already
+
+
+@dataclass
+class _Late:
+    """The answer of a call the scheduler thread stopped waiting for (a
+    first sight, a reserve) that the daemon carried out after all: what it
+    took there (lookup leases, leased slots) is given back."""
+
+    gen: int
+    rid: str
+    keys: list[bytes]  # a first sight's keys, co-indexed with its answer
+    rep: Any
 
 
 @dataclass
@@ -269,11 +283,14 @@ class KvtierProxyManager(vc.OffloadingManager):
         # first-sight lookups made, and those that failed
         self.first_sights = 0
         self.first_sight_failures = 0
+        # answers of first sights and reserves that came too late, whose
+        # leases and slots were given back
+        self.late_answers = 0
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
         self._out: queue.SimpleQueue[_Batch | _Close | None] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[_Answer | _Attached] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[_Answer | _Attached | _Late] = queue.SimpleQueue()
         self._in_flight = 0
         self._thread = threading.Thread(target=self._send_loop, args=(link,), name="kvtier-step", daemon=True)
         self._thread.start()
@@ -425,9 +442,12 @@ class KvtierProxyManager(vc.OffloadingManager):
         while not self._answers.empty():
             self._handle(self._answers.get_nowait())
 
-    def _handle(self, a: _Answer | _Attached) -> None:
+    def _handle(self, a: _Answer | _Attached | _Late) -> None:
         if isinstance(a, _Attached):
             self._attached = a  # one reattach at a time: the sending thread waits for no other
+            return
+        if isinstance(a, _Late):
+            self._give_back(a)
             return
         self._in_flight -= 1
         # Answers come back in the order the batches went: this one's
@@ -656,6 +676,43 @@ class KvtierProxyManager(vc.OffloadingManager):
             b.append(key)
         return _RETRY
 
+    def _call_now(self, rpc: Any, req: Any, timeout: float, rid: str = "", keys: list[bytes] | None = None) -> Any:
+        """A call on the scheduler's thread, waited for at most timeout. If
+        it is not answered by then it goes on (the daemon may still carry
+        it out): its answer, if one comes, is handed to _give_back through
+        the answers queue. Raises what the call raised, or
+        grpc.FutureTimeoutError."""
+        fut = rpc.future(req, timeout=self._timeout, metadata=self._client._md)
+        try:
+            return fut.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            gen = self._gen
+
+            def late(f: Any) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    self._answers.put(_Late(gen, rid, keys or [], f.result()))
+
+            fut.add_done_callback(late)
+            raise
+
+    def _give_back(self, a: _Late) -> None:
+        """Gives back what a call answered too late took on the daemon: a
+        reserve's leased slots, a first sight's lookup leases (the request
+        asked again, the asynchronous way). A link that went down since
+        took them with its session."""
+        if a.gen != self._gen or not self._up:
+            return
+        self.late_answers += 1
+        rep = a.rep
+        if isinstance(rep, self._pb.EngineReserveResponse):
+            self._b_return.extend(rep.granted_slots)
+            return
+        self._b_return.extend(rep.granted_slots)
+        for lk in rep.lookups:
+            hits = [k for k, f in zip(a.keys, lk.found) if f == 2]
+            if hits:
+                self._b_unpins.setdefault(lk.request_id, []).extend(hits)
+
     def _first_sight(self, r: _Req, key: vc.OffloadKey, ctx: vc.ReqContext) -> vc.LookupResult | None:
         """The first lookup of a request the daemon has not been told of:
         one bounded step call announces it and looks up its keys from this
@@ -683,7 +740,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         t0 = time.monotonic()
         try:
-            rep = self._client.stub.EngineStep(req, timeout=self._sync_timeout, metadata=self._client._md)
+            rep = self._call_now(self._client.stub.EngineStep, req, self._sync_timeout, rid, keys)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._b_new.append((rid, r.params))  # announced with the step's batch after all
             self._sync_left, self._sync_ok = 0.0, False
@@ -813,7 +870,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             namespace=self._ns, epoch=self._epoch, packed_keys=b"".join(keys), key_size=len(keys[0]),
             more_slots=max(cap - len(self._pool), 0), free_slots=len(self._pool))
         try:
-            rep = self._client.stub.EngineReserve(req, timeout=self._reserve_timeout, metadata=self._client._md)
+            rep = self._call_now(self._client.stub.EngineReserve, req, self._reserve_timeout)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._reserve_ok = False
             self.reserve_failures += 1
