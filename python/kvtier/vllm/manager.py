@@ -547,6 +547,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         handed to workers become stale."""
         self._invalidated = True
         self._pool.clear()
+        # What the down link's daemon held says nothing of the next one's.
+        self._held.clear()
+        self._held_q.clear()
         self._drop_batch()
         for r in self._reqs.values():
             self._stale(r)
