@@ -100,7 +100,7 @@ _HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult
 _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
 _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 _HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
-_RESERVE_TIMEOUT = 0.1  # seconds, the most an EngineReserve may hold the scheduler
+_CALL_BOUND = 0.1  # seconds, the most a first sight or a reserve may hold the scheduler
 _FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
 
 
@@ -201,18 +201,17 @@ class KvtierProxyManager(vc.OffloadingManager):
         # quarters of the primary: its new blocks evict that much anyway,
         # and the blocks the daemon holds are not among them.
         self._max_burst = max(min(spec.num_chunks * 3 // 4, _MAX_FREE), self._max_free)
-        # The bound on EngineReserve, the one call the scheduler thread
-        # waits on; after one fails, none is made until a step answer
-        # comes back (the daemon is slow or gone: the store keeps what the
-        # pool holds, as before).
-        self._reserve_timeout = min(spec._lookup_timeout, _RESERVE_TIMEOUT)
+        # The bound on the calls the scheduler thread waits for (first
+        # sights, reserves). After a reserve fails none is made until a step
+        # answer comes back (the daemon is slow or gone: the store keeps
+        # what the pool holds, as before).
+        self._call_bound = min(spec._lookup_timeout, _CALL_BOUND)
         self._reserve_ok = True
         # First-sight lookups (see _first_sight): the scheduler thread's
-        # time for them per step, the bound on one, and whether the daemon
+        # time for them per step, what is left of it, and whether the daemon
         # answered the last call (none after one fails until a step answer
         # comes back).
         self._sync_budget = spec._first_sight_s
-        self._sync_timeout = min(spec._lookup_timeout, _RESERVE_TIMEOUT)
         self._sync_left = 0.0
         self._sync_ok = True
         # Keys of successful stores no step call has bound yet (count), and
@@ -743,7 +742,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         t0 = time.monotonic()
         try:
-            rep = self._call_now(self._client.stub.EngineStep, req, self._sync_timeout, rid, keys)
+            rep = self._call_now(self._client.stub.EngineStep, req, self._call_bound, rid, keys)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._b_new.append((rid, r.params))  # announced with the step's batch after all
             self._sync_left, self._sync_ok = 0.0, False
@@ -873,7 +872,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             namespace=self._ns, epoch=self._epoch, packed_keys=b"".join(keys), key_size=len(keys[0]),
             more_slots=max(cap - len(self._pool), 0), free_slots=len(self._pool))
         try:
-            rep = self._call_now(self._client.stub.EngineReserve, req, self._reserve_timeout)
+            rep = self._call_now(self._client.stub.EngineReserve, req, self._call_bound)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._reserve_ok = False
             self.reserve_failures += 1
