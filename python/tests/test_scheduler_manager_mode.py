@@ -170,6 +170,9 @@ def test_a_miss_and_a_primary_hit_are_answered_in_the_asking_step(engine_daemon:
     finally:
         cpu.shutdown()
     e1, e2 = engine(engine_daemon, model), engine(engine_daemon, model)
+    # The count is of steps, not time: a busy machine must not turn a first
+    # sight into a timeout.
+    e2.manager._call_bound = 30.0
     try:
         prompt = list(range(7000, 7000 + 4 * BLOCK + 3))
         e1.add("w", prompt)
@@ -197,6 +200,7 @@ def test_promotions_start_at_first_sight(engine_daemon: Daemon) -> None:
 
     model = tiny_model_dir()
     e1, e2 = engine(engine_daemon, model), engine(engine_daemon, model)
+    e2.manager._call_bound = 30.0  # steps are counted, not time (a busy machine)
     try:
         prompt = list(range(11_000, 11_000 + 8 * BLOCK + 5))
         e1.add("w", prompt)
