@@ -41,6 +41,43 @@ func BenchmarkLookup1000Unix(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
 
+// BenchmarkResidency1000Unix is one Residency query of a 1 000-key prefix
+// over the Unix socket (issue 41: ≤ 1 ms median): the primary holds it
+// all, and two tiers that can tell (memory tiers, as fs) hold it too, so
+// every key is checked in the primary and in both; a third tier, which
+// cannot tell without I/O, is not asked. Run it beside
+// BenchmarkLookup1000Unix, the engine's lookup of the same prefix:
+//
+//	go test -run '^$' -bench 'Residency1000Unix|Lookup1000Unix' -count 5 ./server/
+func BenchmarkResidency1000Unix(b *testing.B) {
+	const n = 1000
+	mts, tiers := steerTiers(b)
+	e := startEnv(b, envOptions{slots: 1024, tiers: tiers})
+	ctx := ctxT(b)
+	c := e.dial(b, e.unix)
+	ks := putPrefix(b, c, n)
+	for _, m := range mts[:2] {
+		for _, k := range ks {
+			m.Put(k, nil)
+		}
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		r, err := c.Residency(ctx, ks, "")
+		lat = append(lat, time.Since(start))
+		if err != nil || r.GetLoadable() != n || r.GetTiers()[1].GetRun() != n {
+			b.Fatalf("%v %v", r, err)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "median-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
 const bigBlock = 2 << 20 // 2 MiB, the default bytes_per_block
 
 // BenchmarkPutGetBlocks2MiB stores and loads 8 blocks of 2 MiB per call

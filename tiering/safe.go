@@ -112,3 +112,10 @@ func (s *Stack) tierCancel(ts *tier, id uint64) (ok bool) {
 	defer s.recoverTier(ts, "CancelQueued")
 	return ts.queue.CancelQueued(id)
 }
+
+// tierHolds asks h, reporting false if the tier panicked.
+func (s *Stack) tierHolds(ts *tier, h Holder, keys []offload.Key, held []bool) (ok bool) {
+	defer s.recoverTier(ts, "Holds")
+	h.Holds(keys, held)
+	return true
+}

@@ -279,6 +279,22 @@ func reqID(req *offload.ReqContext) string {
 	return req.ID
 }
 
+// Holds sets held[i] for each of keys the tier's index knows as a live
+// block it would load (tiering.Holder): no stat, no adoption of files
+// other processes wrote, no recency update, no event.
+func (t *Tier) Holds(keys []offload.Key, held []bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, k := range keys {
+		if j, ok := t.idx.find(k); ok {
+			e := &t.idx.ents[j]
+			if e.state == stateLive && !t.foreign(int64(e.size)) {
+				held[i] = true
+			}
+		}
+	}
+}
+
 // exists is the asynclookup batch function: the index first, a stat for
 // keys it does not know (files another process wrote are adopted).
 func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {

@@ -757,6 +757,18 @@ func (t *Tier) Contains(key offload.Key) bool {
 	return ok
 }
 
+// Holds sets held[i] for each of keys the tier holds (tiering.Holder):
+// no recency update, no statistics, no event.
+func (t *Tier) Holds(keys []offload.Key, held []bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, k := range keys {
+		if _, ok := t.blocks[k]; ok {
+			held[i] = true
+		}
+	}
+}
+
 // Get returns a copy of the bytes stored under key.
 func (t *Tier) Get(key offload.Key) ([]byte, bool) {
 	t.mu.Lock()

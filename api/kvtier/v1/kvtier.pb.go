@@ -906,6 +906,248 @@ func (x *LookupRequest) GetWantSources() bool {
 	return false
 }
 
+type ResidencyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Keys in prefix order (or packed_keys with key_size, as for Lookup).
+	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// kv_transfer_params JSON (optional): its kv_load_tiers decides which
+	// secondary tiers are asked, as for a request that sends it.
+	KvTransferParams string `protobuf:"bytes,5,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ResidencyRequest) Reset() {
+	*x = ResidencyRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidencyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidencyRequest) ProtoMessage() {}
+
+func (x *ResidencyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidencyRequest.ProtoReflect.Descriptor instead.
+func (*ResidencyRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ResidencyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ResidencyRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ResidencyRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *ResidencyRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *ResidencyRequest) GetKvTransferParams() string {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return ""
+}
+
+type TierResidency struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Medium   Medium                 `protobuf:"varint,2,opt,name=medium,proto3,enum=kvtier.v1.Medium" json:"medium,omitempty"`
+	Locality Locality               `protobuf:"varint,3,opt,name=locality,proto3,enum=kvtier.v1.Locality" json:"locality,omitempty"`
+	// The load filter allows the tier (a tier it excludes is not asked).
+	Allowed bool `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// The tier can tell from memory which blocks it holds (fs, memory); a
+	// tier that would need I/O to tell (s3, redis, peer) is not asked.
+	Known bool `protobuf:"varint,5,opt,name=known,proto3" json:"known,omitempty"`
+	// Leading keys the tier holds.
+	Run           uint32 `protobuf:"varint,6,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierResidency) Reset() {
+	*x = TierResidency{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierResidency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierResidency) ProtoMessage() {}
+
+func (x *TierResidency) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierResidency.ProtoReflect.Descriptor instead.
+func (*TierResidency) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TierResidency) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TierResidency) GetMedium() Medium {
+	if x != nil {
+		return x.Medium
+	}
+	return Medium_MEDIUM_UNSPECIFIED
+}
+
+func (x *TierResidency) GetLocality() Locality {
+	if x != nil {
+		return x.Locality
+	}
+	return Locality_LOCALITY_UNSPECIFIED
+}
+
+func (x *TierResidency) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *TierResidency) GetKnown() bool {
+	if x != nil {
+		return x.Known
+	}
+	return false
+}
+
+func (x *TierResidency) GetRun() uint32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
+type ResidencyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leading keys ready in the primary.
+	Primary uint32 `protobuf:"varint,1,opt,name=primary,proto3" json:"primary,omitempty"`
+	// The secondary tiers in lookup order.
+	Tiers []*TierResidency `protobuf:"bytes,2,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// Leading keys each held by the primary or by a tier the filter allows
+	// and that could tell: what a request with this filter would find.
+	Loadable uint32 `protobuf:"varint,3,opt,name=loadable,proto3" json:"loadable,omitempty"`
+	// Problems found in kv_transfer_params under lenient validation (the
+	// filter then applied is the one a request would get); strict
+	// validation refuses the call instead.
+	Warnings      []*FilterWarning `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResidencyResponse) Reset() {
+	*x = ResidencyResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidencyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidencyResponse) ProtoMessage() {}
+
+func (x *ResidencyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidencyResponse.ProtoReflect.Descriptor instead.
+func (*ResidencyResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ResidencyResponse) GetPrimary() uint32 {
+	if x != nil {
+		return x.Primary
+	}
+	return 0
+}
+
+func (x *ResidencyResponse) GetTiers() []*TierResidency {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+func (x *ResidencyResponse) GetLoadable() uint32 {
+	if x != nil {
+		return x.Loadable
+	}
+	return 0
+}
+
+func (x *ResidencyResponse) GetWarnings() []*FilterWarning {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 // LookupResponse carries one result per key.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -923,7 +1165,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[6]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1177,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[6]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1190,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{6}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LookupResponse) GetResults() []LookupResult {
@@ -999,7 +1241,7 @@ type PrepareLoadRequest struct {
 
 func (x *PrepareLoadRequest) Reset() {
 	*x = PrepareLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[7]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1253,7 @@ func (x *PrepareLoadRequest) String() string {
 func (*PrepareLoadRequest) ProtoMessage() {}
 
 func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[7]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1266,7 @@ func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadRequest.ProtoReflect.Descriptor instead.
 func (*PrepareLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{7}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PrepareLoadRequest) GetNamespace() string {
@@ -1083,7 +1325,7 @@ type PrepareLoadResponse struct {
 
 func (x *PrepareLoadResponse) Reset() {
 	*x = PrepareLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[8]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1337,7 @@ func (x *PrepareLoadResponse) String() string {
 func (*PrepareLoadResponse) ProtoMessage() {}
 
 func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[8]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1350,7 @@ func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadResponse.ProtoReflect.Descriptor instead.
 func (*PrepareLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{8}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrepareLoadResponse) GetSlots() []int64 {
@@ -1143,7 +1385,7 @@ type CompleteLoadRequest struct {
 
 func (x *CompleteLoadRequest) Reset() {
 	*x = CompleteLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1397,7 @@ func (x *CompleteLoadRequest) String() string {
 func (*CompleteLoadRequest) ProtoMessage() {}
 
 func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1410,7 @@ func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{9}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteLoadRequest) GetNamespace() string {
@@ -1215,7 +1457,7 @@ type CompleteLoadResponse struct {
 
 func (x *CompleteLoadResponse) Reset() {
 	*x = CompleteLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1469,7 @@ func (x *CompleteLoadResponse) String() string {
 func (*CompleteLoadResponse) ProtoMessage() {}
 
 func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1482,7 @@ func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadResponse.ProtoReflect.Descriptor instead.
 func (*CompleteLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{10}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
 }
 
 // TouchRequest refreshes the recency of keys.
@@ -1261,7 +1503,7 @@ type TouchRequest struct {
 
 func (x *TouchRequest) Reset() {
 	*x = TouchRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1515,7 @@ func (x *TouchRequest) String() string {
 func (*TouchRequest) ProtoMessage() {}
 
 func (x *TouchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1528,7 @@ func (x *TouchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchRequest.ProtoReflect.Descriptor instead.
 func (*TouchRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TouchRequest) GetNamespace() string {
@@ -1333,7 +1575,7 @@ type TouchResponse struct {
 
 func (x *TouchResponse) Reset() {
 	*x = TouchResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1587,7 @@ func (x *TouchResponse) String() string {
 func (*TouchResponse) ProtoMessage() {}
 
 func (x *TouchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1600,7 @@ func (x *TouchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchResponse.ProtoReflect.Descriptor instead.
 func (*TouchResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
 }
 
 // BlockMetadata describes the tokens of one stored block so that published
@@ -1385,7 +1627,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1639,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1652,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BlockMetadata) GetBlockHashes() [][]byte {
@@ -1490,7 +1732,7 @@ type PrepareStoreRequest struct {
 
 func (x *PrepareStoreRequest) Reset() {
 	*x = PrepareStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1744,7 @@ func (x *PrepareStoreRequest) String() string {
 func (*PrepareStoreRequest) ProtoMessage() {}
 
 func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1757,7 @@ func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreRequest.ProtoReflect.Descriptor instead.
 func (*PrepareStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PrepareStoreRequest) GetNamespace() string {
@@ -1578,7 +1820,7 @@ type PrepareStoreResponse struct {
 
 func (x *PrepareStoreResponse) Reset() {
 	*x = PrepareStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1832,7 @@ func (x *PrepareStoreResponse) String() string {
 func (*PrepareStoreResponse) ProtoMessage() {}
 
 func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1845,7 @@ func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreResponse.ProtoReflect.Descriptor instead.
 func (*PrepareStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PrepareStoreResponse) GetOk() bool {
@@ -1655,7 +1897,7 @@ type CompleteStoreRequest struct {
 
 func (x *CompleteStoreRequest) Reset() {
 	*x = CompleteStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1909,7 @@ func (x *CompleteStoreRequest) String() string {
 func (*CompleteStoreRequest) ProtoMessage() {}
 
 func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1922,7 @@ func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreRequest.ProtoReflect.Descriptor instead.
 func (*CompleteStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CompleteStoreRequest) GetNamespace() string {
@@ -1734,7 +1976,7 @@ type CompleteStoreResponse struct {
 
 func (x *CompleteStoreResponse) Reset() {
 	*x = CompleteStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1988,7 @@ func (x *CompleteStoreResponse) String() string {
 func (*CompleteStoreResponse) ProtoMessage() {}
 
 func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +2001,7 @@ func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreResponse.ProtoReflect.Descriptor instead.
 func (*CompleteStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
 }
 
 // FinishRequestRequest ends a request.
@@ -1773,7 +2015,7 @@ type FinishRequestRequest struct {
 
 func (x *FinishRequestRequest) Reset() {
 	*x = FinishRequestRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +2027,7 @@ func (x *FinishRequestRequest) String() string {
 func (*FinishRequestRequest) ProtoMessage() {}
 
 func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +2040,7 @@ func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestRequest.ProtoReflect.Descriptor instead.
 func (*FinishRequestRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FinishRequestRequest) GetNamespace() string {
@@ -1824,7 +2066,7 @@ type FinishRequestResponse struct {
 
 func (x *FinishRequestResponse) Reset() {
 	*x = FinishRequestResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2078,7 @@ func (x *FinishRequestResponse) String() string {
 func (*FinishRequestResponse) ProtoMessage() {}
 
 func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2091,7 @@ func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestResponse.ProtoReflect.Descriptor instead.
 func (*FinishRequestResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
 }
 
 // ScheduleEndRequest ends one engine step.
@@ -1866,7 +2108,7 @@ type ScheduleEndRequest struct {
 
 func (x *ScheduleEndRequest) Reset() {
 	*x = ScheduleEndRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2120,7 @@ func (x *ScheduleEndRequest) String() string {
 func (*ScheduleEndRequest) ProtoMessage() {}
 
 func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2133,7 @@ func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndRequest.ProtoReflect.Descriptor instead.
 func (*ScheduleEndRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ScheduleEndRequest) GetNamespace() string {
@@ -1928,7 +2170,7 @@ type ScheduleEndResponse struct {
 
 func (x *ScheduleEndResponse) Reset() {
 	*x = ScheduleEndResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2182,7 @@ func (x *ScheduleEndResponse) String() string {
 func (*ScheduleEndResponse) ProtoMessage() {}
 
 func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2195,7 @@ func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndResponse.ProtoReflect.Descriptor instead.
 func (*ScheduleEndResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ScheduleEndResponse) GetHasPendingWork() bool {
@@ -1980,7 +2222,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2234,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2247,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResetRequest) GetNamespace() string {
@@ -2024,7 +2266,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2278,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2291,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
 }
 
 // StatsRequest asks for counters.
@@ -2062,7 +2304,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2316,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2329,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatsRequest) GetNamespace() string {
@@ -2125,7 +2367,7 @@ type PrimaryStats struct {
 
 func (x *PrimaryStats) Reset() {
 	*x = PrimaryStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2379,7 @@ func (x *PrimaryStats) String() string {
 func (*PrimaryStats) ProtoMessage() {}
 
 func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2392,7 @@ func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrimaryStats.ProtoReflect.Descriptor instead.
 func (*PrimaryStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PrimaryStats) GetSlotSize() int64 {
@@ -2300,7 +2542,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2554,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2567,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TierStats) GetName() string {
@@ -2569,7 +2811,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2823,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2836,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatsResponse) GetNamespace() string {
@@ -2721,7 +2963,7 @@ type TenantStats struct {
 
 func (x *TenantStats) Reset() {
 	*x = TenantStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +2975,7 @@ func (x *TenantStats) String() string {
 func (*TenantStats) ProtoMessage() {}
 
 func (x *TenantStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +2988,7 @@ func (x *TenantStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStats.ProtoReflect.Descriptor instead.
 func (*TenantStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TenantStats) GetName() string {
@@ -2839,7 +3081,7 @@ type TenantTierStats struct {
 
 func (x *TenantTierStats) Reset() {
 	*x = TenantTierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +3093,7 @@ func (x *TenantTierStats) String() string {
 func (*TenantTierStats) ProtoMessage() {}
 
 func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +3106,7 @@ func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantTierStats.ProtoReflect.Descriptor instead.
 func (*TenantTierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TenantTierStats) GetTier() string {
@@ -2900,7 +3142,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3154,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3167,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExplainRequest) GetNamespace() string {
@@ -2963,7 +3205,7 @@ type TierDecision struct {
 
 func (x *TierDecision) Reset() {
 	*x = TierDecision{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3217,7 @@ func (x *TierDecision) String() string {
 func (*TierDecision) ProtoMessage() {}
 
 func (x *TierDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3230,7 @@ func (x *TierDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDecision.ProtoReflect.Descriptor instead.
 func (*TierDecision) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TierDecision) GetName() string {
@@ -3068,7 +3310,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3080,7 +3322,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3093,7 +3335,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExplainResponse) GetLoadFilter() *TierFilter {
@@ -3165,7 +3407,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3419,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3432,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Block) GetKey() []byte {
@@ -3224,7 +3466,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3478,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3491,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutBlocksRequest) GetNamespace() string {
@@ -3293,7 +3535,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3305,7 +3547,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3318,7 +3560,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutBlocksResponse) GetStatuses() []PutStatus {
@@ -3363,7 +3605,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3375,7 +3617,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3388,7 +3630,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetBlocksRequest) GetNamespace() string {
@@ -3457,7 +3699,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3711,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3724,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetBlocksResponse) GetBlocks() []*Block {
@@ -3527,7 +3769,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3781,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3794,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListBlocksRequest) GetNamespace() string {
@@ -3603,7 +3845,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3615,7 +3857,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3628,7 +3870,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListBlocksResponse) GetKeys() [][]byte {
@@ -3690,7 +3932,7 @@ type GetArenaRequest struct {
 
 func (x *GetArenaRequest) Reset() {
 	*x = GetArenaRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3702,7 +3944,7 @@ func (x *GetArenaRequest) String() string {
 func (*GetArenaRequest) ProtoMessage() {}
 
 func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3715,7 +3957,7 @@ func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaRequest.ProtoReflect.Descriptor instead.
 func (*GetArenaRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetArenaRequest) GetNamespace() string {
@@ -3754,7 +3996,7 @@ type GetArenaResponse struct {
 
 func (x *GetArenaResponse) Reset() {
 	*x = GetArenaResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3766,7 +4008,7 @@ func (x *GetArenaResponse) String() string {
 func (*GetArenaResponse) ProtoMessage() {}
 
 func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3779,7 +4021,7 @@ func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaResponse.ProtoReflect.Descriptor instead.
 func (*GetArenaResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetArenaResponse) GetKind() ArenaKind {
@@ -3847,7 +4089,7 @@ type RegionRegistration struct {
 
 func (x *RegionRegistration) Reset() {
 	*x = RegionRegistration{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3859,7 +4101,7 @@ func (x *RegionRegistration) String() string {
 func (*RegionRegistration) ProtoMessage() {}
 
 func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3872,7 +4114,7 @@ func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
 func (*RegionRegistration) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
 }
 
 type RegionLookupRequest struct {
@@ -3896,7 +4138,7 @@ type RegionLookupRequest struct {
 
 func (x *RegionLookupRequest) Reset() {
 	*x = RegionLookupRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +4150,7 @@ func (x *RegionLookupRequest) String() string {
 func (*RegionLookupRequest) ProtoMessage() {}
 
 func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +4163,7 @@ func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RegionLookupRequest) GetRegionId() string {
@@ -3979,7 +4221,7 @@ type RegionLookupResponse struct {
 
 func (x *RegionLookupResponse) Reset() {
 	*x = RegionLookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3991,7 +4233,7 @@ func (x *RegionLookupResponse) String() string {
 func (*RegionLookupResponse) ProtoMessage() {}
 
 func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4004,7 +4246,7 @@ func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegionLookupResponse) GetFound() []byte {
@@ -4032,7 +4274,7 @@ type RegionLookupsRequest struct {
 
 func (x *RegionLookupsRequest) Reset() {
 	*x = RegionLookupsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4286,7 @@ func (x *RegionLookupsRequest) String() string {
 func (*RegionLookupsRequest) ProtoMessage() {}
 
 func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4299,7 @@ func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegionLookupsRequest) GetRegionId() string {
@@ -4084,7 +4326,7 @@ type RegionLookupsResponse struct {
 
 func (x *RegionLookupsResponse) Reset() {
 	*x = RegionLookupsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4096,7 +4338,7 @@ func (x *RegionLookupsResponse) String() string {
 func (*RegionLookupsResponse) ProtoMessage() {}
 
 func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4109,7 +4351,7 @@ func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegionLookupsResponse) GetLookups() []*RegionLookupResponse {
@@ -4138,7 +4380,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4392,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4405,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4225,7 +4467,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4237,7 +4479,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4250,7 +4492,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4275,7 +4517,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4287,7 +4529,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4300,7 +4542,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 type RegionResultsRequest struct {
@@ -4312,7 +4554,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4324,7 +4566,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4337,7 +4579,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -4360,7 +4602,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4372,7 +4614,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4385,7 +4627,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -4418,7 +4660,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +4672,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +4685,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -4464,7 +4706,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4476,7 +4718,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4489,7 +4731,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -4524,7 +4766,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4536,7 +4778,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4549,7 +4791,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -4588,7 +4830,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4600,7 +4842,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4613,7 +4855,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -4667,7 +4909,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4679,7 +4921,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4692,7 +4934,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -4712,7 +4954,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4724,7 +4966,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4737,7 +4979,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -4762,7 +5004,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4774,7 +5016,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4787,7 +5029,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 type EngineAttachRequest struct {
@@ -4801,7 +5043,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4813,7 +5055,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4826,7 +5068,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -4854,7 +5096,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4866,7 +5108,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4879,7 +5121,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -4927,7 +5169,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5181,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5194,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -4981,7 +5223,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4993,7 +5235,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5006,7 +5248,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -5045,7 +5287,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5057,7 +5299,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5070,7 +5312,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -5142,7 +5384,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5154,7 +5396,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5167,7 +5409,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5289,7 +5531,7 @@ type EngineReserveRequest struct {
 
 func (x *EngineReserveRequest) Reset() {
 	*x = EngineReserveRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5301,7 +5543,7 @@ func (x *EngineReserveRequest) String() string {
 func (*EngineReserveRequest) ProtoMessage() {}
 
 func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5314,7 +5556,7 @@ func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveRequest.ProtoReflect.Descriptor instead.
 func (*EngineReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EngineReserveRequest) GetNamespace() string {
@@ -5372,7 +5614,7 @@ type EngineReserveResponse struct {
 
 func (x *EngineReserveResponse) Reset() {
 	*x = EngineReserveResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5384,7 +5626,7 @@ func (x *EngineReserveResponse) String() string {
 func (*EngineReserveResponse) ProtoMessage() {}
 
 func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5397,7 +5639,7 @@ func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveResponse.ProtoReflect.Descriptor instead.
 func (*EngineReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EngineReserveResponse) GetFound() []byte {
@@ -5427,7 +5669,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5439,7 +5681,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5452,7 +5694,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -5491,7 +5733,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5503,7 +5745,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5516,7 +5758,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -5589,7 +5831,26 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vpacked_keys\x18\x05 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
 	"\bkey_size\x18\x06 \x01(\rR\akeySize\x12!\n" +
-	"\fwant_sources\x18\a \x01(\bR\vwantSources\"q\n" +
+	"\fwant_sources\x18\a \x01(\bR\vwantSources\"\xae\x01\n" +
+	"\x10ResidencyRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\x12,\n" +
+	"\x12kv_transfer_params\x18\x05 \x01(\tR\x10kvTransferParams\"\xc1\x01\n" +
+	"\rTierResidency\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x06medium\x18\x02 \x01(\x0e2\x11.kvtier.v1.MediumR\x06medium\x12/\n" +
+	"\blocality\x18\x03 \x01(\x0e2\x13.kvtier.v1.LocalityR\blocality\x12\x18\n" +
+	"\aallowed\x18\x04 \x01(\bR\aallowed\x12\x14\n" +
+	"\x05known\x18\x05 \x01(\bR\x05known\x12\x10\n" +
+	"\x03run\x18\x06 \x01(\rR\x03run\"\xaf\x01\n" +
+	"\x11ResidencyResponse\x12\x18\n" +
+	"\aprimary\x18\x01 \x01(\rR\aprimary\x12.\n" +
+	"\x05tiers\x18\x02 \x03(\v2\x18.kvtier.v1.TierResidencyR\x05tiers\x12\x1a\n" +
+	"\bloadable\x18\x03 \x01(\rR\bloadable\x124\n" +
+	"\bwarnings\x18\x04 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"q\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\rR\x04hits\x12\x18\n" +
@@ -6002,11 +6263,12 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xe3\x0e\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xab\x0f\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
-	"\x06Lookup\x12\x18.kvtier.v1.LookupRequest\x1a\x19.kvtier.v1.LookupResponse\x12L\n" +
+	"\x06Lookup\x12\x18.kvtier.v1.LookupRequest\x1a\x19.kvtier.v1.LookupResponse\x12F\n" +
+	"\tResidency\x12\x1b.kvtier.v1.ResidencyRequest\x1a\x1c.kvtier.v1.ResidencyResponse\x12L\n" +
 	"\vPrepareLoad\x12\x1d.kvtier.v1.PrepareLoadRequest\x1a\x1e.kvtier.v1.PrepareLoadResponse\x12O\n" +
 	"\fCompleteLoad\x12\x1e.kvtier.v1.CompleteLoadRequest\x1a\x1f.kvtier.v1.CompleteLoadResponse\x12:\n" +
 	"\x05Touch\x12\x17.kvtier.v1.TouchRequest\x1a\x18.kvtier.v1.TouchResponse\x12O\n" +
@@ -6047,7 +6309,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -6062,70 +6324,73 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*NewRequestRequest)(nil),     // 10: kvtier.v1.NewRequestRequest
 	(*NewRequestResponse)(nil),    // 11: kvtier.v1.NewRequestResponse
 	(*LookupRequest)(nil),         // 12: kvtier.v1.LookupRequest
-	(*LookupResponse)(nil),        // 13: kvtier.v1.LookupResponse
-	(*PrepareLoadRequest)(nil),    // 14: kvtier.v1.PrepareLoadRequest
-	(*PrepareLoadResponse)(nil),   // 15: kvtier.v1.PrepareLoadResponse
-	(*CompleteLoadRequest)(nil),   // 16: kvtier.v1.CompleteLoadRequest
-	(*CompleteLoadResponse)(nil),  // 17: kvtier.v1.CompleteLoadResponse
-	(*TouchRequest)(nil),          // 18: kvtier.v1.TouchRequest
-	(*TouchResponse)(nil),         // 19: kvtier.v1.TouchResponse
-	(*BlockMetadata)(nil),         // 20: kvtier.v1.BlockMetadata
-	(*PrepareStoreRequest)(nil),   // 21: kvtier.v1.PrepareStoreRequest
-	(*PrepareStoreResponse)(nil),  // 22: kvtier.v1.PrepareStoreResponse
-	(*CompleteStoreRequest)(nil),  // 23: kvtier.v1.CompleteStoreRequest
-	(*CompleteStoreResponse)(nil), // 24: kvtier.v1.CompleteStoreResponse
-	(*FinishRequestRequest)(nil),  // 25: kvtier.v1.FinishRequestRequest
-	(*FinishRequestResponse)(nil), // 26: kvtier.v1.FinishRequestResponse
-	(*ScheduleEndRequest)(nil),    // 27: kvtier.v1.ScheduleEndRequest
-	(*ScheduleEndResponse)(nil),   // 28: kvtier.v1.ScheduleEndResponse
-	(*ResetRequest)(nil),          // 29: kvtier.v1.ResetRequest
-	(*ResetResponse)(nil),         // 30: kvtier.v1.ResetResponse
-	(*StatsRequest)(nil),          // 31: kvtier.v1.StatsRequest
-	(*PrimaryStats)(nil),          // 32: kvtier.v1.PrimaryStats
-	(*TierStats)(nil),             // 33: kvtier.v1.TierStats
-	(*StatsResponse)(nil),         // 34: kvtier.v1.StatsResponse
-	(*TenantStats)(nil),           // 35: kvtier.v1.TenantStats
-	(*TenantTierStats)(nil),       // 36: kvtier.v1.TenantTierStats
-	(*ExplainRequest)(nil),        // 37: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 38: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 39: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 40: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 41: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 42: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 43: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 44: kvtier.v1.GetBlocksResponse
-	(*ListBlocksRequest)(nil),     // 45: kvtier.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 46: kvtier.v1.ListBlocksResponse
-	(*GetArenaRequest)(nil),       // 47: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 48: kvtier.v1.GetArenaResponse
-	(*RegionRegistration)(nil),    // 49: kvtier.v1.RegionRegistration
-	(*RegionLookupRequest)(nil),   // 50: kvtier.v1.RegionLookupRequest
-	(*RegionLookupResponse)(nil),  // 51: kvtier.v1.RegionLookupResponse
-	(*RegionLookupsRequest)(nil),  // 52: kvtier.v1.RegionLookupsRequest
-	(*RegionLookupsResponse)(nil), // 53: kvtier.v1.RegionLookupsResponse
-	(*RegionJob)(nil),             // 54: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 55: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 56: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 57: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 58: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 59: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 60: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 61: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 62: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 63: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 64: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 65: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 66: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 67: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 68: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 69: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 70: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 71: kvtier.v1.EngineStepRequest
-	(*EngineReserveRequest)(nil),  // 72: kvtier.v1.EngineReserveRequest
-	(*EngineReserveResponse)(nil), // 73: kvtier.v1.EngineReserveResponse
-	(*EngineLookupResult)(nil),    // 74: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 75: kvtier.v1.EngineStepResponse
-	nil,                           // 76: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*ResidencyRequest)(nil),      // 13: kvtier.v1.ResidencyRequest
+	(*TierResidency)(nil),         // 14: kvtier.v1.TierResidency
+	(*ResidencyResponse)(nil),     // 15: kvtier.v1.ResidencyResponse
+	(*LookupResponse)(nil),        // 16: kvtier.v1.LookupResponse
+	(*PrepareLoadRequest)(nil),    // 17: kvtier.v1.PrepareLoadRequest
+	(*PrepareLoadResponse)(nil),   // 18: kvtier.v1.PrepareLoadResponse
+	(*CompleteLoadRequest)(nil),   // 19: kvtier.v1.CompleteLoadRequest
+	(*CompleteLoadResponse)(nil),  // 20: kvtier.v1.CompleteLoadResponse
+	(*TouchRequest)(nil),          // 21: kvtier.v1.TouchRequest
+	(*TouchResponse)(nil),         // 22: kvtier.v1.TouchResponse
+	(*BlockMetadata)(nil),         // 23: kvtier.v1.BlockMetadata
+	(*PrepareStoreRequest)(nil),   // 24: kvtier.v1.PrepareStoreRequest
+	(*PrepareStoreResponse)(nil),  // 25: kvtier.v1.PrepareStoreResponse
+	(*CompleteStoreRequest)(nil),  // 26: kvtier.v1.CompleteStoreRequest
+	(*CompleteStoreResponse)(nil), // 27: kvtier.v1.CompleteStoreResponse
+	(*FinishRequestRequest)(nil),  // 28: kvtier.v1.FinishRequestRequest
+	(*FinishRequestResponse)(nil), // 29: kvtier.v1.FinishRequestResponse
+	(*ScheduleEndRequest)(nil),    // 30: kvtier.v1.ScheduleEndRequest
+	(*ScheduleEndResponse)(nil),   // 31: kvtier.v1.ScheduleEndResponse
+	(*ResetRequest)(nil),          // 32: kvtier.v1.ResetRequest
+	(*ResetResponse)(nil),         // 33: kvtier.v1.ResetResponse
+	(*StatsRequest)(nil),          // 34: kvtier.v1.StatsRequest
+	(*PrimaryStats)(nil),          // 35: kvtier.v1.PrimaryStats
+	(*TierStats)(nil),             // 36: kvtier.v1.TierStats
+	(*StatsResponse)(nil),         // 37: kvtier.v1.StatsResponse
+	(*TenantStats)(nil),           // 38: kvtier.v1.TenantStats
+	(*TenantTierStats)(nil),       // 39: kvtier.v1.TenantTierStats
+	(*ExplainRequest)(nil),        // 40: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 41: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 42: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 43: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 44: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 45: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 46: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 47: kvtier.v1.GetBlocksResponse
+	(*ListBlocksRequest)(nil),     // 48: kvtier.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),    // 49: kvtier.v1.ListBlocksResponse
+	(*GetArenaRequest)(nil),       // 50: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 51: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 52: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 53: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 54: kvtier.v1.RegionLookupResponse
+	(*RegionLookupsRequest)(nil),  // 55: kvtier.v1.RegionLookupsRequest
+	(*RegionLookupsResponse)(nil), // 56: kvtier.v1.RegionLookupsResponse
+	(*RegionJob)(nil),             // 57: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 58: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 59: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 60: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 61: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 62: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 63: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 64: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 65: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 66: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 67: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 68: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 69: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 70: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 71: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 72: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 73: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 74: kvtier.v1.EngineStepRequest
+	(*EngineReserveRequest)(nil),  // 75: kvtier.v1.EngineReserveRequest
+	(*EngineReserveResponse)(nil), // 76: kvtier.v1.EngineReserveResponse
+	(*EngineLookupResult)(nil),    // 77: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 78: kvtier.v1.EngineStepResponse
+	nil,                           // 79: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -6135,96 +6400,102 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	8,  // 4: kvtier.v1.NewRequestResponse.load_filter:type_name -> kvtier.v1.TierFilter
 	8,  // 5: kvtier.v1.NewRequestResponse.store_filter:type_name -> kvtier.v1.TierFilter
 	9,  // 6: kvtier.v1.NewRequestResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	0,  // 7: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
-	20, // 8: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
-	2,  // 9: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
-	3,  // 10: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	76, // 11: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
-	32, // 12: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	33, // 13: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
-	35, // 14: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
-	36, // 15: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
-	2,  // 16: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
-	3,  // 17: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	8,  // 18: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 19: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	9,  // 20: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	38, // 21: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	40, // 22: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 23: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	40, // 24: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 25: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 26: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	50, // 27: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
-	51, // 28: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
-	54, // 29: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	58, // 30: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	60, // 31: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 32: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 33: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	62, // 34: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	68, // 35: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	69, // 36: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	70, // 37: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	69, // 38: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	69, // 39: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	74, // 40: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	62, // 41: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 42: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 43: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	14, // 44: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	16, // 45: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	18, // 46: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	21, // 47: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	23, // 48: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	25, // 49: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	27, // 50: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	29, // 51: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	31, // 52: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	37, // 53: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	41, // 54: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	43, // 55: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	47, // 56: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	45, // 57: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	50, // 58: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	52, // 59: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
-	55, // 60: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	57, // 61: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	61, // 62: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	64, // 63: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	66, // 64: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	71, // 65: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	72, // 66: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
-	11, // 67: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	13, // 68: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 69: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	17, // 70: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	19, // 71: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	22, // 72: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	24, // 73: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	26, // 74: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	28, // 75: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	30, // 76: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	34, // 77: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	39, // 78: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	42, // 79: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	44, // 80: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	48, // 81: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	46, // 82: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	51, // 83: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	53, // 84: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
-	56, // 85: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	59, // 86: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	63, // 87: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	65, // 88: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	67, // 89: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	75, // 90: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	73, // 91: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
-	67, // [67:92] is the sub-list for method output_type
-	42, // [42:67] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	2,  // 7: kvtier.v1.TierResidency.medium:type_name -> kvtier.v1.Medium
+	3,  // 8: kvtier.v1.TierResidency.locality:type_name -> kvtier.v1.Locality
+	14, // 9: kvtier.v1.ResidencyResponse.tiers:type_name -> kvtier.v1.TierResidency
+	9,  // 10: kvtier.v1.ResidencyResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	0,  // 11: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
+	23, // 12: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
+	2,  // 13: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
+	3,  // 14: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
+	79, // 15: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	35, // 16: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	36, // 17: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	38, // 18: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
+	39, // 19: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
+	2,  // 20: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
+	3,  // 21: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
+	8,  // 22: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 23: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 24: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	41, // 25: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	43, // 26: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 27: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	43, // 28: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 29: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 30: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	53, // 31: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	54, // 32: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	57, // 33: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	61, // 34: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	63, // 35: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 36: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 37: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	65, // 38: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	71, // 39: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	72, // 40: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	73, // 41: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	72, // 42: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	72, // 43: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	77, // 44: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	65, // 45: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 46: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 47: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	13, // 48: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
+	17, // 49: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	19, // 50: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	21, // 51: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	24, // 52: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	26, // 53: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	28, // 54: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	30, // 55: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	32, // 56: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	34, // 57: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	40, // 58: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	44, // 59: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	46, // 60: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	50, // 61: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	48, // 62: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	53, // 63: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	55, // 64: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	58, // 65: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	60, // 66: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	64, // 67: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	67, // 68: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	69, // 69: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	74, // 70: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	75, // 71: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 72: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	16, // 73: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 74: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
+	18, // 75: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	20, // 76: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	22, // 77: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	25, // 78: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	27, // 79: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	29, // 80: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	31, // 81: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	33, // 82: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	37, // 83: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	42, // 84: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	45, // 85: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	47, // 86: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	51, // 87: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	49, // 88: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	54, // 89: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	56, // 90: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	59, // 91: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	62, // 92: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	66, // 93: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	68, // 94: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	70, // 95: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	78, // 96: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	76, // 97: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	72, // [72:98] is the sub-list for method output_type
+	46, // [46:72] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -6232,14 +6503,14 @@ func file_kvtier_v1_kvtier_proto_init() {
 	if File_kvtier_v1_kvtier_proto != nil {
 		return
 	}
-	file_kvtier_v1_kvtier_proto_msgTypes[13].OneofWrappers = []any{}
+	file_kvtier_v1_kvtier_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   70,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

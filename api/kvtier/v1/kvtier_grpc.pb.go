@@ -58,6 +58,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	KVTier_NewRequest_FullMethodName    = "/kvtier.v1.KVTier/NewRequest"
 	KVTier_Lookup_FullMethodName        = "/kvtier.v1.KVTier/Lookup"
+	KVTier_Residency_FullMethodName     = "/kvtier.v1.KVTier/Residency"
 	KVTier_PrepareLoad_FullMethodName   = "/kvtier.v1.KVTier/PrepareLoad"
 	KVTier_CompleteLoad_FullMethodName  = "/kvtier.v1.KVTier/CompleteLoad"
 	KVTier_Touch_FullMethodName         = "/kvtier.v1.KVTier/Touch"
@@ -96,6 +97,11 @@ type KVTierClient interface {
 	// secondary tiers the request's load filter allows. A secondary hit starts
 	// a promotion, which the next ScheduleEnd submits.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
+	// Residency answers, for a prefix of keys, how many leading keys each
+	// tier holds, honouring the load filter of kv_transfer_params: for
+	// routers and agents. Nothing is promoted, pinned, touched, counted or
+	// published, and no request is needed.
+	Residency(ctx context.Context, in *ResidencyRequest, opts ...grpc.CallOption) (*ResidencyResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -214,6 +220,16 @@ func (c *kVTierClient) Lookup(ctx context.Context, in *LookupRequest, opts ...gr
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LookupResponse)
 	err := c.cc.Invoke(ctx, KVTier_Lookup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) Residency(ctx context.Context, in *ResidencyRequest, opts ...grpc.CallOption) (*ResidencyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResidencyResponse)
+	err := c.cc.Invoke(ctx, KVTier_Residency_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -472,6 +488,11 @@ type KVTierServer interface {
 	// secondary tiers the request's load filter allows. A secondary hit starts
 	// a promotion, which the next ScheduleEnd submits.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
+	// Residency answers, for a prefix of keys, how many leading keys each
+	// tier holds, honouring the load filter of kv_transfer_params: for
+	// routers and agents. Nothing is promoted, pinned, touched, counted or
+	// published, and no request is needed.
+	Residency(context.Context, *ResidencyRequest) (*ResidencyResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -581,6 +602,9 @@ func (UnimplementedKVTierServer) NewRequest(context.Context, *NewRequestRequest)
 }
 func (UnimplementedKVTierServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedKVTierServer) Residency(context.Context, *ResidencyRequest) (*ResidencyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Residency not implemented")
 }
 func (UnimplementedKVTierServer) PrepareLoad(context.Context, *PrepareLoadRequest) (*PrepareLoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareLoad not implemented")
@@ -704,6 +728,24 @@ func _KVTier_Lookup_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(KVTierServer).Lookup(ctx, req.(*LookupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_Residency_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResidencyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).Residency(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_Residency_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).Residency(ctx, req.(*ResidencyRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1129,6 +1171,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Lookup",
 			Handler:    _KVTier_Lookup_Handler,
+		},
+		{
+			MethodName: "Residency",
+			Handler:    _KVTier_Residency_Handler,
 		},
 		{
 			MethodName: "PrepareLoad",

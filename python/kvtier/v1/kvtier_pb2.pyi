@@ -671,6 +671,32 @@ class ResetResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class ResidencyRequest(_message.Message):
+    __slots__ = ["key_size", "keys", "kv_transfer_params", "namespace", "packed_keys"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    key_size: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    kv_transfer_params: str
+    namespace: str
+    packed_keys: bytes
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., kv_transfer_params: _Optional[str] = ...) -> None: ...
+
+class ResidencyResponse(_message.Message):
+    __slots__ = ["loadable", "primary", "tiers", "warnings"]
+    LOADABLE_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    loadable: int
+    primary: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierResidency]
+    warnings: _containers.RepeatedCompositeFieldContainer[FilterWarning]
+    def __init__(self, primary: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierResidency, _Mapping]]] = ..., loadable: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[FilterWarning, _Mapping]]] = ...) -> None: ...
+
 class ScheduleEndRequest(_message.Message):
     __slots__ = ["namespace", "new_request_ids", "preempted_request_ids"]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -798,6 +824,22 @@ class TierMatcher(_message.Message):
     locality: Locality
     medium: Medium
     def __init__(self, medium: _Optional[_Union[Medium, str]] = ..., locality: _Optional[_Union[Locality, str]] = ...) -> None: ...
+
+class TierResidency(_message.Message):
+    __slots__ = ["allowed", "known", "locality", "medium", "name", "run"]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    allowed: bool
+    known: bool
+    locality: Locality
+    medium: Medium
+    name: str
+    run: int
+    def __init__(self, name: _Optional[str] = ..., medium: _Optional[_Union[Medium, str]] = ..., locality: _Optional[_Union[Locality, str]] = ..., allowed: bool = ..., known: bool = ..., run: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ["blocks", "bytes", "bytes_in", "bytes_out", "cascade_blocks_revoked", "cascade_latency_ema_seconds", "cascade_pin_budget", "cascade_pinned_slots", "cascades_dropped", "cascades_dropped_by_reason", "cascades_failed", "cascades_filtered", "cascades_ok", "corrupt_blocks", "evictions", "healthy", "hits", "locality", "medium", "misses", "name", "promotions_failed", "promotions_ok", "queue_capacity", "queued_jobs", "retries", "skipped_by_filter", "type", "under_pressure"]

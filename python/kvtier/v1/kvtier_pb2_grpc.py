@@ -25,6 +25,11 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.LookupRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.LookupResponse.FromString,
                 )
+        self.Residency = channel.unary_unary(
+                '/kvtier.v1.KVTier/Residency',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.FromString,
+                )
         self.PrepareLoad = channel.unary_unary(
                 '/kvtier.v1.KVTier/PrepareLoad',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.SerializeToString,
@@ -158,6 +163,16 @@ class KVTierServicer(object):
         """Lookup looks keys up in order (spec §4.3): the primary first, then the
         secondary tiers the request's load filter allows. A secondary hit starts
         a promotion, which the next ScheduleEnd submits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Residency(self, request, context):
+        """Residency answers, for a prefix of keys, how many leading keys each
+        tier holds, honouring the load filter of kv_transfer_params: for
+        routers and agents. Nothing is promoted, pinned, touched, counted or
+        published, and no request is needed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -385,6 +400,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.LookupRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.LookupResponse.SerializeToString,
             ),
+            'Residency': grpc.unary_unary_rpc_method_handler(
+                    servicer.Residency,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.SerializeToString,
+            ),
             'PrepareLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareLoad,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.FromString,
@@ -542,6 +562,23 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Lookup',
             kvtier_dot_v1_dot_kvtier__pb2.LookupRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.LookupResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Residency(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Residency',
+            kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1,0 +1,126 @@
+package server_test
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/memory"
+)
+
+// blindTier hides the memory tier's Holds: a tier that cannot tell
+// without I/O, as s3 and redis.
+type blindTier struct{ offload.SecondaryTier }
+
+// steerTiers are three memory tiers: a remote CPU one, a local storage
+// one and a remote storage one that cannot answer residency queries.
+func steerTiers(t envT) ([]*memory.Tier, func(envT) []offload.SecondaryTier) {
+	var mts []*memory.Tier
+	for _, c := range []memory.Config{
+		{Name: "remote-cpu", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
+		{Name: "local-disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+		{Name: "blind", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+	} {
+		m, err := memory.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mts = append(mts, m)
+	}
+	return mts, func(envT) []offload.SecondaryTier {
+		return []offload.SecondaryTier{mts[0], mts[1], blindTier{mts[2]}}
+	}
+}
+
+func TestResidency(t *testing.T) {
+	mts, tiers := steerTiers(t)
+	e := startEnv(t, envOptions{tiers: tiers})
+	c := e.dial(t, e.unix)
+	ctx := ctxT(t)
+	ks := keys(0, 8)
+	// The primary holds 2 keys, the tiers 4, 6 and 8 (each a prefix).
+	var blocks []client.Block
+	for _, k := range ks[:2] {
+		blocks = append(blocks, client.Block{Key: k, Data: make([]byte, slotSize)})
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{Params: `{"kv_store_tiers":[]}`}); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range []int{4, 6, 8} {
+		for _, k := range ks[:n] {
+			mts[i].Put(k, make([]byte, slotSize))
+		}
+	}
+	before, err := c.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type tierWant struct {
+		allowed, known bool
+		run            uint32
+	}
+	for _, tc := range []struct {
+		params            string
+		primary, loadable uint32
+		tiers             []tierWant
+	}{
+		{"", 2, 6, []tierWant{{true, true, 4}, {true, true, 6}, {true, false, 0}}},
+		{`{"kv_load_tiers":[{"medium":"cpu"}]}`, 2, 4, []tierWant{{true, true, 4}, {false, true, 0}, {false, false, 0}}},
+		{`{"kv_load_tiers":[{"locality":"local"}]}`, 2, 6, []tierWant{{false, true, 0}, {true, true, 6}, {false, false, 0}}},
+		{`{"kv_load_tiers":[]}`, 2, 2, []tierWant{{false, true, 0}, {false, true, 0}, {false, false, 0}}},
+	} {
+		r, err := c.Residency(ctx, ks, tc.params)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.params, err)
+		}
+		if r.GetPrimary() != tc.primary || len(r.GetTiers()) != 3 {
+			t.Fatalf("%s: primary %d, %d tiers", tc.params, r.GetPrimary(), len(r.GetTiers()))
+		}
+		if r.GetLoadable() != tc.loadable {
+			t.Errorf("%s: loadable %d, want %d", tc.params, r.GetLoadable(), tc.loadable)
+		}
+		for i, w := range tc.tiers {
+			got := r.GetTiers()[i]
+			if got.GetAllowed() != w.allowed || got.GetKnown() != w.known || got.GetRun() != w.run {
+				t.Errorf("%s: tier %s: %v, want %+v", tc.params, got.GetName(), got, w)
+			}
+		}
+		if r.GetTiers()[1].GetMedium() != kvtierv1.Medium_MEDIUM_STORAGE || r.GetTiers()[0].GetLocality() != kvtierv1.Locality_LOCALITY_REMOTE {
+			t.Errorf("declarations: %v", r.GetTiers())
+		}
+	}
+	// Nothing was looked up, promoted or counted.
+	after, err := c.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := after.GetPrimary(), before.GetPrimary(); a.GetLookups() != b.GetLookups() || a.GetUsedSlots() != 2 {
+		t.Errorf("primary changed: %v -> %v", b, a)
+	}
+	for i, ts := range after.GetTiers() {
+		if ts.GetHits()+ts.GetMisses()+ts.GetRetries()+ts.GetPromotionsOk() != 0 || ts.GetSkippedByFilter() != before.GetTiers()[i].GetSkippedByFilter() {
+			t.Errorf("tier %s counted a residency query: %v", ts.GetName(), ts)
+		}
+	}
+	// A key the daemon does not hold anywhere ends every run.
+	r, err := c.Residency(ctx, append([]offload.Key{key(99)}, ks...), "")
+	if err != nil || r.GetLoadable() != 0 || r.GetPrimary() != 0 {
+		t.Errorf("a missing first key: %v %v", r, err)
+	}
+	// Bad input: a clear error, never a panic.
+	// Lenient validation (the default): the filter a request would get,
+	// and the warning; params that are not JSON are refused.
+	if r, err := c.Residency(ctx, ks, `{"kv_load_tiers": 7}`); err != nil || len(r.GetWarnings()) != 1 || r.GetLoadable() != 6 {
+		t.Errorf("bad filter: %v %v", r, err)
+	}
+	if _, err := c.Residency(ctx, ks, `{"kv_load_tiers": [`); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("params that are not JSON: %v", err)
+	}
+	if _, err := c.Residency(ctx, []offload.Key{"x"}, ""); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("bad key: %v", err)
+	}
+}
