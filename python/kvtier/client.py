@@ -291,6 +291,17 @@ class Client:
     def explain(self, params=None):
         return self._call("Explain", pb.ExplainRequest(namespace=self.namespace, kv_transfer_params=_params(params)))
 
+    # Routers and agents -----------------------------------------------
+
+    def residency(self, keys, params=None):
+        """How many leading keys of a prefix each tier holds, for the load
+        filter of params (kv_transfer_params as a dict or JSON; None: the
+        daemon's default), changing nothing: ResidencyResponse (primary,
+        tiers: name/medium/locality/allowed/known/run, loadable, warnings).
+        kvtier.keys.keys_from_tokens gives the keys of a prompt."""
+        return self._call("Residency", pb.ResidencyRequest(
+            namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params)))
+
     # By value ----------------------------------------------------------
 
     def put_blocks(self, blocks, request_id="", params=None):

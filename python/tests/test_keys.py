@@ -113,3 +113,34 @@ def test_bad_options_are_refused_with_a_reason(kvtier_bin: str) -> None:
     assert len(lines[0]["keys"]) == 1 and "error" in lines[1] and len(lines[2]["keys"]) == 2
     with pytest.raises(ValueError):
         keys_from_tokens([1, 2, 3], block_size=2, tokens_per_key=3)
+
+
+def test_residency_of_a_prompt_from_python(kvtier_bin: str) -> None:
+    import pathlib
+    import tempfile
+
+    from conftest import Daemon
+
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    dm = Daemon(kvtier_bin, d, f"""
+namespace: {{model: m, bytes_per_block: 4KiB}}
+primary: {{bytes: 64KiB}}
+secondary_tiers: [{{name: dram, type: memory, medium: cpu, locality: remote}}]
+server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: ""}}
+""").start()
+    try:
+        keys = keys_from_tokens(list(range(64)), block_size=16, cache_salt="tenant-a")
+        assert len(keys) == 4
+        with dm.client() as c:
+            c.put_blocks([(k, bytes(4096)) for k in keys[:3]], params={"kv_store_tiers": []})
+            r = c.residency(keys)
+            assert (r.primary, r.loadable) == (3, 3)
+            assert [(t.name, t.allowed, t.known, t.run) for t in r.tiers] == [("dram", True, True, 0)]
+            r = c.residency(keys, params={"kv_load_tiers": "cpu"})
+            assert r.loadable == 3 and len(r.warnings) == 1
+            # Another salt, other keys: nothing held.
+            other = keys_from_tokens(list(range(64)), block_size=16, cache_salt="tenant-b")
+            assert c.residency(other).loadable == 0
+            assert c.stats().primary.lookups == 0
+    finally:
+        dm.stop()

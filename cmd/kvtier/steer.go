@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/blockhash"
+	"github.com/kvtier/kvtier/offload"
+)
+
+// The commands for routers and agents (residency): they name prefixes by
+// keys or by token ids.
+
+// prefixFlags say where a command's prefixes come from: keys as
+// arguments (one prefix), --keys (a prefix per line) or --tokens (a
+// prompt per line, hashed as `kvtier keys` does).
+type prefixFlags struct {
+	keys   string
+	tokens string
+	kf     keysFlags
+}
+
+func (f *prefixFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.keys, "keys", "", "FILE (- for stdin) of prefixes, one per line: hex keys separated by spaces, or a JSON line of `kvtier keys`")
+	fl.StringVar(&f.tokens, "tokens", "", "FILE (- for stdin) of prompts as `kvtier keys` reads them; needs --block-size")
+	fl.IntVar(&f.kf.blockSize, "block-size", 0, "with --tokens: the engine's hash block size (see kvtier keys)")
+	fl.IntVar(&f.kf.tokensPerKey, "tokens-per-key", 0, "with --tokens: the offloading connector's block size")
+	fl.StringVar(&f.kf.algo, "hash-algo", blockhash.SHA256, "with --tokens: sha256 | sha256_cbor")
+	fl.StringVar(&f.kf.seed, "seed", "", "with --tokens: the engine's PYTHONHASHSEED")
+	fl.StringVar(&f.kf.cacheSalt, "cache-salt", "", "with --tokens: the requests' cache_salt")
+	fl.StringVar(&f.kf.loraName, "lora-name", "", "with --tokens: the requests' LoRA adapter name")
+	fl.StringVar(&f.kf.loraPath, "lora-path", "", "with --tokens: the requests' LoRA adapter path")
+	fl.Uint32Var(&f.kf.group, "group", 0, "with --tokens: the KV-cache group index")
+}
+
+// prefixes returns the prefixes the flags and args name, in order.
+func (f *prefixFlags) prefixes(cmd *cobra.Command, args []string) ([][]offload.Key, error) {
+	given := 0
+	for _, set := range []bool{len(args) > 0, f.keys != "", f.tokens != ""} {
+		if set {
+			given++
+		}
+	}
+	if given != 1 {
+		return nil, fmt.Errorf("name the prefix one way: KEY arguments, --keys FILE or --tokens FILE")
+	}
+	if len(args) > 0 {
+		keys, err := parseKeys(args)
+		return [][]offload.Key{keys}, err
+	}
+	open := func(name string) (io.ReadCloser, error) {
+		if name == "-" {
+			return io.NopCloser(cmd.InOrStdin()), nil
+		}
+		return os.Open(name)
+	}
+	if f.tokens != "" {
+		f.kf.lora = cmd.Flags().Changed("lora-name")
+		in, err := open(f.tokens)
+		if err != nil {
+			return nil, err
+		}
+		defer in.Close()
+		var out bytes.Buffer
+		if err := computeKeys(f.kf, in, &out); err != nil {
+			return nil, fmt.Errorf("--tokens: %w", err)
+		}
+		return readPrefixes(&out, "--tokens")
+	}
+	in, err := open(f.keys)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	return readPrefixes(in, "--keys")
+}
+
+// readPrefixes reads one prefix per non-blank line: hex keys separated by
+// white space, or a JSON object with "keys" (`kvtier keys`).
+func readPrefixes(r io.Reader, what string) ([][]offload.Key, error) {
+	var out [][]offload.Key
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		fields := strings.Fields(line)
+		if strings.HasPrefix(line, "{") {
+			var kl keysLine
+			if err := json.Unmarshal([]byte(line), &kl); err != nil {
+				return nil, fmt.Errorf("%s line %d: %w", what, n, err)
+			}
+			if kl.Error != "" {
+				return nil, fmt.Errorf("%s line %d: %s", what, n, kl.Error)
+			}
+			fields = kl.Keys
+		}
+		keys, err := parseKeys(fields)
+		if err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", what, n, err)
+		}
+		out = append(out, keys)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no prefix", what)
+	}
+	return out, nil
+}
+
+// residencyLine is one prefix's answer of `kvtier residency --json`.
+type residencyLine struct {
+	Keys     int             `json:"keys"`
+	Primary  uint32          `json:"primary"`
+	Loadable uint32          `json:"loadable"`
+	Tiers    []residencyTier `json:"tiers"`
+	Warnings []string        `json:"warnings,omitempty"`
+}
+
+type residencyTier struct {
+	Name     string `json:"name"`
+	Medium   string `json:"medium"`
+	Locality string `json:"locality"`
+	Allowed  bool   `json:"allowed"`
+	Known    bool   `json:"known"`
+	Run      uint32 `json:"run"`
+}
+
+func newResidencyCmd() *cobra.Command {
+	var rf remoteFlags
+	var pf prefixFlags
+	var params string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "residency [flags] KEY... | --keys FILE | --tokens FILE",
+		Short: "Say how much of a prefix each tier of a running daemon holds, changing nothing",
+		Long: `residency prints, for each prefix, how many of its leading keys are ready in
+the primary, how many each secondary tier holds, and how many a request with
+--params' kv_load_tiers would find (loadable). Nothing is promoted, pinned,
+touched or counted: a router can ask as often as it routes. A tier the
+filter excludes is not asked ("not allowed"), nor is a tier that could only
+tell by I/O (s3, redis, peer: "unknown").
+
+` + keyHelp,
+		Example: `  kvtier residency 0123abcd00000000 0123abce00000000
+  kvtier keys --block-size 16 prompts.jsonl | kvtier residency --keys - --json
+  kvtier residency --tokens prompt.json --block-size 16 --params '{"kv_load_tiers":[{"medium":"cpu"}]}'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefixes, err := pf.prefixes(cmd, args)
+			if err != nil {
+				return err
+			}
+			p, err := paramsFlag(params, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			c, err := rf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := rf.context(0)
+			defer cancel()
+			w := cmd.OutOrStdout()
+			enc := json.NewEncoder(w)
+			for _, keys := range prefixes {
+				r, err := c.Residency(ctx, keys, p)
+				if err != nil {
+					return rf.rpcError("residency", err)
+				}
+				l := residencyOf(len(keys), r)
+				if asJSON {
+					if err := enc.Encode(l); err != nil {
+						return err
+					}
+					continue
+				}
+				writeResidency(w, l)
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	pf.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object per prefix")
+	return cmd
+}
+
+func residencyOf(n int, r *kvtierv1.ResidencyResponse) residencyLine {
+	l := residencyLine{Keys: n, Primary: r.GetPrimary(), Loadable: r.GetLoadable(), Tiers: []residencyTier{}}
+	for _, t := range r.GetTiers() {
+		l.Tiers = append(l.Tiers, residencyTier{
+			Name: t.GetName(), Medium: offload.Medium(t.GetMedium()).String(), Locality: offload.Locality(t.GetLocality()).String(),
+			Allowed: t.GetAllowed(), Known: t.GetKnown(), Run: t.GetRun(),
+		})
+	}
+	for _, w := range r.GetWarnings() {
+		l.Warnings = append(l.Warnings, w.GetMessage())
+	}
+	return l
+}
+
+func writeResidency(w io.Writer, l residencyLine) {
+	fmt.Fprintf(w, "%d keys: loadable %d, primary %d", l.Keys, l.Loadable, l.Primary)
+	for _, t := range l.Tiers {
+		state := fmt.Sprint(t.Run)
+		switch {
+		case !t.Allowed:
+			state = "not allowed"
+		case !t.Known:
+			state = "unknown"
+		}
+		fmt.Fprintf(w, ", %s %s", t.Name, state)
+	}
+	fmt.Fprintln(w)
+	for _, m := range l.Warnings {
+		fmt.Fprintln(w, "  warning:", m)
+	}
+}
