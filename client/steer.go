@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
@@ -14,4 +15,15 @@ import (
 func (c *Client) Residency(ctx context.Context, keys []offload.Key, params string) (*kvtierv1.ResidencyResponse, error) {
 	raw, packed, size := keyFields(keys)
 	return c.api.Residency(ctx, &kvtierv1.ResidencyRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size, KvTransferParams: params})
+}
+
+// Prefetch promotes the leading run of keys that params' load filter
+// allows toward the daemon's primary, ahead of a request the caller
+// knows is coming; the daemon keeps trying tiers that are not sure yet
+// until deadline (0: the daemon's default, 10 s). Bounded by the
+// operator's prefetch.share; idempotent.
+func (c *Client) Prefetch(ctx context.Context, keys []offload.Key, params string, deadline time.Duration) (*kvtierv1.PrefetchResponse, error) {
+	raw, packed, size := keyFields(keys)
+	return c.api.Prefetch(ctx, &kvtierv1.PrefetchRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size,
+		KvTransferParams: params, DeadlineMs: uint32(deadline.Milliseconds())})
 }

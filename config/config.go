@@ -45,6 +45,9 @@ type Config struct {
 	Cascades Cascades `yaml:"cascades"`
 	// Regions configures vLLM tier mode's registered regions.
 	Regions Regions `yaml:"regions"`
+	// Prefetch bounds routers' and agents' prefetches, in every namespace
+	// with a primary.
+	Prefetch Prefetch `yaml:"prefetch"`
 	// Tenants and SharedSpaces divide the daemon between customers
 	// (tenants.go).
 	Tenants      []Tenant      `yaml:"tenants"`
@@ -182,6 +185,7 @@ func (c *Config) check(d *decoder) {
 
 	c.checkDaemon(d)
 	c.checkCascades(d)
+	c.checkPrefetch(d)
 	defer c.checkTenants(d) // after the tiers have their names
 
 	byName := make(map[string]int, len(c.SecondaryTiers))

@@ -321,6 +321,40 @@ type BackPressure struct {
 	Warmup int `yaml:"warmup"`
 }
 
+// Prefetch bounds the prefetches routers and agents ask for
+// (tiering.PrefetchConfig). Zero values are the defaults.
+type Prefetch struct {
+	// Share is the share of the primary's slots that prefetch promotions
+	// may hold in flight, in (0, 1], or "off" (default 0.25).
+	Share string `yaml:"share"`
+	// MaxQueued bounds the prefetches waiting at once (default 1024).
+	MaxQueued int `yaml:"max_queued"`
+}
+
+// ShareValue returns Share as a share: 0 for the default, -1 for "off".
+func (p Prefetch) ShareValue() (float64, error) {
+	switch p.Share {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	f, err := strconv.ParseFloat(p.Share, 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, fmt.Errorf(`want a share of the primary in (0, 1] or "off", got %q`, p.Share)
+	}
+	return f, nil
+}
+
+func (c *Config) checkPrefetch(d *decoder) {
+	if _, err := c.Prefetch.ShareValue(); err != nil {
+		d.errorf(nil, "prefetch.share", "%v", err)
+	}
+	if c.Prefetch.MaxQueued < 0 {
+		d.errorf(nil, "prefetch.max_queued", "want a positive bound (0: 1024), got %d", c.Prefetch.MaxQueued)
+	}
+}
+
 // Regions configures vLLM tier mode (region.Config). Zero values are the
 // defaults.
 type Regions struct {

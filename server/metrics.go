@@ -148,6 +148,10 @@ var (
 	descTenantTier  = prometheus.NewDesc("kvtier_tenant_tier_bytes", "Bytes a tenant's (or shared space's) blocks hold in a secondary tier whose capacity is divided between tenants (quota.tiers of an fs, redis or s3 tier with max_bytes or a memory tier).", []string{"namespace", "tier", "tenant"}, nil)
 	descTenantTierQ = prometheus.NewDesc("kvtier_tenant_tier_quota_bytes", "A tenant's (or shared space's) guaranteed share of a secondary tier.", []string{"namespace", "tier", "tenant"}, nil)
 	descTenantRefsd = prometheus.NewDesc("kvtier_tenant_refusals_total", "A tenant's calls refused: permission denied (another namespace, an admin call), over a limit, no room in the primary.", []string{"tenant"}, nil)
+	descPrefetches  = prometheus.NewDesc("kvtier_prefetches_total", "Prefetches of routers and agents, by result: started (accepted), completed (their run resolved: present or promoted), expired (deadline first), refused (prefetch off, or prefetch.max_queued waiting).", []string{"namespace", "result"}, nil)
+	descPrefPromos  = prometheus.NewDesc("kvtier_prefetch_promotions_total", "Blocks whose promotion into the primary a prefetch started.", []string{"namespace"}, nil)
+	descPrefQueued  = prometheus.NewDesc("kvtier_prefetch_queued", "Prefetches waiting for tiers that are not sure yet, or for room in their share.", []string{"namespace"}, nil)
+	descPrefFlight  = prometheus.NewDesc("kvtier_prefetch_slots_in_flight", "Primary slots prefetch promotions hold until they land (bounded by prefetch.share).", []string{"namespace"}, nil)
 	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
 
@@ -162,6 +166,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeDef, descCascadeBud, descRegionLook, descRegionPromo, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
+		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -212,6 +217,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEventsDrp, st.EventsDropped, n)
 		counter(descEventsSent, st.SinkEventsPublished, n)
 		counter(descBatchesDrp, st.SinkBatchesDropped, n)
+		pf := st.Prefetch
+		counter(descPrefetches, pf.Started, n, "started")
+		counter(descPrefetches, pf.Completed, n, "completed")
+		counter(descPrefetches, pf.Expired, n, "expired")
+		counter(descPrefetches, pf.Refused, n, "refused")
+		counter(descPrefPromos, pf.Promotions, n)
+		gauge(descPrefQueued, float64(pf.Queued), n)
+		gauge(descPrefFlight, float64(pf.InFlight), n)
 		collectTiers(ch, n, st.Tiers)
 		for _, t := range st.Tiers {
 			for _, sh := range t.Shares {

@@ -163,6 +163,8 @@ type Namespace struct {
 	// see autoStep); autoSteps counts the steps the daemon ran itself.
 	lastStep  time.Time
 	autoSteps uint64
+	// prefetches numbers the prefetches' request contexts (steer.go).
+	prefetches uint64
 	// expired counts requests released after RequestIdleTimeout without a
 	// call; released those released because their session ended.
 	expired, released uint64
@@ -694,6 +696,9 @@ func (ns *Namespace) Stats() (Stats, error) {
 	st.ExpiredRequests, st.ReleasedRequests, st.AutoSteps = ns.expired, ns.released, ns.autoSteps
 	st.RefusedFull, st.RefusedSession = ns.refusedFull, ns.refusedSession
 	st.LoadsMissing = ns.loadsMissing
+	if pf, ok := ns.mgr.(prefetcher); ok {
+		st.Prefetch = pf.PrefetchStats()
+	}
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {
 		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()

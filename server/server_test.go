@@ -69,6 +69,8 @@ type envOptions struct {
 	tenants []server.TenantConfig
 	shared  []server.SharedSpaceConfig
 	shares  []cpu.Share
+	// prefetch bounds the namespace's prefetches.
+	prefetch tiering.PrefetchConfig
 }
 
 // envT is what starting an env needs of a test: a *testing.T, a
@@ -123,7 +125,7 @@ func startEnvSlot(t envT, o envOptions, size int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: o.tiers(t), Logger: quietLogger()})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: o.tiers(t), Logger: quietLogger(), Prefetch: o.prefetch})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,14 @@
 // Calls for routers and agents that steer the cache rather than serve a
-// request (issue 41): residency of a prefix in every tier.
+// request (issue 41): residency of a prefix in every tier, and prefetch.
 
 package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
@@ -62,4 +65,65 @@ func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest)
 		})
 	}
 	return out, nil
+}
+
+// prefetcher is implemented by managers that take prefetches
+// (tiering.Manager).
+type prefetcher interface {
+	Prefetch(keys []offload.Key, req *offload.ReqContext, deadline time.Time) (tiering.PrefetchAnswer, error)
+	PrefetchStats() tiering.PrefetchStats
+}
+
+// DefaultPrefetchDeadline is a prefetch's deadline when the call names
+// none.
+const DefaultPrefetchDeadline = 10 * time.Second
+
+// Prefetch promotes the leading run of keys that the load filter of
+// params allows toward the primary, for up to wait (0: the default,
+// bounded by Limits.MaxWait).
+func (ns *Namespace) Prefetch(keys []offload.Key, params []byte, wait time.Duration) (tiering.PrefetchAnswer, []offload.Warning, error) {
+	if err := ns.checkParams(params); err != nil {
+		return tiering.PrefetchAnswer{}, nil, err
+	}
+	if wait <= 0 {
+		wait = DefaultPrefetchDeadline
+	}
+	wait = min(wait, ns.limits.MaxWait)
+	if err := ns.lock(); err != nil {
+		return tiering.PrefetchAnswer{}, nil, err
+	}
+	defer ns.mu.Unlock()
+	pf, ok := ns.mgr.(prefetcher)
+	if !ok {
+		return tiering.PrefetchAnswer{}, nil, fmt.Errorf("%w: namespace %q takes no prefetch (no primary of its own)", ErrUnsupported, ns.name)
+	}
+	p := ns.parser
+	p.OnWarning = nil
+	ns.prefetches++
+	rc, err := p.NewReqContext("prefetch#"+strconv.FormatUint(ns.prefetches, 10), params)
+	if err != nil {
+		return tiering.PrefetchAnswer{}, nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	a, err := pf.Prefetch(keys, rc, time.Now().Add(wait))
+	switch {
+	case errors.Is(err, tiering.ErrPrefetchRefused):
+		return a, nil, fmt.Errorf("%w: %w", ErrLimit, err)
+	case errors.Is(err, tiering.ErrClosed):
+		return a, nil, fmt.Errorf("%w: %w", ErrClosed, err)
+	case err != nil:
+		return a, nil, err
+	}
+	return a, rc.Warnings, nil
+}
+
+func (sv *service) Prefetch(ctx context.Context, in *kvtierv1.PrefetchRequest) (*kvtierv1.PrefetchResponse, error) {
+	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	if err != nil {
+		return nil, err
+	}
+	a, warnings, err := ns.Prefetch(keys, []byte(in.GetKvTransferParams()), time.Duration(in.GetDeadlineMs())*time.Millisecond)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.PrefetchResponse{Present: uint32(a.Present), Started: uint32(a.Started), Queued: a.Queued, Warnings: warningsProto(warnings)}, nil
 }

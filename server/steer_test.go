@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -9,6 +11,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tiers/memory"
 )
 
@@ -122,5 +125,66 @@ func TestResidency(t *testing.T) {
 	}
 	if _, err := c.Residency(ctx, []offload.Key{"x"}, ""); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("bad key: %v", err)
+	}
+}
+
+func TestPrefetch(t *testing.T) {
+	mts, tiers := steerTiers(t)
+	e := startEnv(t, envOptions{tiers: tiers})
+	c := e.dial(t, e.unix)
+	ctx := ctxT(t)
+	ks := keys(0, 6)
+	for _, k := range ks[:4] {
+		mts[1].Put(k, make([]byte, slotSize)) // local-disk
+	}
+	// The filter allows no tier that holds them: nothing to do.
+	a, err := c.Prefetch(ctx, ks, `{"kv_load_tiers":[{"medium":"cpu"}]}`, 0)
+	if err != nil || a.GetStarted() != 0 || a.GetQueued() {
+		t.Fatalf("filtered prefetch: %v %v", a, err)
+	}
+	a, err = c.Prefetch(ctx, ks, "", time.Minute)
+	if err != nil || a.GetStarted() != 4 || a.GetPresent() != 0 || a.GetQueued() {
+		t.Fatalf("prefetch: %v %v", a, err)
+	}
+	// The daemon lands the promotions by itself (auto_step): no engine
+	// steps here.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := c.Residency(ctx, ks, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetPrimary() == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the prefetched blocks never reached the primary: %v", r)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The engine's lookup answers HIT in the step that asks.
+	if _, err := c.NewRequest(ctx, "r", ""); err != nil {
+		t.Fatal(err)
+	}
+	res, hits, err := c.Lookup(ctx, "r", ks[:4], true)
+	if err != nil || hits != 4 {
+		t.Fatalf("engine lookup after the prefetch: %v hits %d %v", res, hits, err)
+	}
+	// Again: present, nothing started.
+	if a, err = c.Prefetch(ctx, ks, "", 0); err != nil || a.GetPresent() != 4 || a.GetStarted() != 0 {
+		t.Fatalf("second prefetch: %v %v", a, err)
+	}
+	waitMetric(t, e, "prefetch counters", nil, func(v float64) bool { return v == 4 }, "kvtier_prefetch_promotions_total")
+	waitMetric(t, e, "prefetch counters", nil, func(v float64) bool { return v == 3 }, "kvtier_prefetches_total", "result", "completed")
+}
+
+func TestPrefetchRefusedWhenOff(t *testing.T) {
+	// A tier-mode namespace has no primary; the daemon's own namespace
+	// with prefetch off refuses with a reason.
+	e := startEnv(t, envOptions{tiers: noTiers, prefetch: tiering.PrefetchConfig{Share: -1}})
+	c := e.dial(t, e.unix)
+	_, err := c.Prefetch(ctxT(t), keys(0, 2), "", 0)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "prefetch is off") {
+		t.Fatalf("prefetch off: %v", err)
 	}
 }

@@ -44,6 +44,9 @@ type Config struct {
 	// Budget bounds the primary slots cascades in flight may pin; the zero
 	// value means defaults.
 	Budget BudgetConfig
+	// Prefetch bounds prefetches (prefetch.go); the zero value means
+	// defaults.
+	Prefetch PrefetchConfig
 }
 
 // Manager is the tiering manager: the CPU primary in front of a Stack of
@@ -67,6 +70,8 @@ type Manager struct {
 	promotions uint64
 	reqs       map[string]*reqState
 	closed     bool
+	// prefetch holds the prefetches of routers and agents (prefetch.go).
+	prefetch *prefetcher
 
 	one      [1]offload.Key             // scratch for single-key primary calls
 	promoOut offload.PrepareStoreOutput // scratch output of a promotion's reservation
@@ -115,6 +120,7 @@ func New(cfg Config) (*Manager, error) {
 	m.stack = st
 	cfg.Primary.SetRevoker(st.Revoke)
 	m.promos = make([]promoQueue, st.Len())
+	m.prefetch = newPrefetcher(cfg.Prefetch, cfg.Primary.NumSlots())
 	return m, nil
 }
 
@@ -172,6 +178,7 @@ func (d primaryDriver) ReleaseBlock(slots []int64) {
 
 // PromotionDone commits the loaded keys and releases the rest.
 func (d primaryDriver) PromotionDone(j *offload.Job, loaded []offload.Key) {
+	d.m.promotionLanded(j)
 	p := d.m.primary
 	if len(loaded) == len(j.Keys) {
 		p.CompleteStore(j.Keys, true)
@@ -263,6 +270,7 @@ func (m *Manager) ScheduleEnd(se offload.ScheduleEnd) {
 		m.poll()
 	}
 	m.polled = false
+	m.stepPrefetches()
 	m.flushPromotions()
 	m.stack.ScheduleEnd(se)
 }
@@ -276,7 +284,7 @@ func (m *Manager) poll() {
 // HasPendingWork reports jobs in flight, promotions not yet submitted, or
 // tier work in flight: the engine must keep stepping.
 func (m *Manager) HasPendingWork() bool {
-	if m.pendingPromos > 0 {
+	if m.pendingPromos > 0 || len(m.prefetch.queue) > 0 {
 		return true
 	}
 	if m.closed {
@@ -309,6 +317,7 @@ func (m *Manager) Reset(ctx context.Context) error {
 	}
 	m.stack.Poll()
 	m.dropPromotions(true)
+	m.resetPrefetches()
 	m.stack.Forget()
 	// The engine's own stores and loads stay valid: the primary keeps the
 	// blocks they hold (cpu.Primary.Reset).
@@ -329,6 +338,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 	m.stack.Poll()
 	m.dropPromotions(true)
+	m.resetPrefetches()
 	err := m.stack.Close(ctx)
 	m.closed = true
 	m.polled = false // the hot paths test closed only behind the gate

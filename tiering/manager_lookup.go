@@ -272,6 +272,26 @@ func (m *Manager) flushPromotions() {
 	m.pendingPromos = 0
 }
 
+// flushPromotionsOf submits req's promotions of this step now, leaving
+// the other requests' for the step's end.
+func (m *Manager) flushPromotionsOf(req *offload.ReqContext) {
+	for i := range m.promos {
+		q := &m.promos[i]
+		for j := 0; j < q.n; j++ {
+			b := &q.batches[j]
+			if b.req != req {
+				continue
+			}
+			m.stack.Load(i, b.keys, b.slots, b.req)
+			m.pendingPromos -= len(b.keys)
+			// The last batch in use takes its place.
+			q.n--
+			q.batches[j], q.batches[q.n] = q.batches[q.n], promoBatch{}
+			j--
+		}
+	}
+}
+
 // dropPromotions forgets the step's unsubmitted promotions; release
 // frees their reserved slots.
 func (m *Manager) dropPromotions(release bool) {

@@ -3,10 +3,12 @@ package tiering
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -42,7 +44,13 @@ import (
 //   - stores win over started cascades of tiers that claim blocks: a
 //     store the primary refused leaves no block pinned only by such
 //     cascades that no tier is reading, and a tier never reads a block
-//     taken back (it would read another block's bytes).
+//     taken back (it would read another block's bytes);
+//   - a residency query changes nothing (primary and tier counters, pins,
+//     pending slots, jobs) and its primary run is the primary's;
+//   - prefetches (routers' and agents') hold at most their share of the
+//     primary in flight, the manager's count of it equals their
+//     promotions queued and in flight, and nothing of them is left once
+//     their deadlines have passed and the tiers are quiet.
 
 const modelSlotSize = 8
 
@@ -525,12 +533,14 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 			queued, models = queued[:1], []*modelTier{m0, ct}
 			tiers = []offload.SecondaryTier{queued[0], claiming}
 		}
+		clk := &fakeClock{now: time.Unix(0, 0)}
 		m, err := New(Config{
 			Primary:               p,
 			Tiers:                 tiers,
 			HitPendingOnPromotion: rapid.Bool().Draw(rt, "hitPending"),
 			Admission:             AdmissionConfig{Disabled: true},
 			Budget:                budget,
+			Prefetch:              PrefetchConfig{Share: rapid.SampledFrom([]float64{0.2, 0.5, 1}).Draw(rt, "prefetchShare"), Now: clk.Now},
 		})
 		if err != nil {
 			rt.Fatal(err)
@@ -627,6 +637,29 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 				}
 			}
 		}
+		// checkPrefetch verifies the prefetches' share of the primary.
+		checkPrefetch := func() {
+			pf := m.prefetch
+			held := 0
+			for i := range m.promos {
+				for _, b := range m.promos[i].batches[:m.promos[i].n] {
+					if pf.byReq[b.req] != nil {
+						held += len(b.keys)
+					}
+				}
+			}
+			for _, jb := range m.stack.jobs {
+				if jb.j.Promotion && pf.byReq[jb.j.Req] != nil {
+					held += len(jb.j.Keys)
+				}
+			}
+			if held != pf.inFlight {
+				rt.Fatalf("prefetch counts %d slots in flight, its promotions hold %d", pf.inFlight, held)
+			}
+			if pf.inFlight > pf.maxSlots {
+				rt.Fatalf("prefetches hold %d slots, over their share of %d", pf.inFlight, pf.maxSlots)
+			}
+		}
 		// checkPins verifies ref counts and pending slots against the
 		// engine's and the manager's outstanding work.
 		checkPins := func() {
@@ -667,6 +700,7 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 				rt.Fatalf("primary pending %d, want %d (engine stores + promotions)", got, pending)
 			}
 			checkBudget()
+			checkPrefetch()
 		}
 
 		actions := map[string]func(*rapid.T){
@@ -782,6 +816,45 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 			},
 			"step": func(rt *rapid.T) {
 				m.ScheduleEnd(offload.ScheduleEnd{})
+			},
+			"residency": func(rt *rapid.T) {
+				keys := keySlice(rt)
+				req := &offload.ReqContext{ID: "residency", LoadFilter: rapid.SampledFrom(modelFilters).Draw(rt, "load")}
+				before, pBefore := m.Stats(), p.Stats()
+				pending, jobs := m.pendingPromos, len(m.stack.jobs)
+				r := m.Residency(keys, req)
+				after, pAfter := m.Stats(), p.Stats()
+				if pBefore != pAfter || pending != m.pendingPromos || jobs != len(m.stack.jobs) {
+					rt.Fatalf("a residency query changed the primary or the jobs:\n%+v\n%+v", pBefore, pAfter)
+				}
+				for i, b := range before.Tiers {
+					a := after.Tiers[i]
+					if a.Hits != b.Hits || a.Misses != b.Misses || a.Retries != b.Retries || a.SkippedByFilter != b.SkippedByFilter || a.PromotionsStarted != b.PromotionsStarted {
+						rt.Fatalf("a residency query counted in tier %s", b.Name)
+					}
+				}
+				run := 0
+				for _, k := range keys {
+					if ref, ok := p.RefCount(k); !ok || ref < 0 {
+						break
+					}
+					run++
+				}
+				if r.Primary != run || r.Loadable < run {
+					rt.Fatalf("residency of %v: %+v, the primary holds a run of %d", keys, r, run)
+				}
+			},
+			"prefetch": func(rt *rapid.T) {
+				e.nextID++
+				req := &offload.ReqContext{ID: fmt.Sprintf("pf%d", e.nextID), LoadFilter: rapid.SampledFrom(modelFilters).Draw(rt, "load"), StoreFilter: offload.All()}
+				deadline := clk.now.Add(time.Duration(rapid.IntRange(0, 3).Draw(rt, "ticks")) * time.Second)
+				_, err := m.Prefetch(keySlice(rt), req, deadline)
+				if err != nil && !errors.Is(err, ErrPrefetchRefused) {
+					rt.Fatal(err)
+				}
+			},
+			"tick": func(rt *rapid.T) {
+				clk.now = clk.now.Add(time.Second)
 			},
 			"events": func(rt *rapid.T) {
 				m.TakeEvents()
@@ -906,6 +979,7 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 		for _, t := range models {
 			clear(t.panicOn)
 		}
+		clk.now = clk.now.Add(time.Hour) // every prefetch's deadline passes
 		for i := 0; m.HasPendingWork(); i++ {
 			if i > 100 {
 				rt.Fatalf("not quiescent: %+v", m.Stats())
@@ -924,6 +998,9 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 		}
 		if st.Requests != 0 || len(m.reqs) != 0 {
 			rt.Fatalf("request state left: %d", st.Requests)
+		}
+		if pf := m.prefetch; len(pf.queue) != 0 || len(pf.byReq) != 0 || pf.inFlight != 0 {
+			rt.Fatalf("prefetch state left: %d queued, %d known, %d slots", len(pf.queue), len(pf.byReq), pf.inFlight)
 		}
 		for _, r := range e.reqs {
 			for _, ts := range tiers {

@@ -113,6 +113,10 @@ events:
 #     low: 500ms            # ... off again below this one
 #     warmup: 3             # first samples ignored (-1: none)
 
+# prefetch:                 # routers' and agents' prefetches (kvtier prefetch)
+#   share: 0.25             # share of the primary their promotions may hold in flight; "off"
+#   max_queued: 1024        # prefetches waiting for tiers at once
+
 # engines:                  # vLLM manager mode (needs server.unix_socket)
 #   enabled: true
 #   primary_bytes: 1GiB     # each engine layout's primary (default primary.bytes)
@@ -551,7 +555,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		return fail(err)
 	}
 	budget, admission := cascadeConfig(cfg)
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Logger: log})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Logger: log})
 	if err != nil {
 		for _, t := range tiers {
 			t.Close(ctx)
@@ -613,7 +617,7 @@ func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, i
 			return server.NamespaceConfig{}, err
 		}
 		budget, admission := cascadeConfig(cfg)
-		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Logger: log.With("namespace", name)})
+		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Logger: log.With("namespace", name)})
 		if err != nil {
 			for _, t := range tiers {
 				t.Close(ctx)
@@ -658,6 +662,13 @@ func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error)
 		LookupWait:  time.Duration(cfg.Regions.LookupWait),
 		Tick:        time.Duration(cfg.Regions.Tick),
 	})
+}
+
+// prefetchConfig returns the bounds of prefetches (config.Prefetch,
+// checked when the config was read).
+func prefetchConfig(cfg *config.Config) tiering.PrefetchConfig {
+	share, _ := cfg.Prefetch.ShareValue()
+	return tiering.PrefetchConfig{Share: share, MaxQueued: cfg.Prefetch.MaxQueued}
 }
 
 // cascadeConfig returns the cascade pin budget and back-pressure of every

@@ -1148,6 +1148,167 @@ func (x *ResidencyResponse) GetWarnings() []*FilterWarning {
 	return nil
 }
 
+type PrefetchRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Keys in prefix order (or packed_keys with key_size, as for Lookup).
+	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// kv_transfer_params JSON (optional): its kv_load_tiers decides which
+	// secondary tiers blocks may come from.
+	KvTransferParams string `protobuf:"bytes,5,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	// How long the prefetch may wait for tiers that check existence
+	// asynchronously (0: 10 s; at most limits.max_wait).
+	DeadlineMs    uint32 `protobuf:"varint,6,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchRequest) Reset() {
+	*x = PrefetchRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchRequest) ProtoMessage() {}
+
+func (x *PrefetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchRequest.ProtoReflect.Descriptor instead.
+func (*PrefetchRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PrefetchRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PrefetchRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PrefetchRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *PrefetchRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *PrefetchRequest) GetKvTransferParams() string {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return ""
+}
+
+func (x *PrefetchRequest) GetDeadlineMs() uint32 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+type PrefetchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leading keys already in the primary or on their way there.
+	Present uint32 `protobuf:"varint,1,opt,name=present,proto3" json:"present,omitempty"`
+	// Promotions the call started at once.
+	Started uint32 `protobuf:"varint,2,opt,name=started,proto3" json:"started,omitempty"`
+	// The prefetch waits for tiers that are not sure yet (or for room in
+	// its share), at most until its deadline.
+	Queued        bool             `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
+	Warnings      []*FilterWarning `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchResponse) Reset() {
+	*x = PrefetchResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchResponse) ProtoMessage() {}
+
+func (x *PrefetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchResponse.ProtoReflect.Descriptor instead.
+func (*PrefetchResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PrefetchResponse) GetPresent() uint32 {
+	if x != nil {
+		return x.Present
+	}
+	return 0
+}
+
+func (x *PrefetchResponse) GetStarted() uint32 {
+	if x != nil {
+		return x.Started
+	}
+	return 0
+}
+
+func (x *PrefetchResponse) GetQueued() bool {
+	if x != nil {
+		return x.Queued
+	}
+	return false
+}
+
+func (x *PrefetchResponse) GetWarnings() []*FilterWarning {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 // LookupResponse carries one result per key.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1165,7 +1326,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1338,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[9]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1351,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{9}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LookupResponse) GetResults() []LookupResult {
@@ -1241,7 +1402,7 @@ type PrepareLoadRequest struct {
 
 func (x *PrepareLoadRequest) Reset() {
 	*x = PrepareLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1414,7 @@ func (x *PrepareLoadRequest) String() string {
 func (*PrepareLoadRequest) ProtoMessage() {}
 
 func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[10]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1427,7 @@ func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadRequest.ProtoReflect.Descriptor instead.
 func (*PrepareLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{10}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PrepareLoadRequest) GetNamespace() string {
@@ -1325,7 +1486,7 @@ type PrepareLoadResponse struct {
 
 func (x *PrepareLoadResponse) Reset() {
 	*x = PrepareLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1498,7 @@ func (x *PrepareLoadResponse) String() string {
 func (*PrepareLoadResponse) ProtoMessage() {}
 
 func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1511,7 @@ func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadResponse.ProtoReflect.Descriptor instead.
 func (*PrepareLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PrepareLoadResponse) GetSlots() []int64 {
@@ -1385,7 +1546,7 @@ type CompleteLoadRequest struct {
 
 func (x *CompleteLoadRequest) Reset() {
 	*x = CompleteLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1558,7 @@ func (x *CompleteLoadRequest) String() string {
 func (*CompleteLoadRequest) ProtoMessage() {}
 
 func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1571,7 @@ func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CompleteLoadRequest) GetNamespace() string {
@@ -1457,7 +1618,7 @@ type CompleteLoadResponse struct {
 
 func (x *CompleteLoadResponse) Reset() {
 	*x = CompleteLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1630,7 @@ func (x *CompleteLoadResponse) String() string {
 func (*CompleteLoadResponse) ProtoMessage() {}
 
 func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1643,7 @@ func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadResponse.ProtoReflect.Descriptor instead.
 func (*CompleteLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
 }
 
 // TouchRequest refreshes the recency of keys.
@@ -1503,7 +1664,7 @@ type TouchRequest struct {
 
 func (x *TouchRequest) Reset() {
 	*x = TouchRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1676,7 @@ func (x *TouchRequest) String() string {
 func (*TouchRequest) ProtoMessage() {}
 
 func (x *TouchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1689,7 @@ func (x *TouchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchRequest.ProtoReflect.Descriptor instead.
 func (*TouchRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TouchRequest) GetNamespace() string {
@@ -1575,7 +1736,7 @@ type TouchResponse struct {
 
 func (x *TouchResponse) Reset() {
 	*x = TouchResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1748,7 @@ func (x *TouchResponse) String() string {
 func (*TouchResponse) ProtoMessage() {}
 
 func (x *TouchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1761,7 @@ func (x *TouchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchResponse.ProtoReflect.Descriptor instead.
 func (*TouchResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
 }
 
 // BlockMetadata describes the tokens of one stored block so that published
@@ -1627,7 +1788,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1800,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1813,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BlockMetadata) GetBlockHashes() [][]byte {
@@ -1732,7 +1893,7 @@ type PrepareStoreRequest struct {
 
 func (x *PrepareStoreRequest) Reset() {
 	*x = PrepareStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1905,7 @@ func (x *PrepareStoreRequest) String() string {
 func (*PrepareStoreRequest) ProtoMessage() {}
 
 func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1918,7 @@ func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreRequest.ProtoReflect.Descriptor instead.
 func (*PrepareStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PrepareStoreRequest) GetNamespace() string {
@@ -1820,7 +1981,7 @@ type PrepareStoreResponse struct {
 
 func (x *PrepareStoreResponse) Reset() {
 	*x = PrepareStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1993,7 @@ func (x *PrepareStoreResponse) String() string {
 func (*PrepareStoreResponse) ProtoMessage() {}
 
 func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +2006,7 @@ func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreResponse.ProtoReflect.Descriptor instead.
 func (*PrepareStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PrepareStoreResponse) GetOk() bool {
@@ -1897,7 +2058,7 @@ type CompleteStoreRequest struct {
 
 func (x *CompleteStoreRequest) Reset() {
 	*x = CompleteStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2070,7 @@ func (x *CompleteStoreRequest) String() string {
 func (*CompleteStoreRequest) ProtoMessage() {}
 
 func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2083,7 @@ func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreRequest.ProtoReflect.Descriptor instead.
 func (*CompleteStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CompleteStoreRequest) GetNamespace() string {
@@ -1976,7 +2137,7 @@ type CompleteStoreResponse struct {
 
 func (x *CompleteStoreResponse) Reset() {
 	*x = CompleteStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2149,7 @@ func (x *CompleteStoreResponse) String() string {
 func (*CompleteStoreResponse) ProtoMessage() {}
 
 func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2162,7 @@ func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreResponse.ProtoReflect.Descriptor instead.
 func (*CompleteStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
 }
 
 // FinishRequestRequest ends a request.
@@ -2015,7 +2176,7 @@ type FinishRequestRequest struct {
 
 func (x *FinishRequestRequest) Reset() {
 	*x = FinishRequestRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2188,7 @@ func (x *FinishRequestRequest) String() string {
 func (*FinishRequestRequest) ProtoMessage() {}
 
 func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2201,7 @@ func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestRequest.ProtoReflect.Descriptor instead.
 func (*FinishRequestRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FinishRequestRequest) GetNamespace() string {
@@ -2066,7 +2227,7 @@ type FinishRequestResponse struct {
 
 func (x *FinishRequestResponse) Reset() {
 	*x = FinishRequestResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2239,7 @@ func (x *FinishRequestResponse) String() string {
 func (*FinishRequestResponse) ProtoMessage() {}
 
 func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2252,7 @@ func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestResponse.ProtoReflect.Descriptor instead.
 func (*FinishRequestResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
 }
 
 // ScheduleEndRequest ends one engine step.
@@ -2108,7 +2269,7 @@ type ScheduleEndRequest struct {
 
 func (x *ScheduleEndRequest) Reset() {
 	*x = ScheduleEndRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2281,7 @@ func (x *ScheduleEndRequest) String() string {
 func (*ScheduleEndRequest) ProtoMessage() {}
 
 func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2294,7 @@ func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndRequest.ProtoReflect.Descriptor instead.
 func (*ScheduleEndRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ScheduleEndRequest) GetNamespace() string {
@@ -2170,7 +2331,7 @@ type ScheduleEndResponse struct {
 
 func (x *ScheduleEndResponse) Reset() {
 	*x = ScheduleEndResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2343,7 @@ func (x *ScheduleEndResponse) String() string {
 func (*ScheduleEndResponse) ProtoMessage() {}
 
 func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2356,7 @@ func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndResponse.ProtoReflect.Descriptor instead.
 func (*ScheduleEndResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ScheduleEndResponse) GetHasPendingWork() bool {
@@ -2222,7 +2383,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2395,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2408,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResetRequest) GetNamespace() string {
@@ -2266,7 +2427,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2439,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2452,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
 }
 
 // StatsRequest asks for counters.
@@ -2304,7 +2465,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2477,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2490,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatsRequest) GetNamespace() string {
@@ -2367,7 +2528,7 @@ type PrimaryStats struct {
 
 func (x *PrimaryStats) Reset() {
 	*x = PrimaryStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2540,7 @@ func (x *PrimaryStats) String() string {
 func (*PrimaryStats) ProtoMessage() {}
 
 func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2553,7 @@ func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrimaryStats.ProtoReflect.Descriptor instead.
 func (*PrimaryStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PrimaryStats) GetSlotSize() int64 {
@@ -2542,7 +2703,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2715,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2728,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TierStats) GetName() string {
@@ -2811,7 +2972,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2984,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +2997,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatsResponse) GetNamespace() string {
@@ -2963,7 +3124,7 @@ type TenantStats struct {
 
 func (x *TenantStats) Reset() {
 	*x = TenantStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3136,7 @@ func (x *TenantStats) String() string {
 func (*TenantStats) ProtoMessage() {}
 
 func (x *TenantStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3149,7 @@ func (x *TenantStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStats.ProtoReflect.Descriptor instead.
 func (*TenantStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TenantStats) GetName() string {
@@ -3081,7 +3242,7 @@ type TenantTierStats struct {
 
 func (x *TenantTierStats) Reset() {
 	*x = TenantTierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3254,7 @@ func (x *TenantTierStats) String() string {
 func (*TenantTierStats) ProtoMessage() {}
 
 func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3267,7 @@ func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantTierStats.ProtoReflect.Descriptor instead.
 func (*TenantTierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TenantTierStats) GetTier() string {
@@ -3142,7 +3303,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3315,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3328,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExplainRequest) GetNamespace() string {
@@ -3205,7 +3366,7 @@ type TierDecision struct {
 
 func (x *TierDecision) Reset() {
 	*x = TierDecision{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3217,7 +3378,7 @@ func (x *TierDecision) String() string {
 func (*TierDecision) ProtoMessage() {}
 
 func (x *TierDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3230,7 +3391,7 @@ func (x *TierDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDecision.ProtoReflect.Descriptor instead.
 func (*TierDecision) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TierDecision) GetName() string {
@@ -3310,7 +3471,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3483,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3496,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExplainResponse) GetLoadFilter() *TierFilter {
@@ -3407,7 +3568,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3580,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3593,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Block) GetKey() []byte {
@@ -3466,7 +3627,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3478,7 +3639,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3491,7 +3652,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PutBlocksRequest) GetNamespace() string {
@@ -3535,7 +3696,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3547,7 +3708,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3560,7 +3721,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PutBlocksResponse) GetStatuses() []PutStatus {
@@ -3605,7 +3766,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3778,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3791,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetBlocksRequest) GetNamespace() string {
@@ -3699,7 +3860,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3711,7 +3872,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3724,7 +3885,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetBlocksResponse) GetBlocks() []*Block {
@@ -3769,7 +3930,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3781,7 +3942,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3794,7 +3955,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListBlocksRequest) GetNamespace() string {
@@ -3845,7 +4006,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +4018,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +4031,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListBlocksResponse) GetKeys() [][]byte {
@@ -3932,7 +4093,7 @@ type GetArenaRequest struct {
 
 func (x *GetArenaRequest) Reset() {
 	*x = GetArenaRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4105,7 @@ func (x *GetArenaRequest) String() string {
 func (*GetArenaRequest) ProtoMessage() {}
 
 func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4118,7 @@ func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaRequest.ProtoReflect.Descriptor instead.
 func (*GetArenaRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetArenaRequest) GetNamespace() string {
@@ -3996,7 +4157,7 @@ type GetArenaResponse struct {
 
 func (x *GetArenaResponse) Reset() {
 	*x = GetArenaResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4008,7 +4169,7 @@ func (x *GetArenaResponse) String() string {
 func (*GetArenaResponse) ProtoMessage() {}
 
 func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4021,7 +4182,7 @@ func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaResponse.ProtoReflect.Descriptor instead.
 func (*GetArenaResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetArenaResponse) GetKind() ArenaKind {
@@ -4089,7 +4250,7 @@ type RegionRegistration struct {
 
 func (x *RegionRegistration) Reset() {
 	*x = RegionRegistration{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4262,7 @@ func (x *RegionRegistration) String() string {
 func (*RegionRegistration) ProtoMessage() {}
 
 func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4275,7 @@ func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
 func (*RegionRegistration) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 type RegionLookupRequest struct {
@@ -4138,7 +4299,7 @@ type RegionLookupRequest struct {
 
 func (x *RegionLookupRequest) Reset() {
 	*x = RegionLookupRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4311,7 @@ func (x *RegionLookupRequest) String() string {
 func (*RegionLookupRequest) ProtoMessage() {}
 
 func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4324,7 @@ func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegionLookupRequest) GetRegionId() string {
@@ -4221,7 +4382,7 @@ type RegionLookupResponse struct {
 
 func (x *RegionLookupResponse) Reset() {
 	*x = RegionLookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4233,7 +4394,7 @@ func (x *RegionLookupResponse) String() string {
 func (*RegionLookupResponse) ProtoMessage() {}
 
 func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4246,7 +4407,7 @@ func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegionLookupResponse) GetFound() []byte {
@@ -4274,7 +4435,7 @@ type RegionLookupsRequest struct {
 
 func (x *RegionLookupsRequest) Reset() {
 	*x = RegionLookupsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4286,7 +4447,7 @@ func (x *RegionLookupsRequest) String() string {
 func (*RegionLookupsRequest) ProtoMessage() {}
 
 func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4299,7 +4460,7 @@ func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegionLookupsRequest) GetRegionId() string {
@@ -4326,7 +4487,7 @@ type RegionLookupsResponse struct {
 
 func (x *RegionLookupsResponse) Reset() {
 	*x = RegionLookupsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4338,7 +4499,7 @@ func (x *RegionLookupsResponse) String() string {
 func (*RegionLookupsResponse) ProtoMessage() {}
 
 func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4351,7 +4512,7 @@ func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegionLookupsResponse) GetLookups() []*RegionLookupResponse {
@@ -4380,7 +4541,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4392,7 +4553,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4405,7 +4566,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4467,7 +4628,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4640,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4653,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4517,7 +4678,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4690,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4703,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 type RegionResultsRequest struct {
@@ -4554,7 +4715,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4566,7 +4727,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4579,7 +4740,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -4602,7 +4763,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4614,7 +4775,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4627,7 +4788,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -4660,7 +4821,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4833,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4846,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -4706,7 +4867,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4718,7 +4879,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4731,7 +4892,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -4766,7 +4927,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4778,7 +4939,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4791,7 +4952,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -4830,7 +4991,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4842,7 +5003,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4855,7 +5016,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -4909,7 +5070,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4921,7 +5082,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4934,7 +5095,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -4954,7 +5115,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5127,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5140,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -5004,7 +5165,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5016,7 +5177,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5029,7 +5190,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 type EngineAttachRequest struct {
@@ -5043,7 +5204,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5055,7 +5216,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5068,7 +5229,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -5096,7 +5257,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5108,7 +5269,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5121,7 +5282,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -5169,7 +5330,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5181,7 +5342,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5194,7 +5355,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -5223,7 +5384,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5235,7 +5396,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5248,7 +5409,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -5287,7 +5448,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5299,7 +5460,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5312,7 +5473,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -5384,7 +5545,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5396,7 +5557,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5409,7 +5570,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5531,7 +5692,7 @@ type EngineReserveRequest struct {
 
 func (x *EngineReserveRequest) Reset() {
 	*x = EngineReserveRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5543,7 +5704,7 @@ func (x *EngineReserveRequest) String() string {
 func (*EngineReserveRequest) ProtoMessage() {}
 
 func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5556,7 +5717,7 @@ func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveRequest.ProtoReflect.Descriptor instead.
 func (*EngineReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EngineReserveRequest) GetNamespace() string {
@@ -5614,7 +5775,7 @@ type EngineReserveResponse struct {
 
 func (x *EngineReserveResponse) Reset() {
 	*x = EngineReserveResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5626,7 +5787,7 @@ func (x *EngineReserveResponse) String() string {
 func (*EngineReserveResponse) ProtoMessage() {}
 
 func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5639,7 +5800,7 @@ func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveResponse.ProtoReflect.Descriptor instead.
 func (*EngineReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EngineReserveResponse) GetFound() []byte {
@@ -5669,7 +5830,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5681,7 +5842,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5694,7 +5855,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -5733,7 +5894,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5745,7 +5906,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5758,7 +5919,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -5850,6 +6011,20 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\aprimary\x18\x01 \x01(\rR\aprimary\x12.\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x18.kvtier.v1.TierResidencyR\x05tiers\x12\x1a\n" +
 	"\bloadable\x18\x03 \x01(\rR\bloadable\x124\n" +
+	"\bwarnings\x18\x04 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\xce\x01\n" +
+	"\x0fPrefetchRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\x12,\n" +
+	"\x12kv_transfer_params\x18\x05 \x01(\tR\x10kvTransferParams\x12\x1f\n" +
+	"\vdeadline_ms\x18\x06 \x01(\rR\n" +
+	"deadlineMs\"\x94\x01\n" +
+	"\x10PrefetchResponse\x12\x18\n" +
+	"\apresent\x18\x01 \x01(\rR\apresent\x12\x18\n" +
+	"\astarted\x18\x02 \x01(\rR\astarted\x12\x16\n" +
+	"\x06queued\x18\x03 \x01(\bR\x06queued\x124\n" +
 	"\bwarnings\x18\x04 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"q\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
@@ -6263,12 +6438,13 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xab\x0f\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xf0\x0f\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
 	"\x06Lookup\x12\x18.kvtier.v1.LookupRequest\x1a\x19.kvtier.v1.LookupResponse\x12F\n" +
-	"\tResidency\x12\x1b.kvtier.v1.ResidencyRequest\x1a\x1c.kvtier.v1.ResidencyResponse\x12L\n" +
+	"\tResidency\x12\x1b.kvtier.v1.ResidencyRequest\x1a\x1c.kvtier.v1.ResidencyResponse\x12C\n" +
+	"\bPrefetch\x12\x1a.kvtier.v1.PrefetchRequest\x1a\x1b.kvtier.v1.PrefetchResponse\x12L\n" +
 	"\vPrepareLoad\x12\x1d.kvtier.v1.PrepareLoadRequest\x1a\x1e.kvtier.v1.PrepareLoadResponse\x12O\n" +
 	"\fCompleteLoad\x12\x1e.kvtier.v1.CompleteLoadRequest\x1a\x1f.kvtier.v1.CompleteLoadResponse\x12:\n" +
 	"\x05Touch\x12\x17.kvtier.v1.TouchRequest\x1a\x18.kvtier.v1.TouchResponse\x12O\n" +
@@ -6309,7 +6485,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -6327,70 +6503,72 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*ResidencyRequest)(nil),      // 13: kvtier.v1.ResidencyRequest
 	(*TierResidency)(nil),         // 14: kvtier.v1.TierResidency
 	(*ResidencyResponse)(nil),     // 15: kvtier.v1.ResidencyResponse
-	(*LookupResponse)(nil),        // 16: kvtier.v1.LookupResponse
-	(*PrepareLoadRequest)(nil),    // 17: kvtier.v1.PrepareLoadRequest
-	(*PrepareLoadResponse)(nil),   // 18: kvtier.v1.PrepareLoadResponse
-	(*CompleteLoadRequest)(nil),   // 19: kvtier.v1.CompleteLoadRequest
-	(*CompleteLoadResponse)(nil),  // 20: kvtier.v1.CompleteLoadResponse
-	(*TouchRequest)(nil),          // 21: kvtier.v1.TouchRequest
-	(*TouchResponse)(nil),         // 22: kvtier.v1.TouchResponse
-	(*BlockMetadata)(nil),         // 23: kvtier.v1.BlockMetadata
-	(*PrepareStoreRequest)(nil),   // 24: kvtier.v1.PrepareStoreRequest
-	(*PrepareStoreResponse)(nil),  // 25: kvtier.v1.PrepareStoreResponse
-	(*CompleteStoreRequest)(nil),  // 26: kvtier.v1.CompleteStoreRequest
-	(*CompleteStoreResponse)(nil), // 27: kvtier.v1.CompleteStoreResponse
-	(*FinishRequestRequest)(nil),  // 28: kvtier.v1.FinishRequestRequest
-	(*FinishRequestResponse)(nil), // 29: kvtier.v1.FinishRequestResponse
-	(*ScheduleEndRequest)(nil),    // 30: kvtier.v1.ScheduleEndRequest
-	(*ScheduleEndResponse)(nil),   // 31: kvtier.v1.ScheduleEndResponse
-	(*ResetRequest)(nil),          // 32: kvtier.v1.ResetRequest
-	(*ResetResponse)(nil),         // 33: kvtier.v1.ResetResponse
-	(*StatsRequest)(nil),          // 34: kvtier.v1.StatsRequest
-	(*PrimaryStats)(nil),          // 35: kvtier.v1.PrimaryStats
-	(*TierStats)(nil),             // 36: kvtier.v1.TierStats
-	(*StatsResponse)(nil),         // 37: kvtier.v1.StatsResponse
-	(*TenantStats)(nil),           // 38: kvtier.v1.TenantStats
-	(*TenantTierStats)(nil),       // 39: kvtier.v1.TenantTierStats
-	(*ExplainRequest)(nil),        // 40: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 41: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 42: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 43: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 44: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 45: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 46: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 47: kvtier.v1.GetBlocksResponse
-	(*ListBlocksRequest)(nil),     // 48: kvtier.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 49: kvtier.v1.ListBlocksResponse
-	(*GetArenaRequest)(nil),       // 50: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 51: kvtier.v1.GetArenaResponse
-	(*RegionRegistration)(nil),    // 52: kvtier.v1.RegionRegistration
-	(*RegionLookupRequest)(nil),   // 53: kvtier.v1.RegionLookupRequest
-	(*RegionLookupResponse)(nil),  // 54: kvtier.v1.RegionLookupResponse
-	(*RegionLookupsRequest)(nil),  // 55: kvtier.v1.RegionLookupsRequest
-	(*RegionLookupsResponse)(nil), // 56: kvtier.v1.RegionLookupsResponse
-	(*RegionJob)(nil),             // 57: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 58: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 59: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 60: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 61: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 62: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 63: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 64: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 65: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 66: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 67: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 68: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 69: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 70: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 71: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 72: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 73: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 74: kvtier.v1.EngineStepRequest
-	(*EngineReserveRequest)(nil),  // 75: kvtier.v1.EngineReserveRequest
-	(*EngineReserveResponse)(nil), // 76: kvtier.v1.EngineReserveResponse
-	(*EngineLookupResult)(nil),    // 77: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 78: kvtier.v1.EngineStepResponse
-	nil,                           // 79: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*PrefetchRequest)(nil),       // 16: kvtier.v1.PrefetchRequest
+	(*PrefetchResponse)(nil),      // 17: kvtier.v1.PrefetchResponse
+	(*LookupResponse)(nil),        // 18: kvtier.v1.LookupResponse
+	(*PrepareLoadRequest)(nil),    // 19: kvtier.v1.PrepareLoadRequest
+	(*PrepareLoadResponse)(nil),   // 20: kvtier.v1.PrepareLoadResponse
+	(*CompleteLoadRequest)(nil),   // 21: kvtier.v1.CompleteLoadRequest
+	(*CompleteLoadResponse)(nil),  // 22: kvtier.v1.CompleteLoadResponse
+	(*TouchRequest)(nil),          // 23: kvtier.v1.TouchRequest
+	(*TouchResponse)(nil),         // 24: kvtier.v1.TouchResponse
+	(*BlockMetadata)(nil),         // 25: kvtier.v1.BlockMetadata
+	(*PrepareStoreRequest)(nil),   // 26: kvtier.v1.PrepareStoreRequest
+	(*PrepareStoreResponse)(nil),  // 27: kvtier.v1.PrepareStoreResponse
+	(*CompleteStoreRequest)(nil),  // 28: kvtier.v1.CompleteStoreRequest
+	(*CompleteStoreResponse)(nil), // 29: kvtier.v1.CompleteStoreResponse
+	(*FinishRequestRequest)(nil),  // 30: kvtier.v1.FinishRequestRequest
+	(*FinishRequestResponse)(nil), // 31: kvtier.v1.FinishRequestResponse
+	(*ScheduleEndRequest)(nil),    // 32: kvtier.v1.ScheduleEndRequest
+	(*ScheduleEndResponse)(nil),   // 33: kvtier.v1.ScheduleEndResponse
+	(*ResetRequest)(nil),          // 34: kvtier.v1.ResetRequest
+	(*ResetResponse)(nil),         // 35: kvtier.v1.ResetResponse
+	(*StatsRequest)(nil),          // 36: kvtier.v1.StatsRequest
+	(*PrimaryStats)(nil),          // 37: kvtier.v1.PrimaryStats
+	(*TierStats)(nil),             // 38: kvtier.v1.TierStats
+	(*StatsResponse)(nil),         // 39: kvtier.v1.StatsResponse
+	(*TenantStats)(nil),           // 40: kvtier.v1.TenantStats
+	(*TenantTierStats)(nil),       // 41: kvtier.v1.TenantTierStats
+	(*ExplainRequest)(nil),        // 42: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 43: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 44: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 45: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 46: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 47: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 48: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 49: kvtier.v1.GetBlocksResponse
+	(*ListBlocksRequest)(nil),     // 50: kvtier.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),    // 51: kvtier.v1.ListBlocksResponse
+	(*GetArenaRequest)(nil),       // 52: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 53: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 54: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 55: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 56: kvtier.v1.RegionLookupResponse
+	(*RegionLookupsRequest)(nil),  // 57: kvtier.v1.RegionLookupsRequest
+	(*RegionLookupsResponse)(nil), // 58: kvtier.v1.RegionLookupsResponse
+	(*RegionJob)(nil),             // 59: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 60: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 61: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 62: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 63: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 64: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 65: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 66: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 67: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 68: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 69: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 70: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 71: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 72: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 73: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 74: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 75: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 76: kvtier.v1.EngineStepRequest
+	(*EngineReserveRequest)(nil),  // 77: kvtier.v1.EngineReserveRequest
+	(*EngineReserveResponse)(nil), // 78: kvtier.v1.EngineReserveResponse
+	(*EngineLookupResult)(nil),    // 79: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 80: kvtier.v1.EngineStepResponse
+	nil,                           // 81: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -6404,98 +6582,101 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	3,  // 8: kvtier.v1.TierResidency.locality:type_name -> kvtier.v1.Locality
 	14, // 9: kvtier.v1.ResidencyResponse.tiers:type_name -> kvtier.v1.TierResidency
 	9,  // 10: kvtier.v1.ResidencyResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	0,  // 11: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
-	23, // 12: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
-	2,  // 13: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
-	3,  // 14: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	79, // 15: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
-	35, // 16: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	36, // 17: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
-	38, // 18: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
-	39, // 19: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
-	2,  // 20: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
-	3,  // 21: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	8,  // 22: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 23: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	9,  // 24: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	41, // 25: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	43, // 26: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 27: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	43, // 28: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 29: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 30: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	53, // 31: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
-	54, // 32: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
-	57, // 33: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	61, // 34: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	63, // 35: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 36: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 37: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	65, // 38: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	71, // 39: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	72, // 40: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	73, // 41: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	72, // 42: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	72, // 43: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	77, // 44: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	65, // 45: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 46: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 47: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	13, // 48: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
-	17, // 49: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	19, // 50: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	21, // 51: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	24, // 52: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	26, // 53: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	28, // 54: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	30, // 55: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	32, // 56: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	34, // 57: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	40, // 58: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	44, // 59: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	46, // 60: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	50, // 61: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	48, // 62: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	53, // 63: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	55, // 64: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
-	58, // 65: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	60, // 66: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	64, // 67: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	67, // 68: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	69, // 69: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	74, // 70: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	75, // 71: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
-	11, // 72: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	16, // 73: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 74: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
-	18, // 75: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	20, // 76: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	22, // 77: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	25, // 78: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	27, // 79: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	29, // 80: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	31, // 81: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	33, // 82: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	37, // 83: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	42, // 84: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	45, // 85: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	47, // 86: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	51, // 87: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	49, // 88: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	54, // 89: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	56, // 90: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
-	59, // 91: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	62, // 92: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	66, // 93: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	68, // 94: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	70, // 95: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	78, // 96: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	76, // 97: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
-	72, // [72:98] is the sub-list for method output_type
-	46, // [46:72] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	9,  // 11: kvtier.v1.PrefetchResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	0,  // 12: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
+	25, // 13: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
+	2,  // 14: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
+	3,  // 15: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
+	81, // 16: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	37, // 17: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	38, // 18: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	40, // 19: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
+	41, // 20: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
+	2,  // 21: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
+	3,  // 22: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
+	8,  // 23: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 24: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 25: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	43, // 26: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	45, // 27: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 28: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	45, // 29: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 30: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 31: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	55, // 32: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	56, // 33: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	59, // 34: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	63, // 35: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	65, // 36: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 37: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 38: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	67, // 39: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	73, // 40: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	74, // 41: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	75, // 42: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	74, // 43: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	74, // 44: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	79, // 45: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	67, // 46: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 47: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 48: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	13, // 49: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
+	16, // 50: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
+	19, // 51: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	21, // 52: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	23, // 53: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	26, // 54: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	28, // 55: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	30, // 56: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	32, // 57: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	34, // 58: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	36, // 59: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	42, // 60: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	46, // 61: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	48, // 62: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	52, // 63: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	50, // 64: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	55, // 65: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	57, // 66: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	60, // 67: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	62, // 68: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	66, // 69: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	69, // 70: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	71, // 71: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	76, // 72: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	77, // 73: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 74: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	18, // 75: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 76: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
+	17, // 77: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
+	20, // 78: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	22, // 79: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	24, // 80: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	27, // 81: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	29, // 82: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	31, // 83: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	33, // 84: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	35, // 85: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	39, // 86: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	44, // 87: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	47, // 88: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	49, // 89: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	53, // 90: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	51, // 91: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	56, // 92: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	58, // 93: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	61, // 94: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	64, // 95: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	68, // 96: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	70, // 97: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	72, // 98: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	80, // 99: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	78, // 100: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	74, // [74:101] is the sub-list for method output_type
+	47, // [47:74] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -6503,14 +6684,14 @@ func file_kvtier_v1_kvtier_proto_init() {
 	if File_kvtier_v1_kvtier_proto != nil {
 		return
 	}
-	file_kvtier_v1_kvtier_proto_msgTypes[16].OneofWrappers = []any{}
+	file_kvtier_v1_kvtier_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   73,
+			NumMessages:   75,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

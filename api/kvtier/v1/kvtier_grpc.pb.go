@@ -59,6 +59,7 @@ const (
 	KVTier_NewRequest_FullMethodName    = "/kvtier.v1.KVTier/NewRequest"
 	KVTier_Lookup_FullMethodName        = "/kvtier.v1.KVTier/Lookup"
 	KVTier_Residency_FullMethodName     = "/kvtier.v1.KVTier/Residency"
+	KVTier_Prefetch_FullMethodName      = "/kvtier.v1.KVTier/Prefetch"
 	KVTier_PrepareLoad_FullMethodName   = "/kvtier.v1.KVTier/PrepareLoad"
 	KVTier_CompleteLoad_FullMethodName  = "/kvtier.v1.KVTier/CompleteLoad"
 	KVTier_Touch_FullMethodName         = "/kvtier.v1.KVTier/Touch"
@@ -102,6 +103,11 @@ type KVTierClient interface {
 	// routers and agents. Nothing is promoted, pinned, touched, counted or
 	// published, and no request is needed.
 	Residency(ctx context.Context, in *ResidencyRequest, opts ...grpc.CallOption) (*ResidencyResponse, error)
+	// Prefetch promotes the leading run of keys that the load filter of
+	// kv_transfer_params allows toward the primary, ahead of a request the
+	// caller knows is coming, until a deadline: bounded by a share of the
+	// primary (prefetch.share), counted, idempotent. No request is needed.
+	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -230,6 +236,16 @@ func (c *kVTierClient) Residency(ctx context.Context, in *ResidencyRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ResidencyResponse)
 	err := c.cc.Invoke(ctx, KVTier_Residency_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrefetchResponse)
+	err := c.cc.Invoke(ctx, KVTier_Prefetch_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -493,6 +509,11 @@ type KVTierServer interface {
 	// routers and agents. Nothing is promoted, pinned, touched, counted or
 	// published, and no request is needed.
 	Residency(context.Context, *ResidencyRequest) (*ResidencyResponse, error)
+	// Prefetch promotes the leading run of keys that the load filter of
+	// kv_transfer_params allows toward the primary, ahead of a request the
+	// caller knows is coming, until a deadline: bounded by a share of the
+	// primary (prefetch.share), counted, idempotent. No request is needed.
+	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -605,6 +626,9 @@ func (UnimplementedKVTierServer) Lookup(context.Context, *LookupRequest) (*Looku
 }
 func (UnimplementedKVTierServer) Residency(context.Context, *ResidencyRequest) (*ResidencyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Residency not implemented")
+}
+func (UnimplementedKVTierServer) Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Prefetch not implemented")
 }
 func (UnimplementedKVTierServer) PrepareLoad(context.Context, *PrepareLoadRequest) (*PrepareLoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareLoad not implemented")
@@ -746,6 +770,24 @@ func _KVTier_Residency_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(KVTierServer).Residency(ctx, req.(*ResidencyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_Prefetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrefetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).Prefetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_Prefetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).Prefetch(ctx, req.(*PrefetchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1175,6 +1217,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Residency",
 			Handler:    _KVTier_Residency_Handler,
+		},
+		{
+			MethodName: "Prefetch",
+			Handler:    _KVTier_Prefetch_Handler,
 		},
 		{
 			MethodName: "PrepareLoad",

@@ -413,6 +413,34 @@ class NewRequestResponse(_message.Message):
     warnings: _containers.RepeatedCompositeFieldContainer[FilterWarning]
     def __init__(self, policy: _Optional[_Union[OffloadPolicy, str]] = ..., load_filter: _Optional[_Union[TierFilter, _Mapping]] = ..., store_filter: _Optional[_Union[TierFilter, _Mapping]] = ..., load_from_request: bool = ..., store_from_request: bool = ..., warnings: _Optional[_Iterable[_Union[FilterWarning, _Mapping]]] = ...) -> None: ...
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ["deadline_ms", "key_size", "keys", "kv_transfer_params", "namespace", "packed_keys"]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    deadline_ms: int
+    key_size: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    kv_transfer_params: str
+    namespace: str
+    packed_keys: bytes
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., kv_transfer_params: _Optional[str] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ["present", "queued", "started", "warnings"]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    present: int
+    queued: bool
+    started: int
+    warnings: _containers.RepeatedCompositeFieldContainer[FilterWarning]
+    def __init__(self, present: _Optional[int] = ..., started: _Optional[int] = ..., queued: bool = ..., warnings: _Optional[_Iterable[_Union[FilterWarning, _Mapping]]] = ...) -> None: ...
+
 class PrepareLoadRequest(_message.Message):
     __slots__ = ["allow_missing", "key_size", "keys", "namespace", "packed_keys", "request_id"]
     ALLOW_MISSING_FIELD_NUMBER: _ClassVar[int]

@@ -30,6 +30,11 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.FromString,
                 )
+        self.Prefetch = channel.unary_unary(
+                '/kvtier.v1.KVTier/Prefetch',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.FromString,
+                )
         self.PrepareLoad = channel.unary_unary(
                 '/kvtier.v1.KVTier/PrepareLoad',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.SerializeToString,
@@ -173,6 +178,16 @@ class KVTierServicer(object):
         tier holds, honouring the load filter of kv_transfer_params: for
         routers and agents. Nothing is promoted, pinned, touched, counted or
         published, and no request is needed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prefetch(self, request, context):
+        """Prefetch promotes the leading run of keys that the load filter of
+        kv_transfer_params allows toward the primary, ahead of a request the
+        caller knows is coming, until a deadline: bounded by a share of the
+        primary (prefetch.share), counted, idempotent. No request is needed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -405,6 +420,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.SerializeToString,
             ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.SerializeToString,
+            ),
             'PrepareLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareLoad,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.FromString,
@@ -579,6 +599,23 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Residency',
             kvtier_dot_v1_dot_kvtier__pb2.ResidencyRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.ResidencyResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Prefetch',
+            kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
