@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,8 +17,8 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// The commands for routers and agents (residency): they name prefixes by
-// keys or by token ids.
+// The commands for routers and agents (residency, prefetch): they name
+// prefixes by keys or by token ids.
 
 // prefixFlags say where a command's prefixes come from: keys as
 // arguments (one prefix), --keys (a prefix per line) or --tokens (a
@@ -198,6 +199,68 @@ tell by I/O (s3, redis, peer: "unknown").
 	fl := cmd.Flags()
 	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per prefix")
+	return cmd
+}
+
+func newPrefetchCmd() *cobra.Command {
+	var rf remoteFlags
+	var pf prefixFlags
+	var params string
+	var deadline time.Duration
+	cmd := &cobra.Command{
+		Use:   "prefetch [flags] KEY... | --keys FILE | --tokens FILE",
+		Short: "Promote prefixes toward the primary of a running daemon before their requests come",
+		Long: `prefetch asks the daemon to promote each prefix's leading run that --params'
+kv_load_tiers allows into its primary, as an engine's lookups would, so that
+the engine's lookup answers HIT in the step that asks. The daemon keeps
+trying tiers that are not sure yet (fs, s3, redis check existence
+asynchronously) until --deadline; a miss ends the run. Promotions in flight
+are bounded by the daemon's prefetch.share; asking again is harmless. One
+line per prefix: how many keys were present, how many promotions started,
+and whether the daemon still works on it.
+
+` + keyHelp,
+		Example: `  kvtier prefetch 0123abcd00000000 0123abce00000000
+  kvtier prefetch --tokens prompt.json --block-size 16 --deadline 2s`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefixes, err := pf.prefixes(cmd, args)
+			if err != nil {
+				return err
+			}
+			p, err := paramsFlag(params, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			c, err := rf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := rf.context(0)
+			defer cancel()
+			w := cmd.OutOrStdout()
+			for _, keys := range prefixes {
+				a, err := c.Prefetch(ctx, keys, p, deadline)
+				if err != nil {
+					return rf.rpcError("prefetch", err)
+				}
+				state := "done"
+				if a.GetQueued() {
+					state = "waiting"
+				}
+				fmt.Fprintf(w, "%d keys: %d present, %d promotions started, %s\n", len(keys), a.GetPresent(), a.GetStarted(), state)
+				for _, m := range a.GetWarnings() {
+					fmt.Fprintln(w, "  warning:", m.GetMessage())
+				}
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	pf.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
+	fl.DurationVar(&deadline, "deadline", 0, "how long the daemon keeps trying tiers that are not sure yet (default 10s)")
 	return cmd
 }
 

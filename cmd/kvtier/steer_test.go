@@ -48,6 +48,23 @@ func TestResidencyAgainstADaemon(t *testing.T) {
 			t.Fatalf("after a reset: %+v", l)
 		}
 	}
+	// Prefetch: the fs tier checks existence asynchronously, so the first
+	// answer waits; the daemon's own steps land the blocks.
+	code, out, errOut = runCLI(t, prompt, "prefetch", sock, "--tokens", "-", "--block-size", "4", "--deadline", "1m")
+	if code != 0 || !strings.HasPrefix(out, "3 keys: 0 present, ") {
+		t.Fatalf("prefetch: exit %d, %q %s", code, out, errOut)
+	}
+	waitFor(t, func() bool {
+		_, out, _ := runCLI(t, prompt, "residency", sock, "--tokens", "-", "--block-size", "4")
+		return out == "3 keys: loadable 2, primary 2, local-disk 2\n"
+	})
+	code, out, _ = runCLI(t, prompt, "prefetch", sock, "--tokens", "-", "--block-size", "4")
+	if want := "3 keys: 2 present, 0 promotions started, done\n"; code != 0 || out != want {
+		t.Fatalf("prefetch again: %q, want %q", out, want)
+	}
+	if err := d.c.Reset(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ = runCLI(t, "", "residency", sock, "--params", `{"kv_load_tiers":[]}`, kl.Keys[0])
 	if want := "1 keys: loadable 0, primary 0, local-disk not allowed\n"; code != 0 || out != want {
 		t.Fatalf("residency with no tier allowed: %q, want %q", out, want)

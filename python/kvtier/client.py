@@ -302,6 +302,17 @@ class Client:
         return self._call("Residency", pb.ResidencyRequest(
             namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params)))
 
+    def prefetch(self, keys, params=None, deadline_ms=0):
+        """Promotes the leading run of keys that params' load filter allows
+        toward the daemon's primary, ahead of a request the caller knows is
+        coming; the daemon keeps trying tiers that are not sure yet for up
+        to deadline_ms (0: 10 s). PrefetchResponse (present, started,
+        queued, warnings). Bounded by the operator's prefetch.share;
+        idempotent."""
+        return self._call("Prefetch", pb.PrefetchRequest(
+            namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params),
+            deadline_ms=deadline_ms))
+
     # By value ----------------------------------------------------------
 
     def put_blocks(self, blocks, request_id="", params=None):

@@ -119,7 +119,7 @@ def test_residency_of_a_prompt_from_python(kvtier_bin: str) -> None:
     import pathlib
     import tempfile
 
-    from conftest import Daemon
+    from conftest import Daemon, wait_until
 
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
     dm = Daemon(kvtier_bin, d, f"""
@@ -142,5 +142,13 @@ server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: ""}}
             other = keys_from_tokens(list(range(64)), block_size=16, cache_salt="tenant-b")
             assert c.residency(other).loadable == 0
             assert c.stats().primary.lookups == 0
+            # Into the memory tier, out of the primary, back by prefetch.
+            c.put_blocks([(keys[3], bytes(4096))], params={"kv_store_tiers": [{"medium": "cpu"}]})
+            wait_until(lambda: c.stats().tiers[0].cascades_ok >= 1, what="the cascade to dram")
+            c.reset()
+            assert c.residency(keys).primary == 0
+            a = c.prefetch(keys[3:], deadline_ms=60_000)
+            assert a.present + a.started == 1 or a.queued
+            wait_until(lambda: c.residency(keys[3:]).primary == 1, what="the prefetched block")
     finally:
         dm.stop()
