@@ -260,13 +260,7 @@ func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtie
 	if p := principalOf(ctx); p.t != nil || sv.s.tenancy.shared[name] != nil {
 		return sv.tenantStats(ctx, p, name)
 	}
-	if _, ok := sv.s.Namespace(name); !ok && name == "" {
-		// No default namespace: a daemon with one namespace (one engine
-		// layout, one tier-mode layout) answers for it.
-		if names := sv.allNames(); len(names) == 1 {
-			name, _ = strconv.Unquote(names[0])
-		}
-	}
+	name = sv.soleNamespace(name)
 	ns, err := sv.ns(name)
 	if err != nil {
 		if st, ok := sv.regionStats(ctx, name); ok {
@@ -282,6 +276,19 @@ func (sv *service) Stats(ctx context.Context, in *kvtierv1.StatsRequest) (*kvtie
 	out.StreamAddr = sv.s.StreamAddr()
 	out.Tenants = sv.s.tenancy.stats(st)
 	return out, nil
+}
+
+// soleNamespace resolves "" on a daemon without a default namespace to
+// its only namespace (one engine layout, or one tier-mode layout), so
+// that operators and routers need not learn a generated name; any other
+// name is returned as it is.
+func (sv *service) soleNamespace(name string) string {
+	if _, ok := sv.s.Namespace(name); !ok && name == "" {
+		if names := sv.allNames(); len(names) == 1 {
+			name, _ = strconv.Unquote(names[0])
+		}
+	}
+	return name
 }
 
 func (sv *service) Explain(ctx context.Context, in *kvtierv1.ExplainRequest) (*kvtierv1.ExplainResponse, error) {

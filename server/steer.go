@@ -49,6 +49,9 @@ func (ns *Namespace) Residency(keys []offload.Key, params []byte) (tiering.Resid
 }
 
 func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest) (*kvtierv1.ResidencyResponse, error) {
+	if principalOf(ctx).t == nil {
+		in.Namespace = sv.soleNamespace(in.GetNamespace())
+	}
 	ns, _, keys, err := sv.nsKeys(ctx, in, false)
 	if err != nil {
 		return nil, err
@@ -117,6 +120,9 @@ func (ns *Namespace) Prefetch(keys []offload.Key, params []byte, wait time.Durat
 }
 
 func (sv *service) Prefetch(ctx context.Context, in *kvtierv1.PrefetchRequest) (*kvtierv1.PrefetchResponse, error) {
+	if principalOf(ctx).t == nil {
+		in.Namespace = sv.soleNamespace(in.GetNamespace())
+	}
 	ns, _, keys, err := sv.nsKeys(ctx, in, false)
 	if err != nil {
 		return nil, err

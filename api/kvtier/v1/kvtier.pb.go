@@ -907,8 +907,10 @@ func (x *LookupRequest) GetWantSources() bool {
 }
 
 type ResidencyRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "" on a daemon without a default namespace names its only one (an
+	// engine layout in manager mode), so that a router need not learn it.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Keys in prefix order (or packed_keys with key_size, as for Lookup).
 	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
@@ -1149,8 +1151,10 @@ func (x *ResidencyResponse) GetWarnings() []*FilterWarning {
 }
 
 type PrefetchRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "" on a daemon without a default namespace names its only one (an
+	// engine layout in manager mode), so that a router need not learn it.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Keys in prefix order (or packed_keys with key_size, as for Lookup).
 	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
