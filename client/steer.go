@@ -27,3 +27,22 @@ func (c *Client) Prefetch(ctx context.Context, keys []offload.Key, params string
 	return c.api.Prefetch(ctx, &kvtierv1.PrefetchRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size,
 		KvTransferParams: params, DeadlineMs: uint32(deadline.Milliseconds())})
 }
+
+// Pin keeps the keys' blocks that are ready in the daemon's primary there
+// for ttl (pinning again extends it): for a system prompt, or a session
+// that resumes soon. Keys not ready are answered missing (prefetch them
+// first), keys over the operator's pins.share refused.
+func (c *Client) Pin(ctx context.Context, keys []offload.Key, ttl time.Duration) (*kvtierv1.PinResponse, error) {
+	raw, packed, size := keyFields(keys)
+	return c.api.Pin(ctx, &kvtierv1.PinRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size, TtlMs: uint32(ttl.Milliseconds())})
+}
+
+// Unpin releases pins before their TTL and returns how many it released.
+func (c *Client) Unpin(ctx context.Context, keys []offload.Key) (int, error) {
+	raw, packed, size := keyFields(keys)
+	resp, err := c.api.Unpin(ctx, &kvtierv1.UnpinRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size})
+	if err != nil {
+		return 0, err
+	}
+	return int(resp.GetUnpinned()), nil
+}

@@ -45,9 +45,10 @@ type Config struct {
 	Cascades Cascades `yaml:"cascades"`
 	// Regions configures vLLM tier mode's registered regions.
 	Regions Regions `yaml:"regions"`
-	// Prefetch bounds routers' and agents' prefetches, in every namespace
-	// with a primary.
+	// Prefetch bounds routers' and agents' prefetches, Pins their pins,
+	// in every namespace with a primary.
 	Prefetch Prefetch `yaml:"prefetch"`
+	Pins     Pins     `yaml:"pins"`
 	// Tenants and SharedSpaces divide the daemon between customers
 	// (tenants.go).
 	Tenants      []Tenant      `yaml:"tenants"`
@@ -186,6 +187,7 @@ func (c *Config) check(d *decoder) {
 	c.checkDaemon(d)
 	c.checkCascades(d)
 	c.checkPrefetch(d)
+	c.checkPins(d)
 	defer c.checkTenants(d) // after the tiers have their names
 
 	byName := make(map[string]int, len(c.SecondaryTiers))

@@ -132,7 +132,7 @@ func TestParseErrors(t *testing.T) {
 		want []string // substrings of the error, in order of appearance
 	}{
 		{"unknown top-level key", "colour: red\n",
-			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events, engines, cascades, regions, prefetch, tenants, shared_spaces)`}},
+			[]string{`colour: unknown key (want one of: namespace, primary, secondary_tiers, default_load_tiers, default_store_tiers, validation, server, limits, events, engines, cascades, regions, prefetch, pins, tenants, shared_spaces)`}},
 		{"unknown daemon key", "events: {enable: true}\n",
 			[]string{`events.enable: unknown key`}},
 		{"unknown event medium", "events:\n  medium_names: {cpu: DRAM, gpu: HBM}\n",

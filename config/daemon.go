@@ -332,16 +332,20 @@ type Prefetch struct {
 }
 
 // ShareValue returns Share as a share: 0 for the default, -1 for "off".
-func (p Prefetch) ShareValue() (float64, error) {
-	switch p.Share {
+func (p Prefetch) ShareValue() (float64, error) { return shareValue(p.Share) }
+
+// shareValue reads a share of the primary in (0, 1], or "off" (-1); ""
+// is the default (0).
+func shareValue(s string) (float64, error) {
+	switch s {
 	case "":
 		return 0, nil
 	case "off":
 		return -1, nil
 	}
-	f, err := strconv.ParseFloat(p.Share, 64)
+	f, err := strconv.ParseFloat(s, 64)
 	if err != nil || !(f > 0 && f <= 1) {
-		return 0, fmt.Errorf(`want a share of the primary in (0, 1] or "off", got %q`, p.Share)
+		return 0, fmt.Errorf(`want a share of the primary in (0, 1] or "off", got %q`, s)
 	}
 	return f, nil
 }
@@ -352,6 +356,23 @@ func (c *Config) checkPrefetch(d *decoder) {
 	}
 	if c.Prefetch.MaxQueued < 0 {
 		d.errorf(nil, "prefetch.max_queued", "want a positive bound (0: 1024), got %d", c.Prefetch.MaxQueued)
+	}
+}
+
+// Pins bounds the pins routers and agents hold (tiering.PinConfig).
+type Pins struct {
+	// Share is the share of an owner's quota (of the primary without
+	// tenants) its pinned blocks may hold, in (0, 1], or "off" (default
+	// 0.25).
+	Share string `yaml:"share"`
+}
+
+// ShareValue returns Share as a share: 0 for the default, -1 for "off".
+func (p Pins) ShareValue() (float64, error) { return shareValue(p.Share) }
+
+func (c *Config) checkPins(d *decoder) {
+	if _, err := c.Pins.ShareValue(); err != nil {
+		d.errorf(nil, "pins.share", "%v", err)
 	}
 }
 

@@ -152,6 +152,8 @@ var (
 	descPrefPromos  = prometheus.NewDesc("kvtier_prefetch_promotions_total", "Blocks whose promotion into the primary a prefetch started.", []string{"namespace"}, nil)
 	descPrefQueued  = prometheus.NewDesc("kvtier_prefetch_queued", "Prefetches waiting for tiers that are not sure yet, or for room in their share.", []string{"namespace"}, nil)
 	descPrefFlight  = prometheus.NewDesc("kvtier_prefetch_slots_in_flight", "Primary slots prefetch promotions hold until they land (bounded by prefetch.share).", []string{"namespace"}, nil)
+	descPins        = prometheus.NewDesc("kvtier_pins_total", "Blocks routers and agents pinned (pinned), released before their TTL (unpinned), whose TTL passed (expired), or whose pin their owner's budget refused (refused).", []string{"namespace", "result"}, nil)
+	descPinned      = prometheus.NewDesc("kvtier_pinned_blocks", "Blocks routers and agents pin in the primary now (bounded per owner by pins.share).", []string{"namespace"}, nil)
 	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
 
@@ -166,7 +168,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeDef, descCascadeBud, descRegionLook, descRegionPromo, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
-		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight,
+		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight, descPins, descPinned,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -225,6 +227,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPrefPromos, pf.Promotions, n)
 		gauge(descPrefQueued, float64(pf.Queued), n)
 		gauge(descPrefFlight, float64(pf.InFlight), n)
+		pn := st.Pins
+		counter(descPins, pn.Pinned, n, "pinned")
+		counter(descPins, pn.Unpinned, n, "unpinned")
+		counter(descPins, pn.Expired, n, "expired")
+		counter(descPins, pn.Refused, n, "refused")
+		gauge(descPinned, float64(pn.Blocks), n)
 		collectTiers(ch, n, st.Tiers)
 		for _, t := range st.Tiers {
 			for _, sh := range t.Shares {

@@ -699,6 +699,9 @@ func (ns *Namespace) Stats() (Stats, error) {
 	if pf, ok := ns.mgr.(prefetcher); ok {
 		st.Prefetch = pf.PrefetchStats()
 	}
+	if ph, ok := ns.mgr.(pinHolder); ok {
+		st.Pins = ph.PinStats()
+	}
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {
 		st.SinkEventsPublished, st.SinkBatchesDropped = ns.evst()

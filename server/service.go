@@ -505,6 +505,7 @@ func statsProto(st Stats) *kvtierv1.StatsResponse {
 		ExpiredRequests:    st.ExpiredRequests,
 		ReleasedRequests:   st.ReleasedRequests,
 		AutoSteps:          st.AutoSteps,
+		RouterPinnedBlocks: int64(st.Pins.Blocks),
 	}
 	for _, t := range st.Tiers {
 		dropped := make(map[string]uint64, len(t.DroppedBy))

@@ -27,8 +27,10 @@ type Stats struct {
 	// release (withdrawing their queued cascades).
 	CascadePinned, CascadeBudget int64
 	Revocations                  uint64
-	// Prefetch counts routers' and agents' prefetches (steer.go).
+	// Prefetch counts routers' and agents' prefetches, Pins their pins
+	// (steer.go).
 	Prefetch tiering.PrefetchStats
+	Pins     tiering.PinStats
 	// DeferredBlocks are the blocks of the cascades waiting for the pin
 	// budget (tiering.BudgetConfig.MaxDeferred).
 	DeferredBlocks int64

@@ -1,5 +1,6 @@
 // Calls for routers and agents that steer the cache rather than serve a
-// request (issue 41): residency of a prefix in every tier, and prefetch.
+// request (issue 41): residency of a prefix in every tier, prefetch, and
+// pins with a TTL.
 
 package server
 
@@ -132,4 +133,83 @@ func (sv *service) Prefetch(ctx context.Context, in *kvtierv1.PrefetchRequest) (
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.PrefetchResponse{Present: uint32(a.Present), Started: uint32(a.Started), Queued: a.Queued, Warnings: warningsProto(warnings)}, nil
+}
+
+// pinHolder is implemented by managers that take pins (tiering.Manager).
+type pinHolder interface {
+	Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnswer, error)
+	Unpin(keys []offload.Key) int
+	PinStats() tiering.PinStats
+}
+
+// MaxPinTTL bounds a pin's TTL: a pin is a lease, not a way to own the
+// primary.
+const MaxPinTTL = 24 * time.Hour
+
+// Pin keeps keys' blocks that are ready in the primary there for ttl.
+// Keys over their owner's budget are answered as refused, not as an
+// error (the others are pinned); pins off is one.
+func (ns *Namespace) Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnswer, error) {
+	if ttl <= 0 || ttl > MaxPinTTL {
+		return tiering.PinAnswer{}, fmt.Errorf("%w: pin TTL %v (want 1ms to %v)", ErrInvalidArgument, ttl, MaxPinTTL)
+	}
+	if err := ns.lock(); err != nil {
+		return tiering.PinAnswer{}, err
+	}
+	defer ns.mu.Unlock()
+	ph, ok := ns.mgr.(pinHolder)
+	if !ok {
+		return tiering.PinAnswer{}, fmt.Errorf("%w: namespace %q takes no pins (no primary of its own)", ErrUnsupported, ns.name)
+	}
+	a, err := ph.Pin(keys, ttl)
+	switch {
+	case errors.Is(err, tiering.ErrPinRefused):
+		return a, fmt.Errorf("%w: %w", ErrLimit, err)
+	case errors.Is(err, tiering.ErrClosed):
+		return a, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return a, err
+}
+
+// Unpin releases keys' pins and returns how many it released.
+func (ns *Namespace) Unpin(keys []offload.Key) (int, error) {
+	if err := ns.lock(); err != nil {
+		return 0, err
+	}
+	defer ns.mu.Unlock()
+	ph, ok := ns.mgr.(pinHolder)
+	if !ok {
+		return 0, fmt.Errorf("%w: namespace %q takes no pins (no primary of its own)", ErrUnsupported, ns.name)
+	}
+	return ph.Unpin(keys), nil
+}
+
+func (sv *service) Pin(ctx context.Context, in *kvtierv1.PinRequest) (*kvtierv1.PinResponse, error) {
+	if principalOf(ctx).t == nil {
+		in.Namespace = sv.soleNamespace(in.GetNamespace())
+	}
+	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	if err != nil {
+		return nil, err
+	}
+	a, err := ns.Pin(keys, time.Duration(in.GetTtlMs())*time.Millisecond)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.PinResponse{Pinned: uint32(a.Pinned), Missing: uint32(a.Missing), Refused: uint32(a.Refused)}, nil
+}
+
+func (sv *service) Unpin(ctx context.Context, in *kvtierv1.UnpinRequest) (*kvtierv1.UnpinResponse, error) {
+	if principalOf(ctx).t == nil {
+		in.Namespace = sv.soleNamespace(in.GetNamespace())
+	}
+	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	if err != nil {
+		return nil, err
+	}
+	n, err := ns.Unpin(keys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.UnpinResponse{Unpinned: uint32(n)}, nil
 }

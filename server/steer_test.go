@@ -188,3 +188,46 @@ func TestPrefetchRefusedWhenOff(t *testing.T) {
 		t.Fatalf("prefetch off: %v", err)
 	}
 }
+
+func TestPinUnpin(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 8, tiers: noTiers})
+	c := e.dial(t, e.unix)
+	ctx := ctxT(t)
+	ks := keys(0, 3)
+	var blocks []client.Block
+	for _, k := range ks[:2] {
+		blocks = append(blocks, client.Block{Key: k, Data: make([]byte, slotSize)})
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Pin(ctx, ks, time.Hour)
+	if err != nil || a.GetPinned() != 2 || a.GetMissing() != 1 || a.GetRefused() != 0 {
+		t.Fatalf("pin: %v %v", a, err)
+	}
+	st, err := c.Stats(ctx)
+	if err != nil || st.GetRouterPinnedBlocks() != 2 || st.GetPrimary().GetPinnedSlots() != 2 {
+		t.Fatalf("stats after pin: %v %v", st, err)
+	}
+	// A flood of stores cannot evict them.
+	var flood []client.Block
+	for _, k := range keys(100, 120) {
+		flood = append(flood, client.Block{Key: k, Data: make([]byte, slotSize)})
+	}
+	_, _ = c.PutBlocks(ctx, flood, client.CallOptions{})
+	if r, err := c.Residency(ctx, ks[:2], ""); err != nil || r.GetPrimary() != 2 {
+		t.Fatalf("pinned blocks evicted: %v %v", r, err)
+	}
+	waitMetric(t, e, "pinned gauge", nil, func(v float64) bool { return v == 2 }, "kvtier_pinned_blocks")
+	if n, err := c.Unpin(ctx, ks); err != nil || n != 2 {
+		t.Fatalf("unpin: %d %v", n, err)
+	}
+	if st, _ := c.Stats(ctx); st.GetRouterPinnedBlocks() != 0 {
+		t.Fatalf("pins left: %v", st)
+	}
+	for _, ttl := range []time.Duration{0, 25 * time.Hour} {
+		if _, err := c.Pin(ctx, ks, ttl); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("TTL %v: %v", ttl, err)
+		}
+	}
+}

@@ -60,6 +60,8 @@ var tenantMethods = map[string]bool{
 	kvtierv1.KVTier_Lookup_FullMethodName:        true,
 	kvtierv1.KVTier_Residency_FullMethodName:     true,
 	kvtierv1.KVTier_Prefetch_FullMethodName:      true,
+	kvtierv1.KVTier_Pin_FullMethodName:           true,
+	kvtierv1.KVTier_Unpin_FullMethodName:         true,
 	kvtierv1.KVTier_Touch_FullMethodName:         true,
 	kvtierv1.KVTier_FinishRequest_FullMethodName: true,
 	kvtierv1.KVTier_ScheduleEnd_FullMethodName:   true,

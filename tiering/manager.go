@@ -47,6 +47,9 @@ type Config struct {
 	// Prefetch bounds prefetches (prefetch.go); the zero value means
 	// defaults.
 	Prefetch PrefetchConfig
+	// Pins bounds routers' and agents' pins (pins.go); the zero value
+	// means defaults.
+	Pins PinConfig
 }
 
 // Manager is the tiering manager: the CPU primary in front of a Stack of
@@ -72,6 +75,8 @@ type Manager struct {
 	closed     bool
 	// prefetch holds the prefetches of routers and agents (prefetch.go).
 	prefetch *prefetcher
+	// pins holds their pins with a TTL (pins.go).
+	pins *pinner
 
 	one      [1]offload.Key             // scratch for single-key primary calls
 	promoOut offload.PrepareStoreOutput // scratch output of a promotion's reservation
@@ -121,6 +126,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.Primary.SetRevoker(st.Revoke)
 	m.promos = make([]promoQueue, st.Len())
 	m.prefetch = newPrefetcher(cfg.Prefetch, cfg.Primary.NumSlots())
+	m.pins = newPinner(m, cfg.Pins)
 	return m, nil
 }
 
@@ -270,6 +276,7 @@ func (m *Manager) ScheduleEnd(se offload.ScheduleEnd) {
 		m.poll()
 	}
 	m.polled = false
+	m.expirePins()
 	m.stepPrefetches()
 	m.flushPromotions()
 	m.stack.ScheduleEnd(se)
@@ -339,6 +346,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.stack.Poll()
 	m.dropPromotions(true)
 	m.resetPrefetches()
+	m.releasePins()
 	err := m.stack.Close(ctx)
 	m.closed = true
 	m.polled = false // the hot paths test closed only behind the gate

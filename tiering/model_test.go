@@ -47,6 +47,8 @@ import (
 //     taken back (it would read another block's bytes);
 //   - a residency query changes nothing (primary and tier counters, pins,
 //     pending slots, jobs) and its primary run is the primary's;
+//   - a block a router pinned stays in the primary until its pin expires
+//     or is released, and holds exactly one pin of it;
 //   - prefetches (routers' and agents') hold at most their share of the
 //     primary in flight, the manager's count of it equals their
 //     promotions queued and in flight, and nothing of them is left once
@@ -541,6 +543,7 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 			Admission:             AdmissionConfig{Disabled: true},
 			Budget:                budget,
 			Prefetch:              PrefetchConfig{Share: rapid.SampledFrom([]float64{0.2, 0.5, 1}).Draw(rt, "prefetchShare"), Now: clk.Now},
+			Pins:                  PinConfig{Share: rapid.SampledFrom([]float64{0.2, 0.5}).Draw(rt, "pinShare"), Now: clk.Now},
 		})
 		if err != nil {
 			rt.Fatal(err)
@@ -668,6 +671,12 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 				for _, k := range l.keys {
 					wantRef[k]++
 				}
+			}
+			for k := range m.pins.expires {
+				if ref, ok := p.RefCount(k); !ok || ref < 1 {
+					rt.Fatalf("%v: pinned by a router but not held in the primary (ref %d, present %v)", k, ref, ok)
+				}
+				wantRef[k]++
 			}
 			pending := m.pendingPromos
 			for _, s := range e.stores {
@@ -853,6 +862,15 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 					rt.Fatal(err)
 				}
 			},
+			"pin": func(rt *rapid.T) {
+				ttl := time.Duration(rapid.IntRange(1, 3).Draw(rt, "ttl")) * time.Second
+				if _, err := m.Pin(keySlice(rt), ttl); err != nil {
+					rt.Fatal(err)
+				}
+			},
+			"unpin": func(rt *rapid.T) {
+				m.Unpin(keySlice(rt))
+			},
 			"tick": func(rt *rapid.T) {
 				clk.now = clk.now.Add(time.Second)
 			},
@@ -979,7 +997,8 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 		for _, t := range models {
 			clear(t.panicOn)
 		}
-		clk.now = clk.now.Add(time.Hour) // every prefetch's deadline passes
+		clk.now = clk.now.Add(time.Hour) // every prefetch's deadline and pin's TTL passes
+		m.ScheduleEnd(offload.ScheduleEnd{})
 		for i := 0; m.HasPendingWork(); i++ {
 			if i > 100 {
 				rt.Fatalf("not quiescent: %+v", m.Stats())
@@ -998,6 +1017,9 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 		}
 		if st.Requests != 0 || len(m.reqs) != 0 {
 			rt.Fatalf("request state left: %d", st.Requests)
+		}
+		if len(m.pins.expires) != 0 {
+			rt.Fatalf("%d router pins left after their TTL", len(m.pins.expires))
 		}
 		if pf := m.prefetch; len(pf.queue) != 0 || len(pf.byReq) != 0 || pf.inFlight != 0 {
 			rt.Fatalf("prefetch state left: %d queued, %d known, %d slots", len(pf.queue), len(pf.byReq), pf.inFlight)

@@ -117,6 +117,9 @@ events:
 #   share: 0.25             # share of the primary their promotions may hold in flight; "off"
 #   max_queued: 1024        # prefetches waiting for tiers at once
 
+# pins:                     # routers' and agents' pins with a TTL (kvtier pin)
+#   share: 0.25             # share of an owner's quota (the primary without tenants) pins may hold; "off"
+
 # engines:                  # vLLM manager mode (needs server.unix_socket)
 #   enabled: true
 #   primary_bytes: 1GiB     # each engine layout's primary (default primary.bytes)
@@ -555,7 +558,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		return fail(err)
 	}
 	budget, admission := cascadeConfig(cfg)
-	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Logger: log})
+	m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Pins: pinConfig(cfg), Logger: log})
 	if err != nil {
 		for _, t := range tiers {
 			t.Close(ctx)
@@ -617,7 +620,7 @@ func buildEngines(cfg *config.Config, log *slog.Logger) (server.EngineFactory, i
 			return server.NamespaceConfig{}, err
 		}
 		budget, admission := cascadeConfig(cfg)
-		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Logger: log.With("namespace", name)})
+		m, err := tiering.New(tiering.Config{Primary: p, Tiers: tiers, Budget: budget, Admission: admission, Prefetch: prefetchConfig(cfg), Pins: pinConfig(cfg), Logger: log.With("namespace", name)})
 		if err != nil {
 			for _, t := range tiers {
 				t.Close(ctx)
@@ -669,6 +672,13 @@ func buildRegions(cfg *config.Config, log *slog.Logger) (*region.Service, error)
 func prefetchConfig(cfg *config.Config) tiering.PrefetchConfig {
 	share, _ := cfg.Prefetch.ShareValue()
 	return tiering.PrefetchConfig{Share: share, MaxQueued: cfg.Prefetch.MaxQueued}
+}
+
+// pinConfig returns the bounds of routers' pins (config.Pins, checked
+// when the config was read).
+func pinConfig(cfg *config.Config) tiering.PinConfig {
+	share, _ := cfg.Pins.ShareValue()
+	return tiering.PinConfig{Share: share}
 }
 
 // cascadeConfig returns the cascade pin budget and back-pressure of every

@@ -98,6 +98,9 @@ func printStats(w io.Writer, st *kvtierv1.StatsResponse) {
 	fmt.Fprintf(w, "requests  %d active in %d sessions; %d released when their session ended, %d expired; %d auto steps\n",
 		st.GetActiveRequests(), st.GetSessions(), st.GetReleasedRequests(), st.GetExpiredRequests(), st.GetAutoSteps())
 	fmt.Fprintf(w, "cascades  %d slots pinned (%s), %d revoked by stores\n", st.GetCascadePinnedSlots(), budget, st.GetCascadeRevocations())
+	if n := st.GetRouterPinnedBlocks(); n > 0 {
+		fmt.Fprintf(w, "pins      %d blocks pinned by routers and agents (kvtier pin)\n", n)
+	}
 	if len(st.GetTiers()) == 0 {
 		fmt.Fprintln(w, "no secondary tiers")
 		return

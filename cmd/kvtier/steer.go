@@ -17,8 +17,8 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// The commands for routers and agents (residency, prefetch): they name
-// prefixes by keys or by token ids.
+// The commands for routers and agents (residency, prefetch, pin, unpin):
+// they name prefixes by keys or by token ids.
 
 // prefixFlags say where a command's prefixes come from: keys as
 // arguments (one prefix), --keys (a prefix per line) or --tokens (a
@@ -261,6 +261,84 @@ and whether the daemon still works on it.
 	fl := cmd.Flags()
 	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
 	fl.DurationVar(&deadline, "deadline", 0, "how long the daemon keeps trying tiers that are not sure yet (default 10s)")
+	return cmd
+}
+
+func newPinCmd() *cobra.Command {
+	var rf remoteFlags
+	var pf prefixFlags
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "pin --ttl D [flags] KEY... | --keys FILE | --tokens FILE",
+		Short: "Keep prefixes in the primary of a running daemon until a TTL passes",
+		Long: `pin keeps each prefix's blocks that are ready in the daemon's primary there
+for --ttl (at most 24h); pinning again extends the TTL. Keys not in the
+primary are "missing" (prefetch them first); keys over the owner's
+pins.share are "refused". Pins live in the daemon: an engine's restart keeps
+them, the daemon's drops them. kvtier unpin releases them early.
+
+` + keyHelp,
+		Example: `  kvtier pin --ttl 10m --tokens system-prompt.json --block-size 16`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefixes, err := pf.prefixes(cmd, args)
+			if err != nil {
+				return err
+			}
+			c, err := rf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := rf.context(0)
+			defer cancel()
+			for _, keys := range prefixes {
+				a, err := c.Pin(ctx, keys, ttl)
+				if err != nil {
+					return rf.rpcError("pin", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d pinned, %d missing, %d refused\n", len(keys), a.GetPinned(), a.GetMissing(), a.GetRefused())
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	pf.register(cmd)
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "how long the pins last (required, at most 24h)")
+	_ = cmd.MarkFlagRequired("ttl")
+	return cmd
+}
+
+func newUnpinCmd() *cobra.Command {
+	var rf remoteFlags
+	var pf prefixFlags
+	cmd := &cobra.Command{
+		Use:   "unpin [flags] KEY... | --keys FILE | --tokens FILE",
+		Short: "Release pins before their TTL",
+		Long:  "unpin releases the pins kvtier pin took on each prefix's keys (keys not\npinned are skipped) and prints how many it released.\n\n" + keyHelp,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefixes, err := pf.prefixes(cmd, args)
+			if err != nil {
+				return err
+			}
+			c, err := rf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := rf.context(0)
+			defer cancel()
+			for _, keys := range prefixes {
+				n, err := c.Unpin(ctx, keys)
+				if err != nil {
+					return rf.rpcError("unpin", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d unpinned\n", len(keys), n)
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	pf.register(cmd)
 	return cmd
 }
 

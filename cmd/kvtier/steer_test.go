@@ -62,6 +62,21 @@ func TestResidencyAgainstADaemon(t *testing.T) {
 	if want := "3 keys: 2 present, 0 promotions started, done\n"; code != 0 || out != want {
 		t.Fatalf("prefetch again: %q, want %q", out, want)
 	}
+	// Pins: the two blocks stay through a reset; unpin releases them.
+	code, out, _ = runCLI(t, prompt, "pin", sock, "--ttl", "1h", "--tokens", "-", "--block-size", "4")
+	if want := "3 keys: 2 pinned, 1 missing, 0 refused\n"; code != 0 || out != want {
+		t.Fatalf("pin: %q, want %q", out, want)
+	}
+	if err := d.c.Reset(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, _ := runCLI(t, "", "stats", sock); !strings.Contains(out, "2 blocks pinned by routers") {
+		t.Fatalf("stats does not show the pins: %s", out)
+	}
+	code, out, _ = runCLI(t, prompt, "unpin", sock, "--tokens", "-", "--block-size", "4")
+	if want := "3 keys: 2 unpinned\n"; code != 0 || out != want {
+		t.Fatalf("unpin: %q, want %q", out, want)
+	}
 	if err := d.c.Reset(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -313,6 +313,17 @@ class Client:
             namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params),
             deadline_ms=deadline_ms))
 
+    def pin(self, keys, ttl_ms):
+        """Keeps the keys' blocks that are ready in the daemon's primary
+        there for ttl_ms (pinning again extends it). PinResponse (pinned,
+        missing: not ready, prefetch them first; refused: over the
+        operator's pins.share)."""
+        return self._call("Pin", pb.PinRequest(namespace=self.namespace, **_key_fields(keys), ttl_ms=ttl_ms))
+
+    def unpin(self, keys):
+        """Releases pins before their TTL; returns how many it released."""
+        return self._call("Unpin", pb.UnpinRequest(namespace=self.namespace, **_key_fields(keys))).unpinned
+
     # By value ----------------------------------------------------------
 
     def put_blocks(self, blocks, request_id="", params=None):

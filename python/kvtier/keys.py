@@ -3,8 +3,10 @@ vLLM 0.33's offloading connector feeds it, for routers and agents that
 want to ask a daemon about a prompt before an engine has seen it.
 
 ``keys_from_tokens`` hashes the prompt with vLLM's own functions when vllm
-is importable (imported on first use, never at import time), else with
-the daemon binary's ``kvtier keys`` (the Go implementation, package
+is importable (imported on first use, never at import time); else, for
+the default ``sha256``, as vLLM does it (pickle protocol 5 and SHA-256,
+with this interpreter's pickle: a router need not install vLLM); else
+with the daemon binary's ``kvtier keys`` (the Go implementation, package
 blockhash, tested byte for byte against vLLM). See ``kvtier keys --help``
 for what each input must match on the engine.
 """
@@ -52,7 +54,9 @@ def keys_from_tokens(
             return _keys_vllm(tokens, block_size, per, hash_algo, seed,
                               cache_salt, lora_name, lora_path, group)
         except ImportError:
-            pass
+            if hash_algo == "sha256":
+                return _keys_pickle(tokens, block_size, per, seed, cache_salt,
+                                    lora_name, lora_path, group)
     return _keys_binary(tokens, block_size, per, hash_algo, seed, cache_salt,
                         lora_name, lora_path, group, binary)
 
@@ -79,6 +83,31 @@ def _keys_vllm(tokens: Sequence[int], block_size: int, per: int, hash_algo: str,
         hashes.append(bytes(parent))
     step = per // block_size
     return [bytes(make_offload_key(h, group)) for h in hashes[step - 1::step]]
+
+
+def _keys_pickle(tokens: Sequence[int], block_size: int, per: int, seed: str | None,
+                 cache_salt: str | None, lora_name: str | None, lora_path: str,
+                 group: int) -> list[bytes]:
+    """vLLM's sha256 block hashes without vLLM: SHA-256 of the pickle
+    (protocol 5) of (parent hash, block tokens, extra keys)."""
+    import hashlib
+    import pickle
+
+    def h(x: object) -> bytes:
+        return hashlib.sha256(pickle.dumps(x, protocol=5)).digest()
+
+    parent = h(seed if seed is not None else DEFAULT_SEED)
+    lora: list[tuple[Any, ...]] = (
+        [("lora", lora_name, lora_path)] if lora_name is not None else [])
+    hashes = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        extra = lora + ([("cache_salt", cache_salt)]
+                        if start == 0 and cache_salt else [])
+        parent = h((parent, tuple(tokens[start:start + block_size]),
+                    tuple(extra) if extra else None))
+        hashes.append(parent)
+    step = per // block_size
+    return [hv + group.to_bytes(4, "big") for hv in hashes[step - 1::step]]
 
 
 def _keys_binary(tokens: Sequence[int], block_size: int, per: int, hash_algo: str,

@@ -99,6 +99,17 @@ def test_python_helper_matches_vllm_both_ways(kvtier_bin: str) -> None:
         assert keys_from_tokens(p["tokens"], binary=kvtier_bin, **kw) == want
 
 
+def test_python_without_vllm_matches_vllm() -> None:
+    from kvtier.keys import _keys_pickle
+
+    rng = random.Random(11)
+    seed = os.environ.get("PYTHONHASHSEED")
+    for p in _random_prompts(rng, 100):
+        want = _vllm_keys(p, 8, 16, "sha256", 2)
+        got = _keys_pickle(p["tokens"], 8, 16, seed, p.get("cache_salt"), p.get("lora_name"), p.get("lora_path", ""), 2)
+        assert got == want, p
+
+
 def test_bad_options_are_refused_with_a_reason(kvtier_bin: str) -> None:
     for args, want in [
         (["--block-size", "16", "--tokens-per-key", "24"], "not a multiple"),
@@ -150,5 +161,13 @@ server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: ""}}
             a = c.prefetch(keys[3:], deadline_ms=60_000)
             assert a.present + a.started == 1 or a.queued
             wait_until(lambda: c.residency(keys[3:]).primary == 1, what="the prefetched block")
+            # Pinned, it outlives a reset; unpinned, it does not.
+            pr = c.pin(keys, ttl_ms=60_000)
+            assert (pr.pinned, pr.missing, pr.refused) == (1, 3, 0)
+            c.reset()
+            assert c.residency(keys[3:]).primary == 1 and c.stats().router_pinned_blocks == 1
+            assert c.unpin(keys) == 1
+            c.reset()
+            assert c.residency(keys[3:]).primary == 0
     finally:
         dm.stop()

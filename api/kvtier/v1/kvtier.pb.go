@@ -1313,6 +1313,261 @@ func (x *PrefetchResponse) GetWarnings() []*FilterWarning {
 	return nil
 }
 
+type PinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As for Prefetch ("" on a daemon without a default namespace names its
+	// only one).
+	Namespace  string   `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// How long the pins last (required; at most 24 h).
+	TtlMs         uint32 `protobuf:"varint,5,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PinRequest) Reset() {
+	*x = PinRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PinRequest) ProtoMessage() {}
+
+func (x *PinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PinRequest.ProtoReflect.Descriptor instead.
+func (*PinRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PinRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PinRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PinRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *PinRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+func (x *PinRequest) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type PinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Keys pinned, or whose pin's TTL was extended.
+	Pinned uint32 `protobuf:"varint,1,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	// Keys not ready in the primary (not pinned: prefetch them first).
+	Missing uint32 `protobuf:"varint,2,opt,name=missing,proto3" json:"missing,omitempty"`
+	// Keys over their owner's pin budget (pins.share), not pinned.
+	Refused       uint32 `protobuf:"varint,3,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PinResponse) Reset() {
+	*x = PinResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PinResponse) ProtoMessage() {}
+
+func (x *PinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PinResponse.ProtoReflect.Descriptor instead.
+func (*PinResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PinResponse) GetPinned() uint32 {
+	if x != nil {
+		return x.Pinned
+	}
+	return 0
+}
+
+func (x *PinResponse) GetMissing() uint32 {
+	if x != nil {
+		return x.Missing
+	}
+	return 0
+}
+
+func (x *PinResponse) GetRefused() uint32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+type UnpinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys          [][]byte               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys    []byte                 `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32                 `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnpinRequest) Reset() {
+	*x = UnpinRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnpinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnpinRequest) ProtoMessage() {}
+
+func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnpinRequest.ProtoReflect.Descriptor instead.
+func (*UnpinRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UnpinRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *UnpinRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UnpinRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *UnpinRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+type UnpinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pins released (keys not pinned are skipped).
+	Unpinned      uint32 `protobuf:"varint,1,opt,name=unpinned,proto3" json:"unpinned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnpinResponse) Reset() {
+	*x = UnpinResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnpinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnpinResponse) ProtoMessage() {}
+
+func (x *UnpinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnpinResponse.ProtoReflect.Descriptor instead.
+func (*UnpinResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UnpinResponse) GetUnpinned() uint32 {
+	if x != nil {
+		return x.Unpinned
+	}
+	return 0
+}
+
 // LookupResponse carries one result per key.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1330,7 +1585,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1597,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[11]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1610,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{11}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LookupResponse) GetResults() []LookupResult {
@@ -1406,7 +1661,7 @@ type PrepareLoadRequest struct {
 
 func (x *PrepareLoadRequest) Reset() {
 	*x = PrepareLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1673,7 @@ func (x *PrepareLoadRequest) String() string {
 func (*PrepareLoadRequest) ProtoMessage() {}
 
 func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[12]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1686,7 @@ func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadRequest.ProtoReflect.Descriptor instead.
 func (*PrepareLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{12}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PrepareLoadRequest) GetNamespace() string {
@@ -1490,7 +1745,7 @@ type PrepareLoadResponse struct {
 
 func (x *PrepareLoadResponse) Reset() {
 	*x = PrepareLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1757,7 @@ func (x *PrepareLoadResponse) String() string {
 func (*PrepareLoadResponse) ProtoMessage() {}
 
 func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[13]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1770,7 @@ func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadResponse.ProtoReflect.Descriptor instead.
 func (*PrepareLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{13}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PrepareLoadResponse) GetSlots() []int64 {
@@ -1550,7 +1805,7 @@ type CompleteLoadRequest struct {
 
 func (x *CompleteLoadRequest) Reset() {
 	*x = CompleteLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1817,7 @@ func (x *CompleteLoadRequest) String() string {
 func (*CompleteLoadRequest) ProtoMessage() {}
 
 func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[14]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1830,7 @@ func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{14}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CompleteLoadRequest) GetNamespace() string {
@@ -1622,7 +1877,7 @@ type CompleteLoadResponse struct {
 
 func (x *CompleteLoadResponse) Reset() {
 	*x = CompleteLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1889,7 @@ func (x *CompleteLoadResponse) String() string {
 func (*CompleteLoadResponse) ProtoMessage() {}
 
 func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1902,7 @@ func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadResponse.ProtoReflect.Descriptor instead.
 func (*CompleteLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
 }
 
 // TouchRequest refreshes the recency of keys.
@@ -1668,7 +1923,7 @@ type TouchRequest struct {
 
 func (x *TouchRequest) Reset() {
 	*x = TouchRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1935,7 @@ func (x *TouchRequest) String() string {
 func (*TouchRequest) ProtoMessage() {}
 
 func (x *TouchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1948,7 @@ func (x *TouchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchRequest.ProtoReflect.Descriptor instead.
 func (*TouchRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TouchRequest) GetNamespace() string {
@@ -1740,7 +1995,7 @@ type TouchResponse struct {
 
 func (x *TouchResponse) Reset() {
 	*x = TouchResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2007,7 @@ func (x *TouchResponse) String() string {
 func (*TouchResponse) ProtoMessage() {}
 
 func (x *TouchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2020,7 @@ func (x *TouchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchResponse.ProtoReflect.Descriptor instead.
 func (*TouchResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
 }
 
 // BlockMetadata describes the tokens of one stored block so that published
@@ -1792,7 +2047,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +2059,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +2072,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BlockMetadata) GetBlockHashes() [][]byte {
@@ -1897,7 +2152,7 @@ type PrepareStoreRequest struct {
 
 func (x *PrepareStoreRequest) Reset() {
 	*x = PrepareStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2164,7 @@ func (x *PrepareStoreRequest) String() string {
 func (*PrepareStoreRequest) ProtoMessage() {}
 
 func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2177,7 @@ func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreRequest.ProtoReflect.Descriptor instead.
 func (*PrepareStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PrepareStoreRequest) GetNamespace() string {
@@ -1985,7 +2240,7 @@ type PrepareStoreResponse struct {
 
 func (x *PrepareStoreResponse) Reset() {
 	*x = PrepareStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2252,7 @@ func (x *PrepareStoreResponse) String() string {
 func (*PrepareStoreResponse) ProtoMessage() {}
 
 func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2265,7 @@ func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreResponse.ProtoReflect.Descriptor instead.
 func (*PrepareStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PrepareStoreResponse) GetOk() bool {
@@ -2062,7 +2317,7 @@ type CompleteStoreRequest struct {
 
 func (x *CompleteStoreRequest) Reset() {
 	*x = CompleteStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2329,7 @@ func (x *CompleteStoreRequest) String() string {
 func (*CompleteStoreRequest) ProtoMessage() {}
 
 func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2342,7 @@ func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreRequest.ProtoReflect.Descriptor instead.
 func (*CompleteStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompleteStoreRequest) GetNamespace() string {
@@ -2141,7 +2396,7 @@ type CompleteStoreResponse struct {
 
 func (x *CompleteStoreResponse) Reset() {
 	*x = CompleteStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2408,7 @@ func (x *CompleteStoreResponse) String() string {
 func (*CompleteStoreResponse) ProtoMessage() {}
 
 func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2421,7 @@ func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreResponse.ProtoReflect.Descriptor instead.
 func (*CompleteStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
 }
 
 // FinishRequestRequest ends a request.
@@ -2180,7 +2435,7 @@ type FinishRequestRequest struct {
 
 func (x *FinishRequestRequest) Reset() {
 	*x = FinishRequestRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2192,7 +2447,7 @@ func (x *FinishRequestRequest) String() string {
 func (*FinishRequestRequest) ProtoMessage() {}
 
 func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2205,7 +2460,7 @@ func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestRequest.ProtoReflect.Descriptor instead.
 func (*FinishRequestRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FinishRequestRequest) GetNamespace() string {
@@ -2231,7 +2486,7 @@ type FinishRequestResponse struct {
 
 func (x *FinishRequestResponse) Reset() {
 	*x = FinishRequestResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2498,7 @@ func (x *FinishRequestResponse) String() string {
 func (*FinishRequestResponse) ProtoMessage() {}
 
 func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +2511,7 @@ func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestResponse.ProtoReflect.Descriptor instead.
 func (*FinishRequestResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
 }
 
 // ScheduleEndRequest ends one engine step.
@@ -2273,7 +2528,7 @@ type ScheduleEndRequest struct {
 
 func (x *ScheduleEndRequest) Reset() {
 	*x = ScheduleEndRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2540,7 @@ func (x *ScheduleEndRequest) String() string {
 func (*ScheduleEndRequest) ProtoMessage() {}
 
 func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2553,7 @@ func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndRequest.ProtoReflect.Descriptor instead.
 func (*ScheduleEndRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ScheduleEndRequest) GetNamespace() string {
@@ -2335,7 +2590,7 @@ type ScheduleEndResponse struct {
 
 func (x *ScheduleEndResponse) Reset() {
 	*x = ScheduleEndResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2602,7 @@ func (x *ScheduleEndResponse) String() string {
 func (*ScheduleEndResponse) ProtoMessage() {}
 
 func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2615,7 @@ func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndResponse.ProtoReflect.Descriptor instead.
 func (*ScheduleEndResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ScheduleEndResponse) GetHasPendingWork() bool {
@@ -2387,7 +2642,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2654,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2667,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResetRequest) GetNamespace() string {
@@ -2431,7 +2686,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2698,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2711,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
 }
 
 // StatsRequest asks for counters.
@@ -2469,7 +2724,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2736,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2749,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatsRequest) GetNamespace() string {
@@ -2532,7 +2787,7 @@ type PrimaryStats struct {
 
 func (x *PrimaryStats) Reset() {
 	*x = PrimaryStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2799,7 @@ func (x *PrimaryStats) String() string {
 func (*PrimaryStats) ProtoMessage() {}
 
 func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2812,7 @@ func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrimaryStats.ProtoReflect.Descriptor instead.
 func (*PrimaryStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PrimaryStats) GetSlotSize() int64 {
@@ -2707,7 +2962,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2974,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2987,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TierStats) GetName() string {
@@ -2969,14 +3224,16 @@ type StatsResponse struct {
 	StreamAddr string `protobuf:"bytes,12,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"`
 	// The daemon's tenants and shared spaces: all of them for the admin; a
 	// tenant sees its own entry and nothing else of the namespace.
-	Tenants       []*TenantStats `protobuf:"bytes,13,rep,name=tenants,proto3" json:"tenants,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tenants []*TenantStats `protobuf:"bytes,13,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// Blocks routers and agents pin now (Pin).
+	RouterPinnedBlocks int64 `protobuf:"varint,14,opt,name=router_pinned_blocks,json=routerPinnedBlocks,proto3" json:"router_pinned_blocks,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2988,7 +3245,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3001,7 +3258,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatsResponse) GetNamespace() string {
@@ -3095,6 +3352,13 @@ func (x *StatsResponse) GetTenants() []*TenantStats {
 	return nil
 }
 
+func (x *StatsResponse) GetRouterPinnedBlocks() int64 {
+	if x != nil {
+		return x.RouterPinnedBlocks
+	}
+	return 0
+}
+
 // TenantStats are one tenant's or shared space's figures. The primary's
 // are the namespace's; the call counters are the tenant's in every
 // namespace (a shared space has none: its tenants' calls count for them).
@@ -3128,7 +3392,7 @@ type TenantStats struct {
 
 func (x *TenantStats) Reset() {
 	*x = TenantStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3404,7 @@ func (x *TenantStats) String() string {
 func (*TenantStats) ProtoMessage() {}
 
 func (x *TenantStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3417,7 @@ func (x *TenantStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStats.ProtoReflect.Descriptor instead.
 func (*TenantStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TenantStats) GetName() string {
@@ -3246,7 +3510,7 @@ type TenantTierStats struct {
 
 func (x *TenantTierStats) Reset() {
 	*x = TenantTierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3522,7 @@ func (x *TenantTierStats) String() string {
 func (*TenantTierStats) ProtoMessage() {}
 
 func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3535,7 @@ func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantTierStats.ProtoReflect.Descriptor instead.
 func (*TenantTierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TenantTierStats) GetTier() string {
@@ -3307,7 +3571,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +3583,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3332,7 +3596,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExplainRequest) GetNamespace() string {
@@ -3370,7 +3634,7 @@ type TierDecision struct {
 
 func (x *TierDecision) Reset() {
 	*x = TierDecision{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3646,7 @@ func (x *TierDecision) String() string {
 func (*TierDecision) ProtoMessage() {}
 
 func (x *TierDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3659,7 @@ func (x *TierDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDecision.ProtoReflect.Descriptor instead.
 func (*TierDecision) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TierDecision) GetName() string {
@@ -3475,7 +3739,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +3751,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +3764,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExplainResponse) GetLoadFilter() *TierFilter {
@@ -3572,7 +3836,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3584,7 +3848,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3597,7 +3861,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Block) GetKey() []byte {
@@ -3631,7 +3895,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +3907,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +3920,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PutBlocksRequest) GetNamespace() string {
@@ -3700,7 +3964,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3976,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3989,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PutBlocksResponse) GetStatuses() []PutStatus {
@@ -3770,7 +4034,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3782,7 +4046,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3795,7 +4059,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetBlocksRequest) GetNamespace() string {
@@ -3864,7 +4128,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3876,7 +4140,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3889,7 +4153,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetBlocksResponse) GetBlocks() []*Block {
@@ -3934,7 +4198,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3946,7 +4210,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3959,7 +4223,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListBlocksRequest) GetNamespace() string {
@@ -4010,7 +4274,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4022,7 +4286,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4035,7 +4299,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListBlocksResponse) GetKeys() [][]byte {
@@ -4097,7 +4361,7 @@ type GetArenaRequest struct {
 
 func (x *GetArenaRequest) Reset() {
 	*x = GetArenaRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4109,7 +4373,7 @@ func (x *GetArenaRequest) String() string {
 func (*GetArenaRequest) ProtoMessage() {}
 
 func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4122,7 +4386,7 @@ func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaRequest.ProtoReflect.Descriptor instead.
 func (*GetArenaRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetArenaRequest) GetNamespace() string {
@@ -4161,7 +4425,7 @@ type GetArenaResponse struct {
 
 func (x *GetArenaResponse) Reset() {
 	*x = GetArenaResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4173,7 +4437,7 @@ func (x *GetArenaResponse) String() string {
 func (*GetArenaResponse) ProtoMessage() {}
 
 func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4186,7 +4450,7 @@ func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaResponse.ProtoReflect.Descriptor instead.
 func (*GetArenaResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetArenaResponse) GetKind() ArenaKind {
@@ -4254,7 +4518,7 @@ type RegionRegistration struct {
 
 func (x *RegionRegistration) Reset() {
 	*x = RegionRegistration{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4266,7 +4530,7 @@ func (x *RegionRegistration) String() string {
 func (*RegionRegistration) ProtoMessage() {}
 
 func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4279,7 +4543,7 @@ func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
 func (*RegionRegistration) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 type RegionLookupRequest struct {
@@ -4303,7 +4567,7 @@ type RegionLookupRequest struct {
 
 func (x *RegionLookupRequest) Reset() {
 	*x = RegionLookupRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4315,7 +4579,7 @@ func (x *RegionLookupRequest) String() string {
 func (*RegionLookupRequest) ProtoMessage() {}
 
 func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4328,7 +4592,7 @@ func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegionLookupRequest) GetRegionId() string {
@@ -4386,7 +4650,7 @@ type RegionLookupResponse struct {
 
 func (x *RegionLookupResponse) Reset() {
 	*x = RegionLookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4398,7 +4662,7 @@ func (x *RegionLookupResponse) String() string {
 func (*RegionLookupResponse) ProtoMessage() {}
 
 func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4411,7 +4675,7 @@ func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionLookupResponse) GetFound() []byte {
@@ -4439,7 +4703,7 @@ type RegionLookupsRequest struct {
 
 func (x *RegionLookupsRequest) Reset() {
 	*x = RegionLookupsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4451,7 +4715,7 @@ func (x *RegionLookupsRequest) String() string {
 func (*RegionLookupsRequest) ProtoMessage() {}
 
 func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4464,7 +4728,7 @@ func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RegionLookupsRequest) GetRegionId() string {
@@ -4491,7 +4755,7 @@ type RegionLookupsResponse struct {
 
 func (x *RegionLookupsResponse) Reset() {
 	*x = RegionLookupsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4503,7 +4767,7 @@ func (x *RegionLookupsResponse) String() string {
 func (*RegionLookupsResponse) ProtoMessage() {}
 
 func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4516,7 +4780,7 @@ func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionLookupsResponse) GetLookups() []*RegionLookupResponse {
@@ -4545,7 +4809,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4557,7 +4821,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4570,7 +4834,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4632,7 +4896,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4644,7 +4908,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4657,7 +4921,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4682,7 +4946,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +4958,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +4971,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 type RegionResultsRequest struct {
@@ -4719,7 +4983,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4731,7 +4995,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4744,7 +5008,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -4767,7 +5031,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +5043,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +5056,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -4825,7 +5089,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4837,7 +5101,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4850,7 +5114,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -4871,7 +5135,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4883,7 +5147,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4896,7 +5160,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -4931,7 +5195,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4943,7 +5207,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4956,7 +5220,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -4995,7 +5259,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5007,7 +5271,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5020,7 +5284,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -5074,7 +5338,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5350,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5363,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -5119,7 +5383,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5131,7 +5395,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5144,7 +5408,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -5169,7 +5433,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5181,7 +5445,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5194,7 +5458,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
 }
 
 type EngineAttachRequest struct {
@@ -5208,7 +5472,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5220,7 +5484,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5233,7 +5497,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -5261,7 +5525,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5273,7 +5537,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5286,7 +5550,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -5334,7 +5598,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5346,7 +5610,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5359,7 +5623,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -5388,7 +5652,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5400,7 +5664,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5413,7 +5677,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -5452,7 +5716,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5464,7 +5728,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5477,7 +5741,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -5549,7 +5813,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5561,7 +5825,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5574,7 +5838,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5696,7 +5960,7 @@ type EngineReserveRequest struct {
 
 func (x *EngineReserveRequest) Reset() {
 	*x = EngineReserveRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5708,7 +5972,7 @@ func (x *EngineReserveRequest) String() string {
 func (*EngineReserveRequest) ProtoMessage() {}
 
 func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5721,7 +5985,7 @@ func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveRequest.ProtoReflect.Descriptor instead.
 func (*EngineReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *EngineReserveRequest) GetNamespace() string {
@@ -5779,7 +6043,7 @@ type EngineReserveResponse struct {
 
 func (x *EngineReserveResponse) Reset() {
 	*x = EngineReserveResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5791,7 +6055,7 @@ func (x *EngineReserveResponse) String() string {
 func (*EngineReserveResponse) ProtoMessage() {}
 
 func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5804,7 +6068,7 @@ func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveResponse.ProtoReflect.Descriptor instead.
 func (*EngineReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *EngineReserveResponse) GetFound() []byte {
@@ -5834,7 +6098,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5846,7 +6110,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5859,7 +6123,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{72}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -5898,7 +6162,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5910,7 +6174,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5923,7 +6187,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{73}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -6029,7 +6293,27 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\apresent\x18\x01 \x01(\rR\apresent\x12\x18\n" +
 	"\astarted\x18\x02 \x01(\rR\astarted\x12\x16\n" +
 	"\x06queued\x18\x03 \x01(\bR\x06queued\x124\n" +
-	"\bwarnings\x18\x04 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"q\n" +
+	"\bwarnings\x18\x04 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\"\x91\x01\n" +
+	"\n" +
+	"PinRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\x12\x15\n" +
+	"\x06ttl_ms\x18\x05 \x01(\rR\x05ttlMs\"Y\n" +
+	"\vPinResponse\x12\x16\n" +
+	"\x06pinned\x18\x01 \x01(\rR\x06pinned\x12\x18\n" +
+	"\amissing\x18\x02 \x01(\rR\amissing\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\rR\arefused\"|\n" +
+	"\fUnpinRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\"+\n" +
+	"\rUnpinResponse\x12\x1a\n" +
+	"\bunpinned\x18\x01 \x01(\rR\bunpinned\"q\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\rR\x04hits\x12\x18\n" +
@@ -6170,7 +6454,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\x16cascade_blocks_revoked\x18\x1d \x01(\x04R\x14cascadeBlocksRevoked\x1aJ\n" +
 	"\x1cCascadesDroppedByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xac\x04\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xde\x04\n" +
 	"\rStatsResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x121\n" +
 	"\aprimary\x18\x02 \x01(\v2\x17.kvtier.v1.PrimaryStatsR\aprimary\x12*\n" +
@@ -6187,7 +6471,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"auto_steps\x18\v \x01(\x04R\tautoSteps\x12\x1f\n" +
 	"\vstream_addr\x18\f \x01(\tR\n" +
 	"streamAddr\x120\n" +
-	"\atenants\x18\r \x03(\v2\x16.kvtier.v1.TenantStatsR\atenants\"\xe6\x02\n" +
+	"\atenants\x18\r \x03(\v2\x16.kvtier.v1.TenantStatsR\atenants\x120\n" +
+	"\x14router_pinned_blocks\x18\x0e \x01(\x03R\x12routerPinnedBlocks\"\xe6\x02\n" +
 	"\vTenantStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06shared\x18\x02 \x01(\bR\x06shared\x12#\n" +
@@ -6442,13 +6727,15 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xf0\x0f\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xe2\x10\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
 	"\x06Lookup\x12\x18.kvtier.v1.LookupRequest\x1a\x19.kvtier.v1.LookupResponse\x12F\n" +
 	"\tResidency\x12\x1b.kvtier.v1.ResidencyRequest\x1a\x1c.kvtier.v1.ResidencyResponse\x12C\n" +
-	"\bPrefetch\x12\x1a.kvtier.v1.PrefetchRequest\x1a\x1b.kvtier.v1.PrefetchResponse\x12L\n" +
+	"\bPrefetch\x12\x1a.kvtier.v1.PrefetchRequest\x1a\x1b.kvtier.v1.PrefetchResponse\x124\n" +
+	"\x03Pin\x12\x15.kvtier.v1.PinRequest\x1a\x16.kvtier.v1.PinResponse\x12:\n" +
+	"\x05Unpin\x12\x17.kvtier.v1.UnpinRequest\x1a\x18.kvtier.v1.UnpinResponse\x12L\n" +
 	"\vPrepareLoad\x12\x1d.kvtier.v1.PrepareLoadRequest\x1a\x1e.kvtier.v1.PrepareLoadResponse\x12O\n" +
 	"\fCompleteLoad\x12\x1e.kvtier.v1.CompleteLoadRequest\x1a\x1f.kvtier.v1.CompleteLoadResponse\x12:\n" +
 	"\x05Touch\x12\x17.kvtier.v1.TouchRequest\x1a\x18.kvtier.v1.TouchResponse\x12O\n" +
@@ -6489,7 +6776,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -6509,70 +6796,74 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*ResidencyResponse)(nil),     // 15: kvtier.v1.ResidencyResponse
 	(*PrefetchRequest)(nil),       // 16: kvtier.v1.PrefetchRequest
 	(*PrefetchResponse)(nil),      // 17: kvtier.v1.PrefetchResponse
-	(*LookupResponse)(nil),        // 18: kvtier.v1.LookupResponse
-	(*PrepareLoadRequest)(nil),    // 19: kvtier.v1.PrepareLoadRequest
-	(*PrepareLoadResponse)(nil),   // 20: kvtier.v1.PrepareLoadResponse
-	(*CompleteLoadRequest)(nil),   // 21: kvtier.v1.CompleteLoadRequest
-	(*CompleteLoadResponse)(nil),  // 22: kvtier.v1.CompleteLoadResponse
-	(*TouchRequest)(nil),          // 23: kvtier.v1.TouchRequest
-	(*TouchResponse)(nil),         // 24: kvtier.v1.TouchResponse
-	(*BlockMetadata)(nil),         // 25: kvtier.v1.BlockMetadata
-	(*PrepareStoreRequest)(nil),   // 26: kvtier.v1.PrepareStoreRequest
-	(*PrepareStoreResponse)(nil),  // 27: kvtier.v1.PrepareStoreResponse
-	(*CompleteStoreRequest)(nil),  // 28: kvtier.v1.CompleteStoreRequest
-	(*CompleteStoreResponse)(nil), // 29: kvtier.v1.CompleteStoreResponse
-	(*FinishRequestRequest)(nil),  // 30: kvtier.v1.FinishRequestRequest
-	(*FinishRequestResponse)(nil), // 31: kvtier.v1.FinishRequestResponse
-	(*ScheduleEndRequest)(nil),    // 32: kvtier.v1.ScheduleEndRequest
-	(*ScheduleEndResponse)(nil),   // 33: kvtier.v1.ScheduleEndResponse
-	(*ResetRequest)(nil),          // 34: kvtier.v1.ResetRequest
-	(*ResetResponse)(nil),         // 35: kvtier.v1.ResetResponse
-	(*StatsRequest)(nil),          // 36: kvtier.v1.StatsRequest
-	(*PrimaryStats)(nil),          // 37: kvtier.v1.PrimaryStats
-	(*TierStats)(nil),             // 38: kvtier.v1.TierStats
-	(*StatsResponse)(nil),         // 39: kvtier.v1.StatsResponse
-	(*TenantStats)(nil),           // 40: kvtier.v1.TenantStats
-	(*TenantTierStats)(nil),       // 41: kvtier.v1.TenantTierStats
-	(*ExplainRequest)(nil),        // 42: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 43: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 44: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 45: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 46: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 47: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 48: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 49: kvtier.v1.GetBlocksResponse
-	(*ListBlocksRequest)(nil),     // 50: kvtier.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 51: kvtier.v1.ListBlocksResponse
-	(*GetArenaRequest)(nil),       // 52: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 53: kvtier.v1.GetArenaResponse
-	(*RegionRegistration)(nil),    // 54: kvtier.v1.RegionRegistration
-	(*RegionLookupRequest)(nil),   // 55: kvtier.v1.RegionLookupRequest
-	(*RegionLookupResponse)(nil),  // 56: kvtier.v1.RegionLookupResponse
-	(*RegionLookupsRequest)(nil),  // 57: kvtier.v1.RegionLookupsRequest
-	(*RegionLookupsResponse)(nil), // 58: kvtier.v1.RegionLookupsResponse
-	(*RegionJob)(nil),             // 59: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 60: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 61: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 62: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 63: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 64: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 65: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 66: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 67: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 68: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 69: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 70: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 71: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 72: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 73: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 74: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 75: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 76: kvtier.v1.EngineStepRequest
-	(*EngineReserveRequest)(nil),  // 77: kvtier.v1.EngineReserveRequest
-	(*EngineReserveResponse)(nil), // 78: kvtier.v1.EngineReserveResponse
-	(*EngineLookupResult)(nil),    // 79: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 80: kvtier.v1.EngineStepResponse
-	nil,                           // 81: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*PinRequest)(nil),            // 18: kvtier.v1.PinRequest
+	(*PinResponse)(nil),           // 19: kvtier.v1.PinResponse
+	(*UnpinRequest)(nil),          // 20: kvtier.v1.UnpinRequest
+	(*UnpinResponse)(nil),         // 21: kvtier.v1.UnpinResponse
+	(*LookupResponse)(nil),        // 22: kvtier.v1.LookupResponse
+	(*PrepareLoadRequest)(nil),    // 23: kvtier.v1.PrepareLoadRequest
+	(*PrepareLoadResponse)(nil),   // 24: kvtier.v1.PrepareLoadResponse
+	(*CompleteLoadRequest)(nil),   // 25: kvtier.v1.CompleteLoadRequest
+	(*CompleteLoadResponse)(nil),  // 26: kvtier.v1.CompleteLoadResponse
+	(*TouchRequest)(nil),          // 27: kvtier.v1.TouchRequest
+	(*TouchResponse)(nil),         // 28: kvtier.v1.TouchResponse
+	(*BlockMetadata)(nil),         // 29: kvtier.v1.BlockMetadata
+	(*PrepareStoreRequest)(nil),   // 30: kvtier.v1.PrepareStoreRequest
+	(*PrepareStoreResponse)(nil),  // 31: kvtier.v1.PrepareStoreResponse
+	(*CompleteStoreRequest)(nil),  // 32: kvtier.v1.CompleteStoreRequest
+	(*CompleteStoreResponse)(nil), // 33: kvtier.v1.CompleteStoreResponse
+	(*FinishRequestRequest)(nil),  // 34: kvtier.v1.FinishRequestRequest
+	(*FinishRequestResponse)(nil), // 35: kvtier.v1.FinishRequestResponse
+	(*ScheduleEndRequest)(nil),    // 36: kvtier.v1.ScheduleEndRequest
+	(*ScheduleEndResponse)(nil),   // 37: kvtier.v1.ScheduleEndResponse
+	(*ResetRequest)(nil),          // 38: kvtier.v1.ResetRequest
+	(*ResetResponse)(nil),         // 39: kvtier.v1.ResetResponse
+	(*StatsRequest)(nil),          // 40: kvtier.v1.StatsRequest
+	(*PrimaryStats)(nil),          // 41: kvtier.v1.PrimaryStats
+	(*TierStats)(nil),             // 42: kvtier.v1.TierStats
+	(*StatsResponse)(nil),         // 43: kvtier.v1.StatsResponse
+	(*TenantStats)(nil),           // 44: kvtier.v1.TenantStats
+	(*TenantTierStats)(nil),       // 45: kvtier.v1.TenantTierStats
+	(*ExplainRequest)(nil),        // 46: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 47: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 48: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 49: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 50: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 51: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 52: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 53: kvtier.v1.GetBlocksResponse
+	(*ListBlocksRequest)(nil),     // 54: kvtier.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),    // 55: kvtier.v1.ListBlocksResponse
+	(*GetArenaRequest)(nil),       // 56: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 57: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 58: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 59: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 60: kvtier.v1.RegionLookupResponse
+	(*RegionLookupsRequest)(nil),  // 61: kvtier.v1.RegionLookupsRequest
+	(*RegionLookupsResponse)(nil), // 62: kvtier.v1.RegionLookupsResponse
+	(*RegionJob)(nil),             // 63: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 64: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 65: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 66: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 67: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 68: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 69: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 70: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 71: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 72: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 73: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 74: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 75: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 76: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 77: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 78: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 79: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 80: kvtier.v1.EngineStepRequest
+	(*EngineReserveRequest)(nil),  // 81: kvtier.v1.EngineReserveRequest
+	(*EngineReserveResponse)(nil), // 82: kvtier.v1.EngineReserveResponse
+	(*EngineLookupResult)(nil),    // 83: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 84: kvtier.v1.EngineStepResponse
+	nil,                           // 85: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -6588,96 +6879,100 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	9,  // 10: kvtier.v1.ResidencyResponse.warnings:type_name -> kvtier.v1.FilterWarning
 	9,  // 11: kvtier.v1.PrefetchResponse.warnings:type_name -> kvtier.v1.FilterWarning
 	0,  // 12: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
-	25, // 13: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
+	29, // 13: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
 	2,  // 14: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
 	3,  // 15: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	81, // 16: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
-	37, // 17: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	38, // 18: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
-	40, // 19: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
-	41, // 20: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
+	85, // 16: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	41, // 17: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	42, // 18: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	44, // 19: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
+	45, // 20: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
 	2,  // 21: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
 	3,  // 22: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
 	8,  // 23: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
 	8,  // 24: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
 	9,  // 25: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	43, // 26: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	45, // 27: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	47, // 26: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	49, // 27: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
 	4,  // 28: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	45, // 29: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	49, // 29: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
 	0,  // 30: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
 	5,  // 31: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	55, // 32: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
-	56, // 33: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
-	59, // 34: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	63, // 35: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	65, // 36: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	59, // 32: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	60, // 33: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	63, // 34: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	67, // 35: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	69, // 36: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
 	2,  // 37: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
 	3,  // 38: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	67, // 39: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	73, // 40: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	74, // 41: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	75, // 42: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	74, // 43: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	74, // 44: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	79, // 45: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	67, // 46: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	71, // 39: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	77, // 40: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	78, // 41: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	79, // 42: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	78, // 43: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	78, // 44: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	83, // 45: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	71, // 46: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
 	10, // 47: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
 	12, // 48: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
 	13, // 49: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
 	16, // 50: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
-	19, // 51: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	21, // 52: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	23, // 53: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	26, // 54: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	28, // 55: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	30, // 56: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	32, // 57: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	34, // 58: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	36, // 59: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	42, // 60: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	46, // 61: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	48, // 62: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	52, // 63: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	50, // 64: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	55, // 65: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	57, // 66: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
-	60, // 67: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	62, // 68: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	66, // 69: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	69, // 70: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	71, // 71: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	76, // 72: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	77, // 73: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
-	11, // 74: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	18, // 75: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 76: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
-	17, // 77: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
-	20, // 78: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	22, // 79: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	24, // 80: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	27, // 81: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	29, // 82: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	31, // 83: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	33, // 84: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	35, // 85: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	39, // 86: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	44, // 87: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	47, // 88: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	49, // 89: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	53, // 90: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	51, // 91: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	56, // 92: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	58, // 93: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
-	61, // 94: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	64, // 95: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	68, // 96: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	70, // 97: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	72, // 98: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	80, // 99: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	78, // 100: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
-	74, // [74:101] is the sub-list for method output_type
-	47, // [47:74] is the sub-list for method input_type
+	18, // 51: kvtier.v1.KVTier.Pin:input_type -> kvtier.v1.PinRequest
+	20, // 52: kvtier.v1.KVTier.Unpin:input_type -> kvtier.v1.UnpinRequest
+	23, // 53: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	25, // 54: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	27, // 55: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	30, // 56: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	32, // 57: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	34, // 58: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	36, // 59: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	38, // 60: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	40, // 61: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	46, // 62: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	50, // 63: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	52, // 64: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	56, // 65: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	54, // 66: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	59, // 67: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	61, // 68: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	64, // 69: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	66, // 70: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	70, // 71: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	73, // 72: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	75, // 73: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	80, // 74: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	81, // 75: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 76: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	22, // 77: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 78: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
+	17, // 79: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
+	19, // 80: kvtier.v1.KVTier.Pin:output_type -> kvtier.v1.PinResponse
+	21, // 81: kvtier.v1.KVTier.Unpin:output_type -> kvtier.v1.UnpinResponse
+	24, // 82: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	26, // 83: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	28, // 84: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	31, // 85: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	33, // 86: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	35, // 87: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	37, // 88: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	39, // 89: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	43, // 90: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	48, // 91: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	51, // 92: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	53, // 93: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	57, // 94: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	55, // 95: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	60, // 96: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	62, // 97: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	65, // 98: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	68, // 99: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	72, // 100: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	74, // 101: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	76, // 102: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	84, // 103: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	82, // 104: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	76, // [76:105] is the sub-list for method output_type
+	47, // [47:76] is the sub-list for method input_type
 	47, // [47:47] is the sub-list for extension type_name
 	47, // [47:47] is the sub-list for extension extendee
 	0,  // [0:47] is the sub-list for field type_name
@@ -6688,14 +6983,14 @@ func file_kvtier_v1_kvtier_proto_init() {
 	if File_kvtier_v1_kvtier_proto != nil {
 		return
 	}
-	file_kvtier_v1_kvtier_proto_msgTypes[18].OneofWrappers = []any{}
+	file_kvtier_v1_kvtier_proto_msgTypes[22].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   75,
+			NumMessages:   79,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

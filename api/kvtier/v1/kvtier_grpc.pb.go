@@ -60,6 +60,8 @@ const (
 	KVTier_Lookup_FullMethodName        = "/kvtier.v1.KVTier/Lookup"
 	KVTier_Residency_FullMethodName     = "/kvtier.v1.KVTier/Residency"
 	KVTier_Prefetch_FullMethodName      = "/kvtier.v1.KVTier/Prefetch"
+	KVTier_Pin_FullMethodName           = "/kvtier.v1.KVTier/Pin"
+	KVTier_Unpin_FullMethodName         = "/kvtier.v1.KVTier/Unpin"
 	KVTier_PrepareLoad_FullMethodName   = "/kvtier.v1.KVTier/PrepareLoad"
 	KVTier_CompleteLoad_FullMethodName  = "/kvtier.v1.KVTier/CompleteLoad"
 	KVTier_Touch_FullMethodName         = "/kvtier.v1.KVTier/Touch"
@@ -108,6 +110,13 @@ type KVTierClient interface {
 	// caller knows is coming, until a deadline: bounded by a share of the
 	// primary (prefetch.share), counted, idempotent. No request is needed.
 	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
+	// Pin keeps the keys' blocks that are ready in the primary there until a
+	// TTL passes (pinning again extends it): for a system prompt, or a
+	// session that resumes soon. Bounded per owner by pins.share; pins live
+	// in the daemon (an engine's restart keeps them) and die with it.
+	Pin(ctx context.Context, in *PinRequest, opts ...grpc.CallOption) (*PinResponse, error)
+	// Unpin releases pins before their TTL.
+	Unpin(ctx context.Context, in *UnpinRequest, opts ...grpc.CallOption) (*UnpinResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -246,6 +255,26 @@ func (c *kVTierClient) Prefetch(ctx context.Context, in *PrefetchRequest, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PrefetchResponse)
 	err := c.cc.Invoke(ctx, KVTier_Prefetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) Pin(ctx context.Context, in *PinRequest, opts ...grpc.CallOption) (*PinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PinResponse)
+	err := c.cc.Invoke(ctx, KVTier_Pin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) Unpin(ctx context.Context, in *UnpinRequest, opts ...grpc.CallOption) (*UnpinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnpinResponse)
+	err := c.cc.Invoke(ctx, KVTier_Unpin_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -514,6 +543,13 @@ type KVTierServer interface {
 	// caller knows is coming, until a deadline: bounded by a share of the
 	// primary (prefetch.share), counted, idempotent. No request is needed.
 	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
+	// Pin keeps the keys' blocks that are ready in the primary there until a
+	// TTL passes (pinning again extends it): for a system prompt, or a
+	// session that resumes soon. Bounded per owner by pins.share; pins live
+	// in the daemon (an engine's restart keeps them) and die with it.
+	Pin(context.Context, *PinRequest) (*PinResponse, error)
+	// Unpin releases pins before their TTL.
+	Unpin(context.Context, *UnpinRequest) (*UnpinResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -629,6 +665,12 @@ func (UnimplementedKVTierServer) Residency(context.Context, *ResidencyRequest) (
 }
 func (UnimplementedKVTierServer) Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Prefetch not implemented")
+}
+func (UnimplementedKVTierServer) Pin(context.Context, *PinRequest) (*PinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pin not implemented")
+}
+func (UnimplementedKVTierServer) Unpin(context.Context, *UnpinRequest) (*UnpinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Unpin not implemented")
 }
 func (UnimplementedKVTierServer) PrepareLoad(context.Context, *PrepareLoadRequest) (*PrepareLoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareLoad not implemented")
@@ -788,6 +830,42 @@ func _KVTier_Prefetch_Handler(srv interface{}, ctx context.Context, dec func(int
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(KVTierServer).Prefetch(ctx, req.(*PrefetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_Pin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).Pin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_Pin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).Pin(ctx, req.(*PinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_Unpin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnpinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).Unpin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_Unpin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).Unpin(ctx, req.(*UnpinRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1221,6 +1299,14 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Prefetch",
 			Handler:    _KVTier_Prefetch_Handler,
+		},
+		{
+			MethodName: "Pin",
+			Handler:    _KVTier_Pin_Handler,
+		},
+		{
+			MethodName: "Unpin",
+			Handler:    _KVTier_Unpin_Handler,
 		},
 		{
 			MethodName: "PrepareLoad",

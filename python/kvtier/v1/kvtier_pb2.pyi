@@ -413,6 +413,30 @@ class NewRequestResponse(_message.Message):
     warnings: _containers.RepeatedCompositeFieldContainer[FilterWarning]
     def __init__(self, policy: _Optional[_Union[OffloadPolicy, str]] = ..., load_filter: _Optional[_Union[TierFilter, _Mapping]] = ..., store_filter: _Optional[_Union[TierFilter, _Mapping]] = ..., load_from_request: bool = ..., store_from_request: bool = ..., warnings: _Optional[_Iterable[_Union[FilterWarning, _Mapping]]] = ...) -> None: ...
 
+class PinRequest(_message.Message):
+    __slots__ = ["key_size", "keys", "namespace", "packed_keys", "ttl_ms"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    key_size: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace: str
+    packed_keys: bytes
+    ttl_ms: int
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PinResponse(_message.Message):
+    __slots__ = ["missing", "pinned", "refused"]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    missing: int
+    pinned: int
+    refused: int
+    def __init__(self, pinned: _Optional[int] = ..., missing: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+
 class PrefetchRequest(_message.Message):
     __slots__ = ["deadline_ms", "key_size", "keys", "kv_transfer_params", "namespace", "packed_keys"]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -750,7 +774,7 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ["active_requests", "auto_steps", "cascade_pin_budget", "cascade_pinned_slots", "cascade_revocations", "expired_requests", "namespace", "primary", "released_requests", "sessions", "stream_addr", "tenants", "tiers"]
+    __slots__ = ["active_requests", "auto_steps", "cascade_pin_budget", "cascade_pinned_slots", "cascade_revocations", "expired_requests", "namespace", "primary", "released_requests", "router_pinned_blocks", "sessions", "stream_addr", "tenants", "tiers"]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     AUTO_STEPS_FIELD_NUMBER: _ClassVar[int]
     CASCADE_PINNED_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -760,6 +784,7 @@ class StatsResponse(_message.Message):
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
     RELEASED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ADDR_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
@@ -773,11 +798,12 @@ class StatsResponse(_message.Message):
     namespace: str
     primary: PrimaryStats
     released_requests: int
+    router_pinned_blocks: int
     sessions: int
     stream_addr: str
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
-    def __init__(self, namespace: _Optional[str] = ..., primary: _Optional[_Union[PrimaryStats, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., active_requests: _Optional[int] = ..., cascade_pinned_slots: _Optional[int] = ..., cascade_pin_budget: _Optional[int] = ..., cascade_revocations: _Optional[int] = ..., sessions: _Optional[int] = ..., expired_requests: _Optional[int] = ..., released_requests: _Optional[int] = ..., auto_steps: _Optional[int] = ..., stream_addr: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., primary: _Optional[_Union[PrimaryStats, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., active_requests: _Optional[int] = ..., cascade_pinned_slots: _Optional[int] = ..., cascade_pin_budget: _Optional[int] = ..., cascade_revocations: _Optional[int] = ..., sessions: _Optional[int] = ..., expired_requests: _Optional[int] = ..., released_requests: _Optional[int] = ..., auto_steps: _Optional[int] = ..., stream_addr: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ..., router_pinned_blocks: _Optional[int] = ...) -> None: ...
 
 class TenantStats(_message.Message):
     __slots__ = ["evicted", "evicted_by_others", "hits", "misses", "name", "primary_bytes", "primary_quota_bytes", "refusals", "shared", "stored", "tiers"]
@@ -955,6 +981,24 @@ class TouchRequest(_message.Message):
 class TouchResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
+
+class UnpinRequest(_message.Message):
+    __slots__ = ["key_size", "keys", "namespace", "packed_keys"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    key_size: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace: str
+    packed_keys: bytes
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ...) -> None: ...
+
+class UnpinResponse(_message.Message):
+    __slots__ = ["unpinned"]
+    UNPINNED_FIELD_NUMBER: _ClassVar[int]
+    unpinned: int
+    def __init__(self, unpinned: _Optional[int] = ...) -> None: ...
 
 class LookupResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -35,6 +35,16 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.FromString,
                 )
+        self.Pin = channel.unary_unary(
+                '/kvtier.v1.KVTier/Pin',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PinRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PinResponse.FromString,
+                )
+        self.Unpin = channel.unary_unary(
+                '/kvtier.v1.KVTier/Unpin',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.FromString,
+                )
         self.PrepareLoad = channel.unary_unary(
                 '/kvtier.v1.KVTier/PrepareLoad',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.SerializeToString,
@@ -188,6 +198,23 @@ class KVTierServicer(object):
         kv_transfer_params allows toward the primary, ahead of a request the
         caller knows is coming, until a deadline: bounded by a share of the
         primary (prefetch.share), counted, idempotent. No request is needed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pin(self, request, context):
+        """Pin keeps the keys' blocks that are ready in the primary there until a
+        TTL passes (pinning again extends it): for a system prompt, or a
+        session that resumes soon. Bounded per owner by pins.share; pins live
+        in the daemon (an engine's restart keeps them) and die with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unpin(self, request, context):
+        """Unpin releases pins before their TTL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -425,6 +452,16 @@ def add_KVTierServicer_to_server(servicer, server):
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.SerializeToString,
             ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PinRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.PinResponse.SerializeToString,
+            ),
+            'Unpin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unpin,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.SerializeToString,
+            ),
             'PrepareLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareLoad,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.FromString,
@@ -616,6 +653,40 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Prefetch',
             kvtier_dot_v1_dot_kvtier__pb2.PrefetchRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.PrefetchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Pin',
+            kvtier_dot_v1_dot_kvtier__pb2.PinRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.PinResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Unpin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Unpin',
+            kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
