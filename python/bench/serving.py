@@ -12,6 +12,9 @@ in a fresh random order):
   vllm-fs         vLLM's TieringOffloadingSpec: its CPU tier with its FS tier behind
   kvtier-tier     kvtier tier mode: vLLM's CPU tier with kvtier (fs behind it) as the secondary tier
   kvtier-manager  kvtier manager mode: kvtier's primary is the CPU cache, its fs tier behind
+  kvtier-router   kvtier-manager with a router in the client: when it queues a request for an
+                  engine it asks the daemon to prefetch the request's prefix (keys from its token
+                  ids, kvtier.keys), while the request waits for a free slot
   lmcache         LMCache's multiprocess server (CPU, then local disk) with vLLM's LMCacheMPConnector
 
 and, with --engines 2 (default: 1 and 2), the offloading configurations
@@ -49,6 +52,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
@@ -65,10 +69,12 @@ _FULL_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jso
 TRACE = pathlib.Path(os.environ.get("KVTIER_TRACE") or (
     _FULL_TRACE if _FULL_TRACE.exists() else ROOT / "workload" / "testdata" / "mooncake_conversation_2000.jsonl.gz"))
 MODEL_DIR = HERE / "serving_model"
-CONFIGS = ("none", "cpu", "vllm-fs", "kvtier-tier", "kvtier-manager", "lmcache")
+CONFIGS = ("none", "cpu", "vllm-fs", "kvtier-tier", "kvtier-manager", "kvtier-router", "lmcache")
 WORKLOADS = ("mooncake", "document", "no-reuse", "agent", "documents", "burst")
 # What vLLM's external_unspecified source means per configuration.
-EXTERNAL = {"kvtier-manager": "kvtier", "kvtier-tier": "kvtier", "lmcache": "lmcache"}
+EXTERNAL = {"kvtier-manager": "kvtier", "kvtier-router": "kvtier", "kvtier-tier": "kvtier", "lmcache": "lmcache"}
+# Configurations whose daemon runs kvtier manager mode.
+MANAGER = ("kvtier-manager", "kvtier-router")
 
 
 @dataclasses.dataclass
@@ -106,6 +112,7 @@ class Stack:
         self.procs: list[procs.Proc] = []
         self.engines: list[tuple[str, int]] = []
         self.daemon_metrics: tuple[str, int] | None = None
+        self.daemon_target = ""  # the kvtier daemon's API, for the router
         self.cache_proc: procs.Proc | None = None  # the kvtier daemon or the LMCache server
         # What the run's engines share (vLLM's FS tier directory, as engines
         # would share a volume).
@@ -158,8 +165,8 @@ class Stack:
             return {"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm",
                     "cpu_bytes_to_use": budget,
                     "secondary_tiers": [{"type": "fs", "root_dir": str(self.shared / "vllm-fs")}]}
-        if c in ("kvtier-tier", "kvtier-manager"):
-            target = self._daemon(budget * self.run.engines if c == "kvtier-manager" else 64 << 20)
+        if c in ("kvtier-tier", *MANAGER):
+            target = self._daemon(budget * self.run.engines if c in MANAGER else 64 << 20)
             if c == "kvtier-tier":
                 return {"spec_name": "KvtierTieringOffloadingSpec", "spec_module_path": "kvtier.vllm",
                         "cpu_bytes_to_use": budget, "secondary_tiers": [{"type": "kvtier", "target": target}]}
@@ -189,6 +196,7 @@ server: {{unix_socket: {sock}, tcp_addr: "", metrics_addr: "127.0.0.1:{port}", s
         self.cache_proc = p
         p.wait_ready(procs.log_contains(p, "kvtier API listening"), 30)
         self.daemon_metrics = ("127.0.0.1", port)
+        self.daemon_target = str(sock)
         return "unix://" + str(sock)
 
     def _lmcache(self, cpu_bytes: int) -> int:
@@ -310,22 +318,80 @@ def execute(s: Setup, runs: list[Run], workloads: list[wl.Workload], log: Callab
             log(f"  logs kept in {dir}")
 
 
+class Router:
+    """What a KV-aware router does once it has assigned a request to a
+    node: it asks that node's daemon to prefetch the request's prefix
+    (kvtier.Client.prefetch, keys from the token ids with kvtier.keys),
+    while the request waits in its queue for a free slot (the client's
+    closed loop: at most --concurrency in flight per engine). One daemon
+    serves every engine of a run, so the node does not matter here. One
+    call per request, timed; a failed call is counted, never fatal."""
+
+    def __init__(self, target: str, block_tokens: int) -> None:
+        import kvtier
+
+        from kvtier.keys import keys_from_tokens
+
+        self.block_tokens = block_tokens
+        self.c = kvtier.Client(target)
+        self.lock = threading.Lock()
+        self.calls = self.failed = self.started = self.present = 0
+        self.call_s = 0.0
+        # Warm, as a router is before it routes: vLLM's hashing imported,
+        # the connection up.
+        keys_from_tokens(list(range(block_tokens)), block_size=block_tokens)
+        self.c.stats()
+
+    def prefetch(self, req: wl.Request, server: int = 0) -> None:
+        from kvtier.keys import keys_from_tokens
+
+        t0 = time.monotonic()
+        try:
+            keys = keys_from_tokens(req.prompt, block_size=self.block_tokens)
+            a = self.c.prefetch(keys, deadline_ms=5000) if keys else None
+        except Exception:  # a router must not fail the request
+            with self.lock:
+                self.failed += 1
+            return
+        with self.lock:
+            self.calls += 1
+            self.call_s += time.monotonic() - t0
+            if a is not None:
+                self.started += a.started
+                self.present += a.present
+
+    def counters(self) -> dict[str, float]:
+        return {"router_prefetch_calls": self.calls, "router_prefetch_failed": self.failed,
+                "router_promotions_started": self.started, "router_keys_present": self.present,
+                "router_call_ms_mean": round(1000 * self.call_s / self.calls, 3) if self.calls else 0.0}
+
+    def close(self) -> None:
+        self.c.close()
+
+
 def measure(s: Setup, stack: Stack, run: Run, workload: wl.Workload, log: Callable[[str], None]) -> None:
     before, dbefore = scrape_all(stack), daemon_tier_tokens(stack, s.block_tokens)
     cpu0 = stack.cache_proc.cpu_seconds() if stack.cache_proc else 0.0
-    run.results, run.wall_s = client.replay(stack.engines, str(s.model), workload.requests,
-                                            concurrency=s.concurrency * run.engines, timeout=s.timeout,
-                                            speedup=s.speedup or (1.0 if workload.open_loop else 0.0))
+    router = Router(stack.daemon_target, s.block_tokens) if run.config == "kvtier-router" else None
+    try:
+        run.results, run.wall_s = client.replay(stack.engines, str(s.model), workload.requests,
+                                                concurrency=s.concurrency * run.engines, timeout=s.timeout,
+                                                speedup=s.speedup or (1.0 if workload.open_loop else 0.0),
+                                                on_assign=router.prefetch if router else None)
+    finally:
+        if router:
+            run.offload.update(router.counters())
+            router.close()
     if stack.cache_proc:
         # The cache process's CPU time: on a small machine it is taken from
         # the engines' compute.
         run.cache_cpu_s = stack.cache_proc.cpu_seconds() - cpu0
     moved = client.delta(before, scrape_all(stack))
     run.hit_tokens = hit_tokens(run.config, moved)
-    run.offload = offload_counters(moved)
+    run.offload = {**offload_counters(moved), **run.offload}
     dafter = daemon_tier_tokens(stack, s.block_tokens)
     run.kvtier_tiers = {k: int(v - dbefore.get(k, 0.0)) for k, v in dafter.items() if v - dbefore.get(k, 0.0) > 0}
-    if run.config == "kvtier-manager":
+    if run.config in MANAGER:
         # What the engines loaded from kvtier that no tier promoted came
         # from its primary.
         run.kvtier_tiers = {"primary": max(run.hit_tokens.get("kvtier", 0) - sum(run.kvtier_tiers.values()), 0),

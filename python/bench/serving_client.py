@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import urllib.request
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from serving_workload import Request
 
@@ -86,12 +86,17 @@ def complete(host: str, port: int, model: str, req: Request, timeout: float) -> 
 
 
 def replay(servers: Sequence[tuple[str, int]], model: str, reqs: Iterable[Request], *, concurrency: int,
-           timeout: float, speedup: float = 0.0) -> tuple[list[Result], float]:
+           timeout: float, speedup: float = 0.0,
+           on_assign: Callable[[Request, int], None] | None = None) -> tuple[list[Result], float]:
     """Sends reqs in order, round-robin over servers. With speedup 0, at
     most `concurrency` in flight (a closed loop: the next request leaves
     when one finishes); else each at its arrival time divided by speedup
     (an open loop: TTFT then includes the wait for the engine). Returns the
-    results in request order and the wall time."""
+    results in request order and the wall time. on_assign, if set, is a
+    router's work once it has assigned a request to a server (by index):
+    it runs on the dispatching thread before the request waits for a slot
+    (closed loop: up to `concurrency` requests ahead of its sending; open
+    loop: at its arrival, so inside its TTFT)."""
     reqs = list(reqs)
     results: list[Result | None] = [None] * len(reqs)
     open_loop = speedup > 0
@@ -105,12 +110,23 @@ def replay(servers: Sequence[tuple[str, int]], model: str, reqs: Iterable[Reques
                 delay = t0 + (r.at - first) / speedup - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+            if on_assign is not None:
+                r0 = time.monotonic()
+                on_assign(r, i % len(servers))
+                routed = time.monotonic() - r0
+            else:
+                routed = 0.0
             slots.acquire()
             host, port = servers[i % len(servers)]
 
-            def run(i: int = i, r: Request = r, host: str = host, port: int = port) -> None:
+            def run(i: int = i, r: Request = r, host: str = host, port: int = port, routed: float = routed) -> None:
                 try:
-                    results[i] = complete(host, port, model, r, timeout)
+                    res = complete(host, port, model, r, timeout)
+                    if open_loop:
+                        # The router's work delayed the request's sending.
+                        res.ttft_s += routed
+                        res.e2e_s += routed
+                    results[i] = res
                 finally:
                     slots.release()
 

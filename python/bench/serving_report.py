@@ -12,7 +12,7 @@ import serving_client as client
 
 LABELS = {
     "none": "no offload", "cpu": "vLLM CPU offload", "vllm-fs": "vLLM CPU+FS tiering", "kvtier-tier": "kvtier tier mode",
-    "kvtier-manager": "kvtier manager mode", "lmcache": "LMCache MP",
+    "kvtier-manager": "kvtier manager mode", "kvtier-router": "kvtier manager mode + router prefetch", "lmcache": "LMCache MP",
 }
 
 
@@ -101,7 +101,7 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f} ms"
 
 
-KVTIER = ("kvtier-manager", "kvtier-tier")
+KVTIER = ("kvtier-manager", "kvtier-tier", "kvtier-router")
 ALTERNATIVES = ("none", "cpu", "vllm-fs", "lmcache")
 
 
@@ -141,7 +141,9 @@ def ratios(runs: list[Run], *, seed: int = 1) -> list[dict[str, Any]]:
                 mine = _p50s(runs, k, n, w)
                 if not mine:
                     continue
-                for alt in ALTERNATIVES:
+                # The router's prefetch is measured against the same
+                # configuration without it, too.
+                for alt in ALTERNATIVES + (("kvtier-manager",) if k == "kvtier-router" else ()):
                     theirs = _p50s(runs, alt, n, w)
                     both = sorted(set(mine) & set(theirs))
                     if not both:
@@ -193,6 +195,9 @@ def targets(runs: list[Run]) -> list[dict[str, Any]]:
         if w == "documents" and best2:
             alt = min(best2, key=lambda x: x[1])[0]
             check(w, 2, "kvtier-manager", alt, 0.7, None, "two engines: manager p50 TTFT <= 0.7 x best alternative")
+        for n in (1, 2):
+            check(w, n, "kvtier-router", "kvtier-manager", 0.8, None,
+                  "router prefetch: p50 TTFT <= 0.8 x the same configuration without it (issue 41)")
         for engines in (1, 2):
             alts = [(c, v) for c in ALTERNATIVES if (v := hits(c, engines, w)) is not None]
             for mode in KVTIER:
