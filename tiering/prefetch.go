@@ -143,45 +143,37 @@ func (m *Manager) Prefetch(keys []offload.Key, req *offload.ReqContext, deadline
 	return a, nil
 }
 
-// advance resolves p's keys from p.next on, in order, as an engine's
-// prefix scan does (§7.G): a key in the primary (ready, or arriving) is
-// resolved; one a tier the filter allows holds is promoted while the
-// share has room; a key no tier is sure of yet does not stop the scan, so
-// that the later keys' existence checks and promotions start in the same
-// step (p.next stays at the first unsure key, asked again next step); a
-// miss ends the run there; a full share or a full primary stops the scan
-// until the next step.
+// advance resolves p's keys from p.next on, in order: a key in the
+// primary (ready, or arriving) is resolved; one a tier the filter allows
+// holds is promoted while the share has room; a key no tier is sure of
+// yet, or a full share, stops the scan until the next step; a miss ends
+// the run.
 func (m *Manager) advance(p *prefetch) {
 	pf := m.prefetch
-	sure := true // every key before i is resolved
-	for i := p.next; i < len(p.keys); i++ {
-		k := p.keys[i]
+	for p.next < len(p.keys) {
+		k := p.keys[p.next]
 		if _, ok := m.primary.RefCount(k); ok {
-			if sure {
-				p.next = i + 1
-			}
+			p.next++
 			continue
 		}
 		if pf.inFlight >= pf.maxSlots {
 			return
 		}
-		r, t := m.stack.Lookup(k, p.req)
+		r, i := m.stack.Lookup(k, p.req)
 		switch r {
 		case offload.Hit:
-			if m.promote(t, k, p.req) == offload.Miss {
+			if m.promote(i, k, p.req) == offload.Miss {
 				return // the primary cannot make room now
 			}
 			pf.inFlight++
 			p.inFlight++
 			pf.stats.Promotions++
-			if sure {
-				p.next = i + 1
-			}
+			p.next++
 		case offload.Miss:
-			p.keys = p.keys[:i] // the run ends here
+			p.keys = p.keys[:p.next] // the run ends here
 			return
 		default:
-			sure = false
+			return
 		}
 	}
 }
