@@ -148,3 +148,20 @@ def test_offload_counters_of_a_run() -> None:
              "vllm:prompt_tokens_total": 99.0}
     assert serving.offload_counters(moved) == {"promotion_allocation_failures": 3.0, "lookup_deferred_s": 0.25,
                                                "lookup_deferrals": 2.0}
+
+
+def test_quick_router_prefetches_for_every_request(kvtier_bin: str) -> None:
+    """kvtier-router against a real vllm serve: the router computes each
+    request's keys and the daemon takes every prefetch."""
+    py = cpu_python()
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt-router"))
+    out = d / "results.json"
+    cmd = [py, str(BENCH / "serving.py"), "--quick", "--configs", "kvtier-router", "--engines", "1",
+           "--workloads", "documents", "--kvtier-bin", kvtier_bin, "--vllm-python", py, "--json", str(out),
+           "--work", str(d / "work"), "--startup-timeout", "400"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr[-6000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert not run["error"] and run["summary"]["failed"] == 0, run
+    off = run["offload_counters"]
+    assert off["router_prefetch_calls"] == run["summary"]["requests"] and off["router_prefetch_failed"] == 0, off
