@@ -46,3 +46,11 @@ func (c *Client) Unpin(ctx context.Context, keys []offload.Key) (int, error) {
 	}
 	return int(resp.GetUnpinned()), nil
 }
+
+// Delete removes the keys' blocks from the daemon's primary and from
+// every tier that removes blocks on request, with removal events per
+// medium; the daemon waits for its transfers in flight first.
+func (c *Client) Delete(ctx context.Context, keys []offload.Key) (*kvtierv1.DeleteResponse, error) {
+	raw, packed, size := keyFields(keys)
+	return c.api.Delete(ctx, &kvtierv1.DeleteRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size})
+}

@@ -336,3 +336,34 @@ func (p *Primary) TakeEvents() []offload.Event {
 // Close releases the arena. Slot views must no longer be used; the
 // bookkeeping keeps working but the arena reports errors.
 func (p *Primary) Close() error { return p.arena.Close() }
+
+// Remove drops the blocks of keys that nothing holds (no load pin, no
+// cascade reading them, not pending) and publishes their removal, as an
+// eviction does. It returns how many it removed and how many it left
+// because something holds them; absent keys count in neither.
+func (p *Primary) Remove(keys []offload.Key) (removed, held int) {
+	var gone []offload.Key
+	for _, k := range keys {
+		s := p.b.lookup(k)
+		if s < 0 {
+			continue
+		}
+		m := &p.b.meta[s]
+		if m.ref != 0 {
+			held++
+			continue
+		}
+		p.pol.removed(s)
+		p.disown(s)
+		p.b.index.remove(m.h32, s)
+		m.free()
+		p.pushFree(s)
+		p.numBlocks--
+		p.numEvictable--
+		gone = append(gone, k)
+	}
+	if len(gone) > 0 && p.events {
+		p.evs = append(p.evs, offload.Event{Keys: gone, Medium: offload.MediumCPU, Removed: true})
+	}
+	return len(gone), held
+}

@@ -1,6 +1,6 @@
 // Calls for routers and agents that steer the cache rather than serve a
-// request (issue 41): residency of a prefix in every tier, prefetch, and
-// pins with a TTL.
+// request (issue 41): residency of a prefix in every tier, prefetch, pins
+// with a TTL, and deletes.
 
 package server
 
@@ -212,4 +212,61 @@ func (sv *service) Unpin(ctx context.Context, in *kvtierv1.UnpinRequest) (*kvtie
 		return nil, toStatus(err)
 	}
 	return &kvtierv1.UnpinResponse{Unpinned: uint32(n)}, nil
+}
+
+// deleter is implemented by managers that delete blocks
+// (tiering.Manager).
+type deleter interface {
+	Delete(ctx context.Context, keys []offload.Key) (tiering.DeleteAnswer, error)
+}
+
+// Delete removes keys' blocks from the primary and from every tier that
+// removes blocks on request, and publishes the removals.
+func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.DeleteAnswer, error) {
+	if err := ns.lock(); err != nil {
+		return tiering.DeleteAnswer{}, err
+	}
+	defer ns.mu.Unlock()
+	d, ok := ns.mgr.(deleter)
+	if !ok {
+		return tiering.DeleteAnswer{}, fmt.Errorf("%w: namespace %q deletes no blocks (no primary of its own)", ErrUnsupported, ns.name)
+	}
+	a, err := d.Delete(ctx, keys)
+	if errors.Is(err, tiering.ErrClosed) {
+		return a, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	if err != nil {
+		return a, err
+	}
+	for _, t := range a.Tiers {
+		if t.Err != nil {
+			ns.log.Warn("delete: a tier failed", "namespace", ns.name, "tier", t.Name, "err", t.Err)
+		}
+	}
+	ns.log.Info("blocks deleted", "namespace", ns.name, "keys", len(keys), "primary", a.Primary, "held", a.Held)
+	ns.publishLocked()
+	return a, nil
+}
+
+func (sv *service) Delete(ctx context.Context, in *kvtierv1.DeleteRequest) (*kvtierv1.DeleteResponse, error) {
+	if principalOf(ctx).t == nil {
+		in.Namespace = sv.soleNamespace(in.GetNamespace())
+	}
+	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	if err != nil {
+		return nil, err
+	}
+	a, err := ns.Delete(ctx, keys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &kvtierv1.DeleteResponse{Primary: uint32(a.Primary), Held: uint32(a.Held)}
+	for _, t := range a.Tiers {
+		r := &kvtierv1.TierDeleteResult{Name: t.Name, Supported: t.Supported, Removed: uint32(t.Removed)}
+		if t.Err != nil {
+			r.Error = t.Err.Error()
+		}
+		out.Tiers = append(out.Tiers, r)
+	}
+	return out, nil
 }

@@ -231,3 +231,40 @@ func TestPinUnpin(t *testing.T) {
 		}
 	}
 }
+
+func TestDelete(t *testing.T) {
+	mts, tiers := steerTiers(t)
+	e := startEnv(t, envOptions{tiers: tiers})
+	c := e.dial(t, e.unix)
+	ctx := ctxT(t)
+	ks := keys(0, 3)
+	var blocks []client.Block
+	for _, k := range ks {
+		blocks = append(blocks, client.Block{Key: k, Data: make([]byte, slotSize)})
+		for _, m := range mts {
+			m.Put(k, make([]byte, slotSize))
+		}
+	}
+	if _, err := c.PutBlocks(ctx, blocks, client.CallOptions{Params: `{"kv_store_tiers":[]}`}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Delete(ctx, ks)
+	if err != nil || a.GetPrimary() != 3 || a.GetHeld() != 0 || len(a.GetTiers()) != 3 {
+		t.Fatalf("delete: %v %v", a, err)
+	}
+	for i, want := range []struct {
+		supported bool
+		removed   uint32
+	}{{true, 3}, {true, 3}, {false, 0}} {
+		if got := a.GetTiers()[i]; got.GetSupported() != want.supported || got.GetRemoved() != want.removed {
+			t.Errorf("tier %s: %v", got.GetName(), got)
+		}
+	}
+	r, err := c.Residency(ctx, ks, "")
+	if err != nil || r.GetPrimary() != 0 || r.GetLoadable() != 0 {
+		t.Fatalf("residency after delete: %v %v", r, err)
+	}
+	if !mts[2].Contains(ks[0]) {
+		t.Fatal("a tier that does not delete on request lost its block")
+	}
+}

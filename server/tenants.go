@@ -62,6 +62,7 @@ var tenantMethods = map[string]bool{
 	kvtierv1.KVTier_Prefetch_FullMethodName:      true,
 	kvtierv1.KVTier_Pin_FullMethodName:           true,
 	kvtierv1.KVTier_Unpin_FullMethodName:         true,
+	kvtierv1.KVTier_Delete_FullMethodName:        true,
 	kvtierv1.KVTier_Touch_FullMethodName:         true,
 	kvtierv1.KVTier_FinishRequest_FullMethodName: true,
 	kvtierv1.KVTier_ScheduleEnd_FullMethodName:   true,

@@ -261,6 +261,19 @@ func (t *modelTier) DrainJobs(context.Context) error {
 	return nil
 }
 
+// Delete removes keys (tiering.Deleter); it panics on demand first.
+func (t *modelTier) Delete(_ context.Context, keys []offload.Key) (int, error) {
+	t.maybePanic("Delete")
+	n := 0
+	for _, k := range keys {
+		if _, ok := t.blocks[k]; ok {
+			delete(t.blocks, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
 func (t *modelTier) HasPendingWork() bool {
 	t.maybePanic("HasPendingWork")
 	return len(t.held)+len(t.results) > 0
@@ -455,7 +468,7 @@ var modelFilters = []*offload.TierFilter{
 }
 
 var modelMethods = []string{"Lookup", "SubmitStore", "SubmitLoad", "FinishedJobs", "DrainJobs", "HasPendingWork",
-	"Touch", "OnNewRequest", "OnRequestFinished", "OnScheduleEnd", "TakeEvents"}
+	"Touch", "OnNewRequest", "OnRequestFinished", "OnScheduleEnd", "TakeEvents", "Delete"}
 
 func TestModel(t *testing.T) {
 	var total TierStats // coverage of the generated runs, logged with -v
@@ -870,6 +883,34 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 			},
 			"unpin": func(rt *rapid.T) {
 				m.Unpin(keySlice(rt))
+			},
+			"delete": func(rt *rapid.T) {
+				keys := keySlice(rt)
+				a, err := m.Delete(context.Background(), keys)
+				if err != nil {
+					// Only a panicking DrainJobs may stop a delete.
+					panics := uint64(0)
+					for _, ts := range m.Stats().Tiers {
+						panics += ts.Panics
+					}
+					if panics == 0 {
+						rt.Fatalf("delete: %v", err)
+					}
+					return
+				}
+				for _, k := range keys {
+					if ref, ok := p.RefCount(k); ok && ref == 0 {
+						rt.Fatalf("delete left %v in the primary with nothing holding it", k)
+					}
+					if _, ok := m.pins.expires[k]; ok {
+						rt.Fatalf("delete left a router pin on %v", k)
+					}
+					for i, t := range models {
+						if _, ok := t.blocks[k]; ok && a.Tiers[slices.IndexFunc(a.Tiers, func(td TierDelete) bool { return td.Name == t.name })].Err == nil {
+							rt.Fatalf("delete left %v in tier %s (model %d)", k, t.name, i)
+						}
+					}
+				}
 			},
 			"tick": func(rt *rapid.T) {
 				clk.now = clk.now.Add(time.Second)

@@ -119,3 +119,10 @@ func (s *Stack) tierHolds(ts *tier, h Holder, keys []offload.Key, held []bool) (
 	h.Holds(keys, held)
 	return true
 }
+
+// tierDelete asks d to delete keys, reporting a panic as an error.
+func (s *Stack) tierDelete(ctx context.Context, ts *tier, d Deleter, keys []offload.Key) (n int, err error) {
+	err = errTierPanicked
+	defer s.recoverTier(ts, "Delete")
+	return d.Delete(ctx, keys)
+}

@@ -73,6 +73,6 @@ kvtier daemons — honouring per-request tier filters.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newVersionCmd(), newExplainCmd(), newServeCmd(), newBenchCmd(),
-		newPutCmd(), newGetCmd(), newLookupCmd(), newStatsCmd(), newFsckCmd(), newFSLayoutCmd(), newKeysCmd(), newResidencyCmd(), newPrefetchCmd(), newPinCmd(), newUnpinCmd())
+		newPutCmd(), newGetCmd(), newLookupCmd(), newStatsCmd(), newFsckCmd(), newFSLayoutCmd(), newKeysCmd(), newResidencyCmd(), newPrefetchCmd(), newPinCmd(), newUnpinCmd(), newDeleteCmd())
 	return root
 }

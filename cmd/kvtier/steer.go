@@ -17,7 +17,8 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// The commands for routers and agents (residency, prefetch, pin, unpin):
+// The commands for routers and agents (residency, prefetch, pin, unpin,
+// delete):
 // they name prefixes by keys or by token ids.
 
 // prefixFlags say where a command's prefixes come from: keys as
@@ -333,6 +334,60 @@ func newUnpinCmd() *cobra.Command {
 					return rf.rpcError("unpin", err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d unpinned\n", len(keys), n)
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	pf.register(cmd)
+	return cmd
+}
+
+func newDeleteCmd() *cobra.Command {
+	var rf remoteFlags
+	var pf prefixFlags
+	cmd := &cobra.Command{
+		Use:   "delete [flags] KEY... | --keys FILE | --tokens FILE",
+		Short: "Remove blocks from every tier of a running daemon",
+		Long: `delete removes each prefix's blocks from the daemon's primary and from every
+secondary tier that removes blocks on request (fs, memory), publishing their
+removal per medium for routers' indexes, and releases pins on them. The
+daemon first waits for the transfers in flight. A block an engine is
+reading stays in the primary ("held"); tiers that do not delete on request
+(s3, redis, peer) keep theirs until their own eviction ("not supported").
+
+` + keyHelp,
+		Example: `  kvtier delete --tokens prompt.json --block-size 16`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefixes, err := pf.prefixes(cmd, args)
+			if err != nil {
+				return err
+			}
+			c, err := rf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := rf.context(0)
+			defer cancel()
+			w := cmd.OutOrStdout()
+			for _, keys := range prefixes {
+				a, err := c.Delete(ctx, keys)
+				if err != nil {
+					return rf.rpcError("delete", err)
+				}
+				fmt.Fprintf(w, "%d keys: primary %d removed, %d held", len(keys), a.GetPrimary(), a.GetHeld())
+				for _, t := range a.GetTiers() {
+					switch {
+					case !t.GetSupported():
+						fmt.Fprintf(w, ", %s not supported", t.GetName())
+					case t.GetError() != "":
+						fmt.Fprintf(w, ", %s failed: %s", t.GetName(), t.GetError())
+					default:
+						fmt.Fprintf(w, ", %s %d removed", t.GetName(), t.GetRemoved())
+					}
+				}
+				fmt.Fprintln(w)
 			}
 			return nil
 		},

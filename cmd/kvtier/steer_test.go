@@ -80,6 +80,15 @@ func TestResidencyAgainstADaemon(t *testing.T) {
 	if err := d.c.Reset(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
+	// Delete: out of the primary and the disk, nothing left to find.
+	code, out, _ = runCLI(t, prompt, "delete", sock, "--tokens", "-", "--block-size", "4")
+	if want := "3 keys: primary 0 removed, 0 held, local-disk 2 removed\n"; code != 0 || out != want {
+		t.Fatalf("delete: %q, want %q", out, want)
+	}
+	code, out, _ = runCLI(t, prompt, "residency", sock, "--tokens", "-", "--block-size", "4")
+	if want := "3 keys: loadable 0, primary 0, local-disk 0\n"; code != 0 || out != want {
+		t.Fatalf("residency after delete: %q, want %q", out, want)
+	}
 	code, out, _ = runCLI(t, "", "residency", sock, "--params", `{"kv_load_tiers":[]}`, kl.Keys[0])
 	if want := "1 keys: loadable 0, primary 0, local-disk not allowed\n"; code != 0 || out != want {
 		t.Fatalf("residency with no tier allowed: %q, want %q", out, want)

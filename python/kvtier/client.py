@@ -324,6 +324,13 @@ class Client:
         """Releases pins before their TTL; returns how many it released."""
         return self._call("Unpin", pb.UnpinRequest(namespace=self.namespace, **_key_fields(keys))).unpinned
 
+    def delete(self, keys):
+        """Removes the keys' blocks from the daemon's primary and from every
+        tier that removes blocks on request (fs, memory), with removal
+        events per medium. DeleteResponse (primary, held: left because
+        something holds them, tiers: name/supported/removed/error)."""
+        return self._call("Delete", pb.DeleteRequest(namespace=self.namespace, **_key_fields(keys)))
+
     # By value ----------------------------------------------------------
 
     def put_blocks(self, blocks, request_id="", params=None):

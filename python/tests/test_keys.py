@@ -169,5 +169,10 @@ server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: ""}}
             assert c.unpin(keys) == 1
             c.reset()
             assert c.residency(keys[3:]).primary == 0
+            # Deleted: in no tier, nothing for a prefetch to find.
+            d = c.delete(keys)
+            assert [(t.name, t.supported, t.removed) for t in d.tiers] == [("dram", True, 1)]
+            assert c.prefetch(keys[3:]).started == 0
+            assert c.residency(keys[3:]).tiers[0].run == 0
     finally:
         dm.stop()

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	iofs "io/fs"
 
@@ -49,11 +50,12 @@ func (t *Tier) unreserve(size int64) {
 }
 
 // evict deletes the files of entries marked evicting, then unmaps them
-// and emits one removed event for the batch. A file that cannot be
-// deleted (other than already gone) goes back to the LRU end.
-func (t *Tier) evict(victims []int32) {
+// and emits one removed event for the batch, and returns how many it
+// removed. A file that cannot be deleted (other than already gone) goes
+// back to the LRU end.
+func (t *Tier) evict(victims []int32) int {
 	if len(victims) == 0 {
-		return
+		return 0
 	}
 	t.mu.Lock()
 	keys := make([]offload.Key, len(victims))
@@ -97,6 +99,48 @@ func (t *Tier) evict(victims []int32) {
 	t.st.evictedBlocks.Add(uint64(len(removed)))
 	t.st.evictedBytes.Add(uint64(bytes))
 	t.lookups.Forget(removed)
+	return len(removed)
+}
+
+// Delete removes the files of keys the tier holds, and announces their
+// removal (tiering.Deleter); it returns how many it removed. A file being
+// read is left (counted in neither); a file the index does not know (one
+// another process wrote) is deleted too.
+func (t *Tier) Delete(_ context.Context, keys []offload.Key) (int, error) {
+	var victims []int32
+	var unknown []offload.Key
+	t.mu.Lock()
+	for _, k := range keys {
+		if !k.Valid() {
+			continue
+		}
+		i, ok := t.idx.find(k)
+		if !ok {
+			unknown = append(unknown, k)
+			continue
+		}
+		if e := &t.idx.ents[i]; e.state == stateLive && e.readers == 0 {
+			t.idx.unlink(i)
+			t.idx.live--
+			e.state = stateEvicting
+			victims = append(victims, i)
+		}
+	}
+	t.mu.Unlock()
+	n := t.evict(victims)
+	var gone []offload.Key
+	for _, k := range unknown {
+		if err := t.s.fs.Remove(t.lay.path(k)); err == nil {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) > 0 {
+		t.mu.Lock()
+		t.emitLocked(gone, true)
+		t.mu.Unlock()
+		t.lookups.Forget(gone)
+	}
+	return n + len(gone), nil
 }
 
 // evictToLow evicts down to the low watermark when usage is above the

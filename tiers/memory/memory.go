@@ -769,6 +769,24 @@ func (t *Tier) Holds(keys []offload.Key, held []bool) {
 	}
 }
 
+// Delete removes the blocks of keys the tier holds and announces their
+// removal (tiering.Deleter); it returns how many it removed.
+func (t *Tier) Delete(_ context.Context, keys []offload.Key) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var gone []offload.Key
+	for _, k := range keys {
+		if e, ok := t.blocks[k]; ok {
+			t.drop(e)
+			gone = append(gone, k)
+		}
+	}
+	if t.cfg.Events {
+		t.announce(gone, true)
+	}
+	return len(gone), nil
+}
+
 // Get returns a copy of the bytes stored under key.
 func (t *Tier) Get(key offload.Key) ([]byte, bool) {
 	t.mu.Lock()

@@ -1568,6 +1568,207 @@ func (x *UnpinResponse) GetUnpinned() uint32 {
 	return 0
 }
 
+type DeleteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As for Prefetch.
+	Namespace     string   `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys          [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys    []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize       uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRequest) Reset() {
+	*x = DeleteRequest{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRequest) ProtoMessage() {}
+
+func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRequest) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeleteRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DeleteRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *DeleteRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
+}
+
+func (x *DeleteRequest) GetKeySize() uint32 {
+	if x != nil {
+		return x.KeySize
+	}
+	return 0
+}
+
+type TierDeleteResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The tier removes blocks on request; one that does not (s3, redis,
+	// peer) keeps them until its own eviction.
+	Supported     bool   `protobuf:"varint,2,opt,name=supported,proto3" json:"supported,omitempty"`
+	Removed       uint32 `protobuf:"varint,3,opt,name=removed,proto3" json:"removed,omitempty"`
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierDeleteResult) Reset() {
+	*x = TierDeleteResult{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierDeleteResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierDeleteResult) ProtoMessage() {}
+
+func (x *TierDeleteResult) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierDeleteResult.ProtoReflect.Descriptor instead.
+func (*TierDeleteResult) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TierDeleteResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TierDeleteResult) GetSupported() bool {
+	if x != nil {
+		return x.Supported
+	}
+	return false
+}
+
+func (x *TierDeleteResult) GetRemoved() uint32 {
+	if x != nil {
+		return x.Removed
+	}
+	return 0
+}
+
+func (x *TierDeleteResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type DeleteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Blocks removed from the primary, and blocks left there because
+	// something holds them (an engine's load, a promotion arriving).
+	Primary       uint32              `protobuf:"varint,1,opt,name=primary,proto3" json:"primary,omitempty"`
+	Held          uint32              `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	Tiers         []*TierDeleteResult `protobuf:"bytes,3,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResponse) Reset() {
+	*x = DeleteResponse{}
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResponse) ProtoMessage() {}
+
+func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
+func (*DeleteResponse) Descriptor() ([]byte, []int) {
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DeleteResponse) GetPrimary() uint32 {
+	if x != nil {
+		return x.Primary
+	}
+	return 0
+}
+
+func (x *DeleteResponse) GetHeld() uint32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *DeleteResponse) GetTiers() []*TierDeleteResult {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
 // LookupResponse carries one result per key.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1585,7 +1786,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1798,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[15]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1811,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{15}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LookupResponse) GetResults() []LookupResult {
@@ -1661,7 +1862,7 @@ type PrepareLoadRequest struct {
 
 func (x *PrepareLoadRequest) Reset() {
 	*x = PrepareLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1874,7 @@ func (x *PrepareLoadRequest) String() string {
 func (*PrepareLoadRequest) ProtoMessage() {}
 
 func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[16]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1887,7 @@ func (x *PrepareLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadRequest.ProtoReflect.Descriptor instead.
 func (*PrepareLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{16}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PrepareLoadRequest) GetNamespace() string {
@@ -1745,7 +1946,7 @@ type PrepareLoadResponse struct {
 
 func (x *PrepareLoadResponse) Reset() {
 	*x = PrepareLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1958,7 @@ func (x *PrepareLoadResponse) String() string {
 func (*PrepareLoadResponse) ProtoMessage() {}
 
 func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[17]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1971,7 @@ func (x *PrepareLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareLoadResponse.ProtoReflect.Descriptor instead.
 func (*PrepareLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{17}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PrepareLoadResponse) GetSlots() []int64 {
@@ -1805,7 +2006,7 @@ type CompleteLoadRequest struct {
 
 func (x *CompleteLoadRequest) Reset() {
 	*x = CompleteLoadRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +2018,7 @@ func (x *CompleteLoadRequest) String() string {
 func (*CompleteLoadRequest) ProtoMessage() {}
 
 func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[18]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +2031,7 @@ func (x *CompleteLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{18}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CompleteLoadRequest) GetNamespace() string {
@@ -1877,7 +2078,7 @@ type CompleteLoadResponse struct {
 
 func (x *CompleteLoadResponse) Reset() {
 	*x = CompleteLoadResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2090,7 @@ func (x *CompleteLoadResponse) String() string {
 func (*CompleteLoadResponse) ProtoMessage() {}
 
 func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[19]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2103,7 @@ func (x *CompleteLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteLoadResponse.ProtoReflect.Descriptor instead.
 func (*CompleteLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{19}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
 }
 
 // TouchRequest refreshes the recency of keys.
@@ -1923,7 +2124,7 @@ type TouchRequest struct {
 
 func (x *TouchRequest) Reset() {
 	*x = TouchRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2136,7 @@ func (x *TouchRequest) String() string {
 func (*TouchRequest) ProtoMessage() {}
 
 func (x *TouchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[20]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2149,7 @@ func (x *TouchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchRequest.ProtoReflect.Descriptor instead.
 func (*TouchRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{20}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TouchRequest) GetNamespace() string {
@@ -1995,7 +2196,7 @@ type TouchResponse struct {
 
 func (x *TouchResponse) Reset() {
 	*x = TouchResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2208,7 @@ func (x *TouchResponse) String() string {
 func (*TouchResponse) ProtoMessage() {}
 
 func (x *TouchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[21]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2221,7 @@ func (x *TouchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchResponse.ProtoReflect.Descriptor instead.
 func (*TouchResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{21}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
 }
 
 // BlockMetadata describes the tokens of one stored block so that published
@@ -2047,7 +2248,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2260,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[22]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2273,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{22}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BlockMetadata) GetBlockHashes() [][]byte {
@@ -2152,7 +2353,7 @@ type PrepareStoreRequest struct {
 
 func (x *PrepareStoreRequest) Reset() {
 	*x = PrepareStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2365,7 @@ func (x *PrepareStoreRequest) String() string {
 func (*PrepareStoreRequest) ProtoMessage() {}
 
 func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[23]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2378,7 @@ func (x *PrepareStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreRequest.ProtoReflect.Descriptor instead.
 func (*PrepareStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{23}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PrepareStoreRequest) GetNamespace() string {
@@ -2240,7 +2441,7 @@ type PrepareStoreResponse struct {
 
 func (x *PrepareStoreResponse) Reset() {
 	*x = PrepareStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2453,7 @@ func (x *PrepareStoreResponse) String() string {
 func (*PrepareStoreResponse) ProtoMessage() {}
 
 func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[24]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2466,7 @@ func (x *PrepareStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStoreResponse.ProtoReflect.Descriptor instead.
 func (*PrepareStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{24}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PrepareStoreResponse) GetOk() bool {
@@ -2317,7 +2518,7 @@ type CompleteStoreRequest struct {
 
 func (x *CompleteStoreRequest) Reset() {
 	*x = CompleteStoreRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2530,7 @@ func (x *CompleteStoreRequest) String() string {
 func (*CompleteStoreRequest) ProtoMessage() {}
 
 func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[25]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2543,7 @@ func (x *CompleteStoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreRequest.ProtoReflect.Descriptor instead.
 func (*CompleteStoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{25}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CompleteStoreRequest) GetNamespace() string {
@@ -2396,7 +2597,7 @@ type CompleteStoreResponse struct {
 
 func (x *CompleteStoreResponse) Reset() {
 	*x = CompleteStoreResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2609,7 @@ func (x *CompleteStoreResponse) String() string {
 func (*CompleteStoreResponse) ProtoMessage() {}
 
 func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[26]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2622,7 @@ func (x *CompleteStoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteStoreResponse.ProtoReflect.Descriptor instead.
 func (*CompleteStoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{26}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
 }
 
 // FinishRequestRequest ends a request.
@@ -2435,7 +2636,7 @@ type FinishRequestRequest struct {
 
 func (x *FinishRequestRequest) Reset() {
 	*x = FinishRequestRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2648,7 @@ func (x *FinishRequestRequest) String() string {
 func (*FinishRequestRequest) ProtoMessage() {}
 
 func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[27]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2661,7 @@ func (x *FinishRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestRequest.ProtoReflect.Descriptor instead.
 func (*FinishRequestRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{27}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FinishRequestRequest) GetNamespace() string {
@@ -2486,7 +2687,7 @@ type FinishRequestResponse struct {
 
 func (x *FinishRequestResponse) Reset() {
 	*x = FinishRequestResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2699,7 @@ func (x *FinishRequestResponse) String() string {
 func (*FinishRequestResponse) ProtoMessage() {}
 
 func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[28]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2712,7 @@ func (x *FinishRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestResponse.ProtoReflect.Descriptor instead.
 func (*FinishRequestResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{28}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
 }
 
 // ScheduleEndRequest ends one engine step.
@@ -2528,7 +2729,7 @@ type ScheduleEndRequest struct {
 
 func (x *ScheduleEndRequest) Reset() {
 	*x = ScheduleEndRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2741,7 @@ func (x *ScheduleEndRequest) String() string {
 func (*ScheduleEndRequest) ProtoMessage() {}
 
 func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[29]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2754,7 @@ func (x *ScheduleEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndRequest.ProtoReflect.Descriptor instead.
 func (*ScheduleEndRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{29}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ScheduleEndRequest) GetNamespace() string {
@@ -2590,7 +2791,7 @@ type ScheduleEndResponse struct {
 
 func (x *ScheduleEndResponse) Reset() {
 	*x = ScheduleEndResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2803,7 @@ func (x *ScheduleEndResponse) String() string {
 func (*ScheduleEndResponse) ProtoMessage() {}
 
 func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[30]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2816,7 @@ func (x *ScheduleEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduleEndResponse.ProtoReflect.Descriptor instead.
 func (*ScheduleEndResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{30}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ScheduleEndResponse) GetHasPendingWork() bool {
@@ -2642,7 +2843,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2855,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[31]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,7 +2868,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{31}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResetRequest) GetNamespace() string {
@@ -2686,7 +2887,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2698,7 +2899,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[32]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2711,7 +2912,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{32}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
 }
 
 // StatsRequest asks for counters.
@@ -2724,7 +2925,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2937,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[33]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2950,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{33}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatsRequest) GetNamespace() string {
@@ -2787,7 +2988,7 @@ type PrimaryStats struct {
 
 func (x *PrimaryStats) Reset() {
 	*x = PrimaryStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +3000,7 @@ func (x *PrimaryStats) String() string {
 func (*PrimaryStats) ProtoMessage() {}
 
 func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[34]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +3013,7 @@ func (x *PrimaryStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrimaryStats.ProtoReflect.Descriptor instead.
 func (*PrimaryStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{34}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PrimaryStats) GetSlotSize() int64 {
@@ -2962,7 +3163,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3175,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[35]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3188,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{35}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TierStats) GetName() string {
@@ -3233,7 +3434,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3446,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[36]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3459,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{36}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatsResponse) GetNamespace() string {
@@ -3392,7 +3593,7 @@ type TenantStats struct {
 
 func (x *TenantStats) Reset() {
 	*x = TenantStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3404,7 +3605,7 @@ func (x *TenantStats) String() string {
 func (*TenantStats) ProtoMessage() {}
 
 func (x *TenantStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[37]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3417,7 +3618,7 @@ func (x *TenantStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStats.ProtoReflect.Descriptor instead.
 func (*TenantStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{37}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TenantStats) GetName() string {
@@ -3510,7 +3711,7 @@ type TenantTierStats struct {
 
 func (x *TenantTierStats) Reset() {
 	*x = TenantTierStats{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3723,7 @@ func (x *TenantTierStats) String() string {
 func (*TenantTierStats) ProtoMessage() {}
 
 func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[38]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3736,7 @@ func (x *TenantTierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantTierStats.ProtoReflect.Descriptor instead.
 func (*TenantTierStats) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{38}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TenantTierStats) GetTier() string {
@@ -3571,7 +3772,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3583,7 +3784,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[39]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3596,7 +3797,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{39}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExplainRequest) GetNamespace() string {
@@ -3634,7 +3835,7 @@ type TierDecision struct {
 
 func (x *TierDecision) Reset() {
 	*x = TierDecision{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3646,7 +3847,7 @@ func (x *TierDecision) String() string {
 func (*TierDecision) ProtoMessage() {}
 
 func (x *TierDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[40]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3659,7 +3860,7 @@ func (x *TierDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDecision.ProtoReflect.Descriptor instead.
 func (*TierDecision) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{40}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TierDecision) GetName() string {
@@ -3739,7 +3940,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3751,7 +3952,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[41]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3764,7 +3965,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{41}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExplainResponse) GetLoadFilter() *TierFilter {
@@ -3836,7 +4037,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +4049,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[42]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +4062,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{42}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Block) GetKey() []byte {
@@ -3895,7 +4096,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3907,7 +4108,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[43]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3920,7 +4121,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{43}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PutBlocksRequest) GetNamespace() string {
@@ -3964,7 +4165,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3976,7 +4177,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[44]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3989,7 +4190,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{44}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PutBlocksResponse) GetStatuses() []PutStatus {
@@ -4034,7 +4235,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4046,7 +4247,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[45]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4059,7 +4260,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{45}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetBlocksRequest) GetNamespace() string {
@@ -4128,7 +4329,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4140,7 +4341,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[46]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4153,7 +4354,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{46}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetBlocksResponse) GetBlocks() []*Block {
@@ -4198,7 +4399,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4210,7 +4411,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[47]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4223,7 +4424,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{47}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListBlocksRequest) GetNamespace() string {
@@ -4274,7 +4475,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4286,7 +4487,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[48]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4299,7 +4500,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{48}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListBlocksResponse) GetKeys() [][]byte {
@@ -4361,7 +4562,7 @@ type GetArenaRequest struct {
 
 func (x *GetArenaRequest) Reset() {
 	*x = GetArenaRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4373,7 +4574,7 @@ func (x *GetArenaRequest) String() string {
 func (*GetArenaRequest) ProtoMessage() {}
 
 func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[49]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4386,7 +4587,7 @@ func (x *GetArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaRequest.ProtoReflect.Descriptor instead.
 func (*GetArenaRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{49}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetArenaRequest) GetNamespace() string {
@@ -4425,7 +4626,7 @@ type GetArenaResponse struct {
 
 func (x *GetArenaResponse) Reset() {
 	*x = GetArenaResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4437,7 +4638,7 @@ func (x *GetArenaResponse) String() string {
 func (*GetArenaResponse) ProtoMessage() {}
 
 func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[50]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4450,7 +4651,7 @@ func (x *GetArenaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetArenaResponse.ProtoReflect.Descriptor instead.
 func (*GetArenaResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{50}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetArenaResponse) GetKind() ArenaKind {
@@ -4518,7 +4719,7 @@ type RegionRegistration struct {
 
 func (x *RegionRegistration) Reset() {
 	*x = RegionRegistration{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4530,7 +4731,7 @@ func (x *RegionRegistration) String() string {
 func (*RegionRegistration) ProtoMessage() {}
 
 func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[51]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4543,7 +4744,7 @@ func (x *RegionRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRegistration.ProtoReflect.Descriptor instead.
 func (*RegionRegistration) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{51}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
 }
 
 type RegionLookupRequest struct {
@@ -4567,7 +4768,7 @@ type RegionLookupRequest struct {
 
 func (x *RegionLookupRequest) Reset() {
 	*x = RegionLookupRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4579,7 +4780,7 @@ func (x *RegionLookupRequest) String() string {
 func (*RegionLookupRequest) ProtoMessage() {}
 
 func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[52]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4592,7 +4793,7 @@ func (x *RegionLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{52}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionLookupRequest) GetRegionId() string {
@@ -4650,7 +4851,7 @@ type RegionLookupResponse struct {
 
 func (x *RegionLookupResponse) Reset() {
 	*x = RegionLookupResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4662,7 +4863,7 @@ func (x *RegionLookupResponse) String() string {
 func (*RegionLookupResponse) ProtoMessage() {}
 
 func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[53]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4675,7 +4876,7 @@ func (x *RegionLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{53}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RegionLookupResponse) GetFound() []byte {
@@ -4703,7 +4904,7 @@ type RegionLookupsRequest struct {
 
 func (x *RegionLookupsRequest) Reset() {
 	*x = RegionLookupsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +4916,7 @@ func (x *RegionLookupsRequest) String() string {
 func (*RegionLookupsRequest) ProtoMessage() {}
 
 func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[54]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +4929,7 @@ func (x *RegionLookupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsRequest.ProtoReflect.Descriptor instead.
 func (*RegionLookupsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{54}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegionLookupsRequest) GetRegionId() string {
@@ -4755,7 +4956,7 @@ type RegionLookupsResponse struct {
 
 func (x *RegionLookupsResponse) Reset() {
 	*x = RegionLookupsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4767,7 +4968,7 @@ func (x *RegionLookupsResponse) String() string {
 func (*RegionLookupsResponse) ProtoMessage() {}
 
 func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[55]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4780,7 +4981,7 @@ func (x *RegionLookupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLookupsResponse.ProtoReflect.Descriptor instead.
 func (*RegionLookupsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{55}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RegionLookupsResponse) GetLookups() []*RegionLookupResponse {
@@ -4809,7 +5010,7 @@ type RegionJob struct {
 
 func (x *RegionJob) Reset() {
 	*x = RegionJob{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4821,7 +5022,7 @@ func (x *RegionJob) String() string {
 func (*RegionJob) ProtoMessage() {}
 
 func (x *RegionJob) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[56]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4834,7 +5035,7 @@ func (x *RegionJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJob.ProtoReflect.Descriptor instead.
 func (*RegionJob) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{56}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RegionJob) GetJobId() uint64 {
@@ -4896,7 +5097,7 @@ type RegionSubmitRequest struct {
 
 func (x *RegionSubmitRequest) Reset() {
 	*x = RegionSubmitRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4908,7 +5109,7 @@ func (x *RegionSubmitRequest) String() string {
 func (*RegionSubmitRequest) ProtoMessage() {}
 
 func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[57]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4921,7 +5122,7 @@ func (x *RegionSubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitRequest.ProtoReflect.Descriptor instead.
 func (*RegionSubmitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{57}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RegionSubmitRequest) GetRegionId() string {
@@ -4946,7 +5147,7 @@ type RegionSubmitResponse struct {
 
 func (x *RegionSubmitResponse) Reset() {
 	*x = RegionSubmitResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5159,7 @@ func (x *RegionSubmitResponse) String() string {
 func (*RegionSubmitResponse) ProtoMessage() {}
 
 func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[58]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5172,7 @@ func (x *RegionSubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSubmitResponse.ProtoReflect.Descriptor instead.
 func (*RegionSubmitResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{58}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
 }
 
 type RegionResultsRequest struct {
@@ -4983,7 +5184,7 @@ type RegionResultsRequest struct {
 
 func (x *RegionResultsRequest) Reset() {
 	*x = RegionResultsRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4995,7 +5196,7 @@ func (x *RegionResultsRequest) String() string {
 func (*RegionResultsRequest) ProtoMessage() {}
 
 func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[59]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5008,7 +5209,7 @@ func (x *RegionResultsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsRequest.ProtoReflect.Descriptor instead.
 func (*RegionResultsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{59}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RegionResultsRequest) GetRegionId() string {
@@ -5031,7 +5232,7 @@ type RegionJobResult struct {
 
 func (x *RegionJobResult) Reset() {
 	*x = RegionJobResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5043,7 +5244,7 @@ func (x *RegionJobResult) String() string {
 func (*RegionJobResult) ProtoMessage() {}
 
 func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[60]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5056,7 +5257,7 @@ func (x *RegionJobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionJobResult.ProtoReflect.Descriptor instead.
 func (*RegionJobResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{60}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RegionJobResult) GetJobId() uint64 {
@@ -5089,7 +5290,7 @@ type RegionResultsResponse struct {
 
 func (x *RegionResultsResponse) Reset() {
 	*x = RegionResultsResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5101,7 +5302,7 @@ func (x *RegionResultsResponse) String() string {
 func (*RegionResultsResponse) ProtoMessage() {}
 
 func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[61]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5114,7 +5315,7 @@ func (x *RegionResultsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionResultsResponse.ProtoReflect.Descriptor instead.
 func (*RegionResultsResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{61}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RegionResultsResponse) GetResults() []*RegionJobResult {
@@ -5135,7 +5336,7 @@ type RegionTouch struct {
 
 func (x *RegionTouch) Reset() {
 	*x = RegionTouch{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5147,7 +5348,7 @@ func (x *RegionTouch) String() string {
 func (*RegionTouch) ProtoMessage() {}
 
 func (x *RegionTouch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[62]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5160,7 +5361,7 @@ func (x *RegionTouch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionTouch.ProtoReflect.Descriptor instead.
 func (*RegionTouch) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{62}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RegionTouch) GetRequestId() string {
@@ -5195,7 +5396,7 @@ type RegionStepRequest struct {
 
 func (x *RegionStepRequest) Reset() {
 	*x = RegionStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5207,7 +5408,7 @@ func (x *RegionStepRequest) String() string {
 func (*RegionStepRequest) ProtoMessage() {}
 
 func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[63]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5220,7 +5421,7 @@ func (x *RegionStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepRequest.ProtoReflect.Descriptor instead.
 func (*RegionStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{63}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RegionStepRequest) GetRegionId() string {
@@ -5259,7 +5460,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5271,7 +5472,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[64]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5284,7 +5485,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{64}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RegionEvent) GetPackedKeys() []byte {
@@ -5338,7 +5539,7 @@ type RegionStepResponse struct {
 
 func (x *RegionStepResponse) Reset() {
 	*x = RegionStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5350,7 +5551,7 @@ func (x *RegionStepResponse) String() string {
 func (*RegionStepResponse) ProtoMessage() {}
 
 func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[65]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5363,7 +5564,7 @@ func (x *RegionStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStepResponse.ProtoReflect.Descriptor instead.
 func (*RegionStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{65}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RegionStepResponse) GetEvents() []*RegionEvent {
@@ -5383,7 +5584,7 @@ type RegionDrainRequest struct {
 
 func (x *RegionDrainRequest) Reset() {
 	*x = RegionDrainRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5395,7 +5596,7 @@ func (x *RegionDrainRequest) String() string {
 func (*RegionDrainRequest) ProtoMessage() {}
 
 func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[66]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5408,7 +5609,7 @@ func (x *RegionDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainRequest.ProtoReflect.Descriptor instead.
 func (*RegionDrainRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{66}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RegionDrainRequest) GetRegionId() string {
@@ -5433,7 +5634,7 @@ type RegionDrainResponse struct {
 
 func (x *RegionDrainResponse) Reset() {
 	*x = RegionDrainResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5445,7 +5646,7 @@ func (x *RegionDrainResponse) String() string {
 func (*RegionDrainResponse) ProtoMessage() {}
 
 func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[67]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5458,7 +5659,7 @@ func (x *RegionDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionDrainResponse.ProtoReflect.Descriptor instead.
 func (*RegionDrainResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{67}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
 }
 
 type EngineAttachRequest struct {
@@ -5472,7 +5673,7 @@ type EngineAttachRequest struct {
 
 func (x *EngineAttachRequest) Reset() {
 	*x = EngineAttachRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5484,7 +5685,7 @@ func (x *EngineAttachRequest) String() string {
 func (*EngineAttachRequest) ProtoMessage() {}
 
 func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[68]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5497,7 +5698,7 @@ func (x *EngineAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachRequest.ProtoReflect.Descriptor instead.
 func (*EngineAttachRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{68}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EngineAttachRequest) GetLayout() string {
@@ -5525,7 +5726,7 @@ type EngineAttachResponse struct {
 
 func (x *EngineAttachResponse) Reset() {
 	*x = EngineAttachResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5537,7 +5738,7 @@ func (x *EngineAttachResponse) String() string {
 func (*EngineAttachResponse) ProtoMessage() {}
 
 func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[69]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5550,7 +5751,7 @@ func (x *EngineAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineAttachResponse.ProtoReflect.Descriptor instead.
 func (*EngineAttachResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{69}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *EngineAttachResponse) GetNamespace() string {
@@ -5598,7 +5799,7 @@ type EngineNewRequest struct {
 
 func (x *EngineNewRequest) Reset() {
 	*x = EngineNewRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5610,7 +5811,7 @@ func (x *EngineNewRequest) String() string {
 func (*EngineNewRequest) ProtoMessage() {}
 
 func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[70]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5623,7 +5824,7 @@ func (x *EngineNewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineNewRequest.ProtoReflect.Descriptor instead.
 func (*EngineNewRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{70}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *EngineNewRequest) GetRequestId() string {
@@ -5652,7 +5853,7 @@ type EngineKeys struct {
 
 func (x *EngineKeys) Reset() {
 	*x = EngineKeys{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5664,7 +5865,7 @@ func (x *EngineKeys) String() string {
 func (*EngineKeys) ProtoMessage() {}
 
 func (x *EngineKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[71]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5677,7 +5878,7 @@ func (x *EngineKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKeys.ProtoReflect.Descriptor instead.
 func (*EngineKeys) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{71}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *EngineKeys) GetRequestId() string {
@@ -5716,7 +5917,7 @@ type EngineStore struct {
 
 func (x *EngineStore) Reset() {
 	*x = EngineStore{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5728,7 +5929,7 @@ func (x *EngineStore) String() string {
 func (*EngineStore) ProtoMessage() {}
 
 func (x *EngineStore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[72]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5741,7 +5942,7 @@ func (x *EngineStore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStore.ProtoReflect.Descriptor instead.
 func (*EngineStore) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{72}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *EngineStore) GetRequestId() string {
@@ -5813,7 +6014,7 @@ type EngineStepRequest struct {
 
 func (x *EngineStepRequest) Reset() {
 	*x = EngineStepRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5825,7 +6026,7 @@ func (x *EngineStepRequest) String() string {
 func (*EngineStepRequest) ProtoMessage() {}
 
 func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[73]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5838,7 +6039,7 @@ func (x *EngineStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepRequest.ProtoReflect.Descriptor instead.
 func (*EngineStepRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{73}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *EngineStepRequest) GetNamespace() string {
@@ -5960,7 +6161,7 @@ type EngineReserveRequest struct {
 
 func (x *EngineReserveRequest) Reset() {
 	*x = EngineReserveRequest{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5972,7 +6173,7 @@ func (x *EngineReserveRequest) String() string {
 func (*EngineReserveRequest) ProtoMessage() {}
 
 func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[74]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5985,7 +6186,7 @@ func (x *EngineReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveRequest.ProtoReflect.Descriptor instead.
 func (*EngineReserveRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{74}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EngineReserveRequest) GetNamespace() string {
@@ -6043,7 +6244,7 @@ type EngineReserveResponse struct {
 
 func (x *EngineReserveResponse) Reset() {
 	*x = EngineReserveResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6055,7 +6256,7 @@ func (x *EngineReserveResponse) String() string {
 func (*EngineReserveResponse) ProtoMessage() {}
 
 func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[75]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6068,7 +6269,7 @@ func (x *EngineReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReserveResponse.ProtoReflect.Descriptor instead.
 func (*EngineReserveResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{75}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *EngineReserveResponse) GetFound() []byte {
@@ -6098,7 +6299,7 @@ type EngineLookupResult struct {
 
 func (x *EngineLookupResult) Reset() {
 	*x = EngineLookupResult{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6110,7 +6311,7 @@ func (x *EngineLookupResult) String() string {
 func (*EngineLookupResult) ProtoMessage() {}
 
 func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[76]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6123,7 +6324,7 @@ func (x *EngineLookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineLookupResult.ProtoReflect.Descriptor instead.
 func (*EngineLookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{76}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *EngineLookupResult) GetRequestId() string {
@@ -6162,7 +6363,7 @@ type EngineStepResponse struct {
 
 func (x *EngineStepResponse) Reset() {
 	*x = EngineStepResponse{}
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6174,7 +6375,7 @@ func (x *EngineStepResponse) String() string {
 func (*EngineStepResponse) ProtoMessage() {}
 
 func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_v1_kvtier_proto_msgTypes[77]
+	mi := &file_kvtier_v1_kvtier_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6187,7 +6388,7 @@ func (x *EngineStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStepResponse.ProtoReflect.Descriptor instead.
 func (*EngineStepResponse) Descriptor() ([]byte, []int) {
-	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{77}
+	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *EngineStepResponse) GetLookups() []*EngineLookupResult {
@@ -6313,7 +6514,22 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"packedKeys\x12\x19\n" +
 	"\bkey_size\x18\x04 \x01(\rR\akeySize\"+\n" +
 	"\rUnpinResponse\x12\x1a\n" +
-	"\bunpinned\x18\x01 \x01(\rR\bunpinned\"q\n" +
+	"\bunpinned\x18\x01 \x01(\rR\bunpinned\"}\n" +
+	"\rDeleteRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
+	"\vpacked_keys\x18\x03 \x01(\fR\n" +
+	"packedKeys\x12\x19\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\"t\n" +
+	"\x10TierDeleteResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tsupported\x18\x02 \x01(\bR\tsupported\x12\x18\n" +
+	"\aremoved\x18\x03 \x01(\rR\aremoved\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"q\n" +
+	"\x0eDeleteResponse\x12\x18\n" +
+	"\aprimary\x18\x01 \x01(\rR\aprimary\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\rR\x04held\x121\n" +
+	"\x05tiers\x18\x03 \x03(\v2\x1b.kvtier.v1.TierDeleteResultR\x05tiers\"q\n" +
 	"\x0eLookupResponse\x121\n" +
 	"\aresults\x18\x01 \x03(\x0e2\x17.kvtier.v1.LookupResultR\aresults\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\rR\x04hits\x12\x18\n" +
@@ -6727,7 +6943,7 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\vRegionFound\x12\x18\n" +
 	"\x14REGION_FOUND_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11REGION_FOUND_MISS\x10\x01\x12\x14\n" +
-	"\x10REGION_FOUND_HIT\x10\x022\xe2\x10\n" +
+	"\x10REGION_FOUND_HIT\x10\x022\xa1\x11\n" +
 	"\x06KVTier\x12I\n" +
 	"\n" +
 	"NewRequest\x12\x1c.kvtier.v1.NewRequestRequest\x1a\x1d.kvtier.v1.NewRequestResponse\x12=\n" +
@@ -6735,7 +6951,8 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\tResidency\x12\x1b.kvtier.v1.ResidencyRequest\x1a\x1c.kvtier.v1.ResidencyResponse\x12C\n" +
 	"\bPrefetch\x12\x1a.kvtier.v1.PrefetchRequest\x1a\x1b.kvtier.v1.PrefetchResponse\x124\n" +
 	"\x03Pin\x12\x15.kvtier.v1.PinRequest\x1a\x16.kvtier.v1.PinResponse\x12:\n" +
-	"\x05Unpin\x12\x17.kvtier.v1.UnpinRequest\x1a\x18.kvtier.v1.UnpinResponse\x12L\n" +
+	"\x05Unpin\x12\x17.kvtier.v1.UnpinRequest\x1a\x18.kvtier.v1.UnpinResponse\x12=\n" +
+	"\x06Delete\x12\x18.kvtier.v1.DeleteRequest\x1a\x19.kvtier.v1.DeleteResponse\x12L\n" +
 	"\vPrepareLoad\x12\x1d.kvtier.v1.PrepareLoadRequest\x1a\x1e.kvtier.v1.PrepareLoadResponse\x12O\n" +
 	"\fCompleteLoad\x12\x1e.kvtier.v1.CompleteLoadRequest\x1a\x1f.kvtier.v1.CompleteLoadResponse\x12:\n" +
 	"\x05Touch\x12\x17.kvtier.v1.TouchRequest\x1a\x18.kvtier.v1.TouchResponse\x12O\n" +
@@ -6776,7 +6993,7 @@ func file_kvtier_v1_kvtier_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_v1_kvtier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_kvtier_v1_kvtier_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(LookupResult)(0),             // 0: kvtier.v1.LookupResult
 	(OffloadPolicy)(0),            // 1: kvtier.v1.OffloadPolicy
@@ -6800,70 +7017,73 @@ var file_kvtier_v1_kvtier_proto_goTypes = []any{
 	(*PinResponse)(nil),           // 19: kvtier.v1.PinResponse
 	(*UnpinRequest)(nil),          // 20: kvtier.v1.UnpinRequest
 	(*UnpinResponse)(nil),         // 21: kvtier.v1.UnpinResponse
-	(*LookupResponse)(nil),        // 22: kvtier.v1.LookupResponse
-	(*PrepareLoadRequest)(nil),    // 23: kvtier.v1.PrepareLoadRequest
-	(*PrepareLoadResponse)(nil),   // 24: kvtier.v1.PrepareLoadResponse
-	(*CompleteLoadRequest)(nil),   // 25: kvtier.v1.CompleteLoadRequest
-	(*CompleteLoadResponse)(nil),  // 26: kvtier.v1.CompleteLoadResponse
-	(*TouchRequest)(nil),          // 27: kvtier.v1.TouchRequest
-	(*TouchResponse)(nil),         // 28: kvtier.v1.TouchResponse
-	(*BlockMetadata)(nil),         // 29: kvtier.v1.BlockMetadata
-	(*PrepareStoreRequest)(nil),   // 30: kvtier.v1.PrepareStoreRequest
-	(*PrepareStoreResponse)(nil),  // 31: kvtier.v1.PrepareStoreResponse
-	(*CompleteStoreRequest)(nil),  // 32: kvtier.v1.CompleteStoreRequest
-	(*CompleteStoreResponse)(nil), // 33: kvtier.v1.CompleteStoreResponse
-	(*FinishRequestRequest)(nil),  // 34: kvtier.v1.FinishRequestRequest
-	(*FinishRequestResponse)(nil), // 35: kvtier.v1.FinishRequestResponse
-	(*ScheduleEndRequest)(nil),    // 36: kvtier.v1.ScheduleEndRequest
-	(*ScheduleEndResponse)(nil),   // 37: kvtier.v1.ScheduleEndResponse
-	(*ResetRequest)(nil),          // 38: kvtier.v1.ResetRequest
-	(*ResetResponse)(nil),         // 39: kvtier.v1.ResetResponse
-	(*StatsRequest)(nil),          // 40: kvtier.v1.StatsRequest
-	(*PrimaryStats)(nil),          // 41: kvtier.v1.PrimaryStats
-	(*TierStats)(nil),             // 42: kvtier.v1.TierStats
-	(*StatsResponse)(nil),         // 43: kvtier.v1.StatsResponse
-	(*TenantStats)(nil),           // 44: kvtier.v1.TenantStats
-	(*TenantTierStats)(nil),       // 45: kvtier.v1.TenantTierStats
-	(*ExplainRequest)(nil),        // 46: kvtier.v1.ExplainRequest
-	(*TierDecision)(nil),          // 47: kvtier.v1.TierDecision
-	(*ExplainResponse)(nil),       // 48: kvtier.v1.ExplainResponse
-	(*Block)(nil),                 // 49: kvtier.v1.Block
-	(*PutBlocksRequest)(nil),      // 50: kvtier.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 51: kvtier.v1.PutBlocksResponse
-	(*GetBlocksRequest)(nil),      // 52: kvtier.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 53: kvtier.v1.GetBlocksResponse
-	(*ListBlocksRequest)(nil),     // 54: kvtier.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 55: kvtier.v1.ListBlocksResponse
-	(*GetArenaRequest)(nil),       // 56: kvtier.v1.GetArenaRequest
-	(*GetArenaResponse)(nil),      // 57: kvtier.v1.GetArenaResponse
-	(*RegionRegistration)(nil),    // 58: kvtier.v1.RegionRegistration
-	(*RegionLookupRequest)(nil),   // 59: kvtier.v1.RegionLookupRequest
-	(*RegionLookupResponse)(nil),  // 60: kvtier.v1.RegionLookupResponse
-	(*RegionLookupsRequest)(nil),  // 61: kvtier.v1.RegionLookupsRequest
-	(*RegionLookupsResponse)(nil), // 62: kvtier.v1.RegionLookupsResponse
-	(*RegionJob)(nil),             // 63: kvtier.v1.RegionJob
-	(*RegionSubmitRequest)(nil),   // 64: kvtier.v1.RegionSubmitRequest
-	(*RegionSubmitResponse)(nil),  // 65: kvtier.v1.RegionSubmitResponse
-	(*RegionResultsRequest)(nil),  // 66: kvtier.v1.RegionResultsRequest
-	(*RegionJobResult)(nil),       // 67: kvtier.v1.RegionJobResult
-	(*RegionResultsResponse)(nil), // 68: kvtier.v1.RegionResultsResponse
-	(*RegionTouch)(nil),           // 69: kvtier.v1.RegionTouch
-	(*RegionStepRequest)(nil),     // 70: kvtier.v1.RegionStepRequest
-	(*RegionEvent)(nil),           // 71: kvtier.v1.RegionEvent
-	(*RegionStepResponse)(nil),    // 72: kvtier.v1.RegionStepResponse
-	(*RegionDrainRequest)(nil),    // 73: kvtier.v1.RegionDrainRequest
-	(*RegionDrainResponse)(nil),   // 74: kvtier.v1.RegionDrainResponse
-	(*EngineAttachRequest)(nil),   // 75: kvtier.v1.EngineAttachRequest
-	(*EngineAttachResponse)(nil),  // 76: kvtier.v1.EngineAttachResponse
-	(*EngineNewRequest)(nil),      // 77: kvtier.v1.EngineNewRequest
-	(*EngineKeys)(nil),            // 78: kvtier.v1.EngineKeys
-	(*EngineStore)(nil),           // 79: kvtier.v1.EngineStore
-	(*EngineStepRequest)(nil),     // 80: kvtier.v1.EngineStepRequest
-	(*EngineReserveRequest)(nil),  // 81: kvtier.v1.EngineReserveRequest
-	(*EngineReserveResponse)(nil), // 82: kvtier.v1.EngineReserveResponse
-	(*EngineLookupResult)(nil),    // 83: kvtier.v1.EngineLookupResult
-	(*EngineStepResponse)(nil),    // 84: kvtier.v1.EngineStepResponse
-	nil,                           // 85: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	(*DeleteRequest)(nil),         // 22: kvtier.v1.DeleteRequest
+	(*TierDeleteResult)(nil),      // 23: kvtier.v1.TierDeleteResult
+	(*DeleteResponse)(nil),        // 24: kvtier.v1.DeleteResponse
+	(*LookupResponse)(nil),        // 25: kvtier.v1.LookupResponse
+	(*PrepareLoadRequest)(nil),    // 26: kvtier.v1.PrepareLoadRequest
+	(*PrepareLoadResponse)(nil),   // 27: kvtier.v1.PrepareLoadResponse
+	(*CompleteLoadRequest)(nil),   // 28: kvtier.v1.CompleteLoadRequest
+	(*CompleteLoadResponse)(nil),  // 29: kvtier.v1.CompleteLoadResponse
+	(*TouchRequest)(nil),          // 30: kvtier.v1.TouchRequest
+	(*TouchResponse)(nil),         // 31: kvtier.v1.TouchResponse
+	(*BlockMetadata)(nil),         // 32: kvtier.v1.BlockMetadata
+	(*PrepareStoreRequest)(nil),   // 33: kvtier.v1.PrepareStoreRequest
+	(*PrepareStoreResponse)(nil),  // 34: kvtier.v1.PrepareStoreResponse
+	(*CompleteStoreRequest)(nil),  // 35: kvtier.v1.CompleteStoreRequest
+	(*CompleteStoreResponse)(nil), // 36: kvtier.v1.CompleteStoreResponse
+	(*FinishRequestRequest)(nil),  // 37: kvtier.v1.FinishRequestRequest
+	(*FinishRequestResponse)(nil), // 38: kvtier.v1.FinishRequestResponse
+	(*ScheduleEndRequest)(nil),    // 39: kvtier.v1.ScheduleEndRequest
+	(*ScheduleEndResponse)(nil),   // 40: kvtier.v1.ScheduleEndResponse
+	(*ResetRequest)(nil),          // 41: kvtier.v1.ResetRequest
+	(*ResetResponse)(nil),         // 42: kvtier.v1.ResetResponse
+	(*StatsRequest)(nil),          // 43: kvtier.v1.StatsRequest
+	(*PrimaryStats)(nil),          // 44: kvtier.v1.PrimaryStats
+	(*TierStats)(nil),             // 45: kvtier.v1.TierStats
+	(*StatsResponse)(nil),         // 46: kvtier.v1.StatsResponse
+	(*TenantStats)(nil),           // 47: kvtier.v1.TenantStats
+	(*TenantTierStats)(nil),       // 48: kvtier.v1.TenantTierStats
+	(*ExplainRequest)(nil),        // 49: kvtier.v1.ExplainRequest
+	(*TierDecision)(nil),          // 50: kvtier.v1.TierDecision
+	(*ExplainResponse)(nil),       // 51: kvtier.v1.ExplainResponse
+	(*Block)(nil),                 // 52: kvtier.v1.Block
+	(*PutBlocksRequest)(nil),      // 53: kvtier.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 54: kvtier.v1.PutBlocksResponse
+	(*GetBlocksRequest)(nil),      // 55: kvtier.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 56: kvtier.v1.GetBlocksResponse
+	(*ListBlocksRequest)(nil),     // 57: kvtier.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),    // 58: kvtier.v1.ListBlocksResponse
+	(*GetArenaRequest)(nil),       // 59: kvtier.v1.GetArenaRequest
+	(*GetArenaResponse)(nil),      // 60: kvtier.v1.GetArenaResponse
+	(*RegionRegistration)(nil),    // 61: kvtier.v1.RegionRegistration
+	(*RegionLookupRequest)(nil),   // 62: kvtier.v1.RegionLookupRequest
+	(*RegionLookupResponse)(nil),  // 63: kvtier.v1.RegionLookupResponse
+	(*RegionLookupsRequest)(nil),  // 64: kvtier.v1.RegionLookupsRequest
+	(*RegionLookupsResponse)(nil), // 65: kvtier.v1.RegionLookupsResponse
+	(*RegionJob)(nil),             // 66: kvtier.v1.RegionJob
+	(*RegionSubmitRequest)(nil),   // 67: kvtier.v1.RegionSubmitRequest
+	(*RegionSubmitResponse)(nil),  // 68: kvtier.v1.RegionSubmitResponse
+	(*RegionResultsRequest)(nil),  // 69: kvtier.v1.RegionResultsRequest
+	(*RegionJobResult)(nil),       // 70: kvtier.v1.RegionJobResult
+	(*RegionResultsResponse)(nil), // 71: kvtier.v1.RegionResultsResponse
+	(*RegionTouch)(nil),           // 72: kvtier.v1.RegionTouch
+	(*RegionStepRequest)(nil),     // 73: kvtier.v1.RegionStepRequest
+	(*RegionEvent)(nil),           // 74: kvtier.v1.RegionEvent
+	(*RegionStepResponse)(nil),    // 75: kvtier.v1.RegionStepResponse
+	(*RegionDrainRequest)(nil),    // 76: kvtier.v1.RegionDrainRequest
+	(*RegionDrainResponse)(nil),   // 77: kvtier.v1.RegionDrainResponse
+	(*EngineAttachRequest)(nil),   // 78: kvtier.v1.EngineAttachRequest
+	(*EngineAttachResponse)(nil),  // 79: kvtier.v1.EngineAttachResponse
+	(*EngineNewRequest)(nil),      // 80: kvtier.v1.EngineNewRequest
+	(*EngineKeys)(nil),            // 81: kvtier.v1.EngineKeys
+	(*EngineStore)(nil),           // 82: kvtier.v1.EngineStore
+	(*EngineStepRequest)(nil),     // 83: kvtier.v1.EngineStepRequest
+	(*EngineReserveRequest)(nil),  // 84: kvtier.v1.EngineReserveRequest
+	(*EngineReserveResponse)(nil), // 85: kvtier.v1.EngineReserveResponse
+	(*EngineLookupResult)(nil),    // 86: kvtier.v1.EngineLookupResult
+	(*EngineStepResponse)(nil),    // 87: kvtier.v1.EngineStepResponse
+	nil,                           // 88: kvtier.v1.TierStats.CascadesDroppedByReasonEntry
 }
 var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	2,  // 0: kvtier.v1.TierMatcher.medium:type_name -> kvtier.v1.Medium
@@ -6878,104 +7098,107 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	14, // 9: kvtier.v1.ResidencyResponse.tiers:type_name -> kvtier.v1.TierResidency
 	9,  // 10: kvtier.v1.ResidencyResponse.warnings:type_name -> kvtier.v1.FilterWarning
 	9,  // 11: kvtier.v1.PrefetchResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	0,  // 12: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
-	29, // 13: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
-	2,  // 14: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
-	3,  // 15: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
-	85, // 16: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
-	41, // 17: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
-	42, // 18: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
-	44, // 19: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
-	45, // 20: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
-	2,  // 21: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
-	3,  // 22: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
-	8,  // 23: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
-	8,  // 24: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
-	9,  // 25: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
-	47, // 26: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	49, // 27: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 28: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	49, // 29: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 30: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 31: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	59, // 32: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
-	60, // 33: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
-	63, // 34: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	67, // 35: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	69, // 36: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 37: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 38: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	71, // 39: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	77, // 40: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	78, // 41: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	79, // 42: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	78, // 43: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	78, // 44: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	83, // 45: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	71, // 46: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 47: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 48: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	13, // 49: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
-	16, // 50: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
-	18, // 51: kvtier.v1.KVTier.Pin:input_type -> kvtier.v1.PinRequest
-	20, // 52: kvtier.v1.KVTier.Unpin:input_type -> kvtier.v1.UnpinRequest
-	23, // 53: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	25, // 54: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	27, // 55: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	30, // 56: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	32, // 57: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	34, // 58: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	36, // 59: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	38, // 60: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	40, // 61: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	46, // 62: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	50, // 63: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	52, // 64: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	56, // 65: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	54, // 66: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	59, // 67: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	61, // 68: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
-	64, // 69: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	66, // 70: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	70, // 71: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	73, // 72: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	75, // 73: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	80, // 74: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	81, // 75: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
-	11, // 76: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	22, // 77: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 78: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
-	17, // 79: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
-	19, // 80: kvtier.v1.KVTier.Pin:output_type -> kvtier.v1.PinResponse
-	21, // 81: kvtier.v1.KVTier.Unpin:output_type -> kvtier.v1.UnpinResponse
-	24, // 82: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	26, // 83: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	28, // 84: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	31, // 85: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	33, // 86: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	35, // 87: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	37, // 88: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	39, // 89: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	43, // 90: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	48, // 91: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	51, // 92: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	53, // 93: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	57, // 94: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	55, // 95: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	60, // 96: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	62, // 97: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
-	65, // 98: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	68, // 99: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	72, // 100: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	74, // 101: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	76, // 102: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	84, // 103: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	82, // 104: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
-	76, // [76:105] is the sub-list for method output_type
-	47, // [47:76] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	23, // 12: kvtier.v1.DeleteResponse.tiers:type_name -> kvtier.v1.TierDeleteResult
+	0,  // 13: kvtier.v1.LookupResponse.results:type_name -> kvtier.v1.LookupResult
+	32, // 14: kvtier.v1.PrepareStoreRequest.metadata:type_name -> kvtier.v1.BlockMetadata
+	2,  // 15: kvtier.v1.TierStats.medium:type_name -> kvtier.v1.Medium
+	3,  // 16: kvtier.v1.TierStats.locality:type_name -> kvtier.v1.Locality
+	88, // 17: kvtier.v1.TierStats.cascades_dropped_by_reason:type_name -> kvtier.v1.TierStats.CascadesDroppedByReasonEntry
+	44, // 18: kvtier.v1.StatsResponse.primary:type_name -> kvtier.v1.PrimaryStats
+	45, // 19: kvtier.v1.StatsResponse.tiers:type_name -> kvtier.v1.TierStats
+	47, // 20: kvtier.v1.StatsResponse.tenants:type_name -> kvtier.v1.TenantStats
+	48, // 21: kvtier.v1.TenantStats.tiers:type_name -> kvtier.v1.TenantTierStats
+	2,  // 22: kvtier.v1.TierDecision.medium:type_name -> kvtier.v1.Medium
+	3,  // 23: kvtier.v1.TierDecision.locality:type_name -> kvtier.v1.Locality
+	8,  // 24: kvtier.v1.ExplainResponse.load_filter:type_name -> kvtier.v1.TierFilter
+	8,  // 25: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
+	9,  // 26: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
+	50, // 27: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
+	52, // 28: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 29: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	52, // 30: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 31: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 32: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	62, // 33: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	63, // 34: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	66, // 35: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	70, // 36: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	72, // 37: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 38: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 39: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	74, // 40: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	80, // 41: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	81, // 42: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	82, // 43: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	81, // 44: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	81, // 45: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	86, // 46: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	74, // 47: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 48: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 49: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	13, // 50: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
+	16, // 51: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
+	18, // 52: kvtier.v1.KVTier.Pin:input_type -> kvtier.v1.PinRequest
+	20, // 53: kvtier.v1.KVTier.Unpin:input_type -> kvtier.v1.UnpinRequest
+	22, // 54: kvtier.v1.KVTier.Delete:input_type -> kvtier.v1.DeleteRequest
+	26, // 55: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	28, // 56: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	30, // 57: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	33, // 58: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	35, // 59: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	37, // 60: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	39, // 61: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	41, // 62: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	43, // 63: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	49, // 64: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	53, // 65: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	55, // 66: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	59, // 67: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	57, // 68: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	62, // 69: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	64, // 70: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	67, // 71: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	69, // 72: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	73, // 73: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	76, // 74: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	78, // 75: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	83, // 76: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	84, // 77: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 78: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	25, // 79: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 80: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
+	17, // 81: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
+	19, // 82: kvtier.v1.KVTier.Pin:output_type -> kvtier.v1.PinResponse
+	21, // 83: kvtier.v1.KVTier.Unpin:output_type -> kvtier.v1.UnpinResponse
+	24, // 84: kvtier.v1.KVTier.Delete:output_type -> kvtier.v1.DeleteResponse
+	27, // 85: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	29, // 86: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	31, // 87: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	34, // 88: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	36, // 89: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	38, // 90: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	40, // 91: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	42, // 92: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	46, // 93: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	51, // 94: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	54, // 95: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	56, // 96: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	60, // 97: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	58, // 98: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	63, // 99: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	65, // 100: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	68, // 101: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	71, // 102: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	75, // 103: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	77, // 104: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	79, // 105: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	87, // 106: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	85, // 107: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	78, // [78:108] is the sub-list for method output_type
+	48, // [48:78] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }
@@ -6983,14 +7206,14 @@ func file_kvtier_v1_kvtier_proto_init() {
 	if File_kvtier_v1_kvtier_proto != nil {
 		return
 	}
-	file_kvtier_v1_kvtier_proto_msgTypes[22].OneofWrappers = []any{}
+	file_kvtier_v1_kvtier_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_v1_kvtier_proto_rawDesc), len(file_kvtier_v1_kvtier_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   79,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -62,6 +62,7 @@ const (
 	KVTier_Prefetch_FullMethodName      = "/kvtier.v1.KVTier/Prefetch"
 	KVTier_Pin_FullMethodName           = "/kvtier.v1.KVTier/Pin"
 	KVTier_Unpin_FullMethodName         = "/kvtier.v1.KVTier/Unpin"
+	KVTier_Delete_FullMethodName        = "/kvtier.v1.KVTier/Delete"
 	KVTier_PrepareLoad_FullMethodName   = "/kvtier.v1.KVTier/PrepareLoad"
 	KVTier_CompleteLoad_FullMethodName  = "/kvtier.v1.KVTier/CompleteLoad"
 	KVTier_Touch_FullMethodName         = "/kvtier.v1.KVTier/Touch"
@@ -117,6 +118,10 @@ type KVTierClient interface {
 	Pin(ctx context.Context, in *PinRequest, opts ...grpc.CallOption) (*PinResponse, error)
 	// Unpin releases pins before their TTL.
 	Unpin(ctx context.Context, in *UnpinRequest, opts ...grpc.CallOption) (*UnpinResponse, error)
+	// Delete removes the keys' blocks from the primary and from every tier
+	// that removes blocks on request (fs, memory), with removal events per
+	// medium. It waits for the transfers in flight first, as a reset does.
+	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -275,6 +280,16 @@ func (c *kVTierClient) Unpin(ctx context.Context, in *UnpinRequest, opts ...grpc
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UnpinResponse)
 	err := c.cc.Invoke(ctx, KVTier_Unpin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVTierClient) Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteResponse)
+	err := c.cc.Invoke(ctx, KVTier_Delete_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -550,6 +565,10 @@ type KVTierServer interface {
 	Pin(context.Context, *PinRequest) (*PinResponse, error)
 	// Unpin releases pins before their TTL.
 	Unpin(context.Context, *UnpinRequest) (*UnpinResponse, error)
+	// Delete removes the keys' blocks from the primary and from every tier
+	// that removes blocks on request (fs, memory), with removal events per
+	// medium. It waits for the transfers in flight first, as a reset does.
+	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
 	// arena slots (spec §4.5). Every pinned key must later be released by
 	// CompleteLoad.
@@ -671,6 +690,9 @@ func (UnimplementedKVTierServer) Pin(context.Context, *PinRequest) (*PinResponse
 }
 func (UnimplementedKVTierServer) Unpin(context.Context, *UnpinRequest) (*UnpinResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unpin not implemented")
+}
+func (UnimplementedKVTierServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
 }
 func (UnimplementedKVTierServer) PrepareLoad(context.Context, *PrepareLoadRequest) (*PrepareLoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareLoad not implemented")
@@ -866,6 +888,24 @@ func _KVTier_Unpin_Handler(srv interface{}, ctx context.Context, dec func(interf
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(KVTierServer).Unpin(ctx, req.(*UnpinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVTier_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVTierServer).Delete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVTier_Delete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVTierServer).Delete(ctx, req.(*DeleteRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1307,6 +1347,10 @@ var KVTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unpin",
 			Handler:    _KVTier_Unpin_Handler,
+		},
+		{
+			MethodName: "Delete",
+			Handler:    _KVTier_Delete_Handler,
 		},
 		{
 			MethodName: "PrepareLoad",

@@ -95,6 +95,28 @@ class CompleteStoreResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class DeleteRequest(_message.Message):
+    __slots__ = ["key_size", "keys", "namespace", "packed_keys"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    key_size: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace: str
+    packed_keys: bytes
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ["held", "primary", "tiers"]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    held: int
+    primary: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierDeleteResult]
+    def __init__(self, primary: _Optional[int] = ..., held: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierDeleteResult, _Mapping]]] = ...) -> None: ...
+
 class EngineAttachRequest(_message.Message):
     __slots__ = ["layout"]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -860,6 +882,18 @@ class TierDecision(_message.Message):
     store_reason: str
     type: str
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., medium: _Optional[_Union[Medium, str]] = ..., locality: _Optional[_Union[Locality, str]] = ..., load: bool = ..., load_reason: _Optional[str] = ..., store: bool = ..., store_reason: _Optional[str] = ...) -> None: ...
+
+class TierDeleteResult(_message.Message):
+    __slots__ = ["error", "name", "removed", "supported"]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    name: str
+    removed: int
+    supported: bool
+    def __init__(self, name: _Optional[str] = ..., supported: bool = ..., removed: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TierFilter(_message.Message):
     __slots__ = ["all", "matchers", "text"]

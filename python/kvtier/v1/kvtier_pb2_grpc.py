@@ -45,6 +45,11 @@ class KVTierStub(object):
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.SerializeToString,
                 response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.FromString,
                 )
+        self.Delete = channel.unary_unary(
+                '/kvtier.v1.KVTier/Delete',
+                request_serializer=kvtier_dot_v1_dot_kvtier__pb2.DeleteRequest.SerializeToString,
+                response_deserializer=kvtier_dot_v1_dot_kvtier__pb2.DeleteResponse.FromString,
+                )
         self.PrepareLoad = channel.unary_unary(
                 '/kvtier.v1.KVTier/PrepareLoad',
                 request_serializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.SerializeToString,
@@ -215,6 +220,15 @@ class KVTierServicer(object):
 
     def Unpin(self, request, context):
         """Unpin releases pins before their TTL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Delete(self, request, context):
+        """Delete removes the keys' blocks from the primary and from every tier
+        that removes blocks on request (fs, memory), with removal events per
+        medium. It waits for the transfers in flight first, as a reset does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -462,6 +476,11 @@ def add_KVTierServicer_to_server(servicer, server):
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.FromString,
                     response_serializer=kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.SerializeToString,
             ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.DeleteRequest.FromString,
+                    response_serializer=kvtier_dot_v1_dot_kvtier__pb2.DeleteResponse.SerializeToString,
+            ),
             'PrepareLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareLoad,
                     request_deserializer=kvtier_dot_v1_dot_kvtier__pb2.PrepareLoadRequest.FromString,
@@ -687,6 +706,23 @@ class KVTier(object):
         return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Unpin',
             kvtier_dot_v1_dot_kvtier__pb2.UnpinRequest.SerializeToString,
             kvtier_dot_v1_dot_kvtier__pb2.UnpinResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvtier.v1.KVTier/Delete',
+            kvtier_dot_v1_dot_kvtier__pb2.DeleteRequest.SerializeToString,
+            kvtier_dot_v1_dot_kvtier__pb2.DeleteResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
