@@ -154,6 +154,7 @@ var (
 	descPrefFlight  = prometheus.NewDesc("kvtier_prefetch_slots_in_flight", "Primary slots prefetch promotions hold until they land (bounded by prefetch.share).", []string{"namespace"}, nil)
 	descPins        = prometheus.NewDesc("kvtier_pins_total", "Blocks routers and agents pinned (pinned), released before their TTL (unpinned), whose TTL passed (expired), or whose pin their owner's budget refused (refused).", []string{"namespace", "result"}, nil)
 	descPinned      = prometheus.NewDesc("kvtier_pinned_blocks", "Blocks routers and agents pin in the primary now (bounded per owner by pins.share).", []string{"namespace"}, nil)
+	descDeleted     = prometheus.NewDesc("kvtier_deleted_blocks_total", "Blocks Delete removed, by tier (primary for the primary).", []string{"namespace", "tier"}, nil)
 	descBatchesDrp  = prometheus.NewDesc("kvtier_event_batches_dropped_total", "Event batches the publisher dropped because its queue or a subscriber's queue was full.", []string{"namespace"}, nil)
 )
 
@@ -168,7 +169,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeDef, descCascadeBud, descRegionLook, descRegionPromo, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
-		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight, descPins, descPinned,
+		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight, descPins, descPinned, descDeleted,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -233,6 +234,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPins, pn.Expired, n, "expired")
 		counter(descPins, pn.Refused, n, "refused")
 		gauge(descPinned, float64(pn.Blocks), n)
+		for tier, v := range st.Deleted {
+			counter(descDeleted, v, n, tier)
+		}
 		collectTiers(ch, n, st.Tiers)
 		for _, t := range st.Tiers {
 			for _, sh := range t.Shares {

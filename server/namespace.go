@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -165,6 +166,9 @@ type Namespace struct {
 	autoSteps uint64
 	// prefetches numbers the prefetches' request contexts (steer.go).
 	prefetches uint64
+	// deleted counts the blocks Delete removed, by tier ("primary" for the
+	// primary); guarded by mu.
+	deleted map[string]uint64
 	// expired counts requests released after RequestIdleTimeout without a
 	// call; released those released because their session ended.
 	expired, released uint64
@@ -701,6 +705,9 @@ func (ns *Namespace) Stats() (Stats, error) {
 	}
 	if ph, ok := ns.mgr.(pinHolder); ok {
 		st.Pins = ph.PinStats()
+	}
+	if len(ns.deleted) > 0 {
+		st.Deleted = maps.Clone(ns.deleted)
 	}
 	st.EventsPublished, st.EventsDropped = ns.published, ns.dropped
 	if ns.evst != nil {

@@ -31,6 +31,9 @@ type Stats struct {
 	// (steer.go).
 	Prefetch tiering.PrefetchStats
 	Pins     tiering.PinStats
+	// Deleted counts the blocks Delete removed, by tier ("primary" for the
+	// primary).
+	Deleted map[string]uint64
 	// DeferredBlocks are the blocks of the cascades waiting for the pin
 	// budget (tiering.BudgetConfig.MaxDeferred).
 	DeferredBlocks int64

@@ -238,7 +238,12 @@ func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.De
 	if err != nil {
 		return a, err
 	}
+	if ns.deleted == nil {
+		ns.deleted = map[string]uint64{}
+	}
+	ns.deleted[tiering.PrimaryName] += uint64(a.Primary)
 	for _, t := range a.Tiers {
+		ns.deleted[t.Name] += uint64(t.Removed)
 		if t.Err != nil {
 			ns.log.Warn("delete: a tier failed", "namespace", ns.name, "tier", t.Name, "err", t.Err)
 		}

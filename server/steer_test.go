@@ -267,4 +267,5 @@ func TestDelete(t *testing.T) {
 	if !mts[2].Contains(ks[0]) {
 		t.Fatal("a tier that does not delete on request lost its block")
 	}
+	waitMetric(t, e, "deleted counter", nil, func(v float64) bool { return v == 3 }, "kvtier_deleted_blocks_total", "tier", "local-disk")
 }
