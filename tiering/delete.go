@@ -54,6 +54,9 @@ func (m *Manager) Delete(ctx context.Context, keys []offload.Key) (DeleteAnswer,
 		m.stack.Poll()
 	}
 	m.Unpin(keys)
+	for _, k := range keys {
+		m.releaseHold(k)
+	}
 	var a DeleteAnswer
 	a.Primary, a.Held = m.primary.Remove(keys)
 	for _, ts := range m.stack.tiers {

@@ -184,7 +184,8 @@ func (d primaryDriver) ReleaseBlock(slots []int64) {
 
 // PromotionDone commits the loaded keys and releases the rest.
 func (d primaryDriver) PromotionDone(j *offload.Job, loaded []offload.Key) {
-	d.m.promotionLanded(j)
+	// A prefetch's blocks are held once ready (prefetch.go).
+	defer d.m.promotionLanded(j, loaded)
 	p := d.m.primary
 	if len(loaded) == len(j.Keys) {
 		p.CompleteStore(j.Keys, true)

@@ -60,6 +60,9 @@ func (m *Manager) Lookup(key offload.Key, req *offload.ReqContext) offload.Looku
 		m.poll()
 	}
 	if r := m.primary.Lookup(key); r == offload.Hit || r == offload.HitPending {
+		if r == offload.Hit && len(m.prefetch.holds) > 0 {
+			m.releaseHold(key) // found: its reader pins it now
+		}
 		return r
 	}
 	return m.lookupSecondary(key, m.ctx(req))
@@ -90,7 +93,9 @@ func (m *Manager) LookupPrefix(keys []offload.Key, req *offload.ReqContext, out 
 	scanned := len(keys)
 	for i, k := range keys {
 		r := m.primary.Lookup(k)
-		if r != offload.Hit && r != offload.HitPending {
+		if r == offload.Hit && len(m.prefetch.holds) > 0 {
+			m.releaseHold(k) // found: its reader pins it now
+		} else if r != offload.Hit && r != offload.HitPending {
 			r = m.lookupSecondary(k, req)
 		}
 		if i < len(out) {

@@ -672,8 +672,8 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 			if held != pf.inFlight {
 				rt.Fatalf("prefetch counts %d slots in flight, its promotions hold %d", pf.inFlight, held)
 			}
-			if pf.inFlight > pf.maxSlots {
-				rt.Fatalf("prefetches hold %d slots, over their share of %d", pf.inFlight, pf.maxSlots)
+			if pf.inFlight+len(pf.holds) > pf.maxSlots {
+				rt.Fatalf("prefetches hold %d slots in flight and %d landed, over their share of %d", pf.inFlight, len(pf.holds), pf.maxSlots)
 			}
 		}
 		// checkPins verifies ref counts and pending slots against the
@@ -690,6 +690,9 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 					rt.Fatalf("%v: pinned by a router but not held in the primary (ref %d, present %v)", k, ref, ok)
 				}
 				wantRef[k]++
+			}
+			for k := range m.prefetch.holds {
+				wantRef[k]++ // a prefetched block held for its request
 			}
 			pending := m.pendingPromos
 			for _, s := range e.stores {
@@ -1062,7 +1065,7 @@ func modelProperty(total *TierStats, claimsOnly bool) func(*rapid.T) {
 		if len(m.pins.expires) != 0 {
 			rt.Fatalf("%d router pins left after their TTL", len(m.pins.expires))
 		}
-		if pf := m.prefetch; len(pf.queue) != 0 || len(pf.byReq) != 0 || pf.inFlight != 0 {
+		if pf := m.prefetch; len(pf.queue) != 0 || len(pf.byReq) != 0 || pf.inFlight != 0 || len(pf.holds) != 0 {
 			rt.Fatalf("prefetch state left: %d queued, %d known, %d slots", len(pf.queue), len(pf.byReq), pf.inFlight)
 		}
 		for _, r := range e.reqs {

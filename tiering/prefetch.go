@@ -6,10 +6,16 @@
 // step by step, until its deadline; its promotions, once submitted, land
 // whatever the deadline (no transfer is aborted midway).
 //
-// Bounds: the slots prefetch promotions hold in flight never exceed a
-// share of the primary (PrefetchConfig.Share), and at most MaxQueued
-// prefetches wait at once. A promotion's reservation evicts only what any
-// store may evict: never a pinned or leased block.
+// A prefetched block is held (one load pin) from its landing until a
+// lookup finds it (the engine's, which then takes its own pin) or its
+// prefetch's deadline passes: without the hold the next prefetch, or the
+// engine's stores, would evict it before the request it was brought for
+// reads it, and the engine would read it from its tier again.
+//
+// Bounds: the slots prefetch promotions hold, in flight and landed, never
+// exceed a share of the primary (PrefetchConfig.Share), and at most
+// MaxQueued prefetches wait at once. A promotion's reservation evicts only
+// what any store may evict: never a pinned or leased block.
 
 package tiering
 
@@ -48,7 +54,7 @@ const (
 // whole run resolved: present, or promoted), Expired (deadline passed
 // first), Refused (not accepted), Promotions (blocks whose promotion a
 // prefetch started); Queued and InFlight are gauges (prefetches waiting,
-// slots their promotions hold).
+// slots their promotions hold, in flight or landed and not yet found).
 type PrefetchStats struct {
 	Started, Completed, Expired, Refused, Promotions uint64
 	Queued, InFlight                                 int
@@ -79,7 +85,10 @@ type prefetcher struct {
 	// slots its promotions hold (PromotionDone).
 	byReq    map[*offload.ReqContext]*prefetch
 	inFlight int
-	stats    PrefetchStats
+	// holds are the landed blocks held for their requests, until a
+	// deadline.
+	holds map[offload.Key]time.Time
+	stats PrefetchStats
 }
 
 func newPrefetcher(cfg PrefetchConfig, numSlots int) *prefetcher {
@@ -92,7 +101,7 @@ func newPrefetcher(cfg PrefetchConfig, numSlots int) *prefetcher {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &prefetcher{cfg: cfg, byReq: map[*offload.ReqContext]*prefetch{}}
+	p := &prefetcher{cfg: cfg, byReq: map[*offload.ReqContext]*prefetch{}, holds: map[offload.Key]time.Time{}}
 	if cfg.Share > 0 {
 		p.maxSlots = max(1, int(cfg.Share*float64(numSlots)))
 	}
@@ -156,7 +165,7 @@ func (m *Manager) advance(p *prefetch) {
 			p.next++
 			continue
 		}
-		if pf.inFlight >= pf.maxSlots {
+		if pf.inFlight+len(pf.holds) >= pf.maxSlots {
 			return
 		}
 		r, i := m.stack.Lookup(k, p.req)
@@ -193,10 +202,15 @@ func (m *Manager) prefetchDone(p *prefetch) bool {
 // are submitted.
 func (m *Manager) stepPrefetches() {
 	pf := m.prefetch
+	now := pf.cfg.Now()
+	for k, until := range pf.holds {
+		if now.After(until) {
+			m.releaseHold(k)
+		}
+	}
 	if len(pf.queue) == 0 {
 		return
 	}
-	now := pf.cfg.Now()
 	kept := pf.queue[:0]
 	for _, p := range pf.queue {
 		switch {
@@ -221,7 +235,7 @@ func (m *Manager) stepPrefetches() {
 // promotionLanded releases the share a prefetch's promotion held; the
 // prefetch is forgotten once it waits no more and nothing of it is in
 // flight.
-func (m *Manager) promotionLanded(j *offload.Job) {
+func (m *Manager) promotionLanded(j *offload.Job, loaded []offload.Key) {
 	pf := m.prefetch
 	p, ok := pf.byReq[j.Req]
 	if !ok {
@@ -229,15 +243,43 @@ func (m *Manager) promotionLanded(j *offload.Job) {
 	}
 	pf.inFlight -= len(j.Keys)
 	p.inFlight -= len(j.Keys)
+	for _, k := range loaded {
+		if _, held := pf.holds[k]; held {
+			continue
+		}
+		m.one[0] = k
+		if _, err := m.primary.PrepareLoad(m.one[:]); err == nil {
+			pf.holds[k] = p.deadline
+		}
+		m.one[0] = ""
+	}
 	if !p.queued && p.inFlight == 0 {
 		delete(pf.byReq, p.req)
 	}
 }
 
-// resetPrefetches forgets every prefetch: Reset and Close drop the
-// promotions they started without PromotionDone.
+// releaseHold releases the hold on a prefetched block, if any.
+func (m *Manager) releaseHold(k offload.Key) {
+	pf := m.prefetch
+	if _, ok := pf.holds[k]; !ok {
+		return
+	}
+	delete(pf.holds, k)
+	m.one[0] = k
+	if err := m.primary.CompleteLoad(m.one[:]); err != nil {
+		m.log.Error("tiering: releasing a prefetched block", "key", k.String(), "err", err)
+	}
+	m.one[0] = ""
+}
+
+// resetPrefetches forgets every prefetch and releases the blocks held for
+// them: Reset and Close drop the promotions they started without
+// PromotionDone.
 func (m *Manager) resetPrefetches() {
 	pf := m.prefetch
+	for k := range pf.holds {
+		m.releaseHold(k)
+	}
 	clear(pf.queue)
 	pf.queue = pf.queue[:0]
 	clear(pf.byReq)
@@ -247,6 +289,6 @@ func (m *Manager) resetPrefetches() {
 // PrefetchStats returns the prefetch counters and gauges.
 func (m *Manager) PrefetchStats() PrefetchStats {
 	s := m.prefetch.stats
-	s.Queued, s.InFlight = len(m.prefetch.queue), m.prefetch.inFlight
+	s.Queued, s.InFlight = len(m.prefetch.queue), m.prefetch.inFlight+len(m.prefetch.holds)
 	return s
 }

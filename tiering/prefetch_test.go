@@ -59,7 +59,8 @@ func equalResults(a, b []offload.LookupResult) bool {
 }
 
 func TestPrefetchShareBoundsSlotsInFlight(t *testing.T) {
-	// 5 slots, share 0.4: two prefetch promotions in flight at most.
+	// 5 slots, share 0.4: two prefetch promotions in flight or landed and
+	// not yet read, at most.
 	f := newFixture(t, withPrefetch(PrefetchConfig{Share: 0.4}))
 	f.t2.hold = true
 	for _, k := range keyRange(0, 5) {
@@ -69,23 +70,58 @@ func TestPrefetchShareBoundsSlotsInFlight(t *testing.T) {
 	if err != nil || a.Started != 2 || !a.Queued {
 		t.Fatalf("prefetch: %+v %v", a, err)
 	}
-	for round := 0; round < 4; round++ {
+	for round := 0; round < 8; round++ {
 		f.step()
 		if st := f.m.PrefetchStats(); st.InFlight > 2 {
-			t.Fatalf("round %d: %d slots in flight, share allows 2", round, st.InFlight)
+			t.Fatalf("round %d: %d slots in flight or held, share allows 2", round, st.InFlight)
 		}
 		f.t2.release()
+		f.step()
+		// The engine reads what landed: its lookups release the holds.
+		for _, k := range keyRange(0, 5) {
+			if f.p.Lookup(k) == offload.Hit {
+				f.m.Lookup(k, f.ctx)
+			}
+		}
 	}
-	f.step()
-	f.step()
 	st := f.m.PrefetchStats()
 	if st.Promotions != 5 || st.Completed != 1 || st.InFlight != 0 || st.Queued != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	for _, k := range keyRange(0, 5) {
 		if f.ref(k) != 0 {
-			t.Errorf("%v: ref %d after the prefetch landed", k, f.ref(k))
+			t.Errorf("%v: ref %d after the prefetch landed and was read", k, f.ref(k))
 		}
+	}
+}
+
+func TestPrefetchedBlocksWaitForTheirRequest(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	f := newFixture(t, withPrefetch(PrefetchConfig{Share: 1, Now: clk.Now}))
+	f.t2.blocks[K(0)], f.t2.blocks[K(1)] = true, true
+	if _, err := f.m.Prefetch(keyRange(0, 2), reqWith("p", nil, nil), clk.now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	f.step()
+	f.step()
+	// Landed and held: stores that want every slot cannot evict them.
+	f.m.OnNewRequest(f.ctx)
+	out, _, err := f.m.PrepareStore(keyRange(10, 15), f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.KeysToStore) > 3 || f.ref(K(0)) != 1 || f.ref(K(1)) != 1 {
+		t.Fatalf("the held blocks gave way: %d stored, refs %d %d", len(out.KeysToStore), f.ref(K(0)), f.ref(K(1)))
+	}
+	_ = f.m.CompleteStore(out.KeysToStore, f.ctx, true)
+	// The engine finds K0: its hold goes. K1's goes at the deadline.
+	if r := f.m.Lookup(K(0), f.ctx); r != offload.Hit || f.ref(K(0)) != 0 {
+		t.Fatalf("lookup of a held block: %v, ref %d", r, f.ref(K(0)))
+	}
+	clk.now = clk.now.Add(2 * time.Second)
+	f.step()
+	if f.ref(K(1)) != 0 || f.m.PrefetchStats().InFlight != 0 {
+		t.Fatalf("a hold outlived its deadline: ref %d, %+v", f.ref(K(1)), f.m.PrefetchStats())
 	}
 }
 
