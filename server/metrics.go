@@ -151,6 +151,7 @@ var (
 	descPrefetches  = prometheus.NewDesc("kvtier_prefetches_total", "Prefetches of routers and agents, by result: started (accepted), completed (their run resolved: present or promoted), expired (deadline first), refused (prefetch off, or prefetch.max_queued waiting).", []string{"namespace", "result"}, nil)
 	descPrefPromos  = prometheus.NewDesc("kvtier_prefetch_promotions_total", "Blocks whose promotion into the primary a prefetch started.", []string{"namespace"}, nil)
 	descPrefQueued  = prometheus.NewDesc("kvtier_prefetch_queued", "Prefetches waiting for tiers that are not sure yet, or for room in their share.", []string{"namespace"}, nil)
+	descPrefYield   = prometheus.NewDesc("kvtier_prefetch_blocks_yielded_total", "Prefetched blocks whose hold the engine's need for room released before their request read them.", []string{"namespace"}, nil)
 	descPrefFlight  = prometheus.NewDesc("kvtier_prefetch_slots_in_flight", "Primary slots prefetch promotions hold until they land (bounded by prefetch.share).", []string{"namespace"}, nil)
 	descPins        = prometheus.NewDesc("kvtier_pins_total", "Blocks routers and agents pinned (pinned), released before their TTL (unpinned), whose TTL passed (expired), or whose pin their owner's budget refused (refused).", []string{"namespace", "result"}, nil)
 	descPinned      = prometheus.NewDesc("kvtier_pinned_blocks", "Blocks routers and agents pin in the primary now (bounded per owner by pins.share).", []string{"namespace"}, nil)
@@ -169,7 +170,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHealthy, descTierLookDown, descTierJobsSkip, descTierReconRm, descTierReconErr, descTierNode, descStoresFull, descNodeDown, descSlotMap, descNodeIndexed, descNodeIndexKeys, descNodeIndexGaps, descTierCorrupt, descTierCorrDel,
 		descTierDropped, descTierDeferred, descTierRevoked, descTierPinned, descTierPinBudget, descTierQueued, descTierQueueCap,
 		descCascadePin, descCascadeDef, descCascadeBud, descRegionLook, descRegionPromo, descRevoked, descSessions, descConns, descSideRefsd, descSessEnded, descReleased, descRefused, descLoadsMiss, descAutoSteps, descRequests, descEventsPub, descEventsDrp, descEventsSent, descBatchesDrp,
-		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight, descPins, descPinned, descDeleted,
+		descPrefetches, descPrefPromos, descPrefQueued, descPrefFlight, descPrefYield, descPins, descPinned, descDeleted,
 		descTenantHeld, descTenantQuota, descTenantEvict, descTenantLook, descTenantStore, descTenantRefsd, descTenantTier, descTenantTierQ,
 	} {
 		ch <- d
@@ -228,6 +229,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPrefPromos, pf.Promotions, n)
 		gauge(descPrefQueued, float64(pf.Queued), n)
 		gauge(descPrefFlight, float64(pf.InFlight), n)
+		counter(descPrefYield, pf.Yielded, n)
 		pn := st.Pins
 		counter(descPins, pn.Pinned, n, "pinned")
 		counter(descPins, pn.Unpinned, n, "unpinned")

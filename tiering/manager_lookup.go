@@ -169,6 +169,10 @@ func (m *Manager) promote(i int, key offload.Key, req *offload.ReqContext) offlo
 	// Queued cascades give way (Stack.Revoke): promotions are never
 	// refused because of cascades.
 	ok := m.primary.PrepareStoreInto(m.one[:], out)
+	if !ok && m.prefetch.byReq[req] == nil && m.yieldHolds() {
+		// Blocks held for prefetches give way to the engine's promotions.
+		ok = m.primary.PrepareStoreInto(m.one[:], out)
+	}
 	m.one[0] = ""
 	if !ok {
 		ts.stats.PromotionsRejected++

@@ -66,11 +66,17 @@ func (m *Manager) prepareStore(keys []offload.Key, req *offload.ReqContext, out 
 }
 
 func (m *Manager) primaryStore(keys []offload.Key, out *offload.PrepareStoreOutput, reuse bool) (ok bool) {
-	if reuse {
-		return m.primary.PrepareStoreInto(keys, out)
+	for {
+		if reuse {
+			ok = m.primary.PrepareStoreInto(keys, out)
+		} else {
+			*out, ok = m.primary.PrepareStore(keys)
+		}
+		// Blocks held for prefetches give way to the engine's stores.
+		if ok || !m.yieldHolds() {
+			return ok
+		}
 	}
-	*out, ok = m.primary.PrepareStore(keys)
-	return ok
 }
 
 // readyNotStored returns the keys that PrepareStore did not take (they
@@ -137,6 +143,11 @@ func (m *Manager) Lease(n int) (slots []int64, evicted []offload.Key, err error)
 		m.poll()
 	}
 	slots, evicted = m.primary.Lease(n)
+	if len(slots) < n && m.yieldHolds() {
+		// Blocks held for prefetches give way to the engine's stores.
+		more, ev := m.primary.Lease(n - len(slots))
+		slots, evicted = append(slots, more...), append(evicted, ev...)
+	}
 	return slots, evicted, nil
 }
 

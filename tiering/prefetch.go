@@ -10,7 +10,10 @@
 // lookup finds it (the engine's, which then takes its own pin) or its
 // prefetch's deadline passes: without the hold the next prefetch, or the
 // engine's stores, would evict it before the request it was brought for
-// reads it, and the engine would read it from its tier again.
+// reads it, and the engine would read it from its tier again. Holds give
+// way to the engine: a store, lease or promotion of the engine's that
+// finds no room releases them all first (yieldHolds), so a prefetch never
+// costs the engine a slot.
 //
 // Bounds: the slots prefetch promotions hold, in flight and landed, never
 // exceed a share of the primary (PrefetchConfig.Share), and at most
@@ -57,7 +60,10 @@ const (
 // slots their promotions hold, in flight or landed and not yet found).
 type PrefetchStats struct {
 	Started, Completed, Expired, Refused, Promotions uint64
-	Queued, InFlight                                 int
+	// Yielded counts landed blocks whose hold the engine's need for room
+	// released before their request read them.
+	Yielded          uint64
+	Queued, InFlight int
 }
 
 // PrefetchAnswer is what a Prefetch call found at once: Present leading
@@ -256,6 +262,20 @@ func (m *Manager) promotionLanded(j *offload.Job, loaded []offload.Key) {
 	if !p.queued && p.inFlight == 0 {
 		delete(pf.byReq, p.req)
 	}
+}
+
+// yieldHolds releases every prefetch hold, because the engine needs room,
+// and reports whether there was any.
+func (m *Manager) yieldHolds() bool {
+	pf := m.prefetch
+	if len(pf.holds) == 0 {
+		return false
+	}
+	pf.stats.Yielded += uint64(len(pf.holds))
+	for k := range pf.holds {
+		m.releaseHold(k)
+	}
+	return true
 }
 
 // releaseHold releases the hold on a prefetched block, if any.

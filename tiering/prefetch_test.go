@@ -98,30 +98,44 @@ func TestPrefetchShareBoundsSlotsInFlight(t *testing.T) {
 func TestPrefetchedBlocksWaitForTheirRequest(t *testing.T) {
 	clk := &fakeClock{now: time.Unix(1000, 0)}
 	f := newFixture(t, withPrefetch(PrefetchConfig{Share: 1, Now: clk.Now}))
-	f.t2.blocks[K(0)], f.t2.blocks[K(1)] = true, true
-	if _, err := f.m.Prefetch(keyRange(0, 2), reqWith("p", nil, nil), clk.now.Add(time.Second)); err != nil {
+	for _, k := range keyRange(0, 3) {
+		f.t2.blocks[k] = true
+	}
+	if _, err := f.m.Prefetch(keyRange(0, 3), reqWith("p", nil, nil), clk.now.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	f.step()
 	f.step()
-	// Landed and held: stores that want every slot cannot evict them.
-	f.m.OnNewRequest(f.ctx)
-	out, _, err := f.m.PrepareStore(keyRange(10, 15), f.ctx)
-	if err != nil {
-		t.Fatal(err)
+	for _, k := range keyRange(0, 3) {
+		if f.ref(k) != 1 {
+			t.Fatalf("%v landed without its hold (ref %d)", k, f.ref(k))
+		}
 	}
-	if len(out.KeysToStore) > 3 || f.ref(K(0)) != 1 || f.ref(K(1)) != 1 {
-		t.Fatalf("the held blocks gave way: %d stored, refs %d %d", len(out.KeysToStore), f.ref(K(0)), f.ref(K(1)))
-	}
-	_ = f.m.CompleteStore(out.KeysToStore, f.ctx, true)
-	// The engine finds K0: its hold goes. K1's goes at the deadline.
+	// The engine finds K0: its hold goes, the engine's own pin takes over.
 	if r := f.m.Lookup(K(0), f.ctx); r != offload.Hit || f.ref(K(0)) != 0 {
 		t.Fatalf("lookup of a held block: %v, ref %d", r, f.ref(K(0)))
 	}
+	// K1's and K2's go at the deadline.
 	clk.now = clk.now.Add(2 * time.Second)
 	f.step()
-	if f.ref(K(1)) != 0 || f.m.PrefetchStats().InFlight != 0 {
-		t.Fatalf("a hold outlived its deadline: ref %d, %+v", f.ref(K(1)), f.m.PrefetchStats())
+	if f.ref(K(1)) != 0 || f.ref(K(2)) != 0 {
+		t.Fatalf("after the deadline: refs %d %d", f.ref(K(1)), f.ref(K(2)))
+	}
+	f.t2.blocks[K(3)], f.t2.blocks[K(4)] = true, true
+	if _, err := f.m.Prefetch(keyRange(3, 5), reqWith("q", nil, nil), clk.now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	f.step()
+	f.step()
+	// The engine's stores need every slot: the holds give way.
+	f.m.OnNewRequest(f.ctx)
+	out, ok, err := f.m.PrepareStore(keyRange(10, 15), f.ctx)
+	if err != nil || !ok || len(out.KeysToStore) != 5 {
+		t.Fatalf("a store that needs every slot: ok %v, %d stored, %v", ok, len(out.KeysToStore), err)
+	}
+	_ = f.m.CompleteStore(out.KeysToStore, f.ctx, true)
+	if st := f.m.PrefetchStats(); st.Yielded != 2 || st.InFlight != 0 {
+		t.Fatalf("stats after the engine's store: %+v", st)
 	}
 }
 
