@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -268,4 +269,36 @@ func TestDelete(t *testing.T) {
 		t.Fatal("a tier that does not delete on request lost its block")
 	}
 	waitMetric(t, e, "deleted counter", nil, func(v float64) bool { return v == 3 }, "kvtier_deleted_blocks_total", "tier", "local-disk")
+}
+
+// TestSteerCallsStayInTheTenantsKeySpace: a tenant's residency, pins and
+// deletes reach its own blocks only, and another namespace is refused.
+func TestSteerCallsStayInTheTenantsKeySpace(t *testing.T) {
+	e := tenantEnv(t, false)
+	acme := e.dialAs(t, "acme-token", "")
+	beta := e.dialAs(t, "beta-token", "")
+	ctx := ctxT(t)
+	k := key(7)
+	putAs(t, acme, "acme", k)
+	if r, err := acme.Residency(ctx, []offload.Key{k}, ""); err != nil || r.GetPrimary() != 1 {
+		t.Fatalf("acme's residency of its block: %v %v", r, err)
+	}
+	if r, err := beta.Residency(ctx, []offload.Key{k}, ""); err != nil || r.GetPrimary() != 0 {
+		t.Fatalf("beta sees acme's block: %v %v", r, err)
+	}
+	if a, err := beta.Pin(ctx, []offload.Key{k}, time.Hour); err != nil || a.GetPinned() != 0 || a.GetMissing() != 1 {
+		t.Fatalf("beta pinned acme's block: %v %v", a, err)
+	}
+	if a, err := beta.Delete(ctx, []offload.Key{k}); err != nil || a.GetPrimary() != 0 {
+		t.Fatalf("beta deleted acme's block: %v %v", a, err)
+	}
+	if got := get(t, acme, k); !bytes.Equal(got, tenantBlock("acme", k)) {
+		t.Fatal("acme's block is gone after beta's calls")
+	}
+	if a, err := acme.Delete(ctx, []offload.Key{k}); err != nil || a.GetPrimary() != 1 {
+		t.Fatalf("acme's delete of its block: %v %v", a, err)
+	}
+	gamma := e.dialAs(t, "gamma-token", "")
+	_, err := gamma.Residency(ctx, []offload.Key{k}, "")
+	wantCode(t, err, codes.PermissionDenied, "")
 }
