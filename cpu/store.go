@@ -312,13 +312,7 @@ func (p *Primary) Reset() {
 		if m.key == "" || m.ref != 0 {
 			continue // free, or held
 		}
-		p.pol.removed(s)
-		p.disown(s)
-		p.b.index.remove(m.h32, s)
-		m.free()
-		p.pushFree(s)
-		p.numBlocks--
-		p.numEvictable--
+		p.dropSlot(s)
 	}
 	clear(p.newKeys) // forget the last batch (and its keys)
 	p.newKeys, p.newSlots = p.newKeys[:0], p.newSlots[:0]
@@ -348,22 +342,29 @@ func (p *Primary) Remove(keys []offload.Key) (removed, held int) {
 		if s < 0 {
 			continue
 		}
-		m := &p.b.meta[s]
-		if m.ref != 0 {
+		if p.b.meta[s].ref != 0 {
 			held++
 			continue
 		}
-		p.pol.removed(s)
-		p.disown(s)
-		p.b.index.remove(m.h32, s)
-		m.free()
-		p.pushFree(s)
-		p.numBlocks--
-		p.numEvictable--
+		p.dropSlot(s)
 		gone = append(gone, k)
 	}
 	if len(gone) > 0 && p.events {
 		p.evs = append(p.evs, offload.Event{Keys: gone, Medium: offload.MediumCPU, Removed: true})
 	}
 	return len(gone), held
+}
+
+// dropSlot frees the unheld, ready block in slot s (Reset, Remove): out of
+// the policy, its owner's share and the index, the slot back on the free
+// list.
+func (p *Primary) dropSlot(s int32) {
+	m := &p.b.meta[s]
+	p.pol.removed(s)
+	p.disown(s)
+	p.b.index.remove(m.h32, s)
+	m.free()
+	p.pushFree(s)
+	p.numBlocks--
+	p.numEvictable--
 }
