@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,7 +33,7 @@ func TestPrefetchLandsBeforeTheEngineAsks(t *testing.T) {
 	}
 	f.step()
 	// The engine's lookups, in the step that asks: all Hit.
-	if got := f.lookups(f.ctx, keyRange(0, 4)); !equalResults(got, rs(offload.Hit, offload.Hit, offload.Hit, offload.Hit)) {
+	if got := f.lookups(f.ctx, keyRange(0, 4)); !slices.Equal(got, rs(offload.Hit, offload.Hit, offload.Hit, offload.Hit)) {
 		t.Fatalf("engine lookups after a prefetch: %v", got)
 	}
 	st := f.m.PrefetchStats()
@@ -44,18 +45,6 @@ func TestPrefetchLandsBeforeTheEngineAsks(t *testing.T) {
 	if err != nil || a.Started != 0 || a.Present != 4 || len(f.t2.loads) != 1 {
 		t.Fatalf("second prefetch: %+v %v, %d loads", a, err, len(f.t2.loads))
 	}
-}
-
-func equalResults(a, b []offload.LookupResult) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestPrefetchShareBoundsSlotsInFlight(t *testing.T) {
