@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_SEED = "vllm-none-hash"
@@ -65,24 +65,15 @@ def _keys_vllm(tokens: Sequence[int], block_size: int, per: int, hash_algo: str,
                seed: str | None, cache_salt: str | None, lora_name: str | None,
                lora_path: str, group: int) -> list[bytes]:
     from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+    from vllm.v1.core.kv_cache_utils import BlockHash, hash_block_tokens
     from vllm.v1.kv_offload.base import make_offload_key
 
     fn = get_hash_fn_by_name(hash_algo)
-    # vLLM's NONE_HASH, derived here rather than read from its module
-    # global (set only inside an engine, from that engine's algorithm).
-    parent: Any = fn(seed if seed is not None else DEFAULT_SEED)
-    lora: list[tuple[Any, ...]] = (
-        [("lora", lora_name, lora_path)] if lora_name is not None else [])
-    hashes = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        extra = lora + ([("cache_salt", cache_salt)]
-                        if start == 0 and cache_salt else [])
-        parent = hash_block_tokens(fn, parent, tokens[start:start + block_size],
-                                   tuple(extra) if extra else None)
-        hashes.append(bytes(parent))
-    step = per // block_size
-    return [bytes(make_offload_key(h, group)) for h in hashes[step - 1::step]]
+    # vLLM's NONE_HASH is derived here (fn(seed)) rather than read from its
+    # module global, set only inside an engine, from that engine's algorithm.
+    return _chain(tokens, block_size, per, seed, cache_salt, lora_name, lora_path,
+                  fn, lambda parent, block, extra: bytes(hash_block_tokens(fn, BlockHash(parent), block, extra)),
+                  lambda h: bytes(make_offload_key(h, group)))
 
 
 def _keys_pickle(tokens: Sequence[int], block_size: int, per: int, seed: str | None,
@@ -96,18 +87,31 @@ def _keys_pickle(tokens: Sequence[int], block_size: int, per: int, seed: str | N
     def h(x: object) -> bytes:
         return hashlib.sha256(pickle.dumps(x, protocol=5)).digest()
 
-    parent = h(seed if seed is not None else DEFAULT_SEED)
+    return _chain(tokens, block_size, per, seed, cache_salt, lora_name, lora_path,
+                  h, lambda parent, block, extra: h((parent, tuple(block), extra)),
+                  lambda hv: hv + group.to_bytes(4, "big"))
+
+
+def _chain(tokens: Sequence[int], block_size: int, per: int, seed: str | None,
+           cache_salt: str | None, lora_name: str | None, lora_path: str,
+           none_hash: Callable[[str], bytes],
+           block_hash: Callable[[bytes, Sequence[int], tuple[Any, ...] | None], bytes],
+           key: Callable[[bytes], bytes]) -> list[bytes]:
+    """vLLM's request block hasher over full blocks (NONE_HASH from the
+    seed; LoRA keys on every block, the salt on the first), then the
+    offloading connector's key of each chunk's last block."""
+    parent = none_hash(seed if seed is not None else DEFAULT_SEED)
     lora: list[tuple[Any, ...]] = (
         [("lora", lora_name, lora_path)] if lora_name is not None else [])
     hashes = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         extra = lora + ([("cache_salt", cache_salt)]
                         if start == 0 and cache_salt else [])
-        parent = h((parent, tuple(tokens[start:start + block_size]),
-                    tuple(extra) if extra else None))
+        parent = block_hash(parent, tokens[start:start + block_size],
+                            tuple(extra) if extra else None)
         hashes.append(parent)
     step = per // block_size
-    return [hv + group.to_bytes(4, "big") for hv in hashes[step - 1::step]]
+    return [key(hv) for hv in hashes[step - 1::step]]
 
 
 def _keys_binary(tokens: Sequence[int], block_size: int, per: int, hash_algo: str,
