@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/blockhash"
+	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -86,6 +88,41 @@ func (f *prefixFlags) prefixes(cmd *cobra.Command, args []string) ([][]offload.K
 	return readPrefixes(in, "--keys")
 }
 
+// prefixCmd is what every router command has: the connection flags and
+// where its prefixes come from.
+type prefixCmd struct {
+	rf remoteFlags
+	pf prefixFlags
+}
+
+func (p *prefixCmd) register(cmd *cobra.Command) {
+	p.rf.register(cmd)
+	p.pf.register(cmd)
+}
+
+// each dials the daemon and calls fn for every prefix the flags and args
+// name, in order; a failed call ends the command with the operator's
+// message for it.
+func (p *prefixCmd) each(cmd *cobra.Command, args []string, what string, fn func(ctx context.Context, c *client.Client, keys []offload.Key) error) error {
+	prefixes, err := p.pf.prefixes(cmd, args)
+	if err != nil {
+		return err
+	}
+	c, err := p.rf.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := p.rf.context(0)
+	defer cancel()
+	for _, keys := range prefixes {
+		if err := fn(ctx, c, keys); err != nil {
+			return p.rf.rpcError(what, err)
+		}
+	}
+	return nil
+}
+
 // readPrefixes reads one prefix per non-blank line: hex keys separated by
 // white space, or a JSON object with "keys" (`kvtier keys`).
 func readPrefixes(r io.Reader, what string) ([][]offload.Key, error) {
@@ -142,8 +179,7 @@ type residencyTier struct {
 }
 
 func newResidencyCmd() *cobra.Command {
-	var rf remoteFlags
-	var pf prefixFlags
+	var pc prefixCmd
 	var params string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -161,42 +197,27 @@ tell by I/O (s3, redis, peer: "unknown").
   kvtier keys --block-size 16 prompts.jsonl | kvtier residency --keys - --json
   kvtier residency --tokens prompt.json --block-size 16 --params '{"kv_load_tiers":[{"medium":"cpu"}]}'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			prefixes, err := pf.prefixes(cmd, args)
-			if err != nil {
-				return err
-			}
 			p, err := paramsFlag(params, cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
-			c, err := rf.dial()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := rf.context(0)
-			defer cancel()
 			w := cmd.OutOrStdout()
 			enc := json.NewEncoder(w)
-			for _, keys := range prefixes {
+			return pc.each(cmd, args, "residency", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
 				r, err := c.Residency(ctx, keys, p)
 				if err != nil {
-					return rf.rpcError("residency", err)
+					return err
 				}
 				l := residencyOf(len(keys), r)
 				if asJSON {
-					if err := enc.Encode(l); err != nil {
-						return err
-					}
-					continue
+					return enc.Encode(l)
 				}
 				writeResidency(w, l)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
-	rf.register(cmd)
-	pf.register(cmd)
+	pc.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per prefix")
@@ -204,8 +225,7 @@ tell by I/O (s3, redis, peer: "unknown").
 }
 
 func newPrefetchCmd() *cobra.Command {
-	var rf remoteFlags
-	var pf prefixFlags
+	var pc prefixCmd
 	var params string
 	var deadline time.Duration
 	cmd := &cobra.Command{
@@ -224,26 +244,15 @@ and whether the daemon still works on it.
 		Example: `  kvtier prefetch 0123abcd00000000 0123abce00000000
   kvtier prefetch --tokens prompt.json --block-size 16 --deadline 2s`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			prefixes, err := pf.prefixes(cmd, args)
-			if err != nil {
-				return err
-			}
 			p, err := paramsFlag(params, cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
-			c, err := rf.dial()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := rf.context(0)
-			defer cancel()
 			w := cmd.OutOrStdout()
-			for _, keys := range prefixes {
+			return pc.each(cmd, args, "prefetch", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
 				a, err := c.Prefetch(ctx, keys, p, deadline)
 				if err != nil {
-					return rf.rpcError("prefetch", err)
+					return err
 				}
 				state := "done"
 				if a.GetQueued() {
@@ -253,12 +262,11 @@ and whether the daemon still works on it.
 				for _, m := range a.GetWarnings() {
 					fmt.Fprintln(w, "  warning:", m.GetMessage())
 				}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
-	rf.register(cmd)
-	pf.register(cmd)
+	pc.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&params, "params", "", "kv_transfer_params: a JSON object, @FILE or - (stdin)")
 	fl.DurationVar(&deadline, "deadline", 0, "how long the daemon keeps trying tiers that are not sure yet (default 10s)")
@@ -266,8 +274,7 @@ and whether the daemon still works on it.
 }
 
 func newPinCmd() *cobra.Command {
-	var rf remoteFlags
-	var pf prefixFlags
+	var pc prefixCmd
 	var ttl time.Duration
 	cmd := &cobra.Command{
 		Use:   "pin --ttl D [flags] KEY... | --keys FILE | --tokens FILE",
@@ -281,71 +288,43 @@ them, the daemon's drops them. kvtier unpin releases them early.
 ` + keyHelp,
 		Example: `  kvtier pin --ttl 10m --tokens system-prompt.json --block-size 16`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			prefixes, err := pf.prefixes(cmd, args)
-			if err != nil {
-				return err
-			}
-			c, err := rf.dial()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := rf.context(0)
-			defer cancel()
-			for _, keys := range prefixes {
+			return pc.each(cmd, args, "pin", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
 				a, err := c.Pin(ctx, keys, ttl)
-				if err != nil {
-					return rf.rpcError("pin", err)
+				if err == nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d pinned, %d missing, %d refused\n", len(keys), a.GetPinned(), a.GetMissing(), a.GetRefused())
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d pinned, %d missing, %d refused\n", len(keys), a.GetPinned(), a.GetMissing(), a.GetRefused())
-			}
-			return nil
+				return err
+			})
 		},
 	}
-	rf.register(cmd)
-	pf.register(cmd)
+	pc.register(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "how long the pins last (required, at most 24h)")
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd
 }
 
 func newUnpinCmd() *cobra.Command {
-	var rf remoteFlags
-	var pf prefixFlags
+	var pc prefixCmd
 	cmd := &cobra.Command{
 		Use:   "unpin [flags] KEY... | --keys FILE | --tokens FILE",
 		Short: "Release pins before their TTL",
 		Long:  "unpin releases the pins kvtier pin took on each prefix's keys (keys not\npinned are skipped) and prints how many it released.\n\n" + keyHelp,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			prefixes, err := pf.prefixes(cmd, args)
-			if err != nil {
-				return err
-			}
-			c, err := rf.dial()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := rf.context(0)
-			defer cancel()
-			for _, keys := range prefixes {
+			return pc.each(cmd, args, "unpin", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
 				n, err := c.Unpin(ctx, keys)
-				if err != nil {
-					return rf.rpcError("unpin", err)
+				if err == nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d unpinned\n", len(keys), n)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d keys: %d unpinned\n", len(keys), n)
-			}
-			return nil
+				return err
+			})
 		},
 	}
-	rf.register(cmd)
-	pf.register(cmd)
+	pc.register(cmd)
 	return cmd
 }
 
 func newDeleteCmd() *cobra.Command {
-	var rf remoteFlags
-	var pf prefixFlags
+	var pc prefixCmd
 	cmd := &cobra.Command{
 		Use:   "delete [flags] KEY... | --keys FILE | --tokens FILE",
 		Short: "Remove blocks from every tier of a running daemon",
@@ -359,22 +338,11 @@ reading stays in the primary ("held"); tiers that do not delete on request
 ` + keyHelp,
 		Example: `  kvtier delete --tokens prompt.json --block-size 16`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			prefixes, err := pf.prefixes(cmd, args)
-			if err != nil {
-				return err
-			}
-			c, err := rf.dial()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := rf.context(0)
-			defer cancel()
 			w := cmd.OutOrStdout()
-			for _, keys := range prefixes {
+			return pc.each(cmd, args, "delete", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
 				a, err := c.Delete(ctx, keys)
 				if err != nil {
-					return rf.rpcError("delete", err)
+					return err
 				}
 				fmt.Fprintf(w, "%d keys: primary %d removed, %d held", len(keys), a.GetPrimary(), a.GetHeld())
 				for _, t := range a.GetTiers() {
@@ -388,12 +356,11 @@ reading stays in the primary ("held"); tiers that do not delete on request
 					}
 				}
 				fmt.Fprintln(w)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
-	rf.register(cmd)
-	pf.register(cmd)
+	pc.register(cmd)
 	return cmd
 }
 
