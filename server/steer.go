@@ -16,6 +16,18 @@ import (
 	"github.com/kvtier/kvtier/tiering"
 )
 
+// steerKeys opens the namespace of a router's call and returns its keys in
+// the caller's key space. For the admin, "" names the daemon's only
+// namespace (name is the call's namespace field, resolved in place);
+// tenants resolve their own.
+func (sv *service) steerKeys(ctx context.Context, in keyed, name *string) (*Namespace, []offload.Key, error) {
+	if principalOf(ctx).t == nil {
+		*name = sv.soleNamespace(*name)
+	}
+	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	return ns, keys, err
+}
+
 // residencer is implemented by managers that answer residency queries
 // (tiering.Manager).
 type residencer interface {
@@ -50,10 +62,7 @@ func (ns *Namespace) Residency(keys []offload.Key, params []byte) (tiering.Resid
 }
 
 func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest) (*kvtierv1.ResidencyResponse, error) {
-	if principalOf(ctx).t == nil {
-		in.Namespace = sv.soleNamespace(in.GetNamespace())
-	}
-	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +130,7 @@ func (ns *Namespace) Prefetch(keys []offload.Key, params []byte, wait time.Durat
 }
 
 func (sv *service) Prefetch(ctx context.Context, in *kvtierv1.PrefetchRequest) (*kvtierv1.PrefetchResponse, error) {
-	if principalOf(ctx).t == nil {
-		in.Namespace = sv.soleNamespace(in.GetNamespace())
-	}
-	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -185,10 +191,7 @@ func (ns *Namespace) Unpin(keys []offload.Key) (int, error) {
 }
 
 func (sv *service) Pin(ctx context.Context, in *kvtierv1.PinRequest) (*kvtierv1.PinResponse, error) {
-	if principalOf(ctx).t == nil {
-		in.Namespace = sv.soleNamespace(in.GetNamespace())
-	}
-	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -200,10 +203,7 @@ func (sv *service) Pin(ctx context.Context, in *kvtierv1.PinRequest) (*kvtierv1.
 }
 
 func (sv *service) Unpin(ctx context.Context, in *kvtierv1.UnpinRequest) (*kvtierv1.UnpinResponse, error) {
-	if principalOf(ctx).t == nil {
-		in.Namespace = sv.soleNamespace(in.GetNamespace())
-	}
-	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -254,10 +254,7 @@ func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.De
 }
 
 func (sv *service) Delete(ctx context.Context, in *kvtierv1.DeleteRequest) (*kvtierv1.DeleteResponse, error) {
-	if principalOf(ctx).t == nil {
-		in.Namespace = sv.soleNamespace(in.GetNamespace())
-	}
-	ns, _, keys, err := sv.nsKeys(ctx, in, false)
+	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
 	}
