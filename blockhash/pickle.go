@@ -105,13 +105,13 @@ func (p *pickler) save(v any) {
 	case string:
 		p.saveStr(v)
 	case ints:
-		items := make(tuple, len(v))
-		for i, x := range v {
-			items[i] = x
-		}
-		p.saveTuple(items)
+		// The block's tokens, without boxing each into an interface.
+		p.saveTuple(len(v), func(i int) {
+			p.saveInt(v[i])
+			p.boundary()
+		})
 	case tuple:
-		p.saveTuple(v)
+		p.saveTuple(len(v), func(i int) { p.save(v[i]) })
 	default:
 		panic("blockhash: cannot pickle a value of this type")
 	}
@@ -193,21 +193,21 @@ func (p *pickler) saveStr(s string) {
 	p.memoize()
 }
 
-func (p *pickler) saveTuple(t tuple) {
-	if len(t) == 0 {
+// saveTuple writes a tuple of n items, item(i) writing each one.
+func (p *pickler) saveTuple(n int, item func(i int)) {
+	if n == 0 {
 		p.write(opEmptyTuple)
 		return
 	}
-	if len(t) <= 3 {
-		for _, v := range t {
-			p.save(v)
-		}
-		p.write(opTuple1 + byte(len(t)-1))
-	} else {
+	if n > 3 {
 		p.write(opMark)
-		for _, v := range t {
-			p.save(v)
-		}
+	}
+	for i := range n {
+		item(i)
+	}
+	if n <= 3 {
+		p.write(opTuple1 + byte(n-1))
+	} else {
 		p.write(opTuple)
 	}
 	p.memoize()
