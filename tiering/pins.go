@@ -60,6 +60,9 @@ type PinAnswer struct {
 type pinner struct {
 	cfg     PinConfig
 	expires map[offload.Key]time.Time
+	// first is no later than the earliest expiry (zero: none): steps
+	// before it skip the scan.
+	first time.Time
 	// budget and held are per owner (cpu.Primary.OwnerOf); a nil budget
 	// means pins are off.
 	budget []int
@@ -106,6 +109,9 @@ func (m *Manager) Pin(keys []offload.Key, ttl time.Duration) (PinAnswer, error) 
 	}
 	m.expirePins()
 	until := pn.cfg.Now().Add(ttl)
+	if pn.first.IsZero() || until.Before(pn.first) {
+		pn.first = until
+	}
 	var a PinAnswer
 	for _, k := range keys {
 		if old, ok := pn.expires[k]; ok {
@@ -182,10 +188,17 @@ func (m *Manager) expirePins() {
 		return
 	}
 	now := pn.cfg.Now()
+	if !now.After(pn.first) {
+		return
+	}
+	pn.first = time.Time{}
 	for k, until := range pn.expires {
-		if now.After(until) {
+		switch {
+		case now.After(until):
 			m.unpin(k)
 			pn.stats.Expired++
+		case pn.first.IsZero() || until.Before(pn.first):
+			pn.first = until
 		}
 	}
 }

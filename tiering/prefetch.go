@@ -92,8 +92,10 @@ type prefetcher struct {
 	byReq    map[*offload.ReqContext]*prefetch
 	inFlight int
 	// holds are the landed blocks held for their requests, until a
-	// deadline.
-	holds map[offload.Key]time.Time
+	// deadline; holdsFirst is no later than the earliest (zero: none):
+	// steps before it skip the scan.
+	holds      map[offload.Key]time.Time
+	holdsFirst time.Time
 	stats PrefetchStats
 }
 
@@ -208,10 +210,19 @@ func (m *Manager) prefetchDone(p *prefetch) bool {
 // are submitted.
 func (m *Manager) stepPrefetches() {
 	pf := m.prefetch
+	if len(pf.holds) == 0 && len(pf.queue) == 0 {
+		return
+	}
 	now := pf.cfg.Now()
-	for k, until := range pf.holds {
-		if now.After(until) {
-			m.releaseHold(k)
+	if len(pf.holds) > 0 && now.After(pf.holdsFirst) {
+		pf.holdsFirst = time.Time{}
+		for k, until := range pf.holds {
+			switch {
+			case now.After(until):
+				m.releaseHold(k)
+			case pf.holdsFirst.IsZero() || until.Before(pf.holdsFirst):
+				pf.holdsFirst = until
+			}
 		}
 	}
 	if len(pf.queue) == 0 {
@@ -256,6 +267,9 @@ func (m *Manager) promotionLanded(j *offload.Job, loaded []offload.Key) {
 		m.one[0] = k
 		if _, err := m.primary.PrepareLoad(m.one[:]); err == nil {
 			pf.holds[k] = p.deadline
+			if pf.holdsFirst.IsZero() || p.deadline.Before(pf.holdsFirst) {
+				pf.holdsFirst = p.deadline
+			}
 		}
 		m.one[0] = ""
 	}
