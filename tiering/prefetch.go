@@ -96,7 +96,7 @@ type prefetcher struct {
 	// steps before it skip the scan.
 	holds      map[offload.Key]time.Time
 	holdsFirst time.Time
-	stats PrefetchStats
+	stats      PrefetchStats
 }
 
 func newPrefetcher(cfg PrefetchConfig, numSlots int) *prefetcher {
