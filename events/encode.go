@@ -87,7 +87,7 @@ func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	// fields (extra_keys only for a tenant's blocks).
 	n := uint32(8)
 	n += b2u(ev.HasGroupIdx) + b2u(ev.SpecKind != "") + b2u(ev.SlidingWindow != 0) +
-		b2u(ev.Locality != "") + b2u(ev.Ownership != "") + b2u(ev.Space != "")
+		b2u(ev.Locality != "") + b2u(ev.Ownership != "") + b2u(ev.Salt != "")
 	// msgspec sizes a struct's map header for all its fields before it
 	// knows how many omit_defaults leaves out: BlockStored has more than
 	// 15 (with the tag), so vLLM writes map16 even for 9 entries.
@@ -108,7 +108,7 @@ func (f Format) appendStoredMap(dst []byte, ev *BlockEvent) []byte {
 	dst = appendOptString(dst, ev.Medium)
 	dst = append(dst, kLoraName...)
 	dst = appendOptString(dst, ev.LoraName)
-	if ev.Space != "" {
+	if ev.Salt != "" {
 		dst = append(dst, kExtraKeys...)
 		dst = appendExtraKeys(dst, ev)
 	}
@@ -151,7 +151,7 @@ func (f Format) appendStoredArray(dst []byte, ev *BlockEvent) []byte {
 	dst = appendOptInt(dst, ev.LoraID)
 	dst = appendOptString(dst, ev.Medium)
 	dst = appendOptString(dst, ev.LoraName)
-	if ev.Space != "" {
+	if ev.Salt != "" {
 		dst = appendExtraKeys(dst, ev)
 	} else {
 		dst = msgp.AppendNil(dst) // extra_keys
@@ -195,18 +195,22 @@ func (f Format) appendRemovedArray(dst []byte, ev *BlockEvent) []byte {
 	return appendOptGroup(dst, ev)
 }
 
-// SpacePrefix begins the extra key that names a block's tenant.
+// SpacePrefix begins a key space's default salt: SpacePrefix + the name
+// of the tenant or shared space.
 const SpacePrefix = "kvtier_tenant:"
 
-// appendExtraKeys writes the extra_keys of a tenant's blocks: for each
-// hash the one-element tuple (SpacePrefix + space) — the shape of the
-// entry of a block hashed with a cache_salt, which vLLM writes untagged.
+// appendExtraKeys writes the extra_keys of the first chunk of a request in
+// a tenant's space the way vLLM writes them for a request with a
+// cache_salt: (salt,) for the first hash block, nil for every other.
 func appendExtraKeys(dst []byte, ev *BlockEvent) []byte {
-	name := SpacePrefix + ev.Space
 	dst = msgp.AppendArrayHeader(dst, uint32(len(ev.BlockHashes)))
-	for range ev.BlockHashes {
+	for i := range ev.BlockHashes {
+		if i > 0 {
+			dst = msgp.AppendNil(dst)
+			continue
+		}
 		dst = msgp.AppendArrayHeader(dst, 1)
-		dst = msgp.AppendString(dst, name)
+		dst = msgp.AppendString(dst, ev.Salt)
 	}
 	return dst
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
-	"strings"
 	"testing"
 )
 
@@ -64,8 +63,14 @@ func (c *goldenCase) blockEvents(t *testing.T) []BlockEvent {
 			Locality:  str(e.Locality),
 		}
 		if len(e.ExtraKeys) > 0 {
-			// kvtier writes one space for every block of an event.
-			ev.Space = strings.TrimPrefix(e.ExtraKeys[0][0], SpacePrefix)
+			// kvtier writes a space's salt for the first hash block only,
+			// as vLLM writes a cache_salt.
+			ev.Salt = e.ExtraKeys[0][0]
+			for _, rest := range e.ExtraKeys[1:] {
+				if rest != nil {
+					t.Fatalf("case %q: extra_keys beyond the first block: %q", c.Name, e.ExtraKeys)
+				}
+			}
 		}
 		switch e.Type {
 		case "BlockStored":

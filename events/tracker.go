@@ -68,6 +68,9 @@ type meta struct {
 	loraID    int
 	loraName  string
 	specKind  string
+	// salt is the space's salt when the chunk is a request's first
+	// (parent == "") in a tenant's or shared space.
+	salt string
 	// holders are the residencies that announced the key stored and have
 	// not announced its removal. The metadata lives until the last of
 	// them removes the key: a removal from one medium must carry the same
@@ -122,10 +125,13 @@ type TrackerConfig struct {
 	// tokens and hashes (default DefaultMaxBytes); beyond it Record evicts
 	// the oldest recorded keys like MaxEntries does.
 	MaxBytes int64
-	// Spaces names the key spaces of the daemon's tenants (package
-	// keyspace), by ID. A key of one of them is published with its tag
-	// stripped — the engine's own hash — and its BlockStored names the
-	// space in extra_keys (BlockEvent.Space).
+	// Spaces are the salts of the key spaces of the daemon's tenants and
+	// shared spaces (package keyspace), by ID: SpacePrefix + the space's
+	// name, or the salt its configuration sets. A key of one of them is
+	// published under its space's hashes (SpaceHash of the engine's
+	// hashes), and the BlockStored of a request's first chunk carries the
+	// salt where vLLM writes a request's cache_salt (BlockEvent.Salt).
+	// Keys of spaces not listed are published as they are.
 	Spaces map[uint64]string
 }
 
@@ -214,9 +220,13 @@ func (t *Tracker) Record(key offload.Key, tm TokenMeta) (bool, error) {
 	if !SelfDescribingKind(tm.SpecKind, tm.SlidingWindow) {
 		return false, nil
 	}
-	m, err := newMeta(key, tm)
+	id, salt := t.spaceOf(key)
+	m, err := newMeta(key, id, tm)
 	if err != nil {
 		return false, err
+	}
+	if m.parent == "" {
+		m.salt = salt
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -261,7 +271,9 @@ func (t *Tracker) drop(key offload.Key) {
 	}
 }
 
-func newMeta(key offload.Key, tm TokenMeta) (*meta, error) {
+// newMeta validates tm as the metadata of key, a key of the space id (0:
+// untagged or unknown), and converts its hashes to the space's.
+func newMeta(key offload.Key, id uint64, tm TokenMeta) (*meta, error) {
 	if !key.Valid() {
 		return nil, fmt.Errorf("events: record %q: %w", key, offload.ErrInvalidKey)
 	}
@@ -299,9 +311,23 @@ func newMeta(key offload.Key, tm TokenMeta) (*meta, error) {
 		m.hashes[i] = string(h)
 	}
 	// The key names the chunk by its last hash block; metadata for another
-	// chunk would make routers believe in tokens that are not stored.
-	if m.hashes[n-1] != key.Hash() {
+	// chunk would make routers believe in tokens that are not stored. A
+	// tenant's key is its space's tag and the engine's key: the engine's
+	// hashes describe the latter.
+	own := key
+	if id != 0 {
+		own = key[keyspace.TagLen:]
+	}
+	if m.hashes[n-1] != own.Hash() {
 		return nil, fmt.Errorf("events: record %s: %w: last block hash differs from the key's hash", key, ErrInvalidMeta)
+	}
+	if id != 0 {
+		for i, h := range m.hashes {
+			m.hashes[i] = SpaceHash(id, h)
+		}
+		if m.parent != "" {
+			m.parent = SpaceHash(id, m.parent)
+		}
 	}
 	return m, nil
 }
@@ -394,10 +420,6 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 				Locality:    locality,
 				Ownership:   owner,
 			}
-			h := k.Hash()
-			if len(t.spaces) > 0 {
-				h, we.Space = t.space(k)
-			}
 			if m := t.metas[k]; m != nil {
 				we.BlockHashes = m.hashes
 				we.ParentHash = m.parent
@@ -406,12 +428,13 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 				we.LoraID = m.loraID
 				we.LoraName = m.loraName
 				we.SpecKind = m.specKind
+				we.Salt = m.salt
 				if !slices.Contains(m.holders, res) {
 					m.holders = append(m.holders, res)
 				}
 			} else {
 				start := len(dst.hashes)
-				dst.hashes = append(dst.hashes, h)
+				dst.hashes = append(dst.hashes, t.wireHash(k))
 				we.BlockHashes = dst.run(start)
 			}
 			dst.Events = append(dst.Events, we)
@@ -419,15 +442,42 @@ func (t *Tracker) Translate(dst *Batch, evs []offload.Event) {
 	}
 }
 
-// space returns the engine's hash of k and the name of k's space, "" for
-// a key of no tenant.
-func (t *Tracker) space(k offload.Key) (hash, name string) {
+// spaceOf returns the ID and salt of k's space; 0 and "" for an untagged
+// key or one of a space the tracker does not know.
+func (t *Tracker) spaceOf(k offload.Key) (id uint64, salt string) {
+	if len(t.spaces) == 0 {
+		return 0, ""
+	}
 	if id, ok := keyspace.IDOf(k); ok {
-		if name := t.spaces[id]; name != "" {
-			return k[keyspace.TagLen:].Hash(), name
+		if salt := t.spaces[id]; salt != "" {
+			return id, salt
 		}
 	}
-	return k.Hash(), ""
+	return 0, ""
+}
+
+// wireHash returns the hash k is published under: the engine's, or for a
+// key of a known space its space's (SpaceHash).
+func (t *Tracker) wireHash(k offload.Key) string {
+	if id, _ := t.spaceOf(k); id != 0 {
+		return SpaceHash(id, k[keyspace.TagLen:].Hash())
+	}
+	return k.Hash()
+}
+
+// SpaceHash returns the hash a tenant's or shared space's block is
+// published under: the engine's hash h with its last 8 bytes (those vLLM's
+// integer form keeps, offload.WireHash) XORed with the space's ID, big-
+// endian. Two spaces' copies of the same block thus never share a wire
+// hash — a router indexing by hash cannot credit one space's block to
+// another, and a removal names one space's copy — while a router that
+// knows the space's ID can still compute the hash from the engine's.
+func SpaceHash(id uint64, h string) string {
+	b := []byte(h)
+	for i := 0; i < 8 && i < len(b); i++ {
+		b[len(b)-1-i] ^= byte(id >> (8 * i))
+	}
+	return string(b)
 }
 
 func (t *Tracker) translateRemoved(dst *Batch, ev *offload.Event, medium, locality, owner string) {
@@ -461,11 +511,7 @@ func (t *Tracker) translateRemoved(dst *Batch, ev *offload.Event, medium, locali
 				}
 				t.removed = append(t.removed, k)
 			} else {
-				h := k.Hash()
-				if len(t.spaces) > 0 {
-					h, _ = t.space(k)
-				}
-				dst.hashes = append(dst.hashes, h)
+				dst.hashes = append(dst.hashes, t.wireHash(k))
 			}
 		}
 		dst.Events = append(dst.Events, BlockEvent{

@@ -431,30 +431,71 @@ func TestSpecKinds(t *testing.T) {
 	}
 }
 
-// TestTenantSpaces: a tenant's key is published with the engine's hash,
-// its store naming the tenant; a key of an unknown space, or untagged,
-// is published as it is.
+// TestTenantSpaces: a tenant's key is published under its space's hashes
+// (never the engine's, which another space's copy of the block shares),
+// its removal too; the salt goes on the first chunk of a request only; a
+// key of an unknown space, or untagged, is published as it is.
 func TestTenantSpaces(t *testing.T) {
 	acme, _ := keyspace.New("tenant/acme")
 	stray, _ := keyspace.New("tenant/gone")
 	raw := chunkKey(7, 0)
-	tr := mustTracker(t, TrackerConfig{Spaces: map[uint64]string{acme.ID(): "acme"}})
+	tr := mustTracker(t, TrackerConfig{Spaces: map[uint64]string{acme.ID(): SpacePrefix + "acme"}})
 	got := translate(tr,
 		offload.Event{Keys: []offload.Key{acme.Key([]byte(raw)), stray.Key([]byte(raw)), raw}, Medium: offload.MediumCPU},
 		offload.Event{Keys: []offload.Key{acme.Key([]byte(raw))}, Medium: offload.MediumCPU, Removed: true})
 	if len(got) != 4 {
 		t.Fatalf("%d wire events, want 4", len(got))
 	}
-	if got[0].BlockHashes[0] != raw.Hash() || got[0].Space != "acme" {
-		t.Errorf("acme's store: hash %x space %q; want the engine's hash and acme", got[0].BlockHashes[0], got[0].Space)
+	acmeHash := SpaceHash(acme.ID(), raw.Hash())
+	if acmeHash == raw.Hash() || got[0].BlockHashes[0] != acmeHash || got[0].Salt != "" {
+		t.Errorf("acme's placeholder: hash %x salt %q; want acme's hash %x and no salt (no tokens, no request)", got[0].BlockHashes[0], got[0].Salt, acmeHash)
 	}
-	if got[1].Space != "" || got[1].BlockHashes[0] != stray.Key([]byte(raw)).Hash() {
+	if got[1].Salt != "" || got[1].BlockHashes[0] != stray.Key([]byte(raw)).Hash() {
 		t.Errorf("a key of an unknown space was taken for a tenant's: %+v", got[1])
 	}
-	if got[2].Space != "" || got[2].BlockHashes[0] != raw.Hash() {
+	if got[2].Salt != "" || got[2].BlockHashes[0] != raw.Hash() {
 		t.Errorf("an untagged key changed: %+v", got[2])
 	}
-	if got[3].Type != BlockRemoved || got[3].BlockHashes[0] != raw.Hash() {
-		t.Errorf("acme's removal: %+v, want the engine's hash", got[3])
+	if got[3].Type != BlockRemoved || got[3].BlockHashes[0] != acmeHash {
+		t.Errorf("acme's removal: %+v, want acme's hash", got[3])
+	}
+}
+
+// TestTenantTokens: token metadata of a tenant's key describes the
+// engine's key (the tag stripped); its events carry the space's hashes,
+// parents included, and the salt on the first chunk only; the default
+// space's copy of the same chunks keeps the engine's hashes.
+func TestTenantTokens(t *testing.T) {
+	acme, _ := keyspace.New("tenant/acme")
+	tr := mustTracker(t, TrackerConfig{SelfDescribing: true, Spaces: map[uint64]string{acme.ID(): "acme's salt"}})
+	k0, m0 := chunkMeta(0, 2, 4)
+	k1, m1 := chunkMeta(1, 2, 4)
+	for _, k := range []offload.Key{acme.Key([]byte(k0)), k0} {
+		mustRecord(t, tr, k, m0)
+	}
+	for _, k := range []offload.Key{acme.Key([]byte(k1)), k1} {
+		mustRecord(t, tr, k, m1)
+	}
+	got := translate(tr, stored(offload.MediumCPU, acme.Key([]byte(k0)), acme.Key([]byte(k1)), k0, k1))
+	sh := func(n uint64) string { return SpaceHash(acme.ID(), string(h(n))) }
+	want := []struct {
+		hashes       []string
+		parent, salt string
+	}{
+		{[]string{sh(1000), sh(1001)}, "", "acme's salt"},
+		{[]string{sh(1002), sh(1003)}, sh(1001), ""},
+		{hs(1000, 1001), "", ""},
+		{hs(1002, 1003), string(h(1001)), ""},
+	}
+	for i, w := range want {
+		e := got[i]
+		if !slices.Equal(e.BlockHashes, w.hashes) || e.ParentHash != w.parent || e.Salt != w.salt || len(e.TokenIDs) != 8 {
+			t.Errorf("event %d: hashes %x parent %x salt %q tokens %d; want %x %x %q 8", i, e.BlockHashes, e.ParentHash, e.Salt, len(e.TokenIDs), w.hashes, w.parent, w.salt)
+		}
+	}
+	// Metadata naming another chunk than the engine's key is refused in
+	// a space as it is outside one.
+	if _, err := tr.Record(acme.Key([]byte(k1)), m0); !errors.Is(err, ErrInvalidMeta) {
+		t.Errorf("acme's chunk 1 recorded with chunk 0's tokens: %v", err)
 	}
 }

@@ -86,11 +86,12 @@ type BlockEvent struct {
 	Locality string
 	// Ownership: the secondary tier that owns the copy; "" is omitted.
 	Ownership string
-	// Space: BlockStored, the tenant (or shared space) whose blocks these
-	// are, written as extra_keys — one ("kvtier_tenant:<name>",) entry
-	// per block hash, where vLLM writes a request's cache_salt; "" writes
-	// no extra_keys.
-	Space string
+	// Salt: BlockStored, the salt of the tenant's (or shared space's)
+	// key space, set on the event of a request's first chunk only. It is
+	// written as extra_keys exactly where and how vLLM writes a request's
+	// cache_salt: a one-element tuple for the first hash block, nil for
+	// the others. "" writes no extra_keys.
+	Salt string
 }
 
 // Batch holds the wire events of one step. A Batch is reused across steps
