@@ -31,7 +31,14 @@ type Tenant struct {
 	// Weight scales how far above its quota the tenant may grow into
 	// space no one else claims, relative to the others (default 1).
 	Weight float64 `yaml:"weight"`
+	// EventSalt is the salt the tenant's KV events carry where vLLM
+	// writes a request's cache_salt (the first block's extra_keys), for a
+	// router that knows it; "" uses "kvtier_tenant:<name>".
+	EventSalt string `yaml:"event_salt"`
 }
+
+// MaxEventSalt bounds an event_salt's length.
+const MaxEventSalt = 256
 
 // Quota is a guaranteed share of the primary and of fs, redis, s3 and
 // memory tiers: blocks of the tenant within it are never evicted by
@@ -63,6 +70,8 @@ type SharedSpace struct {
 	Tenants []string `yaml:"tenants"`
 	Quota   Quota    `yaml:"quota"`
 	Weight  float64  `yaml:"weight"`
+	// EventSalt: as Tenant.EventSalt, for the space's blocks.
+	EventSalt string `yaml:"event_salt"`
 }
 
 // DefaultNamespaceName is how tenants' namespaces name the daemon's own
@@ -100,6 +109,20 @@ func (c *Config) checkTenants(d *decoder) {
 			names[n] = path
 		}
 	}
+	salts := map[string]string{}
+	salt := func(path, name, v string) {
+		if v == "" {
+			v = "kvtier_tenant:" + name // events.SpacePrefix (config does not import events)
+		}
+		switch {
+		case len(v) > MaxEventSalt:
+			d.errorf(nil, path+".event_salt", "%d bytes, at most %d", len(v), MaxEventSalt)
+		case salts[v] != "":
+			d.errorf(nil, path+".event_salt", "the same salt as %s: a router could not tell the two spaces' blocks apart", salts[v])
+		default:
+			salts[v] = path
+		}
+	}
 	share := func(path string, q Quota, w float64) {
 		if q.Primary < 0 {
 			d.errorf(nil, path+".quota.primary", "must not be negative, got %s", q.Primary)
@@ -128,6 +151,7 @@ func (c *Config) checkTenants(d *decoder) {
 			d.errorf(nil, path+".namespaces", "required: the namespaces the tenant's token reaches (%q is the daemon's own)", DefaultNamespaceName)
 		}
 		share(path, t.Quota, t.Weight)
+		salt(path, t.Name, t.EventSalt)
 	}
 	for i := range c.SharedSpaces {
 		s := &c.SharedSpaces[i]
@@ -145,6 +169,7 @@ func (c *Config) checkTenants(d *decoder) {
 			}
 		}
 		share(path, s.Quota, s.Weight)
+		salt(path, s.Name, s.EventSalt)
 	}
 	c.checkTierQuotas(d)
 	if c.Primary.Bytes > 0 && quota > c.Primary.Bytes {

@@ -139,6 +139,7 @@ events:
 #       primary: 256MiB
 #       tiers: {local-disk: 5GiB}  # fs, redis, s3 tiers with max_bytes; memory with capacity_blocks
 #     weight: 1             # share of the space no quota claims
+#     event_salt: ""        # its KV events' salt (default kvtier_tenant:<name>)
 # shared_spaces:            # blocks several tenants share, e.g. system prompts
 #   - name: prompts         # reached as namespace "prompts"
 #     tenants: [acme]
@@ -518,7 +519,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
 			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
 			Mode:           string(ev.Mode),
-			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames), Spaces: spaceNames(cfg)},
+			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames), Spaces: spaceSalts(cfg)},
 			Logger:         log.With("component", "events"),
 		})
 		if err != nil {

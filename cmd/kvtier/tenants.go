@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/server"
 )
@@ -72,21 +73,28 @@ func primaryShares(cfg *config.Config) ([]cpu.Share, error) {
 	return out, nil
 }
 
-// spaceNames names the tenants' and shared spaces' key spaces by ID, for
-// the events (a shared space is published under its own name).
-func spaceNames(cfg *config.Config) map[uint64]string {
+// spaceSalts gives the events the salts of the tenants' and shared
+// spaces' key spaces, by ID: the configured event_salt, or
+// events.SpacePrefix and the space's name.
+func spaceSalts(cfg *config.Config) map[uint64]string {
 	if len(cfg.Tenants)+len(cfg.SharedSpaces) == 0 {
 		return nil
 	}
 	m := map[uint64]string{}
+	salt := func(name, set string) string {
+		if set != "" {
+			return set
+		}
+		return events.SpacePrefix + name
+	}
 	for _, t := range cfg.Tenants {
 		if sp, err := keyspace.Tenant(t.Name); err == nil {
-			m[sp.ID()] = t.Name
+			m[sp.ID()] = salt(t.Name, t.EventSalt)
 		}
 	}
 	for _, s := range cfg.SharedSpaces {
 		if sp, err := keyspace.Shared(s.Name); err == nil {
-			m[sp.ID()] = s.Name
+			m[sp.ID()] = salt(s.Name, s.EventSalt)
 		}
 	}
 	return m
