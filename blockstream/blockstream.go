@@ -24,6 +24,11 @@
 // GetBlocks: u32 hits, per key u8 lookup result (the API's LookupResult
 // numbers), then the blocks as above for the keys the call returns.
 //
+// MetaFlag marks a by-value put (with ParamsFlag) whose blocks carry token
+// metadata for self-describing KV events: after the parameters, per key u32
+// len and len bytes of the API's BlockMetadata message in protobuf (len 0:
+// none for that block), at most MaxMeta bytes each.
+//
 // PushFlag marks a put as a push from a peer's tier: the daemon stores
 // the blocks in its primary and lets them cascade to its storage tiers
 // only, never to its own peers, so a push never travels further.
@@ -52,8 +57,12 @@ const (
 	PutFlag    = 1 << 31
 	PushFlag   = 1 << 30
 	ParamsFlag = 1 << 29
+	MetaFlag   = 1 << 28
 	// Flags are the bits of the key count that are not the count.
-	Flags = PutFlag | PushFlag | ParamsFlag
+	Flags = PutFlag | PushFlag | ParamsFlag | MetaFlag
+	// MaxMeta bounds one block's metadata on the stream (a chunk of
+	// 2^18 tokens, vLLM's largest, encodes in under 2 MiB).
+	MaxMeta = 4 << 20
 	// Chunk is the unit a put is written, read and hashed in.
 	Chunk = 256 << 10
 )

@@ -25,10 +25,12 @@ import (
 // answer. (If a put's stream fails after the daemon stored its blocks,
 // the API then finds them present.)
 
-// Block is a key and its bytes.
+// Block is a key and its bytes, and optionally (puts) its tokens for
+// self-describing KV events.
 type Block struct {
 	Key  offload.Key
 	Data []byte
+	Meta *kvtierv1.BlockMetadata
 }
 
 // CallOptions name the request a by-value call runs for: an active
@@ -123,7 +125,7 @@ func (c *Client) PutBlocks(ctx context.Context, blocks []Block, o CallOptions) (
 func (c *Client) putAPI(ctx context.Context, blocks []Block, o CallOptions) ([]bool, error) {
 	in := &kvtierv1.PutBlocksRequest{Namespace: c.ns, RequestId: o.RequestID, KvTransferParams: o.Params, Blocks: make([]*kvtierv1.Block, len(blocks))}
 	for i, b := range blocks {
-		in.Blocks[i] = &kvtierv1.Block{Key: []byte(b.Key), Data: b.Data}
+		in.Blocks[i] = &kvtierv1.Block{Key: []byte(b.Key), Data: b.Data, Metadata: b.Meta}
 	}
 	resp, err := c.api.PutBlocks(ctx, in)
 	if err != nil {

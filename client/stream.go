@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/blockstream"
@@ -258,9 +259,35 @@ func (s *Stream) put(blocks []Block, deadline time.Time, flags uint32, params []
 	for i, b := range blocks {
 		keys[i] = b.Key
 	}
+	var metas [][]byte
+	if flags&blockstream.ParamsFlag != 0 {
+		for i, b := range blocks {
+			if b.Meta == nil {
+				continue
+			}
+			if metas == nil {
+				metas = make([][]byte, len(blocks))
+			}
+			m, err := proto.Marshal(b.Meta)
+			if err != nil {
+				return nil, nil, &answerError{status.Errorf(codes.InvalidArgument, "blocks[%d]: metadata: %v", i, err)}
+			}
+			if len(m) > blockstream.MaxMeta {
+				return nil, nil, &answerError{status.Errorf(codes.InvalidArgument, "blocks[%d]: metadata of %d bytes (at most %d)", i, len(m), blockstream.MaxMeta)}
+			}
+			metas[i] = m
+		}
+		if metas != nil {
+			flags |= blockstream.MetaFlag
+		}
+	}
 	s.writeKeys(keys, blockstream.PutFlag|flags)
 	if flags&blockstream.ParamsFlag != 0 {
 		_ = blockstream.WriteField(s.w, params)
+	}
+	for _, m := range metas {
+		_ = blockstream.WriteU32(s.w, uint32(len(m)))
+		_, _ = s.w.Write(m)
 	}
 	var h blockstream.Summer
 	for _, b := range blocks {

@@ -504,20 +504,13 @@ func (ns *Namespace) Touch(s *session, id string, keys []offload.Key) error {
 // PrepareStore reserves slots for keys; metas is empty or co-indexed with
 // keys. ok is false when the primary cannot make room.
 func (ns *Namespace) PrepareStore(s *session, id string, keys []offload.Key, metas []BlockMeta) (out offload.PrepareStoreOutput, ok bool, err error) {
-	if len(metas) != 0 && len(metas) != len(keys) {
-		return out, false, fmt.Errorf("%w: %d metadata entries for %d keys (want none or one per key)", ErrInvalidArgument, len(metas), len(keys))
-	}
 	r, err := ns.lockLive(s, id, "prepare store")
 	if err != nil {
 		return out, false, err
 	}
 	defer ns.mu.Unlock()
-	if ns.meta != nil {
-		for i := range metas {
-			if err := ns.meta.Record(keys[i], metas[i]); err != nil {
-				return out, false, fmt.Errorf("%w: metadata[%d]: %w", ErrInvalidArgument, i, err)
-			}
-		}
+	if err := ns.recordMetasLocked(keys, metas); err != nil {
+		return out, false, err
 	}
 	out, ok, err = ns.mgr.PrepareStore(keys, r.ctx)
 	if err != nil {
@@ -532,6 +525,28 @@ func (ns *Namespace) PrepareStore(s *session, id string, keys []offload.Key, met
 		}
 	}
 	return out, ok, nil
+}
+
+// recordMetasLocked attaches token metadata to the keys about to be
+// stored, for self-describing events; metas is empty or co-indexed with
+// keys, and an entry without block hashes describes nothing. ns.mu is
+// held.
+func (ns *Namespace) recordMetasLocked(keys []offload.Key, metas []BlockMeta) error {
+	if len(metas) != 0 && len(metas) != len(keys) {
+		return fmt.Errorf("%w: %d metadata entries for %d keys (want none or one per key)", ErrInvalidArgument, len(metas), len(keys))
+	}
+	if ns.meta == nil {
+		return nil
+	}
+	for i := range metas {
+		if len(metas[i].BlockHashes) == 0 && len(metas[i].TokenIDs) == 0 {
+			continue
+		}
+		if err := ns.meta.Record(keys[i], metas[i]); err != nil {
+			return fmt.Errorf("%w: metadata[%d]: %w", ErrInvalidArgument, i, err)
+		}
+	}
+	return nil
 }
 
 // CompleteStore commits or abandons the slots reserved by PrepareStore.

@@ -63,6 +63,7 @@ type envOptions struct {
 	// set, rewrites what ListBlocks says about them.
 	publish     bool
 	replaySteps int
+	tracker     events.TrackerConfig // the publisher's
 	feed        func(server.EventFeed) server.EventFeed
 	// tenants, shared and shares: the daemon's tenants, shared spaces and
 	// the primary's shares.
@@ -133,7 +134,7 @@ func startEnvSlot(t envT, o envOptions, size int) *env {
 	nc.Events = o.events
 	if o.publish {
 		pub, err := events.New(events.Config{Endpoint: "tcp://127.0.0.1:0", Mode: events.ModeBind, ReplayEndpoint: "tcp://127.0.0.1:0",
-			BufferSteps: o.replaySteps, Model: "m", Logger: quietLogger()})
+			BufferSteps: o.replaySteps, Model: "m", Logger: quietLogger(), Tracker: o.tracker})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -334,14 +334,21 @@ func (sv *service) PutBlocks(ctx context.Context, in *kvtierv1.PutBlocksRequest)
 	blocks := in.GetBlocks()
 	raw := make([][]byte, len(blocks))
 	data := make([][]byte, len(blocks))
+	var metas []BlockMeta
 	for i, b := range blocks {
 		raw[i], data[i] = b.GetKey(), b.GetData()
+		if m := b.GetMetadata(); m != nil {
+			if metas == nil {
+				metas = make([]BlockMeta, len(blocks))
+			}
+			metas[i] = metaFromProto(m)
+		}
 	}
 	keys, err := ns.Keys(raw, sc.keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	written, evicted, err := ns.PutBlocks(sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()), keys, data)
+	written, evicted, err := ns.PutBlocks(sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()), keys, data, metas)
 	if err != nil {
 		return nil, sc.refused(err)
 	}

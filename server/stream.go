@@ -9,9 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 
 	"github.com/kvtier/kvtier/blockstream"
 	"github.com/kvtier/kvtier/offload"
@@ -156,6 +160,9 @@ func (s *Server) streamConn(c net.Conn) error {
 		if word&pushFlag != 0 && word&(putFlag|blockstream.ParamsFlag) != putFlag {
 			return errors.New("block stream: a push is a put without parameters")
 		}
+		if word&blockstream.MetaFlag != 0 && word&(putFlag|blockstream.ParamsFlag|pushFlag) != putFlag|blockstream.ParamsFlag {
+			return errors.New("block stream: metadata comes with a by-value put only")
+		}
 		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
 		keys := make([]offload.Key, n)
 		for i := range keys {
@@ -171,6 +178,11 @@ func (s *Server) streamConn(c net.Conn) error {
 		var o *streamOpts
 		if word&blockstream.ParamsFlag != 0 {
 			if o, err = s.readStreamOpts(r, word&putFlag == 0); err != nil {
+				return err
+			}
+		}
+		if word&blockstream.MetaFlag != 0 {
+			if o.metas, err = s.readStreamMetas(r, n); err != nil {
 				return err
 			}
 		}
@@ -217,6 +229,7 @@ type streamOpts struct {
 	params     []byte
 	wait       time.Duration
 	prefixOnly bool
+	metas      []BlockMeta // a put's token metadata (MetaFlag)
 }
 
 // readStreamOpts reads the parameters that follow the keys of a request
@@ -248,11 +261,43 @@ func (s *Server) readStreamOpts(r *bufio.Reader, get bool) (*streamOpts, error) 
 	return o, nil
 }
 
+// readStreamMetas reads the token metadata of a put's n blocks
+// (MetaFlag), each at most blockstream.MaxMeta bytes and all together at
+// most a message's bound.
+func (s *Server) readStreamMetas(r *bufio.Reader, n int) ([]BlockMeta, error) {
+	metas := make([]BlockMeta, n)
+	total := 0
+	var buf []byte
+	for i := range metas {
+		size, err := blockstream.ReadU32(r)
+		if err != nil {
+			return nil, err
+		}
+		total += int(size)
+		if size > blockstream.MaxMeta || total > s.limits.MaxMessageBytes {
+			return nil, fmt.Errorf("block stream: metadata of block %d: %d bytes (at most %d, %d in a call)", i, size, blockstream.MaxMeta, s.limits.MaxMessageBytes)
+		}
+		if size == 0 {
+			continue
+		}
+		buf = slices.Grow(buf[:0], int(size))[:size]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		var m kvtierv1.BlockMetadata
+		if err := proto.Unmarshal(buf, &m); err != nil {
+			return nil, fmt.Errorf("block stream: metadata of block %d: %w", i, err)
+		}
+		metas[i] = metaFromProto(&m)
+	}
+	return metas, nil
+}
+
 // reserveForStream reserves the primary's slots for the keys it lacks and
 // returns their slots (-1 for keys it holds or that repeat an earlier
 // key) and commit, which completes the stores of the keys ok marks and
 // abandons the rest. commit must be called exactly once.
-func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []byte) (slots []int64, gens []uint16, commit func(ok []bool) error, err error) {
+func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []byte, metas []BlockMeta) (slots []int64, gens []uint16, commit func(ok []bool) error, err error) {
 	if err := ns.checkParams(params); err != nil {
 		return nil, nil, nil, err
 	}
@@ -268,6 +313,10 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 	}
 	rc, _, finish, err := ns.callRequestLocked(nil, "", "block stream put", params)
 	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := ns.recordMetasLocked(keys, metas); err != nil {
+		finish()
 		return nil, nil, nil, err
 	}
 	uniq := make([]offload.Key, 0, len(keys))
@@ -335,10 +384,11 @@ func (ns *Namespace) reserveForStream(keys []offload.Key, push bool, params []by
 // slot, commits the verified ones, answers a status per key.
 func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Namespace, sc scope, keys []offload.Key, push bool, o *streamOpts) error {
 	var params []byte
+	var metas []BlockMeta
 	if o != nil {
-		params = o.params
+		params, metas = o.params, o.metas
 	}
-	slots, gens, commit, err := ns.reserveForStream(keys, push, params)
+	slots, gens, commit, err := ns.reserveForStream(keys, push, params, metas)
 	var failed error
 	switch {
 	case err == nil:

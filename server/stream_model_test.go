@@ -309,7 +309,7 @@ func TestBlockStreamModel(t *testing.T) {
 				for i, k := range keys {
 					data[i] = blockContent(k, slotSize)
 				}
-				if _, _, err := ns.PutBlocks(nil, "", nil, keys, data); err != nil && !errors.Is(err, ErrNoSpace) {
+				if _, _, err := ns.PutBlocks(nil, "", nil, keys, data, nil); err != nil && !errors.Is(err, ErrNoSpace) {
 					rt.Fatalf("put blocks: %v", err)
 				}
 			},
@@ -409,7 +409,7 @@ func TestGetBlocksPromotionCannotEvictAHit(t *testing.T) {
 		for i, key := range keys {
 			data[i] = blockContent(key, slotSize)
 		}
-		if _, _, err := ns.PutBlocks(nil, "", nil, keys, data); err != nil {
+		if _, _, err := ns.PutBlocks(nil, "", nil, keys, data, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -38,9 +38,10 @@ func (ns *Namespace) tempRequest(params []byte) (*offload.ReqContext, error) {
 
 // PutBlocks stores blocks by value: PrepareStore, copy into the reserved
 // slots, CompleteStore. With id == "" a temporary request built from
-// params is used. statuses[i] is true when keys[i] was written, false when
-// it was already present.
-func (ns *Namespace) PutBlocks(s *session, id string, params []byte, keys []offload.Key, data [][]byte) (written []bool, evicted []offload.Key, err error) {
+// params is used. metas is empty or co-indexed with keys (an entry with
+// no block hashes: none for that block). statuses[i] is true when keys[i]
+// was written, false when it was already present.
+func (ns *Namespace) PutBlocks(s *session, id string, params []byte, keys []offload.Key, data [][]byte, metas []BlockMeta) (written []bool, evicted []offload.Key, err error) {
 	if len(keys) != len(data) {
 		return nil, nil, fmt.Errorf("%w: %d keys for %d blocks", ErrInvalidArgument, len(keys), len(data))
 	}
@@ -67,6 +68,9 @@ func (ns *Namespace) PutBlocks(s *session, id string, params []byte, keys []offl
 		return nil, nil, err
 	}
 	defer finish()
+	if err := ns.recordMetasLocked(keys, metas); err != nil {
+		return nil, nil, err
+	}
 
 	out, ok, err := ns.mgr.PrepareStore(keys, rc)
 	if err != nil {

@@ -333,13 +333,19 @@ class Client:
 
     # By value ----------------------------------------------------------
 
-    def put_blocks(self, blocks, request_id="", params=None):
+    def put_blocks(self, blocks, request_id="", params=None, metadata=None):
         """Stores (key, data) pairs, each data exactly the slot size.
-        Returns one bool per block: True when written, False when it was
-        already present."""
+        metadata: None, or one pb.BlockMetadata (or None) per block — the
+        block's tokens, for self-describing KV events (a tenant gives its
+        engine's hashes, without its key space's tag). Returns one bool per
+        block: True when written, False when it was already present."""
+        blocks = list(blocks)
+        if metadata is not None and len(metadata) != len(blocks):
+            raise ValueError(f"put_blocks: {len(metadata)} metadata entries for {len(blocks)} blocks")
+        metas = metadata or [None] * len(blocks)
         resp = self._call("PutBlocks", pb.PutBlocksRequest(
             namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params),
-            blocks=[pb.Block(key=k, data=bytes(d)) for k, d in blocks]))
+            blocks=[pb.Block(key=k, data=bytes(d), metadata=m) for (k, d), m in zip(blocks, metas)]))
         return [s == pb.PUT_STATUS_STORED for s in resp.statuses]
 
     def get_blocks(self, keys, request_id="", params=None, wait_ms=0, prefix_only=False):

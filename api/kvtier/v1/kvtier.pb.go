@@ -4030,7 +4030,11 @@ type Block struct {
 	Key   []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// Exactly slot_size bytes when storing; when loading, present only for a
 	// HIT.
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Optional when storing (PutBlocks): the block's tokens, for
+	// self-describing KV events, as PrepareStore's metadata. A tenant's
+	// hashes are its engine's, without the key space's tag.
+	Metadata      *BlockMetadata `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4075,6 +4079,13 @@ func (x *Block) GetKey() []byte {
 func (x *Block) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *Block) GetMetadata() *BlockMetadata {
+	if x != nil {
+		return x.Metadata
 	}
 	return nil
 }
@@ -6729,10 +6740,11 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\bwarnings\x18\x05 \x03(\v2\x18.kvtier.v1.FilterWarningR\bwarnings\x12-\n" +
 	"\x05tiers\x18\x06 \x03(\v2\x17.kvtier.v1.TierDecisionR\x05tiers\x12!\n" +
 	"\fstrict_error\x18\a \x01(\tR\vstrictError\x12'\n" +
-	"\x0fvalidation_mode\x18\b \x01(\tR\x0evalidationMode\"-\n" +
+	"\x0fvalidation_mode\x18\b \x01(\tR\x0evalidationMode\"c\n" +
 	"\x05Block\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xa7\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x124\n" +
+	"\bmetadata\x18\x03 \x01(\v2\x18.kvtier.v1.BlockMetadataR\bmetadata\"\xa7\x01\n" +
 	"\x10PutBlocksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
@@ -7114,91 +7126,92 @@ var file_kvtier_v1_kvtier_proto_depIdxs = []int32{
 	8,  // 25: kvtier.v1.ExplainResponse.store_filter:type_name -> kvtier.v1.TierFilter
 	9,  // 26: kvtier.v1.ExplainResponse.warnings:type_name -> kvtier.v1.FilterWarning
 	50, // 27: kvtier.v1.ExplainResponse.tiers:type_name -> kvtier.v1.TierDecision
-	52, // 28: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
-	4,  // 29: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
-	52, // 30: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
-	0,  // 31: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
-	5,  // 32: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
-	62, // 33: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
-	63, // 34: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
-	66, // 35: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
-	70, // 36: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
-	72, // 37: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
-	2,  // 38: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
-	3,  // 39: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
-	74, // 40: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	80, // 41: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
-	81, // 42: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
-	82, // 43: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
-	81, // 44: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
-	81, // 45: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
-	86, // 46: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
-	74, // 47: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
-	10, // 48: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
-	12, // 49: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
-	13, // 50: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
-	16, // 51: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
-	18, // 52: kvtier.v1.KVTier.Pin:input_type -> kvtier.v1.PinRequest
-	20, // 53: kvtier.v1.KVTier.Unpin:input_type -> kvtier.v1.UnpinRequest
-	22, // 54: kvtier.v1.KVTier.Delete:input_type -> kvtier.v1.DeleteRequest
-	26, // 55: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
-	28, // 56: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
-	30, // 57: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
-	33, // 58: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
-	35, // 59: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
-	37, // 60: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
-	39, // 61: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
-	41, // 62: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
-	43, // 63: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
-	49, // 64: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
-	53, // 65: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
-	55, // 66: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
-	59, // 67: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
-	57, // 68: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
-	62, // 69: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
-	64, // 70: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
-	67, // 71: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
-	69, // 72: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
-	73, // 73: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
-	76, // 74: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
-	78, // 75: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
-	83, // 76: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
-	84, // 77: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
-	11, // 78: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
-	25, // 79: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
-	15, // 80: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
-	17, // 81: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
-	19, // 82: kvtier.v1.KVTier.Pin:output_type -> kvtier.v1.PinResponse
-	21, // 83: kvtier.v1.KVTier.Unpin:output_type -> kvtier.v1.UnpinResponse
-	24, // 84: kvtier.v1.KVTier.Delete:output_type -> kvtier.v1.DeleteResponse
-	27, // 85: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
-	29, // 86: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
-	31, // 87: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
-	34, // 88: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
-	36, // 89: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
-	38, // 90: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
-	40, // 91: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
-	42, // 92: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
-	46, // 93: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
-	51, // 94: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
-	54, // 95: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
-	56, // 96: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
-	60, // 97: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
-	58, // 98: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
-	63, // 99: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
-	65, // 100: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
-	68, // 101: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
-	71, // 102: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
-	75, // 103: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
-	77, // 104: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
-	79, // 105: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
-	87, // 106: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
-	85, // 107: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
-	78, // [78:108] is the sub-list for method output_type
-	48, // [48:78] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	32, // 28: kvtier.v1.Block.metadata:type_name -> kvtier.v1.BlockMetadata
+	52, // 29: kvtier.v1.PutBlocksRequest.blocks:type_name -> kvtier.v1.Block
+	4,  // 30: kvtier.v1.PutBlocksResponse.statuses:type_name -> kvtier.v1.PutStatus
+	52, // 31: kvtier.v1.GetBlocksResponse.blocks:type_name -> kvtier.v1.Block
+	0,  // 32: kvtier.v1.GetBlocksResponse.results:type_name -> kvtier.v1.LookupResult
+	5,  // 33: kvtier.v1.GetArenaResponse.kind:type_name -> kvtier.v1.ArenaKind
+	62, // 34: kvtier.v1.RegionLookupsRequest.lookups:type_name -> kvtier.v1.RegionLookupRequest
+	63, // 35: kvtier.v1.RegionLookupsResponse.lookups:type_name -> kvtier.v1.RegionLookupResponse
+	66, // 36: kvtier.v1.RegionSubmitRequest.jobs:type_name -> kvtier.v1.RegionJob
+	70, // 37: kvtier.v1.RegionResultsResponse.results:type_name -> kvtier.v1.RegionJobResult
+	72, // 38: kvtier.v1.RegionStepRequest.touches:type_name -> kvtier.v1.RegionTouch
+	2,  // 39: kvtier.v1.RegionEvent.medium:type_name -> kvtier.v1.Medium
+	3,  // 40: kvtier.v1.RegionEvent.locality:type_name -> kvtier.v1.Locality
+	74, // 41: kvtier.v1.RegionStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	80, // 42: kvtier.v1.EngineStepRequest.new_requests:type_name -> kvtier.v1.EngineNewRequest
+	81, // 43: kvtier.v1.EngineStepRequest.unpins:type_name -> kvtier.v1.EngineKeys
+	82, // 44: kvtier.v1.EngineStepRequest.stores:type_name -> kvtier.v1.EngineStore
+	81, // 45: kvtier.v1.EngineStepRequest.touches:type_name -> kvtier.v1.EngineKeys
+	81, // 46: kvtier.v1.EngineStepRequest.lookups:type_name -> kvtier.v1.EngineKeys
+	86, // 47: kvtier.v1.EngineStepResponse.lookups:type_name -> kvtier.v1.EngineLookupResult
+	74, // 48: kvtier.v1.EngineStepResponse.events:type_name -> kvtier.v1.RegionEvent
+	10, // 49: kvtier.v1.KVTier.NewRequest:input_type -> kvtier.v1.NewRequestRequest
+	12, // 50: kvtier.v1.KVTier.Lookup:input_type -> kvtier.v1.LookupRequest
+	13, // 51: kvtier.v1.KVTier.Residency:input_type -> kvtier.v1.ResidencyRequest
+	16, // 52: kvtier.v1.KVTier.Prefetch:input_type -> kvtier.v1.PrefetchRequest
+	18, // 53: kvtier.v1.KVTier.Pin:input_type -> kvtier.v1.PinRequest
+	20, // 54: kvtier.v1.KVTier.Unpin:input_type -> kvtier.v1.UnpinRequest
+	22, // 55: kvtier.v1.KVTier.Delete:input_type -> kvtier.v1.DeleteRequest
+	26, // 56: kvtier.v1.KVTier.PrepareLoad:input_type -> kvtier.v1.PrepareLoadRequest
+	28, // 57: kvtier.v1.KVTier.CompleteLoad:input_type -> kvtier.v1.CompleteLoadRequest
+	30, // 58: kvtier.v1.KVTier.Touch:input_type -> kvtier.v1.TouchRequest
+	33, // 59: kvtier.v1.KVTier.PrepareStore:input_type -> kvtier.v1.PrepareStoreRequest
+	35, // 60: kvtier.v1.KVTier.CompleteStore:input_type -> kvtier.v1.CompleteStoreRequest
+	37, // 61: kvtier.v1.KVTier.FinishRequest:input_type -> kvtier.v1.FinishRequestRequest
+	39, // 62: kvtier.v1.KVTier.ScheduleEnd:input_type -> kvtier.v1.ScheduleEndRequest
+	41, // 63: kvtier.v1.KVTier.Reset:input_type -> kvtier.v1.ResetRequest
+	43, // 64: kvtier.v1.KVTier.Stats:input_type -> kvtier.v1.StatsRequest
+	49, // 65: kvtier.v1.KVTier.Explain:input_type -> kvtier.v1.ExplainRequest
+	53, // 66: kvtier.v1.KVTier.PutBlocks:input_type -> kvtier.v1.PutBlocksRequest
+	55, // 67: kvtier.v1.KVTier.GetBlocks:input_type -> kvtier.v1.GetBlocksRequest
+	59, // 68: kvtier.v1.KVTier.GetArena:input_type -> kvtier.v1.GetArenaRequest
+	57, // 69: kvtier.v1.KVTier.ListBlocks:input_type -> kvtier.v1.ListBlocksRequest
+	62, // 70: kvtier.v1.KVTier.RegionLookup:input_type -> kvtier.v1.RegionLookupRequest
+	64, // 71: kvtier.v1.KVTier.RegionLookups:input_type -> kvtier.v1.RegionLookupsRequest
+	67, // 72: kvtier.v1.KVTier.RegionSubmit:input_type -> kvtier.v1.RegionSubmitRequest
+	69, // 73: kvtier.v1.KVTier.RegionResults:input_type -> kvtier.v1.RegionResultsRequest
+	73, // 74: kvtier.v1.KVTier.RegionStep:input_type -> kvtier.v1.RegionStepRequest
+	76, // 75: kvtier.v1.KVTier.RegionDrain:input_type -> kvtier.v1.RegionDrainRequest
+	78, // 76: kvtier.v1.KVTier.EngineAttach:input_type -> kvtier.v1.EngineAttachRequest
+	83, // 77: kvtier.v1.KVTier.EngineStep:input_type -> kvtier.v1.EngineStepRequest
+	84, // 78: kvtier.v1.KVTier.EngineReserve:input_type -> kvtier.v1.EngineReserveRequest
+	11, // 79: kvtier.v1.KVTier.NewRequest:output_type -> kvtier.v1.NewRequestResponse
+	25, // 80: kvtier.v1.KVTier.Lookup:output_type -> kvtier.v1.LookupResponse
+	15, // 81: kvtier.v1.KVTier.Residency:output_type -> kvtier.v1.ResidencyResponse
+	17, // 82: kvtier.v1.KVTier.Prefetch:output_type -> kvtier.v1.PrefetchResponse
+	19, // 83: kvtier.v1.KVTier.Pin:output_type -> kvtier.v1.PinResponse
+	21, // 84: kvtier.v1.KVTier.Unpin:output_type -> kvtier.v1.UnpinResponse
+	24, // 85: kvtier.v1.KVTier.Delete:output_type -> kvtier.v1.DeleteResponse
+	27, // 86: kvtier.v1.KVTier.PrepareLoad:output_type -> kvtier.v1.PrepareLoadResponse
+	29, // 87: kvtier.v1.KVTier.CompleteLoad:output_type -> kvtier.v1.CompleteLoadResponse
+	31, // 88: kvtier.v1.KVTier.Touch:output_type -> kvtier.v1.TouchResponse
+	34, // 89: kvtier.v1.KVTier.PrepareStore:output_type -> kvtier.v1.PrepareStoreResponse
+	36, // 90: kvtier.v1.KVTier.CompleteStore:output_type -> kvtier.v1.CompleteStoreResponse
+	38, // 91: kvtier.v1.KVTier.FinishRequest:output_type -> kvtier.v1.FinishRequestResponse
+	40, // 92: kvtier.v1.KVTier.ScheduleEnd:output_type -> kvtier.v1.ScheduleEndResponse
+	42, // 93: kvtier.v1.KVTier.Reset:output_type -> kvtier.v1.ResetResponse
+	46, // 94: kvtier.v1.KVTier.Stats:output_type -> kvtier.v1.StatsResponse
+	51, // 95: kvtier.v1.KVTier.Explain:output_type -> kvtier.v1.ExplainResponse
+	54, // 96: kvtier.v1.KVTier.PutBlocks:output_type -> kvtier.v1.PutBlocksResponse
+	56, // 97: kvtier.v1.KVTier.GetBlocks:output_type -> kvtier.v1.GetBlocksResponse
+	60, // 98: kvtier.v1.KVTier.GetArena:output_type -> kvtier.v1.GetArenaResponse
+	58, // 99: kvtier.v1.KVTier.ListBlocks:output_type -> kvtier.v1.ListBlocksResponse
+	63, // 100: kvtier.v1.KVTier.RegionLookup:output_type -> kvtier.v1.RegionLookupResponse
+	65, // 101: kvtier.v1.KVTier.RegionLookups:output_type -> kvtier.v1.RegionLookupsResponse
+	68, // 102: kvtier.v1.KVTier.RegionSubmit:output_type -> kvtier.v1.RegionSubmitResponse
+	71, // 103: kvtier.v1.KVTier.RegionResults:output_type -> kvtier.v1.RegionResultsResponse
+	75, // 104: kvtier.v1.KVTier.RegionStep:output_type -> kvtier.v1.RegionStepResponse
+	77, // 105: kvtier.v1.KVTier.RegionDrain:output_type -> kvtier.v1.RegionDrainResponse
+	79, // 106: kvtier.v1.KVTier.EngineAttach:output_type -> kvtier.v1.EngineAttachResponse
+	87, // 107: kvtier.v1.KVTier.EngineStep:output_type -> kvtier.v1.EngineStepResponse
+	85, // 108: kvtier.v1.KVTier.EngineReserve:output_type -> kvtier.v1.EngineReserveResponse
+	79, // [79:109] is the sub-list for method output_type
+	49, // [49:79] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_v1_kvtier_proto_init() }

@@ -30,12 +30,14 @@ REGION_FOUND_MISS: RegionFound
 REGION_FOUND_UNKNOWN: RegionFound
 
 class Block(_message.Message):
-    __slots__ = ["data", "key"]
+    __slots__ = ["data", "key", "metadata"]
     DATA_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     key: bytes
-    def __init__(self, key: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+    metadata: BlockMetadata
+    def __init__(self, key: _Optional[bytes] = ..., data: _Optional[bytes] = ..., metadata: _Optional[_Union[BlockMetadata, _Mapping]] = ...) -> None: ...
 
 class BlockMetadata(_message.Message):
     __slots__ = ["block_hashes", "block_size", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "lora_id", "lora_name", "parent_block_hash", "token_ids"]
