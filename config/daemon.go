@@ -43,6 +43,14 @@ type Server struct {
 	// unanswered for KeepaliveTimeout (default 10s).
 	KeepaliveTime    confvalue.Duration `yaml:"keepalive_time"`
 	KeepaliveTimeout confvalue.Duration `yaml:"keepalive_timeout"`
+	// AuthTimeout: a TCP API connection that has carried no call with a
+	// valid token for this long is closed, and a block-stream connection
+	// must send its hello within it (default 3s; negative: API connections
+	// are never closed for it).
+	AuthTimeout confvalue.Duration `yaml:"auth_timeout"`
+	// MaxStreamsPerConnection bounds the calls in flight on one API
+	// connection (default 128); further calls wait in the client.
+	MaxStreamsPerConnection int `yaml:"max_streams_per_connection"`
 	// AutoStep: when no engine has ended a step for this long and tier
 	// work is pending, the daemon ends one (default 100ms; negative: never).
 	AutoStep confvalue.Duration `yaml:"auto_step"`
@@ -270,6 +278,7 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"server.connection_idle_timeout", int64(c.Server.ConnectionIdleTimeout)},
 		{"server.keepalive_time", int64(c.Server.KeepaliveTime)},
 		{"server.keepalive_timeout", int64(c.Server.KeepaliveTimeout)},
+		{"server.max_streams_per_connection", int64(c.Server.MaxStreamsPerConnection)},
 		{"events.buffer_steps", int64(c.Events.BufferSteps)},
 		{"events.hwm", int64(c.Events.HWM)},
 		{"events.max_queue_size", int64(c.Events.MaxQueueSize)},

@@ -48,6 +48,13 @@ const (
 	// namespace line as it connects; one that sends nothing for this long
 	// is dropped.
 	DefaultSideChannelTimeout = 2 * time.Second
+	// DefaultAuthTimeout: a TCP connection of the API that has carried no
+	// call with a valid token for this long is closed, and a block-stream
+	// connection must send its hello within it.
+	DefaultAuthTimeout = 3 * time.Second
+	// DefaultMaxStreamsPerConnection bounds the calls in flight on one
+	// API connection (HTTP/2 streams); further calls wait in the client.
+	DefaultMaxStreamsPerConnection = 128
 )
 
 // Limits bound what one client can ask of the daemon (DESIGN.md §7). A zero
@@ -97,6 +104,13 @@ type Limits struct {
 	// SideChannelTimeout bounds how long an arena side-channel connection
 	// may take to send its request line.
 	SideChannelTimeout time.Duration
+	// AuthTimeout closes a TCP API connection that has not authenticated
+	// (carried a call with a valid token) for this long, and bounds a
+	// block-stream hello; negative never closes one.
+	AuthTimeout time.Duration
+	// MaxStreamsPerConnection bounds the calls in flight on one API
+	// connection.
+	MaxStreamsPerConnection int
 }
 
 // withDefaults returns l with zero fields set to their defaults, or an
@@ -150,6 +164,12 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.KeepaliveTime == 0 {
 		l.KeepaliveTime = DefaultKeepaliveTime
 	}
+	if l.AuthTimeout == 0 {
+		l.AuthTimeout = DefaultAuthTimeout
+	}
+	if l.MaxStreamsPerConnection == 0 {
+		l.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
+	}
 	if l.KeepaliveTimeout == 0 {
 		l.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
@@ -172,6 +192,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_session_params_bytes %d, max_params_bytes_total %d: must be positive", l.MaxSessionParamsBytes, l.MaxParamsBytesTotal)
 	case l.RequestIdleTimeout < 0:
 		return l, fmt.Errorf("server: request_idle_timeout %v: must be positive", l.RequestIdleTimeout)
+	case l.MaxStreamsPerConnection < 0:
+		return l, fmt.Errorf("server: max_streams_per_connection %d: must be positive", l.MaxStreamsPerConnection)
 	case l.MaxConnections < 0:
 		return l, fmt.Errorf("server: max_connections %d: must be positive", l.MaxConnections)
 	case l.ConnectionIdleTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0:

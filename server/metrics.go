@@ -27,6 +27,7 @@ type metrics struct {
 	calls          *prometheus.CounterVec
 	callSeconds    *prometheus.HistogramVec
 	streamCalls    *prometheus.CounterVec
+	authRefusals   *prometheus.CounterVec
 	streamBlocks   *prometheus.CounterVec
 	// The three series of streamBlocks, resolved once: they count every
 	// block on the stream.
@@ -52,6 +53,10 @@ func newMetrics() *metrics {
 		Name: "kvtier_stream_requests_total",
 		Help: "Block-stream requests by kind (get and put from peers or engines, push from peers' tiers; get_blocks and put_blocks are clients' by-value calls) and result (ok, failed: answered with an error).",
 	}, []string{"kind", "result"})
+	m.authRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_auth_refusals_total",
+		Help: "Strangers turned away before they cost anything, by listener (tcp: the API, stream: the block stream) and reason (token: a call without a valid token, refused before its body was read; timeout: a connection that did not authenticate within server.auth_timeout, closed; evicted: one closed to make room at server.max_connections for a new one).",
+	}, []string{"listener", "reason"})
 	m.streamBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_stream_blocks_total",
 		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
@@ -63,7 +68,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(s *Server) {
-	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks,
+	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks, m.authRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&collector{s: s})
 }

@@ -209,17 +209,25 @@ func (s *Server) allNamespaces() []*Namespace {
 	return slices.Clone(s.order)
 }
 
-func (s *Server) grpcServer(auth bool) *grpc.Server {
+// grpcServer returns the API's server for the Unix socket (gate nil: its
+// callers are local) or for TCP (gate: the TCP listener's authGate, whose
+// connections its tap check marks authenticated).
+func (s *Server) grpcServer(gate *authGate) *grpc.Server {
 	codec := wire.NewServerCodec()
+	auth := gate != nil
 	local := !auth
 	unary := []grpc.UnaryServerInterceptor{s.tenancy.unary(local), s.metrics.unaryInterceptor}
 	var opts []grpc.ServerOption
 	if auth && s.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
+	if auth {
+		opts = append(opts, grpc.InTapHandle(s.tapAuth(gate)))
+	}
 	opts = append(opts,
 		grpc.MaxRecvMsgSize(s.limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(s.limits.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(uint32(s.limits.MaxStreamsPerConnection)),
 		grpc.ChainUnaryInterceptor(unary...),
 		// A client that connects and says nothing must not hold a
 		// connection slot for long.
@@ -342,7 +350,7 @@ func (s *Server) listen() error {
 func (s *Server) serveListeners() {
 	s.connLimit = FitConnections(s.limits.MaxConnections, s.log)
 	if s.unixLn != nil {
-		s.unixSrv = s.grpcServer(false)
+		s.unixSrv = s.grpcServer(nil)
 		ln := netutil.LimitListener(s.unixLn, s.connLimit)
 		s.serve("unix", func() error { return s.unixSrv.Serve(ln) })
 		// The accept loop counts in fdWG too, so that no exchange can be
@@ -365,9 +373,13 @@ func (s *Server) serveListeners() {
 		}
 	}
 	if s.tcpLn != nil {
-		s.tcpSrv = s.grpcServer(true)
-		ln := netutil.LimitListener(s.tcpLn, s.connLimit)
-		s.serve("tcp", func() error { return s.tcpSrv.Serve(ln) })
+		gate := newAuthGate(s.tcpLn, s.connLimit, s.limits.AuthTimeout, func(reason string) {
+			s.metrics.authRefusals.WithLabelValues("tcp", reason).Inc()
+			s.sideLogs.Warn(s.log, "auth-"+reason, "API connection closed before it authenticated", "reason", reason,
+				"auth_timeout", s.limits.AuthTimeout, "max_connections", s.connLimit)
+		})
+		s.tcpSrv = s.grpcServer(gate)
+		s.serve("tcp", func() error { return s.tcpSrv.Serve(gate) })
 	}
 	if s.streamLn != nil {
 		s.streamConns = map[net.Conn]struct{}{}

@@ -102,28 +102,43 @@ func (s *Server) serveStream(ln net.Listener, limit int) error {
 }
 
 func (s *Server) streamConn(c net.Conn) error {
+	// A stranger holds a connection for auth_timeout at most: the TLS
+	// handshake and the hello with its token come within it.
+	hello := streamTimeout
+	if s.limits.AuthTimeout > 0 {
+		hello = s.limits.AuthTimeout
+	}
+	helloBy := time.Now().Add(hello)
+	timedOut := func(err error) error {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			s.metrics.authRefusals.WithLabelValues("stream", "timeout").Inc()
+			s.sideLogs.Warn(s.log, "stream-hello", "block stream connection closed: no hello within server.auth_timeout", "auth_timeout", hello)
+		}
+		return err
+	}
 	if tc, ok := c.(*tls.Conn); ok {
-		_ = tc.SetDeadline(time.Now().Add(streamTimeout))
+		_ = tc.SetDeadline(helloBy)
 		if err := tc.Handshake(); err != nil {
-			return err
+			return timedOut(err)
 		}
 	}
 	r := bufio.NewReaderSize(c, 64<<10)
-	_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
-	var hello [5]byte
-	if _, err := io.ReadFull(r, hello[:]); err != nil {
-		return err
+	_ = c.SetReadDeadline(helloBy)
+	var magic [5]byte
+	if _, err := io.ReadFull(r, magic[:]); err != nil {
+		return timedOut(err)
 	}
-	if string(hello[:4]) != streamMagic || hello[4] != streamVersion {
-		return fmt.Errorf("block stream: bad hello %q", hello)
+	if string(magic[:4]) != streamMagic || magic[4] != streamVersion {
+		return fmt.Errorf("block stream: bad hello %q", magic)
 	}
 	token, err := blockstream.ReadField(r, maxStreamField)
 	if err != nil {
-		return err
+		return timedOut(err)
 	}
 	nsName, err := blockstream.ReadField(r, maxStreamField)
 	if err != nil {
-		return err
+		return timedOut(err)
 	}
 	refuse := func() error {
 		_, _ = c.Write([]byte(streamMagic + "\x01"))
@@ -131,6 +146,7 @@ func (s *Server) streamConn(c net.Conn) error {
 	}
 	p, err := s.tenancy.authenticate(string(token), len(token) > 0, false)
 	if err != nil {
+		s.metrics.authRefusals.WithLabelValues("stream", "token").Inc()
 		return refuse()
 	}
 	name, sc, err := s.tenancy.resolve(p, string(nsName))

@@ -77,6 +77,8 @@ server:
   # connection_idle_timeout: 15m  # close connections without calls
   # keepalive_time: 30s           # ping quiet clients; close on no answer
   # keepalive_timeout: 10s
+  # auth_timeout: 3s              # close TCP connections without a valid token by then
+  # max_streams_per_connection: 128  # calls in flight per API connection
   # auto_step: 100ms              # end a step for an idle engine with tier work pending
   # engine_lookup_settle: 3ms     # a manager-mode step's answer waits this long for unsure lookups
 
@@ -483,6 +485,9 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			ConnectionIdleTimeout: time.Duration(cfg.Server.ConnectionIdleTimeout),
 			KeepaliveTime:         time.Duration(cfg.Server.KeepaliveTime),
 			KeepaliveTimeout:      time.Duration(cfg.Server.KeepaliveTimeout),
+			AuthTimeout:           time.Duration(cfg.Server.AuthTimeout),
+
+			MaxStreamsPerConnection: cfg.Server.MaxStreamsPerConnection,
 		},
 		Logger: log,
 	})

@@ -1,0 +1,227 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/server"
+)
+
+// Issue 42: nothing a stranger sends costs the daemon before it
+// authenticates.
+
+const daemonToken = "a-token-of-sixteen-bytes-or-more"
+
+// peakRSS returns the daemon's resident set high-water mark (VmHWM).
+func peakRSS(t *testing.T, d *daemon) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Skip("no VmHWM in /proc/pid/status")
+	return 0
+}
+
+// tokenlessBodyBound is the documented bound (README, Tenants) on what 32
+// token-less 60 MiB calls in flight may add to the daemon's peak RSS:
+// their bodies are never read into messages, only their frames off the
+// socket and dropped.
+const tokenlessBodyBound = 256 << 20
+
+// 32 token-less 60 MiB PutBlocks in flight were each read and decoded
+// before the token was checked (7.3 GB of RSS, kept). The token is now
+// checked on the call's headers: every call is refused UNAUTHENTICATED
+// and the daemon's peak RSS grows by less than tokenlessBodyBound.
+func TestTokenlessBodiesAreNeverRead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the kvtier binary")
+	}
+	dir := shortTempDir(t)
+	d := startDaemon(t, daemonConfig(t, dir, "  auth_token: "+daemonToken+"\n"))
+	defer d.stop(t)
+	before := peakRSS(t, d)
+	conn, err := grpc.NewClient(d.tcp, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := kvtierv1.NewKVTierClient(conn)
+	body := make([]byte, 60<<20)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := api.PutBlocks(ctxT(t), &kvtierv1.PutBlocksRequest{Blocks: []*kvtierv1.Block{{Key: []byte(fmt.Sprintf("key-%02d-and-group", i)), Data: body}}})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("a token-less PutBlocks: %v, want UNAUTHENTICATED", err)
+		}
+	}
+	grew := peakRSS(t, d) - before
+	t.Logf("peak RSS grew by %d MiB for 32 token-less 60 MiB calls", grew>>20)
+	if grew > tokenlessBodyBound {
+		t.Errorf("the daemon's peak RSS grew by %d MiB (bound %d MiB): token-less bodies were read", grew>>20, tokenlessBodyBound>>20)
+	}
+}
+
+// pinger opens an HTTP/2 connection to addr that sends the client
+// preface and its settings and then only answers the server's PINGs and
+// SETTINGS: a stranger that looks alive but never calls. It returns when
+// the connection is open; closed is closed when the daemon closes it.
+func pinger(t *testing.T, addr string) (c net.Conn, closed chan struct{}) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	closed = make(chan struct{})
+	go func() {
+		defer close(closed)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+				}
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.GoAwayFrame:
+				return
+			}
+		}
+	}()
+	return c, closed
+}
+
+// Connections of strangers that never call, and answer every PING, held
+// every connection slot until the 15-minute idle timeout: no client with a
+// token got an answer. At the limit a new connection now closes the
+// oldest one that has not authenticated, so the client is served at once
+// (auth_timeout is long here: the eviction, not the timeout, makes room).
+func TestStrangersCannotLockOutAClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the kvtier binary")
+	}
+	dir := shortTempDir(t)
+	d := startDaemon(t, daemonConfig(t, dir, "  auth_token: "+daemonToken+"\n  max_connections: 64\n  auth_timeout: 10m\n"))
+	defer d.stop(t)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	var gone []chan struct{}
+	for range 80 {
+		c, closed := pinger(t, d.tcp)
+		conns = append(conns, c)
+		gone = append(gone, closed)
+	}
+	c, err := client.Dial(d.tcp, client.Options{Token: daemonToken, NoStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := c.NewRequest(ctx, "after-the-strangers", ""); err != nil {
+		t.Fatalf("a client with a token after %d strangers: %v\n%s", len(conns), err, d.log())
+	}
+	t.Logf("served %v after dialling, behind %d strangers", time.Since(start), len(conns))
+	// The first stranger was the oldest: it made room.
+	select {
+	case <-gone[0]:
+	case <-ctx.Done():
+		t.Fatal("the oldest stranger is still connected")
+	}
+	if !strings.Contains(d.log(), "closed before it authenticated") {
+		t.Errorf("the daemon did not log the strangers it closed:\n%s", d.log())
+	}
+}
+
+// A connection that never authenticates is closed after auth_timeout,
+// on the API and on the block stream, and counted.
+func TestUnauthenticatedConnectionsTimeOut(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 8, tiers: noTiers, stream: true, token: daemonToken,
+		limits: server.Limits{AuthTimeout: 200 * time.Millisecond}})
+	_, closed := pinger(t, e.tcp)
+	s, err := net.Dial("tcp", e.srv.StreamAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("a silent block-stream connection: read %v, want EOF", err)
+	}
+	<-closed
+	m := scrapeUntil(t, e, func(m string) bool {
+		return strings.Contains(m, `kvtier_auth_refusals_total{listener="stream",reason="timeout"} 1`) &&
+			strings.Contains(m, `kvtier_auth_refusals_total{listener="tcp",reason="timeout"} 1`)
+	})
+	// A client with the token is served on both.
+	c := e.dialVia(t, "tcp-stream")
+	ks := keys(1, 2)
+	blocks := []client.Block{{Key: ks[0], Data: block(ks[0])}, {Key: ks[1], Data: block(ks[1])}}
+	if _, err := c.PutBlocks(ctxT(t), blocks, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetBlocks(ctxT(t), ks, client.GetOptions{}); err != nil || got.Hits != 2 {
+		t.Fatalf("get after: %v %v", got.Results, err)
+	}
+	if m := scrape(t, e); strings.Contains(m, `reason="token"`) || !strings.Contains(m, `kvtier_stream_requests_total{kind="put_blocks",result="ok"} 1`) {
+		t.Errorf("the client with the token was refused, or not on the stream:\n%s", grepLines(m, "kvtier_"))
+	}
+	_ = m
+}

@@ -1,0 +1,191 @@
+package server
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+)
+
+// authGate bounds the API's TCP connections and keeps callers that have
+// not authenticated from holding them. A connection is authenticated once
+// one of its calls passed the tap check (tapAuth), which runs on the
+// call's headers, before gRPC reads its body: a caller without a valid
+// token never has a request decoded, whatever it sends. A connection that
+// has not authenticated within timeout is closed, and when the listener
+// is at its limit a new connection closes the oldest one that has not
+// authenticated yet, so that idle or PING-answering connections of
+// strangers never lock out a client with a token. When every connection
+// has authenticated, Accept waits for one to close, as
+// netutil.LimitListener does.
+type authGate struct {
+	net.Listener
+	limit   int
+	timeout time.Duration
+	// closed reports a connection closed before it authenticated:
+	// reason "timeout" or "evicted".
+	closed func(reason string)
+
+	mu      sync.Mutex
+	freed   *sync.Cond // a connection closed, or the listener did
+	open    int
+	conns   map[string]*gatedConn // by remote address
+	seq     uint64
+	closing bool
+}
+
+func newAuthGate(ln net.Listener, limit int, timeout time.Duration, closed func(reason string)) *authGate {
+	g := &authGate{Listener: ln, limit: max(limit, 1), timeout: timeout, closed: closed, conns: map[string]*gatedConn{}}
+	g.freed = sync.NewCond(&g.mu)
+	return g
+}
+
+// gatedConn is one connection of an authGate.
+type gatedConn struct {
+	net.Conn
+	g      *authGate
+	key    string
+	seq    uint64 // accept order
+	authed atomic.Bool
+	timer  *time.Timer
+	once   sync.Once
+}
+
+// Accept returns the next connection once there is room for it.
+func (g *authGate) Accept() (net.Conn, error) {
+	for {
+		c, err := g.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		g.mu.Lock()
+		for g.open >= g.limit && !g.closing {
+			if v := g.oldestUnauthenticatedLocked(); v != nil {
+				g.mu.Unlock()
+				v.drop("evicted")
+				g.mu.Lock()
+				continue
+			}
+			g.freed.Wait()
+		}
+		if g.closing {
+			g.mu.Unlock()
+			c.Close()
+			return nil, net.ErrClosed
+		}
+		g.open++
+		g.seq++
+		gc := &gatedConn{Conn: c, g: g, key: c.RemoteAddr().String(), seq: g.seq}
+		g.conns[gc.key] = gc
+		g.mu.Unlock()
+		if g.timeout > 0 {
+			gc.timer = time.AfterFunc(g.timeout, func() {
+				if !gc.authed.Load() {
+					gc.drop("timeout")
+				}
+			})
+		}
+		return gc, nil
+	}
+}
+
+// Close closes the listener and wakes an Accept waiting for room.
+func (g *authGate) Close() error {
+	g.mu.Lock()
+	g.closing = true
+	g.freed.Broadcast()
+	g.mu.Unlock()
+	return g.Listener.Close()
+}
+
+func (g *authGate) oldestUnauthenticatedLocked() *gatedConn {
+	var oldest *gatedConn
+	for _, c := range g.conns {
+		if !c.authed.Load() && (oldest == nil || c.seq < oldest.seq) {
+			oldest = c
+		}
+	}
+	return oldest
+}
+
+// authenticated marks the connection from remote addr as authenticated.
+func (g *authGate) authenticated(addr string) {
+	g.mu.Lock()
+	c := g.conns[addr]
+	g.mu.Unlock()
+	if c != nil && !c.authed.Swap(true) && c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+// drop closes c before it authenticated, for reason.
+func (c *gatedConn) drop(reason string) {
+	if c.authed.Load() {
+		return
+	}
+	first := false
+	c.once.Do(func() { first = true })
+	if !first {
+		return
+	}
+	c.g.closed(reason)
+	c.release()
+	_ = c.Conn.Close()
+}
+
+func (c *gatedConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
+// release gives c's place back; once per connection.
+func (c *gatedConn) release() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	g := c.g
+	g.mu.Lock()
+	if g.conns[c.key] == c {
+		delete(g.conns, c.key)
+	}
+	g.open--
+	g.freed.Signal()
+	g.mu.Unlock()
+}
+
+// tapAuth checks a call's token from its headers, before its body is
+// read, and marks its connection authenticated. The interceptors check
+// again with the rest of the call's context (the tenant's methods); this
+// check only keeps strangers from costing the daemon anything.
+func (s *Server) tapAuth(g *authGate) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		tok, has := "", false
+		for _, v := range info.Header.Get("authorization") {
+			has = true
+			if t, ok := strings.CutPrefix(v, "Bearer "); ok {
+				tok = t
+				break
+			}
+		}
+		if _, err := s.tenancy.authenticate(tok, has, false); err != nil {
+			s.metrics.authRefusals.WithLabelValues("tcp", "token").Inc()
+			addr := ""
+			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+				addr = p.Addr.String()
+			}
+			s.sideLogs.Warn(s.log, "auth-token", "API call refused before its body was read: missing or invalid token", "peer", addr, "method", info.FullMethodName)
+			st, _ := status.FromError(err)
+			return nil, st.Err()
+		}
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			g.authenticated(p.Addr.String())
+		}
+		return ctx, nil
+	}
+}
