@@ -126,7 +126,8 @@ type Limits struct {
 type Events struct {
 	// Enabled turns publishing on (default off).
 	Enabled bool `yaml:"enabled"`
-	// Endpoint of the ZMQ PUB socket (default tcp://*:5557).
+	// Endpoint of the ZMQ PUB socket (default tcp://127.0.0.1:5557, bound:
+	// loopback, where vLLM binds every interface).
 	Endpoint string `yaml:"endpoint"`
 	// Mode is bind or connect for Endpoint; absent follows vLLM: bind
 	// when the endpoint contains "*" or "::" or is ipc://, else connect
@@ -251,6 +252,9 @@ func defaultServer() Server {
 
 // checkDaemon applies the rules of the daemon sections.
 func (c *Config) checkDaemon(d *decoder) {
+	if err := CheckToken(c.Server.AuthToken); c.Server.AuthToken != "" && err != nil {
+		d.errorf(nil, "server.auth_token", "%v", err)
+	}
 	if c.Server.AuthToken != "" && c.Server.AuthTokenFile != "" {
 		d.errorf(nil, "server.auth_token_file", "set either server.auth_token or server.auth_token_file, not both")
 	}

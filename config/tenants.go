@@ -37,6 +37,18 @@ type Tenant struct {
 	EventSalt string `yaml:"event_salt"`
 }
 
+// MinTokenLen is the shortest token the daemon accepts: 16 bytes, 128
+// bits of randomness for a hex or base64 secret.
+const MinTokenLen = 16
+
+// CheckToken refuses a token too short to be a secret.
+func CheckToken(tok string) error {
+	if len(tok) < MinTokenLen {
+		return fmt.Errorf("a token of %d bytes: at least %d (make one with: openssl rand -hex 16)", len(tok), MinTokenLen)
+	}
+	return nil
+}
+
 // MaxEventSalt bounds an event_salt's length.
 const MaxEventSalt = 256
 
@@ -142,6 +154,9 @@ func (c *Config) checkTenants(d *decoder) {
 		case t.Token == "" && t.TokenFile == "":
 			d.errorf(nil, path+".token", "required (or token_file): a tenant is known by its token")
 		case t.Token != "":
+			if err := CheckToken(t.Token); err != nil {
+				d.errorf(nil, path+".token", "%v", err)
+			}
 			if other, dup := tokens[t.Token]; dup {
 				d.errorf(nil, path+".token", "the same token as %s: every tenant needs its own", other)
 			}

@@ -20,9 +20,12 @@ import (
 // ErrClosed reports a Publish after Close.
 var ErrClosed = errors.New("events: publisher closed")
 
-// Defaults of vLLM's KVEventsConfig (spec §6.5).
+// Defaults of vLLM's KVEventsConfig (spec §6.5), but for the endpoint:
+// vLLM binds every interface (tcp://*:5557); kvtier binds loopback, since
+// its events name the blocks of every engine and tenant it serves. A router
+// on another host needs endpoint tcp://*:5557 (or an address) set.
 const (
-	DefaultEndpoint     = "tcp://*:5557"
+	DefaultEndpoint     = "tcp://127.0.0.1:5557"
 	DefaultBufferSteps  = 10000
 	DefaultHWM          = 100000
 	DefaultMaxQueueSize = 100000
@@ -37,7 +40,8 @@ const (
 
 // Config configures a Publisher. Zero values select vLLM's defaults.
 type Config struct {
-	// Endpoint of the PUB socket (default tcp://*:5557); tcp:// and ipc://.
+	// Endpoint of the PUB socket (default tcp://127.0.0.1:5557, bound);
+	// tcp:// and ipc://.
 	Endpoint string
 	// ReplayEndpoint of the ROUTER replay socket, always bound; "" disables
 	// replay.
@@ -160,6 +164,9 @@ type Publisher struct {
 func New(cfg Config) (*Publisher, error) {
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = DefaultEndpoint
+		if cfg.Mode == ModeAuto {
+			cfg.Mode = ModeBind // the default is bound, like vLLM's
+		}
 	}
 	if cfg.BufferSteps <= 0 {
 		cfg.BufferSteps = DefaultBufferSteps

@@ -552,7 +552,7 @@ secondary_tiers:
   - {name: objects, type: s3, bucket: %s, endpoint: %q, access_key: %q, secret_key: %q, create_bucket: true, max_bytes: 1GiB}
   - {name: dram, type: redis, addr: %q, key_prefix: %q, max_bytes: 512MiB}
 tenants:
-  - {name: acme, token: a, namespaces: [default], quota: {tiers: {objects: 100MiB, dram: 200MiB}}}
+  - {name: acme, token: acme-token-0123456789, namespaces: [default], quota: {tiers: {objects: 100MiB, dram: 200MiB}}}
 `, bucket, ep, ak, sk, raddr, "kvtier-quota-"+randomHex(6)+":"))
 	if err != nil {
 		t.Fatal(err)

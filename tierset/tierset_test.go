@@ -238,8 +238,8 @@ secondary_tiers:
   - {name: disk, type: fs, root_dir: /tmp/kvtier-quota-test, max_bytes: 1GiB}
   - {name: other, type: fs, root_dir: /tmp/kvtier-quota-test2}
 tenants:
-  - {name: acme, token: a, namespaces: [default], quota: {tiers: {disk: 100MiB}}, weight: 2}
-  - {name: beta, token: b, namespaces: [default]}
+  - {name: acme, token: acme-token-0123456789, namespaces: [default], quota: {tiers: {disk: 100MiB}}, weight: 2}
+  - {name: beta, token: beta-token-0123456789, namespaces: [default]}
 shared_spaces:
   - {name: prompts, tenants: [acme], quota: {tiers: {disk: 10MiB}}}
 `))
@@ -266,7 +266,7 @@ namespace: {bytes_per_block: 1MiB}
 secondary_tiers:
   - {name: scratch, type: memory, capacity_blocks: 8}
 tenants:
-  - {name: acme, token: a, namespaces: [default], quota: {tiers: {scratch: 2.5MiB}}}
+  - {name: acme, token: acme-token-0123456789, namespaces: [default], quota: {tiers: {scratch: 2.5MiB}}}
 `))
 	if err != nil {
 		t.Fatal(err)

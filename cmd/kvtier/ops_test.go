@@ -29,7 +29,7 @@ type opsDaemon struct {
 	c                      *client.Client
 }
 
-const opsToken = "s3cret"
+const opsToken = "s3cret-of-16-bytes-or-more"
 
 func startOpsDaemon(t *testing.T) *opsDaemon {
 	t.Helper()
@@ -180,10 +180,13 @@ func TestOperatorCommandErrors(t *testing.T) {
 		{"bad params", "", []string{"get", "--target", d.unix, "--params", "{nope", key}, 1, "--params: not a JSON object", false},
 		{"unreachable", "", []string{"stats", "--target", filepath.Join(d.dir, "none.sock")}, 1, "cannot reach a kvtier daemon at", false},
 		{"unreachable tcp", "", []string{"stats", "--target", freeTCP(t)}, 1, "cannot reach a kvtier daemon at", false},
-		{"missing token", "", []string{"stats", "--target", d.tcp}, 1, "wants an auth token (--token or $KVTIER_TOKEN)", false},
+		{"missing token", "", []string{"stats", "--target", d.tcp}, 1, "wants an auth token (--token-file, --token", false},
 		{"wrong token", "", []string{"put", "--target", d.tcp, "--token", "nope", key, good}, 1, "wants an auth token", false},
 		{"token flag", "", []string{"put", "--target", d.tcp, "--token", opsToken, key, good}, 0, "stored", true},
 		{"token env", opsToken, []string{"lookup", "--target", d.tcp, key}, 0, key + " hit primary", true},
+		{"token file", "", []string{"lookup", "--target", d.tcp, "--token-file", tokenFile(t, opsToken, 0o600), key}, 0, key + " hit primary", true},
+		{"token file others may read", "", []string{"lookup", "--target", d.tcp, "--token-file", tokenFile(t, opsToken, 0o644), key}, 1, "lets its group or others read the token", false},
+		{"token and token file", "", []string{"lookup", "--target", d.tcp, "--token", opsToken, "--token-file", tokenFile(t, opsToken, 0o600), key}, 1, "give one", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("KVTIER_TOKEN", tc.env)
@@ -312,4 +315,17 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// tokenFile writes tok to a new file of mode perm and returns its path.
+func tokenFile(t *testing.T, tok string, perm os.FileMode) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(tok+"\n"), perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, perm); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	return path
 }

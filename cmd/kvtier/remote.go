@@ -40,6 +40,7 @@ const exitMiss = 3
 type remoteFlags struct {
 	target    string
 	token     string
+	tokenFile string
 	namespace string
 	timeout   time.Duration
 	// TLS to a TCP daemon whose API serves it (server.tls).
@@ -50,7 +51,8 @@ type remoteFlags struct {
 func (f *remoteFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.target, "target", "./kvtier.sock", "daemon address: a Unix socket path, unix://PATH, or HOST:PORT")
-	fl.StringVar(&f.token, "token", "", "auth token for a TCP daemon (default $KVTIER_TOKEN)")
+	fl.StringVar(&f.token, "token", "", "auth token (default $KVTIER_TOKEN); visible to other users in ps: prefer --token-file")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the auth token, mode 0600 (default $KVTIER_TOKEN_FILE)")
 	fl.StringVar(&f.namespace, "namespace", "", "daemon namespace (default: the default namespace)")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on the whole command")
 	fl.BoolVar(&f.tls, "tls", false, "talk TLS to a TCP daemon (server.tls), trusting the system's roots; implied by the --tls-* flags")
@@ -88,12 +90,38 @@ func (f *remoteFlags) tlsConfig() (*tls.Config, error) {
 	return c, nil
 }
 
+// resolveToken returns the token the flags or the environment give:
+// --token, --token-file, $KVTIER_TOKEN, $KVTIER_TOKEN_FILE, in that order.
+func (f *remoteFlags) resolveToken() (string, error) {
+	if f.token != "" && f.tokenFile != "" {
+		return "", errors.New("--token and --token-file: give one")
+	}
+	file := f.tokenFile
+	switch {
+	case f.token != "":
+		return f.token, nil
+	case file != "":
+	case os.Getenv("KVTIER_TOKEN") != "":
+		return os.Getenv("KVTIER_TOKEN"), nil
+	default:
+		file = os.Getenv("KVTIER_TOKEN_FILE")
+	}
+	if file == "" {
+		return "", nil
+	}
+	tok, err := readToken(file)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	return tok, nil
+}
+
 // dial connects to the daemon. The connection is lazy: the first call
 // reports an unreachable daemon (see rpcError).
 func (f *remoteFlags) dial() (*client.Client, error) {
-	tok := f.token
-	if tok == "" {
-		tok = os.Getenv("KVTIER_TOKEN")
+	tok, err := f.resolveToken()
+	if err != nil {
+		return nil, err
 	}
 	tc, err := f.tlsConfig()
 	if err != nil {
@@ -164,7 +192,7 @@ func (f *remoteFlags) rpcError(what string, err error) error {
 		}
 		return fmt.Errorf("%s: cannot reach a kvtier daemon at %s (is `kvtier serve` running there? --target sets the address): %s", what, f.target, st.Message())
 	case codes.Unauthenticated:
-		return fmt.Errorf("%s: the daemon at %s wants an auth token (--token or $KVTIER_TOKEN): %s", what, f.target, st.Message())
+		return fmt.Errorf("%s: the daemon at %s wants an auth token (--token-file, --token, $KVTIER_TOKEN_FILE or $KVTIER_TOKEN): %s", what, f.target, st.Message())
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: no answer from %s within --timeout %v", what, f.target, f.timeout)
 	case codes.NotFound:

@@ -95,7 +95,7 @@ server:
 
 events:
   enabled: false            # vLLM KV events over ZMQ
-  # endpoint: tcp://*:5557
+  # endpoint: tcp://127.0.0.1:5557  # loopback; tcp://*:5557 (vLLM's default) for routers elsewhere
   # mode: bind              # bind | connect; default: bind if the endpoint has
                             # "*" or "::" or is ipc://, else connect (vLLM's rule)
   # replay_endpoint: tcp://*:5558
@@ -418,7 +418,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 	token := cfg.Server.AuthToken
 	if cfg.Server.AuthTokenFile != "" {
 		var err error
-		if token, err = readToken(cfg.Server.AuthTokenFile); err != nil {
+		if token, err = readSecretToken(cfg.Server.AuthTokenFile); err != nil {
 			return nil, fmt.Errorf("server.auth_token_file: %w", err)
 		}
 	}

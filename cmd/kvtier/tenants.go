@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -20,7 +21,7 @@ func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceC
 		tok := t.Token
 		if t.TokenFile != "" {
 			var err error
-			if tok, err = readToken(t.TokenFile); err != nil {
+			if tok, err = readSecretToken(t.TokenFile); err != nil {
 				return nil, nil, fmt.Errorf("tenants[%d].token_file: %w", i, err)
 			}
 		}
@@ -38,15 +39,41 @@ func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceC
 }
 
 // readToken reads a token file: its first line, surrounding whitespace
-// trimmed.
+// trimmed. A file that its group or others may read is refused: the token
+// is a secret, and a file that leaks it is a mistake to fix, not to use.
 func readToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return "", fmt.Errorf("%s: mode %04o lets its group or others read the token (chmod 600 %s)", path, perm, path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return "", err
 	}
 	tok, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	if tok = strings.TrimSpace(tok); tok == "" {
 		return "", fmt.Errorf("%s: empty", path)
+	}
+	return tok, nil
+}
+
+// readSecretToken is readToken for a token the daemon accepts: long
+// enough to be a secret.
+func readSecretToken(path string) (string, error) {
+	tok, err := readToken(path)
+	if err != nil {
+		return "", err
+	}
+	if err := config.CheckToken(tok); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
 	return tok, nil
 }

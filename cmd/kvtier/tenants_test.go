@@ -19,7 +19,7 @@ import (
 func TestTenantsAgainstADaemon(t *testing.T) {
 	dir := shortTempDir(t)
 	tcp := freeTCP(t)
-	if err := os.WriteFile(filepath.Join(dir, "beta.token"), []byte("beta-secret\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "beta.token"), []byte("beta-secret-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	doc := fmt.Sprintf(`
@@ -27,9 +27,9 @@ namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 64KiB}
 secondary_tiers:
   - {name: disk, type: fs, root_dir: %s/data, max_bytes: 1MiB}
-server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: admin-secret}
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: admin-secret-0123456789}
 tenants:
-  - {name: acme, token: acme-secret, namespaces: [default], quota: {primary: 16KiB, tiers: {disk: 256KiB}}, weight: 2}
+  - {name: acme, token: acme-secret-0123456789, namespaces: [default], quota: {primary: 16KiB, tiers: {disk: 256KiB}}, weight: 2}
   - {name: beta, token_file: %s/beta.token, namespaces: [default], quota: {primary: 16KiB, tiers: {disk: 256KiB}}}
 shared_spaces:
   - {name: prompts, tenants: [acme, beta], quota: {primary: 8KiB}}
@@ -52,30 +52,30 @@ shared_spaces:
 	as := func(token string, args ...string) (int, string, string) {
 		return runCLI(t, "", append([]string{args[0], "--target", tcp, "--token", token}, args[1:]...)...)
 	}
-	if code, out, errOut := as("acme-secret", "put", key, path); code != 0 || out != key+" stored\n" {
+	if code, out, errOut := as("acme-secret-0123456789", "put", key, path); code != 0 || out != key+" stored\n" {
 		t.Fatalf("acme put: exit %d %q %q", code, out, errOut)
 	}
-	if code, _, errOut := as("beta-secret", "get", key); code != exitMiss {
+	if code, _, errOut := as("beta-secret-0123456789", "get", key); code != exitMiss {
 		t.Fatalf("beta get of acme's key: exit %d %q; want a miss", code, errOut)
 	}
-	if code, _, errOut := as("acme-secret", "get", key); code != 0 {
+	if code, _, errOut := as("acme-secret-0123456789", "get", key); code != 0 {
 		t.Fatalf("acme get: exit %d %q", code, errOut)
 	}
-	code, out, errOut := as("admin-secret", "stats", "--tenant", "acme")
+	code, out, errOut := as("admin-secret-0123456789", "stats", "--tenant", "acme")
 	if code != 0 || !strings.Contains(out, "acme    tenant  4.0KiB   16.0KiB") || !strings.Contains(out, "/256.0KiB") {
 		t.Fatalf("stats --tenant acme: exit %d %q\n%s", code, errOut, out)
 	}
-	code, out, _ = as("admin-secret", "stats")
+	code, out, _ = as("admin-secret-0123456789", "stats")
 	for _, want := range []string{"primary   16 slots", "TENANT", "acme", "beta", "prompts  shared"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("admin stats lacks %q:\n%s", want, out)
 		}
 	}
-	code, out, _ = as("beta-secret", "stats")
+	code, out, _ = as("beta-secret-0123456789", "stats")
 	if code != 0 || strings.Contains(out, "acme") || strings.Contains(out, "primary") || !strings.Contains(out, "beta") {
 		t.Errorf("beta's stats shows more than beta:\n%s", out)
 	}
-	if code, _, errOut := as("beta-secret", "stats", "--tenant", "acme"); code == 0 || !strings.Contains(errOut, "no tenant") {
+	if code, _, errOut := as("beta-secret-0123456789", "stats", "--tenant", "acme"); code == 0 || !strings.Contains(errOut, "no tenant") {
 		t.Errorf("beta's stats --tenant acme: exit %d %q", code, errOut)
 	}
 }
@@ -87,6 +87,8 @@ func TestTenantConfigErrors(t *testing.T) {
 		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 2GiB}}]`, "quotas add up to 2GiB, more than primary.bytes = 1GiB"},
 		{`tenants: [{name: a, token: x, namespaces: [default], quota: {primary: 600MiB}}, {name: b, token: y, namespaces: [default], quota: {primary: 600MiB}}]`, "quotas add up to 1200MiB"},
 		{`tenants: [{name: a, namespaces: [default]}]`, "tenants[0].token: required"},
+		{`tenants: [{name: a, token: short, namespaces: [default]}]`, "tenants[0].token: a token of 5 bytes: at least 16"},
+		{`server: {auth_token: short}`, "server.auth_token: a token of 5 bytes: at least 16"},
 		{`tenants: [{name: a, token: x, token_file: /f, namespaces: [default]}]`, "set either token or token_file"},
 		{`tenants: [{name: a, token: x}]`, "tenants[0].namespaces: required"},
 		{`tenants: [{name: a, token: x, namespaces: [default]}, {name: a, token: y, namespaces: [default]}]`, `duplicate name "a"`},
@@ -123,5 +125,24 @@ func TestTenantConfigErrors(t *testing.T) {
 	}
 	if _, _, err := tenantsOf(cfg); err == nil || !strings.Contains(err.Error(), "tenants[0].token_file") {
 		t.Errorf("unreadable token file: %v", err)
+	}
+	// So is one others may read, and one holding a short token.
+	for _, tc := range []struct {
+		tok  string
+		perm os.FileMode
+		want string
+	}{
+		{"a-token-of-sixteen-bytes", 0o640, "lets its group or others read the token"},
+		{"short", 0o600, "a token of 5 bytes: at least 16"},
+		{"a-token-of-sixteen-bytes", 0o400, ""},
+	} {
+		cfg, err := config.Parse([]byte(`tenants: [{name: a, token_file: ` + tokenFile(t, tc.tok, tc.perm) + `, namespaces: [default]}]`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = tenantsOf(cfg)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("token file %q of mode %04o: %v, want %q", tc.tok, tc.perm, err, tc.want)
+		}
 	}
 }

@@ -51,8 +51,8 @@ namespace: {{model: m, bytes_per_block: 4KiB}}
 primary: {{bytes: 1MiB}}
 events: {{enabled: true, endpoint: "tcp://127.0.0.1:{port}", mode: bind, self_describing: true}}
 tenants:
-  - {{name: acme, token: acme-token, namespaces: [default]}}
-  - {{name: beta, token: beta-token, namespaces: [default], event_salt: "beta's own salt"}}
+  - {{name: acme, token: acme-token-0123456789, namespaces: [default]}}
+  - {{name: beta, token: beta-token-0123456789, namespaces: [default], event_salt: "beta's own salt"}}
 shared_spaces:
   - {{name: docs, tenants: [acme, beta]}}
 server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
@@ -117,9 +117,9 @@ def test_tenant_events_route_by_space(tenant_daemon: tuple[Daemon, int]) -> None
 
     spaces = {
         "default": (None, "", 0, None),
-        "acme": ("acme-token", "", space_id("tenant/acme"), "kvtier_tenant:acme"),
-        "beta": ("beta-token", "", space_id("tenant/beta"), "beta's own salt"),
-        "docs": ("acme-token", "docs", space_id("shared/docs"), "kvtier_tenant:docs"),
+        "acme": ("acme-token-0123456789", "", space_id("tenant/acme"), "kvtier_tenant:acme"),
+        "beta": ("beta-token-0123456789", "", space_id("tenant/beta"), "beta's own salt"),
+        "docs": ("acme-token-0123456789", "docs", space_id("shared/docs"), "kvtier_tenant:docs"),
     }
     seen: dict[str, list[Any]] = {}
     for name, (token, ns, _, _) in spaces.items():
@@ -145,7 +145,7 @@ def test_tenant_events_route_by_space(tenant_daemon: tuple[Daemon, int]) -> None
             all_hashes[w] = name
 
     # A tenant's delete removes its own copy, under its own hashes.
-    with kvtier.Client(dm.sock, token="beta-token") as c:
+    with kvtier.Client(dm.sock, token="beta-token-0123456789") as c:
         c.delete(keys)
     removed: list[int] = []
     while len(removed) < CHUNKS:

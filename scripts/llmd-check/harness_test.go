@@ -79,8 +79,8 @@ secondary_tiers:
   - {name: disk, type: fs, root_dir: %s/data, locality: local}
 events: {enabled: true, endpoint: "tcp://127.0.0.1:%d", mode: bind, self_describing: true, positional: true}
 tenants:
-  - {name: acme, token: acme-token, namespaces: [default]}
-  - {name: beta, token: beta-token, namespaces: [default], event_salt: "beta's salt"}
+  - {name: acme, token: acme-token-0123456789, namespaces: [default]}
+  - {name: beta, token: beta-token-0123456789, namespaces: [default], event_salt: "beta's salt"}
 shared_spaces:
   - {name: docs, tenants: [acme, beta]}
 server: {unix_socket: %s/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}
@@ -178,9 +178,9 @@ func TestTenantsRouteWithLLMD(t *testing.T) {
 	// prompts without a salt.
 	spaces := []space{
 		{name: "default", stores: []int{0}},
-		{name: "acme", token: "acme-token", salt: "kvtier_tenant:acme", stores: []int{0, 1}},
-		{name: "beta", token: "beta-token", salt: "beta's salt", stores: []int{0}},
-		{name: "docs", token: "beta-token", ns: "docs", salt: "kvtier_tenant:docs", stores: []int{1, 2}},
+		{name: "acme", token: "acme-token-0123456789", salt: "kvtier_tenant:acme", stores: []int{0, 1}},
+		{name: "beta", token: "beta-token-0123456789", salt: "beta's salt", stores: []int{0}},
+		{name: "docs", token: "beta-token-0123456789", ns: "docs", salt: "kvtier_tenant:docs", stores: []int{1, 2}},
 	}
 	clients := map[string]*client.Client{}
 	for _, s := range spaces {
