@@ -1,16 +1,16 @@
 package server
 
 import (
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/tierset"
 )
 
-// Explanation is tierset's explanation of a request against the
+// Explanation is package explain's explanation of a request against the
 // namespace's live tiers (the same verdicts and reasons kvtier explain
 // prints for a config), with what only the daemon knows: its validation
 // mode and whether it would reject the request.
 type Explanation struct {
-	tierset.Explanation
+	explain.Explanation
 	Mode offload.ValidationMode
 	// StrictError is the error a strict-mode server returns for the
 	// request ("" when it would accept it).
@@ -18,7 +18,7 @@ type Explanation struct {
 }
 
 // Explain parses params with the namespace's defaults and explains the
-// request with tierset.Explain over the declarations of the manager's
+// request with explain.Explain over the declarations of the manager's
 // tiers. Nothing is registered and no warning is counted. Params that are
 // not a JSON object are an error.
 func (ns *Namespace) Explain(params []byte) (Explanation, error) {
@@ -44,13 +44,13 @@ func (ns *Namespace) Explain(params []byte) (Explanation, error) {
 	if err != nil {
 		return Explanation{}, err
 	}
-	decls := make([]tierset.Declaration, len(tiers))
-	details := map[string]tierset.Details{}
+	decls := make([]explain.Declaration, len(tiers))
+	details := map[string]explain.Details{}
 	for i, t := range tiers {
-		decls[i] = tierset.DeclarationOf(t)
-		details[decls[i].Name] = tierset.DetailsOf(t)
+		decls[i] = explain.DeclarationOf(t)
+		details[decls[i].Name] = explain.DetailsOf(t)
 	}
-	ex.Explanation = tierset.Explain(decls, &p, rc)
+	ex.Explanation = explain.Explain(decls, &p, rc)
 	ex.Explanation.AddDetails(details)
 	return ex, nil
 }

@@ -5,18 +5,18 @@ import (
 	"testing"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
-	"github.com/kvtier/kvtier/tierset"
 )
 
 // TestExplainIsTiersetExplain checks that the Explain call answers what
-// tierset.Explain (and so kvtier explain) computes for the same tiers,
+// explain.Explain (and so kvtier explain) computes for the same tiers,
 // defaults and params: the same filters, verdicts and reasons.
 func TestExplainIsTiersetExplain(t *testing.T) {
 	parser := offload.Parser{DefaultStore: offload.NewTierFilter(offload.TierMatcher{Medium: offload.MediumStorage})}
 	e := startEnv(t, envOptions{parser: parser})
 	c := e.dial(t, "unix://"+e.unix)
-	decls := []tierset.Declaration{
+	decls := []explain.Declaration{
 		{Name: "remote-cpu", Type: "memory", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
 		{Name: "local-disk", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
 	}
@@ -41,7 +41,7 @@ func TestExplainIsTiersetExplain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := tierset.Explain(decls, &p, rc)
+			want := explain.Explain(decls, &p, rc)
 			if got.GetLoadFilter().GetText() != want.Load.Filter.String() || got.GetStoreFilter().GetText() != want.Store.Filter.String() ||
 				got.GetLoadFromRequest() != want.Load.FromRequest || got.GetStoreFromRequest() != want.Store.FromRequest ||
 				len(got.GetWarnings()) != len(want.Warnings) || got.GetValidationMode() != "lenient" || got.GetStrictError() != "" {
@@ -56,7 +56,7 @@ func TestExplainIsTiersetExplain(t *testing.T) {
 					d.GetMedium() != kvtierv1.Medium(v.Medium) || d.GetLocality() != kvtierv1.Locality(v.Locality) {
 					t.Fatalf("tier %d: %v, want %v", i, d, v.Declaration)
 				}
-				check := func(dir string, allowed bool, reason string, v tierset.Verdict, s tierset.Side) {
+				check := func(dir string, allowed bool, reason string, v explain.Verdict, s explain.Side) {
 					t.Helper()
 					if allowed != v.Allowed || !strings.HasPrefix(reason, v.Reason) || !strings.Contains(reason, s.Source()) {
 						t.Errorf("%s %s: %v %q, want %v %q from %q", v.Reason, dir, allowed, reason, v.Allowed, v.Reason, s.Source())

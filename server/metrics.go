@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tierset"
 )
 
 // metrics owns the daemon's Prometheus registry. Manager and tier counters
@@ -310,7 +310,7 @@ func collectTiers(ch chan<- prometheus.Metric, n string, tiers []TierStats) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	for _, t := range tiers {
-		d := tierset.Declaration{Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality}
+		d := explain.Declaration{Name: t.Name, Type: t.Type, Medium: t.Medium, Locality: t.Locality}
 		l := []string{n, t.Name, t.Type, d.MediumString(), d.LocalityString()}
 		with := func(extra string) []string { return append(append([]string(nil), l...), extra) }
 		counter(descTierLookups, t.Hits, with("hit")...)

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tierset"
 )
 
 // service implements kvtierv1.KVTierServer on top of the namespaces.
@@ -322,7 +322,7 @@ func (sv *service) Explain(ctx context.Context, in *kvtierv1.ExplainRequest) (*k
 
 // reason is a tier's verdict for one direction with where the filter
 // came from (the response has no field of its own for that).
-func reason(v tierset.Verdict, s tierset.Side) string {
+func reason(v explain.Verdict, s explain.Side) string {
 	return v.Reason + " (" + s.Source() + ")"
 }
 

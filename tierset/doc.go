@@ -24,9 +24,7 @@
 // events are disabled logs one warning when built and emits nothing
 // (spec §5.1).
 //
-// Explain answers, for a list of declarations and one request context,
-// which tiers the request would load from and store to, and why. The
-// filter decisions are offload.TierFilter's own (Allows and Match), the
-// same calls the tiering manager makes, so an explanation cannot drift
-// from what the manager does.
+// What a tier declares, and the explanation of a request's filters
+// against the declarations, are package explain's: the daemon (server)
+// explains requests without linking any tier.
 package tierset

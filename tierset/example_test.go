@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -14,19 +15,19 @@ import (
 func TestExampleConfigs(t *testing.T) {
 	for _, tc := range []struct {
 		file string
-		want []Declaration
+		want []explain.Declaration
 	}{
-		{"../examples/tiers.yaml", []Declaration{
-			{"scratch", "memory", offload.MediumCPU, offload.LocalityLocal},
-			{"local-ssd", "fs", offload.MediumStorage, offload.LocalityLocal},
-			{"remote-dram", "redis", offload.MediumCPU, offload.LocalityRemote},
-			{"objects", "s3", offload.MediumStorage, offload.LocalityRemote},
+		{"../examples/tiers.yaml", []explain.Declaration{
+			{Name: "scratch", Type: "memory", Medium: offload.MediumCPU, Locality: offload.LocalityLocal},
+			{Name: "local-ssd", Type: "fs", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+			{Name: "remote-dram", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
+			{Name: "objects", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
 		}},
-		{"../examples/explain.yaml", []Declaration{
-			{"local-ssd", "memory", offload.MediumStorage, offload.LocalityLocal},
-			{"s3", "memory", offload.MediumStorage, offload.LocalityRemote},
-			{"redis", "memory", offload.MediumCPU, offload.LocalityRemote},
-			{"peer", "memory", offload.MediumUnspecified, offload.LocalityUnspecified},
+		{"../examples/explain.yaml", []explain.Declaration{
+			{Name: "local-ssd", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+			{Name: "s3", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+			{Name: "redis", Type: "memory", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
+			{Name: "peer", Type: "memory", Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
 		}},
 	} {
 		doc, err := os.ReadFile(tc.file)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -50,7 +51,7 @@ func TestExplainExamples(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := Explain(decls, p, rc)
+			e := explain.Explain(decls, p, rc)
 			if got := e.LoadTiers(); !slices.Equal(got, tc.load) {
 				t.Errorf("load = %v, want %v", got, tc.load)
 			}
@@ -62,10 +63,10 @@ func TestExplainExamples(t *testing.T) {
 }
 
 func TestExplainReasons(t *testing.T) {
-	decls := []Declaration{
-		{"ssd", "memory", offload.MediumStorage, offload.LocalityLocal},
-		{"peer", "memory", offload.MediumUnspecified, offload.LocalityUnspecified},
-		{"half", "memory", offload.MediumStorage, offload.LocalityUnspecified},
+	decls := []explain.Declaration{
+		{Name: "ssd", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+		{Name: "peer", Type: "memory", Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		{Name: "half", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityUnspecified},
 	}
 	cases := []struct {
 		name     string
@@ -105,7 +106,7 @@ func TestExplainReasons(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := Explain(decls, tc.parser, rc)
+			e := explain.Explain(decls, tc.parser, rc)
 			if got := e.Load.Source(); got != tc.source {
 				t.Errorf("source = %q, want %q", got, tc.source)
 			}
@@ -146,7 +147,7 @@ func TestExplainPeerParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := Explain(decls, p, rc)
+	e := explain.Explain(decls, p, rc)
 	e.AddDetails(details)
 	v := e.Tiers[0]
 	if !v.Load.Allowed || v.Store.Allowed || len(v.Parts) != 2 {

@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/peer"
 	"github.com/kvtier/kvtier/tiers/redis"
@@ -46,7 +47,7 @@ func planS3(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	}
 	ignored := gateEvents(&c.Events, cfg)
 	return plan{
-		decl: Declaration{Name: spec.Name, Type: s3.Type, Medium: offload.MediumStorage, Locality: loc},
+		decl: explain.Declaration{Name: spec.Name, Type: s3.Type, Medium: offload.MediumStorage, Locality: loc},
 		build: func(ctx context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger
@@ -87,7 +88,7 @@ func planRedis(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	}
 	ignored := gateEvents(&c.Events, cfg)
 	return plan{
-		decl: Declaration{Name: spec.Name, Type: redis.Type, Medium: offload.MediumCPU, Locality: loc},
+		decl: explain.Declaration{Name: spec.Name, Type: redis.Type, Medium: offload.MediumCPU, Locality: loc},
 		build: func(ctx context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger
@@ -186,22 +187,11 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 	if err := c.Validate(); err != nil {
 		return plan{}, keyPathError(spec, c, err)
 	}
-	var parts []Declaration
-	for _, p := range c.Peers {
-		// A peer read reaches the peer's DRAM, and with from_storage its
-		// storage tiers.
-		loc, _ := peer.LocalityOf(p)
-		parts = append(parts, Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: loc})
-		if c.FromStorage {
-			// Its storage tiers, promoted there first (from_storage).
-			parts = append(parts, Declaration{Name: p.Name + " storage", Type: "peer " + p.Addr, Medium: offload.MediumStorage, Locality: loc})
-		}
-	}
 	return plan{
 		// Dynamic on both axes: the tier applies each request's filter
 		// per peer.
-		decl:    Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
-		details: Details{Parts: parts, ReadOnly: !c.Push},
+		decl:    explain.Declaration{Name: spec.Name, Type: peer.Type, Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		details: explain.Details{Parts: peer.PartsOf(c), ReadOnly: !c.Push},
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger

@@ -17,6 +17,7 @@ import (
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	rt "github.com/kvtier/kvtier/tiers/remote/remotetest"
 )
@@ -34,13 +35,13 @@ secondary_tiers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Declaration{
-		{"objects", "s3", offload.MediumStorage, offload.LocalityRemote},
-		{"dram", "redis", offload.MediumCPU, offload.LocalityRemote},
-		{"rack", "redis", offload.MediumCPU, offload.LocalityLocal},
-		{"anywhere", "s3", offload.MediumStorage, offload.LocalityRemote},
-		{"s34", "s3", offload.MediumStorage, offload.LocalityUnspecified},
-		{"redis5", "redis", offload.MediumCPU, offload.LocalityUnspecified},
+	want := []explain.Declaration{
+		{Name: "objects", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+		{Name: "dram", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
+		{Name: "rack", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityLocal},
+		{Name: "anywhere", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+		{Name: "s34", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityUnspecified},
+		{Name: "redis5", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityUnspecified},
 	}
 	if !slices.Equal(decls, want) {
 		t.Errorf("Declare = %v\nwant      %v", decls, want)
@@ -128,13 +129,13 @@ secondary_tiers:
 				t.Fatal(err)
 			}
 			defer closeAll(ctx, tiers)
-			want := []Declaration{
-				{"obj", "s3", offload.MediumStorage, offload.LocalityRemote},
-				{"own", "s3", offload.MediumStorage, offload.LocalityUnspecified},
-				{"dram", "redis", offload.MediumCPU, offload.LocalityRemote},
+			want := []explain.Declaration{
+				{Name: "obj", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+				{Name: "own", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityUnspecified},
+				{Name: "dram", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
 			}
 			for i, tier := range tiers {
-				if got := DeclarationOf(tier); got != want[i] {
+				if got := explain.DeclarationOf(tier); got != want[i] {
 					t.Errorf("tier %d declares %v, want %v", i, got, want[i])
 				}
 			}

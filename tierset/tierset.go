@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/confvalue"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/quota"
@@ -19,42 +20,6 @@ import (
 	"github.com/kvtier/kvtier/tiers/s3"
 	"github.com/kvtier/kvtier/vfs"
 )
-
-// Declaration is what a configured secondary tier declares about itself:
-// its name, its type and the medium and locality the tiering manager
-// filters it by (unspecified = dynamic on that axis).
-type Declaration struct {
-	Name     string
-	Type     string
-	Medium   offload.Medium
-	Locality offload.Locality
-}
-
-// DeclarationOf returns the declaration of a built tier.
-func DeclarationOf(t offload.SecondaryTier) Declaration {
-	return Declaration{Name: t.Name(), Type: t.Type(), Medium: t.Medium(), Locality: t.Locality()}
-}
-
-// MediumString returns the medium's wire name, or "dynamic".
-func (d Declaration) MediumString() string {
-	if d.Medium == offload.MediumUnspecified {
-		return "dynamic"
-	}
-	return d.Medium.String()
-}
-
-// LocalityString returns the locality's wire name, or "dynamic".
-func (d Declaration) LocalityString() string {
-	if d.Locality == offload.LocalityUnspecified {
-		return "dynamic"
-	}
-	return d.Locality.String()
-}
-
-// String renders d as "name (type, MEDIUM/LOCALITY)".
-func (d Declaration) String() string {
-	return fmt.Sprintf("%s (%s, %s/%s)", d.Name, d.Type, d.MediumString(), d.LocalityString())
-}
 
 // Options carries what built tiers get from their surroundings.
 type Options struct {
@@ -68,8 +33,8 @@ type Options struct {
 
 // plan is a decoded and validated tier entry, ready to build.
 type plan struct {
-	decl    Declaration
-	details Details
+	decl    explain.Declaration
+	details explain.Details
 	build   func(ctx context.Context, opts Options) (offload.SecondaryTier, error)
 }
 
@@ -129,39 +94,14 @@ func planTier(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	return plan{}, spec.Errorf("type", "unknown tier type %q (supported: %s)", spec.Type, strings.Join(Types(), ", "))
 }
 
-// Details are what some tiers declare beyond their medium and locality.
-type Details struct {
-	// Parts are the sources a dynamic tier chooses between per request,
-	// each with the medium and locality it filters them by (a peer tier's
-	// peers).
-	Parts []Declaration
-	// ReadOnly: the tier takes no stores (offload.ReadOnly).
-	ReadOnly bool
-}
-
-// DetailsOf returns the Details of a built tier: whether it is read-only,
-// and a peer tier's peers.
-func DetailsOf(t offload.SecondaryTier) Details {
-	var d Details
-	if ro, ok := t.(offload.ReadOnly); ok {
-		d.ReadOnly = ro.ReadOnly()
-	}
-	if pt, ok := t.(*peer.Tier); ok {
-		for _, p := range pt.Peers() {
-			d.Parts = append(d.Parts, Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: p.Locality})
-		}
-	}
-	return d
-}
-
-// DeclareDetails returns, by tier name, the Details of the config's tiers
-// that have any, for Explanation.AddDetails.
-func DeclareDetails(cfg *config.Config) (map[string]Details, error) {
+// DeclareDetails returns, by tier name, the explain.Details of the config's tiers
+// that have any, for explain.Explanation.AddDetails.
+func DeclareDetails(cfg *config.Config) (map[string]explain.Details, error) {
 	plans, err := planTiers(cfg)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Details{}
+	out := map[string]explain.Details{}
 	for _, p := range plans {
 		if len(p.details.Parts) > 0 || p.details.ReadOnly {
 			out[p.decl.Name] = p.details
@@ -173,12 +113,12 @@ func DeclareDetails(cfg *config.Config) (map[string]Details, error) {
 // Declare decodes and validates every secondary tier of cfg and returns
 // their declarations in config order, without building anything. Errors
 // (joined, one per problem) name the key path.
-func Declare(cfg *config.Config) ([]Declaration, error) {
+func Declare(cfg *config.Config) ([]explain.Declaration, error) {
 	plans, err := planTiers(cfg)
 	if err != nil {
 		return nil, err
 	}
-	decls := make([]Declaration, len(plans))
+	decls := make([]explain.Declaration, len(plans))
 	for i, p := range plans {
 		decls[i] = p.decl
 	}
@@ -205,8 +145,8 @@ func buildPlans(ctx context.Context, specs []config.TierSpec, plans []plan, opts
 	tiers := make([]offload.SecondaryTier, 0, len(plans))
 	for i, p := range plans {
 		t, err := p.build(ctx, opts)
-		if err == nil && DeclarationOf(t) != p.decl {
-			err = fmt.Errorf("built tier declares %s, config declares %s", DeclarationOf(t), p.decl)
+		if err == nil && explain.DeclarationOf(t) != p.decl {
+			err = fmt.Errorf("built tier declares %s, config declares %s", explain.DeclarationOf(t), p.decl)
 			err = errors.Join(err, t.Close(ctx))
 		}
 		if err != nil {
@@ -286,7 +226,7 @@ func planMemory(spec config.TierSpec, cfg *config.Config) (plan, error) {
 		return plan{}, err
 	}
 	return plan{
-		decl: Declaration{Name: mc.Name, Type: memory.Type, Medium: mc.Medium, Locality: mc.Locality},
+		decl: explain.Declaration{Name: mc.Name, Type: memory.Type, Medium: mc.Medium, Locality: mc.Locality},
 		build: func(context.Context, Options) (offload.SecondaryTier, error) {
 			t, err := memory.New(mc)
 			if err != nil {
@@ -377,7 +317,7 @@ func planFS(spec config.TierSpec, cfg *config.Config) (plan, error) {
 	}
 	loc, _ := fs.ParseLocality(fc.Locality)
 	return plan{
-		decl: Declaration{Name: spec.Name, Type: fsType, Medium: offload.MediumStorage, Locality: loc},
+		decl: explain.Declaration{Name: spec.Name, Type: fsType, Medium: offload.MediumStorage, Locality: loc},
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := fc
 			c.Logger = opts.Logger.With("tier", c.Name)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/quota"
@@ -40,12 +41,12 @@ func TestDeclare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Declaration{
-		{"local-ssd", "memory", offload.MediumStorage, offload.LocalityLocal},
-		{"s3", "memory", offload.MediumStorage, offload.LocalityRemote},
-		{"redis", "memory", offload.MediumCPU, offload.LocalityRemote},
-		{"peer", "memory", offload.MediumUnspecified, offload.LocalityUnspecified},
-		{"memory4", "memory", offload.MediumUnspecified, offload.LocalityLocal},
+	want := []explain.Declaration{
+		{Name: "local-ssd", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+		{Name: "s3", Type: "memory", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+		{Name: "redis", Type: "memory", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
+		{Name: "peer", Type: "memory", Medium: offload.MediumUnspecified, Locality: offload.LocalityUnspecified},
+		{Name: "memory4", Type: "memory", Medium: offload.MediumUnspecified, Locality: offload.LocalityLocal},
 	}
 	if !slices.Equal(decls, want) {
 		t.Errorf("Declare = %v\nwant      %v", decls, want)
@@ -113,7 +114,7 @@ func TestBuildMemory(t *testing.T) {
 		t.Fatalf("built %d tiers, declared %d", len(tiers), len(decls))
 	}
 	for i, tier := range tiers {
-		if got := DeclarationOf(tier); got != decls[i] {
+		if got := explain.DeclarationOf(tier); got != decls[i] {
 			t.Errorf("tier %d declares %v, want %v", i, got, decls[i])
 		}
 		if err := tier.Close(ctx); err != nil {
@@ -125,7 +126,7 @@ func TestBuildMemory(t *testing.T) {
 // fakeTier records Close; its other methods are never called here.
 type fakeTier struct {
 	offload.SecondaryTier
-	decl   Declaration
+	decl   explain.Declaration
 	closed *[]string
 }
 
@@ -143,7 +144,7 @@ func TestBuildClosesBuiltTiersOnFailure(t *testing.T) {
 	var closed []string
 	boom := errors.New("boom")
 	ok := func(name string) plan {
-		d := Declaration{Name: name, Type: "fake"}
+		d := explain.Declaration{Name: name, Type: "fake"}
 		return plan{decl: d, build: func(context.Context, Options) (offload.SecondaryTier, error) {
 			return &fakeTier{decl: d, closed: &closed}, nil
 		}}
@@ -152,7 +153,7 @@ func TestBuildClosesBuiltTiersOnFailure(t *testing.T) {
 	lying.decl.Medium = offload.MediumCPU // the built tier declares no medium
 
 	_, err := buildPlans(context.Background(), cfg.SecondaryTiers, []plan{ok("a"), ok("b"),
-		{decl: Declaration{Name: "c"}, build: func(context.Context, Options) (offload.SecondaryTier, error) { return nil, boom }}, ok("d")}, Options{})
+		{decl: explain.Declaration{Name: "c"}, build: func(context.Context, Options) (offload.SecondaryTier, error) { return nil, boom }}, ok("d")}, Options{})
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "secondary_tiers[2] (c): boom") {
 		t.Errorf("error = %v", err)
 	}
@@ -185,10 +186,10 @@ secondary_tiers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Declaration{
-		{"ssd", "fs", offload.MediumStorage, offload.LocalityLocal},
-		{"nfs", "fs", offload.MediumStorage, offload.LocalityRemote},
-		{"scratch", "fs", offload.MediumStorage, offload.LocalityLocal}, // fs defaults to local
+	want := []explain.Declaration{
+		{Name: "ssd", Type: "fs", Medium: offload.MediumStorage, Locality: offload.LocalityLocal},
+		{Name: "nfs", Type: "fs", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
+		{Name: "scratch", Type: "fs", Medium: offload.MediumStorage, Locality: offload.LocalityLocal}, // fs defaults to local
 	}
 	if !slices.Equal(decls, want) {
 		t.Errorf("Declare = %v, want %v", decls, want)
@@ -198,7 +199,7 @@ secondary_tiers:
 		t.Fatal(err)
 	}
 	for i, tier := range tiers {
-		if got := DeclarationOf(tier); got != want[i] {
+		if got := explain.DeclarationOf(tier); got != want[i] {
 			t.Errorf("built %v, want %v", got, want[i])
 		}
 		if err := tier.Close(ctx); err != nil {

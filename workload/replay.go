@@ -15,6 +15,7 @@ import (
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/cpu"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 	"github.com/kvtier/kvtier/tierset"
@@ -742,7 +743,7 @@ func (d *driver) collect() {
 	tiers := d.m.Tiers()
 	r.Tiers = make([]TierResult, len(st.Tiers))
 	for i, ts := range st.Tiers {
-		decl := tierset.DeclarationOf(tiers[i])
+		decl := explain.DeclarationOf(tiers[i])
 		held := tierLen(tiers[i])
 		r.Tiers[i] = TierResult{
 			Name:                    ts.Name,

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tierset"
 )
@@ -44,7 +45,7 @@ the config is invalid.`,
   echo '{"kv_store_tiers":[]}' | kvtier explain --config examples/explain.yaml --params - --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, cfg, err := explain(f, cmd.InOrStdin())
+			e, cfg, err := explainRequest(f, cmd.InOrStdin())
 			if f.json {
 				return writeExplainJSON(cmd.OutOrStdout(), e, err)
 			}
@@ -61,33 +62,33 @@ the config is invalid.`,
 	return cmd
 }
 
-// explain loads the config, parses the params as the server would and
+// explainRequest loads the config, parses the params as the server would and
 // explains the request.
-func explain(f explainFlags, stdin io.Reader) (tierset.Explanation, *config.Config, error) {
+func explainRequest(f explainFlags, stdin io.Reader) (explain.Explanation, *config.Config, error) {
 	params, err := readParams(f.params, stdin)
 	if err != nil {
-		return tierset.Explanation{}, nil, err
+		return explain.Explanation{}, nil, err
 	}
 	cfg, err := config.Load(f.config)
 	if err != nil {
-		return tierset.Explanation{}, nil, err
+		return explain.Explanation{}, nil, err
 	}
 	decls, err := tierset.Declare(cfg)
 	if err != nil {
-		return tierset.Explanation{}, nil, err
+		return explain.Explanation{}, nil, err
 	}
 	p := cfg.Parser()
 	rc, err := p.NewReqContext("explain", params)
 	if err != nil {
 		if errors.Is(err, offload.ErrInvalidFilter) {
-			return tierset.Explanation{}, nil, fmt.Errorf("request rejected (strict validation): %w", err)
+			return explain.Explanation{}, nil, fmt.Errorf("request rejected (strict validation): %w", err)
 		}
-		return tierset.Explanation{}, nil, fmt.Errorf("--params: %w", err)
+		return explain.Explanation{}, nil, fmt.Errorf("--params: %w", err)
 	}
-	e := tierset.Explain(decls, p, rc)
+	e := explain.Explain(decls, p, rc)
 	details, err := tierset.DeclareDetails(cfg)
 	if err != nil {
-		return tierset.Explanation{}, nil, err
+		return explain.Explanation{}, nil, err
 	}
 	e.AddDetails(details)
 	return e, cfg, nil
@@ -121,7 +122,7 @@ type explainJSON struct {
 	Warnings []string `json:"warnings"`
 }
 
-func writeExplainJSON(w io.Writer, e tierset.Explanation, err error) error {
+func writeExplainJSON(w io.Writer, e explain.Explanation, err error) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	if err != nil {
@@ -137,7 +138,7 @@ func writeExplainJSON(w io.Writer, e tierset.Explanation, err error) error {
 	return enc.Encode(out)
 }
 
-func writeExplainText(w io.Writer, cfg *config.Config, e tierset.Explanation) error {
+func writeExplainText(w io.Writer, cfg *config.Config, e explain.Explanation) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "config %s: %d secondary tiers, validation %s\n", cfg.File, len(e.Tiers), cfg.Validation)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)

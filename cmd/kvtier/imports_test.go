@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -16,8 +17,10 @@ const module = "github.com/kvtier/kvtier"
 // The import rules that keep the tree's floors apart:
 //
 //   - the daemon (server) knows tiers only through offload (their contract,
-//     their optional capabilities such as offload.Reporter) and tierset
-//     (which builds them): it imports no package under tiers/;
+//     their optional capabilities such as offload.Reporter), tiering (the
+//     stack) and explain (their declarations): it imports no package under
+//     tiers/ and not tierset, which builds them — and neither does anything
+//     it imports (TestServerLinksNoTier);
 //   - no tier imports another tier's packages: what tiers share is
 //     tiers/remote (and its sub-packages) or a leaf package outside tiers/
 //     (filemapper, confvalue, asynclookup, vfs).
@@ -37,6 +40,27 @@ func TestImportRules(t *testing.T) {
 	}
 }
 
+// The daemon's whole import closure links no tier, no tier builder and
+// none of the tiers' clients (the AWS SDK, go-redis): what the daemon does
+// not use, it does not carry (issue 45).
+func TestServerLinksNoTier(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", module+"/server").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, module+"/offload") {
+		t.Fatalf("go list -deps ./server names no offload: %q", deps)
+	}
+	for _, d := range deps {
+		rel, ours := strings.CutPrefix(d, module+"/")
+		if (ours && (under(rel, "tiers") || rel == "tierset")) ||
+			strings.HasPrefix(d, "github.com/aws/") || strings.HasPrefix(d, "github.com/redis/") {
+			t.Errorf("server links %s", d)
+		}
+	}
+}
+
 // The rules catch what they are for.
 func TestImportRulesCatchViolations(t *testing.T) {
 	got := importViolations(map[string][]string{
@@ -48,7 +72,8 @@ func TestImportRulesCatchViolations(t *testing.T) {
 		"tiers/peer":           {"client", "tiers/remote"},
 	})
 	want := []string{
-		"server imports tiers/fs: the daemon knows tiers through offload and tierset only",
+		"server imports tiers/fs: the daemon knows tiers through offload, tiering and explain only",
+		"server imports tierset: the daemon knows tiers through offload, tiering and explain only",
 		"tiers/redis imports tiers/peer: a tier imports no other tier's package (share through tiers/remote or a leaf package)",
 		"tiers/redis/slotpipe imports tiers/memory: a tier imports no other tier's package (share through tiers/remote or a leaf package)",
 		"tiers/s3 imports tiers/fs: a tier imports no other tier's package (share through tiers/remote or a leaf package)",
@@ -102,8 +127,8 @@ func importViolations(imports map[string][]string) []string {
 	for pkg, deps := range imports {
 		for _, dep := range deps {
 			switch {
-			case pkg == "server" && under(dep, "tiers"):
-				out = append(out, pkg+" imports "+dep+": the daemon knows tiers through offload and tierset only")
+			case pkg == "server" && (under(dep, "tiers") || dep == "tierset"):
+				out = append(out, pkg+" imports "+dep+": the daemon knows tiers through offload, tiering and explain only")
 			case under(pkg, "tiers") && !under(pkg, "tiers/remote") && under(dep, "tiers") &&
 				!under(dep, "tiers/remote") && tierOf(dep) != tierOf(pkg):
 				out = append(out, pkg+" imports "+dep+": a tier imports no other tier's package (share through tiers/remote or a leaf package)")

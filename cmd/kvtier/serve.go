@@ -22,6 +22,7 @@ import (
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/server"
@@ -581,7 +582,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 		"capacity", fmt.Sprintf("%s (%d slots of %s)", cfg.Primary.Bytes, st.NumSlots, cfg.Namespace.BytesPerBlock),
 		"policy", cfg.Primary.Policy, "arena", cfg.Primary.Arena.Kind)
 	for _, t := range tiers {
-		d := tierset.DeclarationOf(t)
+		d := explain.DeclarationOf(t)
 		log.Info("tier", "name", d.Name, "type", d.Type, "medium", d.MediumString(), "locality", d.LocalityString(), "capacity", capacityOf(t))
 	}
 	nc := server.ManagerNamespace("", m, p, *cfg.Parser())

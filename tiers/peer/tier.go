@@ -11,6 +11,7 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvtier/kvtier/asynclookup"
@@ -837,6 +838,25 @@ func (t *Tier) Report() offload.TierReport {
 	return r
 }
 
+// Parts declares the sources a request's filter judges one by one: each
+// peer's DRAM (CPU), and with from_storage its storage tiers (STORAGE),
+// at the peer's locality (explain.Composite).
+func (t *Tier) Parts() []explain.Declaration { return PartsOf(t.cfg) }
+
+// PartsOf is Parts for a tier configured by c, before it is built.
+func PartsOf(c Config) []explain.Declaration {
+	var parts []explain.Declaration
+	for _, p := range c.Peers {
+		loc, _ := LocalityOf(p)
+		parts = append(parts, explain.Declaration{Name: p.Name, Type: "peer " + p.Addr, Medium: offload.MediumCPU, Locality: loc})
+		if c.FromStorage {
+			parts = append(parts, explain.Declaration{Name: p.Name + " storage", Type: "peer " + p.Addr, Medium: offload.MediumStorage, Locality: loc})
+		}
+	}
+	return parts
+}
+
+// Peers returns each peer's state and counters.
 func (t *Tier) Peers() []PeerStats {
 	out := make([]PeerStats, len(t.peers))
 	for i, p := range t.peers {

@@ -1,4 +1,4 @@
-package tierset
+package explain
 
 import (
 	"fmt"
