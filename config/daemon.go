@@ -27,6 +27,9 @@ type Server struct {
 	// line, surrounding whitespace trimmed); set at most one.
 	AuthToken     string `yaml:"auth_token"`
 	AuthTokenFile string `yaml:"auth_token_file"`
+	// AuthTokenEnv names the environment variable holding it (a
+	// Kubernetes Secret passed as an env var).
+	AuthTokenEnv string `yaml:"auth_token_env"`
 	// ShutdownTimeout bounds the drain at SIGINT/SIGTERM (default 10s).
 	ShutdownTimeout confvalue.Duration `yaml:"shutdown_timeout"`
 	// RequestIdleTimeout releases a request (its pins and reservations)
@@ -255,8 +258,8 @@ func (c *Config) checkDaemon(d *decoder) {
 	if err := CheckToken(c.Server.AuthToken); c.Server.AuthToken != "" && err != nil {
 		d.errorf(nil, "server.auth_token", "%v", err)
 	}
-	if c.Server.AuthToken != "" && c.Server.AuthTokenFile != "" {
-		d.errorf(nil, "server.auth_token_file", "set either server.auth_token or server.auth_token_file, not both")
+	if countSet(c.Server.AuthToken, c.Server.AuthTokenFile, c.Server.AuthTokenEnv) > 1 {
+		d.errorf(nil, "server.auth_token_file", "set one of server.auth_token, server.auth_token_file and server.auth_token_env")
 	}
 	if c.Server.UnixSocket == "" && c.Server.TCPAddr == "" {
 		d.errorf(nil, "server", "neither unix_socket nor tcp_addr is set: the API would be unreachable")

@@ -18,10 +18,13 @@ type Tenant struct {
 	// --tenant` and events; it names its key space, so renaming a tenant
 	// orphans what it stored in persistent tiers.
 	Name string `yaml:"name"`
-	// Token (or TokenFile: its first line, trimmed) authenticates the
-	// tenant, on TCP and on the Unix socket. Set exactly one.
+	// Token (or TokenFile: its first line, trimmed; or TokenEnv: the
+	// environment variable holding it, as a Kubernetes Secret is passed)
+	// authenticates the tenant, on TCP and on the Unix socket. Set exactly
+	// one.
 	Token     string `yaml:"token"`
 	TokenFile string `yaml:"token_file"`
+	TokenEnv  string `yaml:"token_env"`
 	// Namespaces are the API namespaces the token reaches; "default"
 	// names the daemon's own namespace (API name ""). A call naming any
 	// other is refused with PERMISSION_DENIED.
@@ -35,6 +38,17 @@ type Tenant struct {
 	// writes a request's cache_salt (the first block's extra_keys), for a
 	// router that knows it; "" uses "kvtier_tenant:<name>".
 	EventSalt string `yaml:"event_salt"`
+}
+
+// countSet counts the non-empty strings of vs.
+func countSet(vs ...string) int {
+	n := 0
+	for _, v := range vs {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // MinTokenLen is the shortest token the daemon accepts: 16 bytes, 128
@@ -148,11 +162,11 @@ func (c *Config) checkTenants(d *decoder) {
 		t := &c.Tenants[i]
 		path := fmt.Sprintf("tenants[%d]", i)
 		name(path, t.Name)
-		switch {
-		case t.Token != "" && t.TokenFile != "":
-			d.errorf(nil, path+".token_file", "set either token or token_file, not both")
-		case t.Token == "" && t.TokenFile == "":
-			d.errorf(nil, path+".token", "required (or token_file): a tenant is known by its token")
+		switch n := countSet(t.Token, t.TokenFile, t.TokenEnv); {
+		case n > 1:
+			d.errorf(nil, path+".token_file", "set one of token, token_file and token_env")
+		case n == 0:
+			d.errorf(nil, path+".token", "required (or token_file, token_env): a tenant is known by its token")
 		case t.Token != "":
 			if err := CheckToken(t.Token); err != nil {
 				d.errorf(nil, path+".token", "%v", err)

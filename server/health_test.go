@@ -216,3 +216,14 @@ func TestRemoteStatsMetrics(t *testing.T) {
 		}
 	}
 }
+
+// The probes a kubelet uses answer on the metrics address: /healthz while
+// the process serves, /readyz while the API does.
+func TestProbes(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 8, tiers: noTiers})
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if got := scrapeURL(t, "http://"+e.srv.MetricsAddr()+path); got != "ok\n" {
+			t.Errorf("%s: %q, want ok", path, got)
+		}
+	}
+}

@@ -86,12 +86,14 @@ type Server struct {
 	// sideRefused counts arena side-channel connections refused because
 	// too many exchanges were in flight.
 	sideRefused atomic.Uint64
-	nsMu        sync.RWMutex // namespaces and order grow when engines attach
-	namespaces  map[string]*Namespace
-	order       []*Namespace
-	metrics     *metrics
-	tenancy     *tenancy
-	warnings    *offload.WarningLog
+	// draining is set when Shutdown begins (/readyz answers 503).
+	draining   atomic.Bool
+	nsMu       sync.RWMutex // namespaces and order grow when engines attach
+	namespaces map[string]*Namespace
+	order      []*Namespace
+	metrics    *metrics
+	tenancy    *tenancy
+	warnings   *offload.WarningLog
 
 	unixSrv, tcpSrv *grpc.Server
 	health          *health.Server
@@ -394,6 +396,17 @@ func (s *Server) serveListeners() {
 	if s.httpLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", s.metrics.handler())
+		// Probes (a Kubernetes kubelet's): live while the process serves
+		// HTTP at all; ready while the API serves, not once a shutdown
+		// has begun draining.
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if s.draining.Load() {
+				http.Error(w, "draining", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
+		})
 		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		s.serve("metrics", func() error { return s.httpSrv.Serve(s.httpLn) })
 	}
@@ -450,6 +463,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 func (s *Server) shutdown(ctx context.Context) error {
+	s.draining.Store(true)
 	if s.health != nil {
 		s.health.Shutdown()
 	}

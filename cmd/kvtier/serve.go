@@ -72,6 +72,7 @@ server:
   metrics_addr: 127.0.0.1:9464    # Prometheus /metrics; "" disables it
   # auth_token: secret            # required from TCP clients when set
   # auth_token_file: /etc/kvtier/token
+  # auth_token_env: KVTIER_AUTH_TOKEN  # or an environment variable (a Kubernetes Secret)
   shutdown_timeout: 10s
   # request_idle_timeout: 10m     # release requests no call names for this long
   # max_connections: 1024         # per listener (lowered to fit the fd limit)
@@ -417,10 +418,16 @@ func streamAddr(configured, tcpAddr string) string {
 
 func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*server.Server, error) {
 	token := cfg.Server.AuthToken
-	if cfg.Server.AuthTokenFile != "" {
+	switch {
+	case cfg.Server.AuthTokenFile != "":
 		var err error
 		if token, err = readSecretToken(cfg.Server.AuthTokenFile); err != nil {
 			return nil, fmt.Errorf("server.auth_token_file: %w", err)
+		}
+	case cfg.Server.AuthTokenEnv != "":
+		var err error
+		if token, err = envToken(cfg.Server.AuthTokenEnv); err != nil {
+			return nil, fmt.Errorf("server.auth_token_env: %w", err)
 		}
 	}
 	tenants, shared, err := tenantsOf(cfg)

@@ -19,10 +19,15 @@ func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceC
 	var ts []server.TenantConfig
 	for i, t := range cfg.Tenants {
 		tok := t.Token
-		if t.TokenFile != "" {
-			var err error
+		var err error
+		switch {
+		case t.TokenFile != "":
 			if tok, err = readSecretToken(t.TokenFile); err != nil {
 				return nil, nil, fmt.Errorf("tenants[%d].token_file: %w", i, err)
+			}
+		case t.TokenEnv != "":
+			if tok, err = envToken(t.TokenEnv); err != nil {
+				return nil, nil, fmt.Errorf("tenants[%d].token_env: %w", i, err)
 			}
 		}
 		ns := make([]string, len(t.Namespaces))
@@ -61,6 +66,18 @@ func readToken(path string) (string, error) {
 	tok, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	if tok = strings.TrimSpace(tok); tok == "" {
 		return "", fmt.Errorf("%s: empty", path)
+	}
+	return tok, nil
+}
+
+// envToken reads a token from the environment variable name.
+func envToken(name string) (string, error) {
+	tok := strings.TrimSpace(os.Getenv(name))
+	if tok == "" {
+		return "", fmt.Errorf("$%s is unset or empty", name)
+	}
+	if err := config.CheckToken(tok); err != nil {
+		return "", fmt.Errorf("$%s: %w", name, err)
 	}
 	return tok, nil
 }

@@ -89,7 +89,9 @@ func TestTenantConfigErrors(t *testing.T) {
 		{`tenants: [{name: a, namespaces: [default]}]`, "tenants[0].token: required"},
 		{`tenants: [{name: a, token: short, namespaces: [default]}]`, "tenants[0].token: a token of 5 bytes: at least 16"},
 		{`server: {auth_token: short}`, "server.auth_token: a token of 5 bytes: at least 16"},
-		{`tenants: [{name: a, token: x, token_file: /f, namespaces: [default]}]`, "set either token or token_file"},
+		{`tenants: [{name: a, token: x, token_file: /f, namespaces: [default]}]`, "set one of token, token_file and token_env"},
+		{`tenants: [{name: a, token_env: X, token_file: /f, namespaces: [default]}]`, "set one of token, token_file and token_env"},
+		{`server: {auth_token_env: X, auth_token: a-token-of-sixteen-bytes}`, "set one of server.auth_token, server.auth_token_file and server.auth_token_env"},
 		{`tenants: [{name: a, token: x}]`, "tenants[0].namespaces: required"},
 		{`tenants: [{name: a, token: x, namespaces: [default]}, {name: a, token: y, namespaces: [default]}]`, `duplicate name "a"`},
 		{`tenants: [{name: a, token: x, namespaces: [default]}, {name: b, token: x, namespaces: [default]}]`, "the same token as tenants[0]"},
@@ -125,6 +127,22 @@ func TestTenantConfigErrors(t *testing.T) {
 	}
 	if _, _, err := tenantsOf(cfg); err == nil || !strings.Contains(err.Error(), "tenants[0].token_file") {
 		t.Errorf("unreadable token file: %v", err)
+	}
+	// A token from the environment, and its errors.
+	t.Setenv("KVTIER_TEST_ACME", "a-token-of-sixteen-bytes")
+	t.Setenv("KVTIER_TEST_SHORT", "short")
+	for env, want := range map[string]string{"KVTIER_TEST_ACME": "", "KVTIER_TEST_SHORT": "a token of 5 bytes", "KVTIER_TEST_UNSET": "$KVTIER_TEST_UNSET is unset or empty"} {
+		cfg, err := config.Parse([]byte(`tenants: [{name: a, token_env: ` + env + `, namespaces: [default]}]`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, _, err := tenantsOf(cfg)
+		switch {
+		case want == "" && (err != nil || ts[0].Token != "a-token-of-sixteen-bytes"):
+			t.Errorf("token_env %s: %v %v", env, ts, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("token_env %s: %v, want %q", env, err, want)
+		}
 	}
 	// So is one others may read, and one holding a short token.
 	for _, tc := range []struct {
