@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -195,6 +197,19 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 		build: func(_ context.Context, opts Options) (offload.SecondaryTier, error) {
 			c := c
 			c.Logger = opts.Logger
+			c.Peers = slices.Clone(c.Peers)
+			for i := range c.Peers {
+				p := &c.Peers[i]
+				if p.TokenEnv == "" {
+					continue
+				}
+				if p.Token != "" {
+					return nil, spec.Errorf(fmt.Sprintf("peers[%d].token_env", i), "set token or token_env, not both")
+				}
+				if p.Token = os.Getenv(p.TokenEnv); p.Token == "" {
+					return nil, spec.Errorf(fmt.Sprintf("peers[%d].token_env", i), "$%s is unset or empty", p.TokenEnv)
+				}
+			}
 			t, err := peer.New(c)
 			if err != nil {
 				return nil, err

@@ -54,8 +54,11 @@ type PeerConfig struct {
 	Addr string `yaml:"addr"`
 	// Locality is local or remote; empty derives it: loopback is local.
 	Locality string `yaml:"locality"`
-	// Token is the peer's auth_token, if it has one.
-	Token string `yaml:"token"`
+	// Token is the peer's auth_token, if it has one; TokenEnv names the
+	// environment variable holding it instead (a Kubernetes Secret),
+	// read when the tier is built (tierset).
+	Token    string `yaml:"token"`
+	TokenEnv string `yaml:"token_env"`
 	// TLS talks TLS to a peer whose API serves it (its server.tls):
 	// ca_file to trust (default: the system's roots), cert_file and
 	// key_file for mutual TLS, server_name to check instead of the host.
