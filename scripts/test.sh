@@ -32,6 +32,8 @@ VLLM=vllm==0.33.0 # the vLLM release kvtier.vllm is tested against (python/tests
 MYPY=(mypy==2.4.1 types-grpcio==1.85.0.20261028 types-protobuf==7.35.1.20260906)
 VENV="$root/.venv"
 VERSITYGW=github.com/versity/versitygw/cmd/versitygw@v1.8.0
+# helm renders the chart in deploy/helm/kvtier for its tests (deploy/helm).
+HELM=helm.sh/helm/v4/cmd/helm@v4.3.2
 DEB_PACKAGES=(libzmq3-dev iproute2 protobuf-compiler protobuf-compiler-grpc redis-server python3-msgpack
   python3-zmq python3-grpcio python3-protobuf python3-cbor2 python3-xxhash python3-venv)
 PYTHON=/usr/bin/python3 # Debian's: it sees the python3-* packages above
@@ -107,6 +109,7 @@ install_tool() {
 }
 install_tool staticcheck "$STATICCHECK"
 install_tool versitygw "$VERSITYGW" "the first build takes about 2 minutes"
+install_tool helm "$HELM" "the first build takes about 3 minutes"
 
 section "setup: Go modules"
 go mod download
