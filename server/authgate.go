@@ -53,8 +53,10 @@ type gatedConn struct {
 	key    string
 	seq    uint64 // accept order
 	authed atomic.Bool
-	timer  *time.Timer
-	once   sync.Once
+	// timer closes the connection at the auth timeout; set after the
+	// timer starts, so read atomically (its own callback may run first).
+	timer atomic.Pointer[time.Timer]
+	once  sync.Once
 }
 
 // Accept returns the next connection once there is room for it.
@@ -85,11 +87,11 @@ func (g *authGate) Accept() (net.Conn, error) {
 		g.conns[gc.key] = gc
 		g.mu.Unlock()
 		if g.timeout > 0 {
-			gc.timer = time.AfterFunc(g.timeout, func() {
+			gc.timer.Store(time.AfterFunc(g.timeout, func() {
 				if !gc.authed.Load() {
 					gc.drop("timeout")
 				}
-			})
+			}))
 		}
 		return gc, nil
 	}
@@ -119,8 +121,10 @@ func (g *authGate) authenticated(addr string) {
 	g.mu.Lock()
 	c := g.conns[addr]
 	g.mu.Unlock()
-	if c != nil && !c.authed.Swap(true) && c.timer != nil {
-		c.timer.Stop()
+	if c != nil && !c.authed.Swap(true) {
+		if t := c.timer.Load(); t != nil {
+			t.Stop()
+		}
 	}
 }
 
@@ -146,8 +150,8 @@ func (c *gatedConn) Close() error {
 
 // release gives c's place back; once per connection.
 func (c *gatedConn) release() {
-	if c.timer != nil {
-		c.timer.Stop()
+	if t := c.timer.Load(); t != nil {
+		t.Stop()
 	}
 	g := c.g
 	g.mu.Lock()
