@@ -28,8 +28,9 @@ import (
 )
 
 // measuredOverheadMiB is the daemon's memory beyond its arenas that the
-// memory limit must leave (BENCHMARKS.md, "Memory overhead").
-const measuredOverheadMiB = 256
+// memory limit must leave: at most 423 MiB with 0.25 to 4 GiB primaries
+// filled through the copying API (BENCHMARKS.md, "Kubernetes").
+const measuredOverheadMiB = 448
 
 const chartDir = "kvtier"
 
