@@ -159,8 +159,13 @@ func decodeStrict(out []byte, into *rendered) error {
 func render(t *testing.T, valuesFile string) *rendered {
 	t.Helper()
 	args := []string{"template", "kvtier", chartDir, "--namespace", "inference"}
+	lint := []string{"lint", "--strict", chartDir}
 	if valuesFile != "" {
 		args = append(args, "-f", valuesFile)
+		lint = append(lint, "-f", valuesFile)
+	}
+	if out, err := exec.Command(helmBinary(t), lint...).CombinedOutput(); err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(lint, " "), err, out)
 	}
 	out, err := exec.Command(helmBinary(t), args...).CombinedOutput()
 	if err != nil {
