@@ -114,6 +114,9 @@ type Limits struct {
 	// (connection) in a namespace (default max_requests / 4), so that no
 	// single client can take every request slot.
 	MaxSessionRequests int `yaml:"max_session_requests"`
+	// MaxTenantRequests bounds one tenant's active requests per namespace
+	// over all its connections (default max_requests / 4).
+	MaxTenantRequests int `yaml:"max_tenant_requests"`
 	// MaxParamsBytes bounds one kv_transfer_params document (default 64KiB).
 	MaxParamsBytes confvalue.ByteSize `yaml:"max_params_bytes"`
 	// MaxWait caps GetBlocks' wait (default 10s).
@@ -276,6 +279,7 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_message_bytes", int64(c.Limits.MaxMessageBytes)},
 		{"limits.max_requests", int64(c.Limits.MaxRequests)},
 		{"limits.max_session_requests", int64(c.Limits.MaxSessionRequests)},
+		{"limits.max_tenant_requests", int64(c.Limits.MaxTenantRequests)},
 		{"limits.max_params_bytes", int64(c.Limits.MaxParamsBytes)},
 		{"limits.max_wait", int64(c.Limits.MaxWait)},
 		{"limits.max_session_params_bytes", int64(c.Limits.MaxSessionParamsBytes)},

@@ -74,6 +74,10 @@ type Limits struct {
 	// connection) holds in one namespace, so that no single client can
 	// take the whole request table (default MaxRequests / 4).
 	MaxSessionRequests int
+	// MaxTenantRequests bounds the active requests one tenant holds in one
+	// namespace over all its connections, so that no tenant can take the
+	// request table by opening more connections (default MaxRequests / 4).
+	MaxTenantRequests int
 	// MaxParamsBytes bounds a kv_transfer_params document.
 	MaxParamsBytes int
 	// MaxWait caps GetBlocks' wait_ms.
@@ -131,6 +135,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxSessionRequests == 0 {
 		l.MaxSessionRequests = max(1, l.MaxRequests/4)
 	}
+	if l.MaxTenantRequests == 0 {
+		l.MaxTenantRequests = max(1, l.MaxRequests/4)
+	}
 	if l.MaxParamsBytes == 0 {
 		l.MaxParamsBytes = DefaultMaxParamsBytes
 	}
@@ -182,6 +189,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_message_bytes %d: want at least 65536", l.MaxMessageBytes)
 	case l.MaxRequests < 0:
 		return l, fmt.Errorf("limits: max_requests %d: must be positive", l.MaxRequests)
+	case l.MaxTenantRequests < 0:
+		return l, fmt.Errorf("limits: max_tenant_requests %d: must be positive", l.MaxTenantRequests)
 	case l.MaxSessionRequests < 0:
 		return l, fmt.Errorf("limits: max_session_requests %d: must be positive", l.MaxSessionRequests)
 	case l.MaxParamsBytes < 0:

@@ -156,7 +156,8 @@ type Namespace struct {
 	parser    offload.Parser
 	reqs      map[string]*request // by manager-wide id
 	bySession map[*session]map[*request]struct{}
-	ephemeral uint64 // counter for PutBlocks/GetBlocks request ids
+	byOwner   map[string]int // active requests per tenant (request.owner)
+	ephemeral uint64         // counter for PutBlocks/GetBlocks request ids
 	closed    bool
 	published uint64 // events handed to the sink
 	dropped   uint64 // events the sink refused
@@ -206,6 +207,7 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		parser:     cfg.Parser,
 		reqs:       make(map[string]*request),
 		bySession:  make(map[*session]map[*request]struct{}),
+		byOwner:    make(map[string]int),
 		paramTotal: paramTotal,
 		lastStep:   time.Now(),
 	}
@@ -259,12 +261,25 @@ func (ns *Namespace) checkParams(params []byte) error {
 // NewRequest registers request id of session s with its
 // kv_transfer_params (JSON). The request belongs to s: its id is s's own,
 // and it ends with s.
-func (ns *Namespace) NewRequest(s *session, id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
+// owner is the tenant making it ("" for the admin), whose requests in the
+// namespace Limits.MaxTenantRequests bounds across its connections.
+func (ns *Namespace) NewRequest(s *session, owner, id string, params []byte) (*offload.ReqContext, offload.OffloadPolicy, error) {
 	if err := ns.lock(); err != nil {
 		return nil, 0, err
 	}
 	defer ns.mu.Unlock()
-	return ns.newRequestLocked(s, id, params)
+	if owner != "" && ns.byOwner[owner] >= ns.limits.MaxTenantRequests {
+		ns.refusedSession++
+		return nil, 0, fmt.Errorf("%w: tenant %q holds %d active requests in namespace %q over all its connections (limits.max_tenant_requests %d); finish requests",
+			ErrLimit, owner, ns.byOwner[owner], ns.name, ns.limits.MaxTenantRequests)
+	}
+	rc, policy, err := ns.newRequestLocked(s, id, params)
+	if err == nil && owner != "" {
+		r := ns.reqs[rc.ID]
+		r.owner = owner
+		ns.byOwner[owner]++
+	}
+	return rc, policy, err
 }
 
 // newRequestLocked is NewRequest with the mutex held.

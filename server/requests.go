@@ -20,6 +20,7 @@ import (
 type request struct {
 	ctx      *offload.ReqContext
 	sess     *session // the owner; nil for in-process and internal requests
+	owner    string   // the tenant that made it; "" for the admin
 	id       string   // the client's id (ctx.ID is the manager-wide one)
 	last     time.Time
 	params   int64 // kv_transfer_params bytes held
@@ -65,6 +66,11 @@ func (ns *Namespace) unregister(r *request) {
 		return
 	}
 	delete(ns.reqs, r.ctx.ID)
+	if r.owner != "" {
+		if ns.byOwner[r.owner]--; ns.byOwner[r.owner] <= 0 {
+			delete(ns.byOwner, r.owner)
+		}
+	}
 	if r.sess != nil {
 		if m := ns.bySession[r.sess]; m != nil {
 			delete(m, r)

@@ -84,7 +84,11 @@ func (sv *service) NewRequest(ctx context.Context, in *kvtierv1.NewRequestReques
 	if err != nil {
 		return nil, err
 	}
-	rc, policy, err := ns.NewRequest(sessionOf(ctx), sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()))
+	owner := ""
+	if sc.t != nil {
+		owner = sc.t.name
+	}
+	rc, policy, err := ns.NewRequest(sessionOf(ctx), owner, sc.req(in.GetRequestId()), []byte(in.GetKvTransferParams()))
 	if err != nil {
 		return nil, toStatus(err)
 	}

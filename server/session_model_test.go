@@ -147,7 +147,7 @@ func TestSessionsModel(t *testing.T) {
 		for range 2 {
 			nextSess++
 			ms := &modelSession{s: &session{id: nextSess}, alive: true, reqs: []*modelReq{{id: "req0"}}}
-			if _, _, err := ns.NewRequest(ms.s, "req0", nil); err != nil {
+			if _, _, err := ns.NewRequest(ms.s, "", "req0", nil); err != nil {
 				rt.Fatal(err)
 			}
 			sessions = append(sessions, ms)
@@ -168,7 +168,7 @@ func TestSessionsModel(t *testing.T) {
 					rt.Skip("id taken in this session")
 				}
 				params := rapid.SampledFrom([]string{"", `{"kv_load_tiers":[]}`, `{"kv_store_tiers":[]}`}).Draw(rt, "params")
-				_, _, err := ns.NewRequest(s.s, r.id, []byte(params))
+				_, _, err := ns.NewRequest(s.s, "", r.id, []byte(params))
 				if len(s.reqs) >= modelSessionRequests {
 					// At its cap the session is refused; the others are not.
 					if !errors.Is(err, ErrLimit) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -370,4 +371,55 @@ func TestPeerPushKeepsTenantQuotas(t *testing.T) {
 	if !found {
 		t.Error("the peer's stats have no row for acme")
 	}
+}
+
+// One tenant opening more connections took the whole request table
+// (max_session_requests counts per connection): 4 connections of acme now
+// hold at most max_tenant_requests together, and beta and the admin still
+// start requests.
+func TestTenantCannotTakeTheRequestTable(t *testing.T) {
+	e := startEnv(t, envOptions{slots: 16, token: "admin-token", tiers: noTiers,
+		limits: server.Limits{MaxRequests: 64, MaxSessionRequests: 16, MaxTenantRequests: 24},
+		tenants: []server.TenantConfig{
+			{Name: "acme", Token: "acme-token", Namespaces: []string{""}},
+			{Name: "beta", Token: "beta-token", Namespaces: []string{""}},
+		}})
+	ctx := ctxT(t)
+	held := 0
+	var acme []*client.Client
+	for conn := range 4 {
+		c := e.dialAs(t, "acme-token", "")
+		acme = append(acme, c)
+		for i := range 16 {
+			_, err := c.NewRequest(ctx, fmt.Sprintf("c%d-r%d", conn, i), "")
+			switch {
+			case err == nil:
+				held++
+			case status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "max_tenant_requests"):
+			default:
+				t.Fatalf("acme's request %d on connection %d: %v", i, conn, err)
+			}
+		}
+	}
+	if held != 24 {
+		t.Errorf("acme holds %d requests over 4 connections, want max_tenant_requests = 24", held)
+	}
+	for _, who := range []string{"beta-token", "admin-token"} {
+		c := e.dialAs(t, who, "")
+		for i := range 16 {
+			if _, err := c.NewRequest(ctx, fmt.Sprint("r", i), ""); err != nil {
+				t.Fatalf("%s's request %d after acme's flood: %v", who, i, err)
+			}
+		}
+	}
+	// A connection that ends gives its requests back to the tenant's share.
+	c := e.dialAs(t, "acme-token", "")
+	if _, err := c.NewRequest(ctx, "one-more", ""); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("acme past its share: %v", err)
+	}
+	acme[0].Close()
+	rt.Eventually(t, 30*time.Second, "acme's first connection released its requests", func() bool {
+		_, err := c.NewRequest(ctx, "one-more", "")
+		return err == nil
+	})
 }

@@ -90,6 +90,7 @@ server:
 #   max_message_bytes: 64MiB
 #   max_requests: 65536
 #   max_session_requests: 16384       # per client connection (max_requests / 4)
+#   max_tenant_requests: 16384        # per tenant, all its connections (max_requests / 4)
 #   max_params_bytes: 64KiB
 #   max_wait: 10s
 #   max_session_params_bytes: 64MiB   # kv_transfer_params held per session
@@ -481,6 +482,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			MaxMessageBytes:    int(cfg.Limits.MaxMessageBytes),
 			MaxRequests:        cfg.Limits.MaxRequests,
 			MaxSessionRequests: cfg.Limits.MaxSessionRequests,
+			MaxTenantRequests:  cfg.Limits.MaxTenantRequests,
 			MaxParamsBytes:     int(cfg.Limits.MaxParamsBytes),
 			MaxWait:            time.Duration(cfg.Limits.MaxWait),
 
