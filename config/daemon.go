@@ -117,6 +117,12 @@ type Limits struct {
 	// MaxTenantRequests bounds one tenant's active requests per namespace
 	// over all its connections (default max_requests / 4).
 	MaxTenantRequests int `yaml:"max_tenant_requests"`
+	// StreamRequestTimeout and StreamMinRate bound a block-stream get or
+	// put as a whole: the timeout (default 30s) plus its bytes at the rate
+	// (default 4MiB, per second), so that a trickle cannot hold the slots
+	// it pins or reserves.
+	StreamRequestTimeout confvalue.Duration `yaml:"stream_request_timeout"`
+	StreamMinRate        confvalue.ByteSize `yaml:"stream_min_rate"`
 	// MaxParamsBytes bounds one kv_transfer_params document (default 64KiB).
 	MaxParamsBytes confvalue.ByteSize `yaml:"max_params_bytes"`
 	// MaxWait caps GetBlocks' wait (default 10s).
@@ -280,6 +286,8 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_requests", int64(c.Limits.MaxRequests)},
 		{"limits.max_session_requests", int64(c.Limits.MaxSessionRequests)},
 		{"limits.max_tenant_requests", int64(c.Limits.MaxTenantRequests)},
+		{"limits.stream_request_timeout", int64(c.Limits.StreamRequestTimeout)},
+		{"limits.stream_min_rate", int64(c.Limits.StreamMinRate)},
 		{"limits.max_params_bytes", int64(c.Limits.MaxParamsBytes)},
 		{"limits.max_wait", int64(c.Limits.MaxWait)},
 		{"limits.max_session_params_bytes", int64(c.Limits.MaxSessionParamsBytes)},

@@ -52,6 +52,12 @@ const (
 	// call with a valid token for this long is closed, and a block-stream
 	// connection must send its hello within it.
 	DefaultAuthTimeout = 3 * time.Second
+	// DefaultStreamRequestTimeout and DefaultStreamMinRate bound a block-
+	// stream request as a whole: its blocks must move within the timeout
+	// plus their bytes at the minimum rate, so that a peer reading or
+	// writing a trickle cannot hold the slots it pins or reserves for long.
+	DefaultStreamRequestTimeout = 30 * time.Second
+	DefaultStreamMinRate        = 4 << 20 // bytes per second
 	// DefaultMaxStreamsPerConnection bounds the calls in flight on one
 	// API connection (HTTP/2 streams); further calls wait in the client.
 	DefaultMaxStreamsPerConnection = 128
@@ -115,6 +121,11 @@ type Limits struct {
 	// MaxStreamsPerConnection bounds the calls in flight on one API
 	// connection.
 	MaxStreamsPerConnection int
+	// StreamRequestTimeout and StreamMinRate (bytes/s) bound a block-stream
+	// get or put as a whole: StreamRequestTimeout plus its bytes at
+	// StreamMinRate.
+	StreamRequestTimeout time.Duration
+	StreamMinRate        int64
 }
 
 // withDefaults returns l with zero fields set to their defaults, or an
@@ -177,6 +188,12 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxStreamsPerConnection == 0 {
 		l.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
 	}
+	if l.StreamRequestTimeout == 0 {
+		l.StreamRequestTimeout = DefaultStreamRequestTimeout
+	}
+	if l.StreamMinRate == 0 {
+		l.StreamMinRate = DefaultStreamMinRate
+	}
 	if l.KeepaliveTimeout == 0 {
 		l.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
@@ -201,6 +218,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_session_params_bytes %d, max_params_bytes_total %d: must be positive", l.MaxSessionParamsBytes, l.MaxParamsBytesTotal)
 	case l.RequestIdleTimeout < 0:
 		return l, fmt.Errorf("server: request_idle_timeout %v: must be positive", l.RequestIdleTimeout)
+	case l.StreamRequestTimeout < 0 || l.StreamMinRate < 0:
+		return l, fmt.Errorf("limits: stream_request_timeout %v, stream_min_rate %d: must be positive", l.StreamRequestTimeout, l.StreamMinRate)
 	case l.MaxStreamsPerConnection < 0:
 		return l, fmt.Errorf("server: max_streams_per_connection %d: must be positive", l.MaxStreamsPerConnection)
 	case l.MaxConnections < 0:

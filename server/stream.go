@@ -214,6 +214,22 @@ func (s *Server) streamConn(c net.Conn) error {
 	}
 }
 
+// requestDeadline is when a block-stream request that moves n bytes and
+// began at start must be done (Limits.StreamRequestTimeout and
+// StreamMinRate).
+func (s *Server) requestDeadline(start time.Time, n int64) time.Time {
+	return start.Add(s.limits.StreamRequestTimeout + time.Duration(float64(n)/float64(s.limits.StreamMinRate)*float64(time.Second)))
+}
+
+// blockDeadline is the deadline of the next block of a request due by
+// end: the stream timeout, but never past the request's own deadline.
+func blockDeadline(end time.Time) time.Time {
+	if d := time.Now().Add(streamTimeout); d.Before(end) {
+		return d
+	}
+	return end
+}
+
 // errAnswered is what streamPut and streamBlocks return, after answering
 // the call with its error, for countStream: the connection goes on.
 var errAnswered = errors.New("answered with an error")
@@ -462,10 +478,12 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 func (s *Server) readPutBlocks(c net.Conn, r *bufio.Reader, ns *Namespace, slots []int64, gens []uint16, refused bool, ok []bool) ([]byte, error) {
 	status := make([]byte, len(slots))
 	slotSize := ns.arena.SlotSize()
+	end := s.requestDeadline(time.Now(), int64(len(slots))*int64(slotSize))
 	var h blockstream.Summer
 	for i := range slots {
-		// Each block gets the stream timeout, not the whole request.
-		_ = c.SetReadDeadline(time.Now().Add(streamTimeout))
+		// Each block gets the stream timeout, and the whole request its
+		// own deadline: a trickle cannot hold the reserved slots for long.
+		_ = c.SetReadDeadline(blockDeadline(end))
 		n, err := blockstream.ReadLen(r, &h)
 		if err != nil {
 			return nil, err
@@ -565,10 +583,19 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, sc sco
 			}
 		}
 	}
+	sent := 0
+	for _, slot := range g.slots {
+		if slot >= 0 {
+			sent++
+		}
+	}
+	end := s.requestDeadline(time.Now(), int64(sent)*int64(ns.arena.SlotSize()))
 	var h blockstream.Summer
 	for i, slot := range g.slots {
-		// Each block gets the stream timeout, not the whole request.
-		_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+		// Each block gets the stream timeout, and the whole request its
+		// own deadline: a slow reader cannot hold the pinned slots for
+		// long.
+		_ = c.SetWriteDeadline(blockDeadline(end))
 		if slot < 0 {
 			if err := w.WriteByte(0); err != nil {
 				return err

@@ -415,3 +415,48 @@ func TestBlockStreamConnectionLimit(t *testing.T) {
 		t.Fatalf("after one closed, the waiting connection got %q, %v", reply, err)
 	}
 }
+
+// A peer that asks for blocks and then reads a trickle held the pinned
+// slots for as long as each block arrived within the stream timeout: a
+// request has a deadline of its own (stream_request_timeout plus its bytes
+// at stream_min_rate), past which the connection is cut and the pins go.
+func TestStreamRequestsHaveADeadline(t *testing.T) {
+	const size = 1 << 20
+	e := startEnvSlot(t, envOptions{slots: 80, tiers: noTiers, stream: true,
+		limits: server.Limits{StreamRequestTimeout: time.Second, StreamMinRate: 1 << 30}}, size)
+	ctx := ctxT(t)
+	c := e.dialVia(t, "unix")
+	ks := keys(0, 64)
+	blocks := make([]client.Block, len(ks))
+	for i, k := range ks {
+		blocks[i] = client.Block{Key: k, Data: bytes.Repeat([]byte{byte(i)}, size)}
+	}
+	for i := 0; i < len(blocks); i += 16 {
+		if _, err := c.PutBlocks(ctx, blocks[i:i+16], client.CallOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A get of 64 MiB, more than the sockets' buffers, never read.
+	conn, _, hs := streamHello(t, e.srv.StreamAddr(), "", "")
+	if hs != 0 {
+		t.Fatalf("hello %d", hs)
+	}
+	defer conn.Close()
+	req := binary.BigEndian.AppendUint32(nil, uint32(len(ks)))
+	for _, k := range ks {
+		req = binary.BigEndian.AppendUint16(req, uint16(len(k)))
+		req = append(req, k...)
+	}
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	pinned := func() int64 {
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.GetPrimary().GetPinnedSlots()
+	}
+	rt.Eventually(t, 10*time.Second, "the get pins its blocks", func() bool { return pinned() > 0 })
+	rt.Eventually(t, 10*time.Second, "the unread get's pins released", func() bool { return pinned() == 0 })
+}

@@ -91,6 +91,8 @@ server:
 #   max_requests: 65536
 #   max_session_requests: 16384       # per client connection (max_requests / 4)
 #   max_tenant_requests: 16384        # per tenant, all its connections (max_requests / 4)
+#   stream_request_timeout: 30s       # a block-stream get or put, whole: this ...
+#   stream_min_rate: 4MiB             # ... plus its bytes at this rate per second
 #   max_params_bytes: 64KiB
 #   max_wait: 10s
 #   max_session_params_bytes: 64MiB   # kv_transfer_params held per session
@@ -483,8 +485,11 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			MaxRequests:        cfg.Limits.MaxRequests,
 			MaxSessionRequests: cfg.Limits.MaxSessionRequests,
 			MaxTenantRequests:  cfg.Limits.MaxTenantRequests,
-			MaxParamsBytes:     int(cfg.Limits.MaxParamsBytes),
-			MaxWait:            time.Duration(cfg.Limits.MaxWait),
+
+			StreamRequestTimeout: time.Duration(cfg.Limits.StreamRequestTimeout),
+			StreamMinRate:        int64(cfg.Limits.StreamMinRate),
+			MaxParamsBytes:       int(cfg.Limits.MaxParamsBytes),
+			MaxWait:              time.Duration(cfg.Limits.MaxWait),
 
 			MaxSessionParamsBytes: int64(cfg.Limits.MaxSessionParamsBytes),
 			MaxParamsBytesTotal:   int64(cfg.Limits.MaxParamsBytesTotal),
