@@ -60,7 +60,7 @@ secondary_tiers:            # lookup order; each entry: name, type, type keys
     max_bytes: 10GiB        # bound on block files (0 = unbounded: fills the disk)
     high_watermark: 0.95    # above 95% of max_bytes, evict least recently used
     low_watermark: 0.85     # ... down to 85%
-    # fsync: none           # none | block | batch (durability; see the README)
+    # fsync: none           # none | block | batch (durability: docs/configuration.md)
 
 # default_load_tiers: []    # used when a request omits kv_load_tiers
 # default_store_tiers: [{medium: storage}]
@@ -138,7 +138,7 @@ events:
 #   lookup_wait: 2s         # then keys tiers have not settled answer "unknown"
 #   tick: 1ms               # executor poll interval while work is pending
 
-# tenants:                  # customers sharing the daemon (README "Tenants")
+# tenants:                  # customers sharing the daemon (docs/tenants.md)
 #   - name: acme            # its key space, metrics label and stats row
 #     token_file: /etc/kvtier/acme.token  # or token: ...; TCP and Unix socket
 #     namespaces: [default] # what its token reaches; others: PERMISSION_DENIED
