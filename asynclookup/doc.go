@@ -1,7 +1,7 @@
 // Package asynclookup batches existence checks for secondary tiers whose
 // "is this key stored?" question costs a system call or a round trip (the
 // filesystem, S3, Redis). It follows vLLM's AsyncLookupManager
-// (spec/vllm-tiering.md §5.6):
+// (docs/semantics.md §5.6):
 //
 //   - The first Lookup of a key answers offload.Retry and queues the key
 //     for this step's batch; the tier keeps answering Retry until a verdict

@@ -27,7 +27,7 @@ type Config struct {
 	// SecondaryTiers in config order, which is lookup priority.
 	SecondaryTiers []TierSpec `yaml:"secondary_tiers"`
 	// DefaultLoadTiers and DefaultStoreTiers apply to requests that omit
-	// kv_load_tiers / kv_store_tiers or send null (DESIGN.md §3).
+	// kv_load_tiers / kv_store_tiers or send null (docs/design.md §3).
 	DefaultLoadTiers  Filter `yaml:"default_load_tiers"`
 	DefaultStoreTiers Filter `yaml:"default_store_tiers"`
 	// Validation is what happens to a request whose filter has an invalid

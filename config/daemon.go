@@ -134,7 +134,7 @@ type Limits struct {
 	MaxParamsBytesTotal   confvalue.ByteSize `yaml:"max_params_bytes_total"`
 }
 
-// Events configures KV event publishing (vLLM's KVEventsConfig, spec §6.5).
+// Events configures KV event publishing (vLLM's KVEventsConfig, docs/semantics.md §6.5).
 type Events struct {
 	// Enabled turns publishing on (default off).
 	Enabled bool `yaml:"enabled"`

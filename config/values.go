@@ -59,7 +59,7 @@ func (m Medium) Value() offload.Medium { return offload.Medium(m) }
 // Locality is a tier's declared locality in the config: local or remote,
 // case-insensitive. Absent or null leaves it unspecified (dynamic). The
 // request-side synonym "global" is not accepted here: a config names the
-// placement exactly (spec §8.5).
+// placement exactly (docs/semantics.md §8.5).
 type Locality offload.Locality
 
 // UnmarshalYAML implements yaml.Unmarshaler.

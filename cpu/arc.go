@@ -6,7 +6,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// arcPolicy is the ARC policy of spec §3.4. T1 (seen once) and T2 (seen
+// arcPolicy is the ARC policy of docs/semantics.md §3.4. T1 (seen once) and T2 (seen
 // again) list every block, pending and pinned ones included; eviction
 // skips those. B1 and B2 are ghost lists of keys recently evicted from T1
 // and T2, each of at most capacity ghosts; a touch of a ghost key moves

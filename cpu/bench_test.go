@@ -32,7 +32,7 @@ func reportPerKey(b *testing.B, n int, cpu0 int64) {
 	b.ReportMetric(float64(cpuTime(b)-cpu0)/keys, "cpu-ns/key")
 }
 
-// Benchmarks of DESIGN.md §8: 36-byte keys (32-byte hash + group), 10 000
+// Benchmarks of docs/design.md §8: 36-byte keys (32-byte hash + group), 10 000
 // slots.
 const benchSlots = 10_000
 

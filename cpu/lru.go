@@ -2,7 +2,7 @@ package cpu
 
 import "github.com/kvtier/kvtier/offload"
 
-// lruPolicy is the evictable-list LRU of spec §3.4: only ready blocks with
+// lruPolicy is the evictable-list LRU of docs/semantics.md §3.4: only ready blocks with
 // no reader are listed, in the order they became evictable or were last
 // touched; pending and pinned blocks are not ordered at all. A block held
 // by soft pins only (a cascade reading it) stays listed: its order is the

@@ -12,7 +12,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// model is a deliberately naive reference of spec §3.2–§3.4: maps and
+// model is a deliberately naive reference of docs/semantics.md §3.2–§3.4: maps and
 // slices, linear scans, ghost lists trimmed after the fact. The Primary
 // must agree with it on every result, every slot and every list order.
 type model struct {

@@ -792,7 +792,7 @@ func checkInvariants(t fatalf, p *Primary) {
 }
 
 // When T1 is below its target and T2 has no candidate, ARC evicts from T1
-// rather than refusing the store: spec §3.4 fails only when neither list
+// rather than refusing the store: docs/semantics.md §3.4 fails only when neither list
 // has a candidate.
 func TestARCFallbackToT1(t *testing.T) {
 	p := newPrimary(t, 2, PolicyARC)
@@ -850,7 +850,7 @@ func TestReuseFilter(t *testing.T) {
 	}
 }
 
-// The hit path must not allocate (DESIGN.md §8); this guards it in every
+// The hit path must not allocate (docs/design.md §8); this guards it in every
 // test run, where benchmarks do not run.
 func TestHitPathDoesNotAllocate(t *testing.T) {
 	for _, pol := range policies {

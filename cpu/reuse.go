@@ -5,7 +5,7 @@ package cpu
 // max_tracker_size).
 const DefaultReuseTrackerSize = 64_000
 
-// reuseTracker counts lookups per key for the reuse filter of spec §3.2
+// reuseTracker counts lookups per key for the reuse filter of docs/semantics.md §3.2
 // (store_threshold): a block is stored only once it has been looked up
 // threshold times. It is an LRU-bounded counter table: a lookup bumps the
 // key's count and makes it most recent; a new key evicts the least recent

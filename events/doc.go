@@ -1,7 +1,7 @@
 // Package events turns kvtier's offloading events into the KV events that
 // vLLM publishes, so that KV-aware routers (llm-d, Dynamo, vLLM's own
 // examples) can consume kvtier exactly as they consume an engine
-// (spec/vllm-tiering.md §6).
+// (docs/semantics.md §6).
 //
 // Three layers, usable separately:
 //

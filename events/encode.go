@@ -6,7 +6,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// Format selects the msgpack shape of events (spec §6.4). The zero value is
+// Format selects the msgpack shape of events (docs/semantics.md §6.4). The zero value is
 // what current vLLM publishes: map-encoded events and uint64 hashes.
 type Format struct {
 	// Positional encodes events as the arrays of vLLM ≤ 0.23

@@ -29,7 +29,7 @@ func unhex(t *testing.T, listing string) []byte {
 	return b
 }
 
-// The example of spec §6.4, byte by byte, as vLLM's msgspec encoder writes
+// The example of docs/semantics.md §6.4, byte by byte, as vLLM's msgspec encoder writes
 // it (testdata/vllm_golden.json has the same batch). Python's msgpack.packb
 // of the same value would write a fixmap header: msgspec sizes the header
 // for every field BlockStored has.

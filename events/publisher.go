@@ -20,7 +20,7 @@ import (
 // ErrClosed reports a Publish after Close.
 var ErrClosed = errors.New("events: publisher closed")
 
-// Defaults of vLLM's KVEventsConfig (spec §6.5), but for the endpoint:
+// Defaults of vLLM's KVEventsConfig (docs/semantics.md §6.5), but for the endpoint:
 // vLLM binds every interface (tcp://*:5557); kvtier binds loopback, since
 // its events name the blocks of every engine and tenant it serves. A router
 // on another host needs endpoint tcp://*:5557 (or an address) set.
@@ -410,7 +410,7 @@ var terminator = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // serveReplay answers [client_id, "", start_seq] with every retained batch
 // from start_seq on as [client_id, "", topic, seq, payload], then
-// [client_id, "", "", -1, ""] (spec §6.5; the routing id frame is implicit
+// [client_id, "", "", -1, ""] (docs/semantics.md §6.5; the routing id frame is implicit
 // on the wire).
 func (p *Publisher) serveReplay(id []byte, msg [][]byte, reply func(...[]byte) error) {
 	if len(msg) != 2 || len(msg[0]) != 0 || len(msg[1]) != 8 {

@@ -14,7 +14,7 @@ import (
 var ErrInvalidMeta = errors.New("invalid token metadata")
 
 // Limits on token metadata accepted from the engine. They bound the memory
-// of the side table (DESIGN.md §7) while leaving ample room: a chunk is at
+// of the side table (docs/design.md §7) while leaving ample room: a chunk is at
 // most a few thousand tokens.
 const (
 	// DefaultMaxEntries is the default bound on keys with metadata.
@@ -30,7 +30,7 @@ const (
 
 // TokenMeta is what the engine knows about one offloaded chunk, attached
 // with Tracker.Record so that stored events can describe the chunk fully
-// (spec §6.3, self-describing form).
+// (docs/semantics.md §6.3, self-describing form).
 type TokenMeta struct {
 	// BlockHashes are the chunk's per-hash-block hashes (raw engine bytes)
 	// in token order; the last one is the key's own hash.
@@ -383,7 +383,7 @@ func localityName(l offload.Locality) string {
 	return ""
 }
 
-// Translate appends the wire events of evs to dst in order (spec §6.3):
+// Translate appends the wire events of evs to dst in order (docs/semantics.md §6.3):
 // one BlockStored per stored key, and per removal event one BlockRemoved
 // per KV group (groups in order of first appearance) carrying the
 // concatenated hashes. A key's metadata is dropped once every residency

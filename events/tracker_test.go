@@ -99,7 +99,7 @@ func diffEvents(t *testing.T, got, want []BlockEvent) {
 	}
 }
 
-// Cases 53–62 (spec §7.E).
+// Cases 53–62 (docs/semantics.md §7.E).
 func TestTranslateCases(t *testing.T) {
 	sd := TrackerConfig{SelfDescribing: true}
 	tests := []struct {

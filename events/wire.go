@@ -5,7 +5,7 @@ import "fmt"
 // EventType is the tag of a wire event: the name of vLLM's msgspec struct.
 type EventType uint8
 
-// Wire event types (spec §6.4).
+// Wire event types (docs/semantics.md §6.4).
 const (
 	BlockStored EventType = iota
 	BlockRemoved
@@ -25,7 +25,7 @@ func (t EventType) String() string {
 	return fmt.Sprintf("EventType(%d)", uint8(t))
 }
 
-// Wire names of the media (spec §6.2). MediumGPU is reserved for engines'
+// Wire names of the media (docs/semantics.md §6.2). MediumGPU is reserved for engines'
 // own prefix-cache events; kvtier never emits it.
 const (
 	MediumCPU     = "CPU"
@@ -33,7 +33,7 @@ const (
 	MediumGPU     = "GPU"
 )
 
-// Wire names of the localities (spec §1.3).
+// Wire names of the localities (docs/semantics.md §1.3).
 const (
 	LocalityLocal  = "LOCAL"
 	LocalityRemote = "REMOTE"

@@ -1,5 +1,5 @@
 // Package filemapper is vLLM's FileMapper: which directory a run's KV
-// blocks live in, and where each block lives in it (spec §5.1). The
+// blocks live in, and where each block lives in it (docs/semantics.md §5.1). The
 // directory's name is the model name and the first 12 hex digits of the
 // sha256 of the namespace's fields rendered as Python's json.dumps renders
 // them, so that kvtier's fs tier and vLLM's own share a directory exactly

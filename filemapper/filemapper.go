@@ -29,7 +29,7 @@ type KVCacheGroup struct {
 }
 
 // Namespace holds the fields that decide which directory a run's blocks
-// live in (spec §5.1, vLLM's FileMapper). Two processes see each other's
+// live in (docs/semantics.md §5.1, vLLM's FileMapper). Two processes see each other's
 // blocks exactly when every digest field matches; Rank only selects the
 // `_r<rank>` sibling. The daemon fills it from the engine's registration.
 type Namespace struct {

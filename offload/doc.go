@@ -3,9 +3,9 @@
 // contexts, lookup results, events, transfer jobs, and the SecondaryTier
 // contract that every secondary tier implements.
 //
-// The package does no I/O. Its semantics follow spec/vllm-tiering.md §1–§2
+// The package does no I/O. Its semantics follow docs/semantics.md §1–§2
 // (vLLM kv_offload tiering and PR #48123 tier filtering) plus the
-// extensions of DESIGN.md §3: kv_store_tiers, server default filters and
+// extensions of docs/design.md §3: kv_store_tiers, server default filters and
 // strict validation.
 //
 // The filter check TierFilter.Allows sits on the lookup hot path, once per

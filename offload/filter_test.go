@@ -55,7 +55,7 @@ type parseCase struct {
 	reasons  []string
 }
 
-// acceptanceCases are spec §7.A cases 1–10 followed by its derived cases.
+// acceptanceCases are docs/semantics.md §7.A cases 1–10 followed by its derived cases.
 var acceptanceCases = []parseCase{
 	{name: "1 storage", raw: `[{"medium":"storage"}]`, matchers: []offload.TierMatcher{M(storage, anyL)}},
 	{name: "2 CPU upper-case", raw: `[{"medium":"CPU"}]`, matchers: []offload.TierMatcher{M(cpu, anyL)}},
@@ -184,7 +184,7 @@ func TestMissingOrNullIsAllWithoutWarning(t *testing.T) {
 
 // allowsRows lists the 3×3 answers of a filter, rows by tier medium
 // (unspecified, CPU, STORAGE), columns by tier locality (unspecified,
-// LOCAL, REMOTE). Derived by hand from spec §1.4–§1.5, not from the code.
+// LOCAL, REMOTE). Derived by hand from docs/semantics.md §1.4–§1.5, not from the code.
 var allowsRows = []struct {
 	name   string
 	filter *offload.TierFilter
@@ -228,7 +228,7 @@ func TestAllowsTruthTable(t *testing.T) {
 	}
 }
 
-// TestAllowsDerivedCases spells out the derived bullets of spec §7.A.
+// TestAllowsDerivedCases spells out the derived bullets of docs/semantics.md §7.A.
 func TestAllowsDerivedCases(t *testing.T) {
 	cpuF := offload.NewTierFilter(M(cpu, anyL))
 	sl := offload.NewTierFilter(M(storage, local))

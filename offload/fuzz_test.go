@@ -43,7 +43,7 @@ func refParamsOK(data []byte) bool {
 	return json.Valid(data) && (trimmed[0] == '{' || string(trimmed) == "null")
 }
 
-// refFilter re-derives spec §2.1 for one field, independently of the
+// refFilter re-derives docs/semantics.md §2.1 for one field, independently of the
 // package: all reports the All fallback, otherwise matchers is exactly
 // the valid entries in order; warnings is the number of problems.
 func refFilter(params map[string]any, key string) (all bool, matchers []offload.TierMatcher, warnings int) {
@@ -95,7 +95,7 @@ func refFilter(params map[string]any, key string) (all bool, matchers []offload.
 	return false, matchers, warnings
 }
 
-// refAllows is spec §1.4–§1.5 written out directly.
+// refAllows is docs/semantics.md §1.4–§1.5 written out directly.
 func refAllows(matchers []offload.TierMatcher, m offload.Medium, l offload.Locality) bool {
 	for _, tm := range matchers {
 		mOK := tm.Medium == 0 || m == 0 || tm.Medium == m

@@ -23,7 +23,7 @@ const MaxKeyLen = 1024
 var ErrInvalidKey = errors.New("invalid offload key")
 
 // Key identifies one offloaded chunk: the engine's opaque block hash bytes
-// followed by a 4-byte big-endian KV-group index (spec §1.1). kvtier never
+// followed by a 4-byte big-endian KV-group index (docs/semantics.md §1.1). kvtier never
 // recomputes hashes. Key is a string so that it can be used as a map key
 // without allocation and is immutable once built.
 type Key string

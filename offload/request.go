@@ -20,7 +20,7 @@ const (
 )
 
 // ValidationMode says what happens to a request whose filter has invalid
-// parts (DESIGN.md §3).
+// parts (docs/design.md §3).
 type ValidationMode uint8
 
 // Validation modes.
@@ -62,7 +62,7 @@ const (
 // Warning is one problem found while parsing a tier filter. Entry is the
 // index of the offending list entry, or -1 for the field as a whole.
 //
-// Message carries upstream's four _parse_tier_filter texts (spec §2.1)
+// Message carries upstream's four _parse_tier_filter texts (docs/semantics.md §2.1)
 // adapted to JSON: the field and entry index ("kv_load_tiers[2]: ") stand
 // where upstream names its function, so that kv_load_tiers and
 // kv_store_tiers problems can be told apart; types and values are written
@@ -117,7 +117,7 @@ func (e *FilterError) Error() string {
 func (e *FilterError) Unwrap() error { return ErrInvalidFilter }
 
 // ParseTierFilter parses the value of a filter field (kv_load_tiers or
-// kv_store_tiers) exactly as spec §2.1: a non-list is All with a warning;
+// kv_store_tiers) exactly as docs/semantics.md §2.1: a non-list is All with a warning;
 // non-object entries and entries with an unknown medium or locality are
 // skipped with a warning; [] denies every secondary tier; a non-empty list
 // with no valid entry fails open to All. Values are case-insensitive and
@@ -415,7 +415,7 @@ func decodeParamsMap(params any) (map[string]any, error) {
 }
 
 // ReqContext is the per-request context built once from kv_transfer_params
-// and passed to every manager and tier call of that request (spec §1.6).
+// and passed to every manager and tier call of that request (docs/semantics.md §1.6).
 // Like the manager, it is used by one goroutine at a time.
 type ReqContext struct {
 	ID string

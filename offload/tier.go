@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Medium is the coarse storage medium a tier declares (spec §1.2). The
+// Medium is the coarse storage medium a tier declares (docs/semantics.md §1.2). The
 // zero value is MediumUnspecified: the tier is dynamic on this axis and
 // passes every matcher (it enforces the filter itself).
 type Medium uint8
@@ -47,7 +47,7 @@ func ParseMedium(s string) (Medium, bool) {
 }
 
 // Locality is the placement of a tier's storage relative to the publishing
-// instance (spec §1.3). The zero value is LocalityUnspecified (dynamic).
+// instance (docs/semantics.md §1.3). The zero value is LocalityUnspecified (dynamic).
 type Locality uint8
 
 // Localities.
@@ -82,7 +82,7 @@ func ParseLocality(s string) (Locality, bool) {
 	return LocalityUnspecified, false
 }
 
-// TierMatcher matches tiers by medium and locality (spec §1.4). An
+// TierMatcher matches tiers by medium and locality (docs/semantics.md §1.4). An
 // unspecified field matches anything; a tier whose own field is unspecified
 // passes that axis of every matcher.
 type TierMatcher struct {
@@ -115,7 +115,7 @@ func (m TierMatcher) String() string {
 	return "{" + strings.Join(parts, ",") + "}"
 }
 
-// TierFilter is an OR of matchers (spec §1.5). The sentinel All allows
+// TierFilter is an OR of matchers (docs/semantics.md §1.5). The sentinel All allows
 // every tier; a filter with no matchers denies every secondary tier. The
 // answer for each of the 3×3 (medium, locality) combinations is computed
 // once at construction, so Allows is a single bit test.

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// LookupResult is the answer to a per-key lookup (spec §1.7).
+// LookupResult is the answer to a per-key lookup (docs/semantics.md §1.7).
 type LookupResult uint8
 
 // Lookup results. The zero value is Miss.
@@ -42,7 +42,7 @@ func (r LookupResult) String() string {
 }
 
 // OffloadPolicy says how the connector offers blocks of a request for
-// storing (spec §1.8, §4.7).
+// storing (docs/semantics.md §1.8, §4.7).
 type OffloadPolicy uint8
 
 // Offload policies.
@@ -62,7 +62,7 @@ func (p OffloadPolicy) String() string {
 	return "BLOCK_LEVEL"
 }
 
-// ScheduleEnd describes the end of one engine step (spec §1.8).
+// ScheduleEnd describes the end of one engine step (docs/semantics.md §1.8).
 type ScheduleEnd struct {
 	NewReqIDs       []string
 	PreemptedReqIDs []string
@@ -78,7 +78,7 @@ type PrepareStoreOutput struct {
 }
 
 // Event is an offloading event: keys stored in or removed from one medium
-// (spec §1.8). Tier names the tier that emitted it ("" for the primary).
+// (docs/semantics.md §1.8). Tier names the tier that emitted it ("" for the primary).
 type Event struct {
 	Keys     []Key
 	Medium   Medium
@@ -136,7 +136,7 @@ type JobResult struct {
 	Err            error
 }
 
-// SecondaryTier is the contract of a secondary tier (spec §5). All methods
+// SecondaryTier is the contract of a secondary tier (docs/semantics.md §5). All methods
 // except DrainJobs and Close must not block: I/O happens on the tier's own
 // goroutines and is reported through FinishedJobs. The manager calls the
 // tier from one goroutine at a time.

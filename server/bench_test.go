@@ -14,7 +14,7 @@ import (
 func noTiers(envT) []offload.SecondaryTier { return nil }
 
 // BenchmarkLookup1000Unix is one batched Lookup of a 1 000-key prefix held
-// in the primary, over the Unix socket (DESIGN.md §8: ≤ 200 µs median).
+// in the primary, over the Unix socket (docs/design.md §8: ≤ 200 µs median).
 func BenchmarkLookup1000Unix(b *testing.B) {
 	const n = 1000
 	e := startEnv(b, envOptions{slots: 1024, tiers: noTiers})
@@ -222,7 +222,7 @@ func newBigEnv(b *testing.B) (*env, error) {
 }
 
 // putPrefix stores n blocks through c and returns their keys: 36-byte
-// keys, a 32-byte hash and the group index, as in DESIGN.md §8.
+// keys, a 32-byte hash and the group index, as in docs/design.md §8.
 func putPrefix(b *testing.B, c *client.Client, n int) []offload.Key {
 	ks := make([]offload.Key, n)
 	blocks := make([]client.Block, n)

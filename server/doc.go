@@ -20,7 +20,7 @@
 // NewRequest registers a request id per namespace; every per-request call
 // names it and an unknown id is NOT_FOUND. FinishRequest marks it finished;
 // its id is released once its last pending store completed, because vLLM
-// lets completions arrive after the request finished (spec §4.7). A
+// lets completions arrive after the request finished (docs/semantics.md §4.7). A
 // finished request may only complete what it started: calls that start
 // work for it (Lookup, PrepareLoad, PrepareStore, PutBlocks, GetBlocks)
 // are FAILED_PRECONDITION: the tiers may have dropped its state already.

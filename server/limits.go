@@ -63,7 +63,7 @@ const (
 	DefaultMaxStreamsPerConnection = 128
 )
 
-// Limits bound what one client can ask of the daemon (DESIGN.md §7). A zero
+// Limits bound what one client can ask of the daemon (docs/design.md §7). A zero
 // field takes its default.
 type Limits struct {
 	// MaxKeysPerCall bounds the keys (or blocks, or request ids) of one

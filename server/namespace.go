@@ -54,7 +54,7 @@ type MetaRecorder interface {
 	Record(key offload.Key, meta BlockMeta) error
 }
 
-// BlockMeta is the token metadata of one block (spec §6.3), as sent with
+// BlockMeta is the token metadata of one block (docs/semantics.md §6.3), as sent with
 // PrepareStore.
 type BlockMeta struct {
 	BlockHashes   [][]byte

@@ -112,7 +112,7 @@ func TestPeerIndexFollowsEvents(t *testing.T) {
 	if r := tier.Lookup(key(0), req); r != offload.Miss {
 		t.Fatalf("evicted block: %v", r)
 	}
-	// A reset publishes no events (spec §4.9): the index still says held,
+	// A reset publishes no events (docs/semantics.md §4.9): the index still says held,
 	// the load finds the block gone — a miss, not wrong bytes — and the
 	// index forgets it.
 	if err := c.Reset(ctxT(t)); err != nil {

@@ -41,7 +41,7 @@ type request struct {
 
 // idle reports whether the request holds nothing: a finished request is
 // dropped from the registry once idle, because vLLM lets completions
-// arrive after the request finished (spec §4.7).
+// arrive after the request finished (docs/semantics.md §4.7).
 func (r *request) idle() bool { return len(r.pins) == 0 && len(r.reserved) == 0 }
 
 // register adds r to the registry; the caller holds the mutex.

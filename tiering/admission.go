@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// AdmissionConfig configures back-pressure detection (spec §4.10). The
+// AdmissionConfig configures back-pressure detection (docs/semantics.md §4.10). The
 // zero value means the defaults: α = 0.3, high = 1 s, low = 0.5 s,
 // warmup = 3.
 //

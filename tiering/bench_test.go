@@ -15,7 +15,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/memory"
 )
 
-// Benchmark shapes follow DESIGN.md §8: 36-byte keys (sha256 + group),
+// Benchmark shapes follow docs/design.md §8: 36-byte keys (sha256 + group),
 // LRU, a 10 000-slot primary, three in-memory secondary tiers.
 
 const (

@@ -65,7 +65,7 @@ const (
 )
 
 // BudgetConfig bounds the primary slots that cascades in flight pin
-// (DESIGN.md §7: a secondary tier never makes the cache worse than the
+// (docs/design.md §7: a secondary tier never makes the cache worse than the
 // primary alone). A cascade that does not fit waits, unpinned, in a
 // bounded queue of deferred cascades and goes when the budget frees and
 // its blocks are still in the primary; when the queue is full it is

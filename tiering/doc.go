@@ -1,4 +1,4 @@
-// Package tiering is kvtier's multi-tier offloading manager (spec §4): it
+// Package tiering is kvtier's multi-tier offloading manager (docs/semantics.md §4): it
 // stacks an ordered list of secondary tiers behind the CPU primary tier,
 // answers lookups primary-first, promotes blocks found in a secondary tier
 // into the primary, cascades stored blocks from the primary down to the

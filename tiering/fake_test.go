@@ -201,7 +201,7 @@ func (f *fakeTier) Close(context.Context) error {
 }
 
 // fixture is the upstream test fixture: a 5-slot primary and two
-// secondary tiers declared CPU (spec §7.B).
+// secondary tiers declared CPU (docs/semantics.md §7.B).
 type fixture struct {
 	t      *testing.T
 	m      *Manager

@@ -13,7 +13,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// Cases 11 and 12 (spec §7.B): the load filter decides whether secondary 1
+// Cases 11 and 12 (docs/semantics.md §7.B): the load filter decides whether secondary 1
 // (medium CPU) is asked at all.
 func TestLoadFilterIntegration(t *testing.T) {
 	for _, tc := range []struct {
@@ -52,7 +52,7 @@ func TestLoadFilterIntegration(t *testing.T) {
 	}
 }
 
-// Cases 13–35 (spec §7.C), on the upstream fixture: a 5-slot primary and
+// Cases 13–35 (docs/semantics.md §7.C), on the upstream fixture: a 5-slot primary and
 // two recording tiers.
 func TestCoreBehaviour(t *testing.T) {
 	for _, tc := range []struct {

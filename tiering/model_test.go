@@ -20,7 +20,7 @@ import (
 // The model-based test drives a manager with random interleavings of the
 // engine's calls (lookups, loads, stores, finishes, steps, resets) and of
 // tier behaviour (job completions with success, failure or partial loads,
-// panics) across several requests, and checks spec §9.1's invariants after
+// panics) across several requests, and checks docs/semantics.md §9.1's invariants after
 // every action:
 //
 //   - every pin is matched by one unpin: each key's primary ref count equals

@@ -98,7 +98,7 @@ func (s *Stack) retryDeferred() {
 
 // detachDeferred moves req's deferred cascades to a context of their own
 // before the tiers hear of req's finish: a tier sees every cascade of a
-// request before its end (spec §4.7), and a later one comes under another
+// request before its end (docs/semantics.md §4.7), and a later one comes under another
 // id, with the same filters and params.
 func (s *Stack) detachDeferred(req *offload.ReqContext) {
 	n := s.dq.byReq[req]

@@ -9,7 +9,7 @@ import (
 )
 
 // orderTier records the step-related calls the manager makes into a
-// fakeTier, in order, so that tests can pin spec §4.8's sequence.
+// fakeTier, in order, so that tests can pin docs/semantics.md §4.8's sequence.
 type orderTier struct {
 	*fakeTier
 	calls   []string
@@ -39,7 +39,7 @@ func (o *orderTier) take() []string {
 	return c
 }
 
-// TestScheduleEndOrder pins spec §4.8 and the once-per-step gate of §4.2:
+// TestScheduleEndOrder pins docs/semantics.md §4.8 and the once-per-step gate of §4.2:
 // ScheduleEnd polls completions only if nothing polled this step, then
 // resets the gate, flushes the step's promotions, and only then calls each
 // tier's OnScheduleEnd (tiers flush their batched lookups there).
@@ -83,7 +83,7 @@ func TestScheduleEndOrder(t *testing.T) {
 }
 
 // TestHasPendingWork: pending work is a job in flight, a promotion not yet
-// submitted, or a tier's own pending work (spec §4.9), and nothing once
+// submitted, or a tier's own pending work (docs/semantics.md §4.9), and nothing once
 // all of them are resolved.
 func TestHasPendingWork(t *testing.T) {
 	p := newPrimary(t, 5)

@@ -22,7 +22,7 @@
 // config's namespace, so an fs root and an s3 prefix of one daemon hold
 // the same tree. A tier that sets `events: true` while the daemon's
 // events are disabled logs one warning when built and emits nothing
-// (spec §5.1).
+// (docs/semantics.md §5.1).
 //
 // What a tier declares, and the explanation of a request's filters
 // against the declarations, are package explain's: the daemon (server)

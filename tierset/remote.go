@@ -134,7 +134,7 @@ func parseLocality(spec config.TierSpec, s string) (offload.Locality, error) {
 	return l, nil
 }
 
-// gateEvents applies the daemon-wide events switch (spec §5.1): a tier
+// gateEvents applies the daemon-wide events switch (docs/semantics.md §5.1): a tier
 // that opts in while KV events are off globally stays inert. It reports
 // whether the tier's opt-in was overridden, so that Build can warn.
 func gateEvents(events *bool, cfg *config.Config) (ignored bool) {
@@ -145,7 +145,7 @@ func gateEvents(events *bool, cfg *config.Config) (ignored bool) {
 	return false
 }
 
-// warnEventsIgnored logs the warning of spec §5.1, once per built tier.
+// warnEventsIgnored logs the warning of docs/semantics.md §5.1, once per built tier.
 func warnEventsIgnored(log *slog.Logger, name, typ string) {
 	log.With("tier", name, "type", typ).Warn(fmt.Sprintf(
 		"events is set on secondary tier '%s' but KV cache events are disabled globally; the tier will not emit events.", name))

@@ -23,7 +23,7 @@ import (
 const neverWorseMargin = 0.002
 
 // A secondary tier never makes the cache worse than the primary alone
-// (DESIGN.md §7), at any tier speed and under any filter: random sets of
+// (docs/design.md §7), at any tier speed and under any filter: random sets of
 // memory and fs tiers, 0 to 50 ms per block (the memory tier's
 // block_latency, the fs tier's writes and reads delayed through the vfs
 // seam), bounded or unbounded concurrency, random load and store filters,

@@ -150,3 +150,57 @@ func headingSlugs(text string) map[string]bool {
 }
 
 func isLetterOrDigit(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
+
+// Every section the code and the docs cite — "docs/semantics.md §4.3",
+// "docs/design.md §7" — is a heading of that file, and nothing cites the
+// design notes outside the repository (issue 45).
+func TestSectionReferencesResolve(t *testing.T) {
+	root := filepath.Join("..", "..")
+	sections := map[string]map[string]bool{}
+	for _, doc := range []string{"semantics.md", "design.md"} {
+		sections[doc] = map[string]bool{}
+		for _, m := range regexp.MustCompile(`(?m)^#{1,6} §([0-9]+(?:\.[0-9]+)?(?:\.[A-G])?) `).FindAllStringSubmatch(readFile(t, filepath.Join(root, "docs", doc)), -1) {
+			sections[doc][m[1]] = true
+		}
+		if len(sections[doc]) < 8 {
+			t.Fatalf("docs/%s has %d numbered sections", doc, len(sections[doc]))
+		}
+	}
+	ref := regexp.MustCompile(`docs/(semantics|design)\.md §([0-9]+(?:\.[0-9]+)?(?:\.[A-G])?)`)
+	outside := regexp.MustCompile(`\bspec §[0-9]|\bDESIGN\.md|spec/vllm-tiering\.md`)
+	refs := 0
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "dist" || d.Name() == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".py", ".pyi", ".proto", ".md", ".sh", ".yaml", ".yml":
+		default:
+			return nil
+		}
+		text := readFile(t, path)
+		for _, m := range ref.FindAllStringSubmatch(text, -1) {
+			refs++
+			if !sections[m[1]+".md"][m[2]] {
+				t.Errorf("%s: %q: docs/%s.md has no section §%s", rel(root, path), m[0], m[1], m[2])
+			}
+		}
+		if loc := outside.FindStringIndex(text); loc != nil && !strings.HasSuffix(path, "docs_test.go") {
+			t.Errorf("%s: %q cites design notes outside the repository", rel(root, path), text[loc[0]:loc[1]])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs < 50 {
+		t.Fatalf("only %d section references found: this test reads too little", refs)
+	}
+	t.Logf("%d section references resolve", refs)
+}

@@ -5,7 +5,7 @@
 // speaks to libzmq (pyzmq, pebbe/zmq4, cppzmq) over tcp:// and ipc://.
 //
 // It exists because kvtier's event publisher needs two properties that the
-// pure-Go go-zeromq/zmq4 v0.17 lacks (spec/dependencies.md): every
+// pure-Go go-zeromq/zmq4 v0.17 lacks: every
 // subscriber has its own bounded queue and writer, so a subscriber that
 // stops reading only loses its own messages; and Close drains the queues
 // before closing. libzmq through cgo has both but would make the daemon's

@@ -47,7 +47,7 @@ def rpc_message(e):
 
 def make_key(block_hash, group=0):
     """Returns the offload key of an engine block hash in a KV group: the
-    hash bytes followed by the 4-byte big-endian group index (spec §1.1)."""
+    hash bytes followed by the 4-byte big-endian group index (docs/semantics.md §1.1)."""
     if isinstance(block_hash, int):
         block_hash = block_hash.to_bytes(8, "big", signed=False)
     return bytes(block_hash) + struct.pack(">I", group)

@@ -1,4 +1,4 @@
-// Package fs is kvtier's filesystem secondary tier (spec/vllm-tiering.md
+// Package fs is kvtier's filesystem secondary tier (docs/semantics.md
 // §5.1): medium STORAGE, locality from the configuration, one file per
 // block in vLLM's on-disk layout so that vLLM's own FS tier and kvtier can
 // share a directory.

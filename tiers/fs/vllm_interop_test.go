@@ -16,7 +16,7 @@ import (
 )
 
 // The tests in this file treat the directory as vLLM's FS tier sees it
-// (spec §5.1), computing every name by hand rather than through layout,
+// (docs/semantics.md §5.1), computing every name by hand rather than through layout,
 // so that a mistake in layout cannot cancel out in the comparison.
 
 // vllmFieldsJSON is testNamespace() rendered as vLLM's FileMapper hashes

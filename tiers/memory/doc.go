@@ -1,4 +1,4 @@
-// Package memory is kvtier's in-process secondary tier (spec §5.5): a map
+// Package memory is kvtier's in-process secondary tier (docs/semantics.md §5.5): a map
 // of block bytes with an optional LRU capacity, configurable medium and
 // locality, and knobs that make it a useful stand-in for slow or flaky
 // real tiers in tests and simulations: per-job latency (jobs complete on a

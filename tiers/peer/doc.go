@@ -52,7 +52,7 @@
 // they were when read and every later change is in a later batch. A
 // sequence gap is filled from the peer's replay socket; when replay no
 // longer has the batches (or the peer has none), the tier passes over the
-// block list again. A peer's reset publishes nothing (spec §4.9): loads
+// block list again. A peer's reset publishes nothing (docs/semantics.md §4.9): loads
 // that find indexed blocks gone tell the index, which forgets them.
 //
 // Whenever the index is not current — no events, the subscription broken,

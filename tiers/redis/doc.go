@@ -1,5 +1,5 @@
 // Package redis is kvtier's Redis/Valkey secondary tier (`type: redis`,
-// DESIGN.md §5): a shared remote-DRAM tier, medium CPU, locality from
+// docs/design.md §5): a shared remote-DRAM tier, medium CPU, locality from
 // config (usually remote) — the "remote CPU" tier of the filter examples.
 //
 // # Configuration

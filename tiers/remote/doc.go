@@ -19,7 +19,7 @@
 //
 // A reader checks the magic, version and key checksum before it trusts the
 // length, and the length and payload checksum before the block is exposed
-// (DESIGN.md §5). The key checksum catches a value stored under the wrong
+// (docs/design.md §5). The key checksum catches a value stored under the wrong
 // name; the payload checksum catches truncation, bit rot and a value that
 // changed underneath a reader. XXH3 hashes a 2 MiB block in tens of
 // microseconds, about six times faster than xxhash64 on these machines, so

@@ -1,5 +1,5 @@
 // Package s3 is kvtier's S3-compatible object-store secondary tier
-// (`type: s3`, spec §5.2, DESIGN.md §5): medium STORAGE, locality from
+// (`type: s3`, docs/semantics.md §5.2, docs/design.md §5): medium STORAGE, locality from
 // config (usually remote). It works with any service speaking the S3 API
 // with path-style addressing (AWS S3, versitygw, MinIO, Ceph RGW, …).
 //

@@ -8,7 +8,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 )
 
-// Layout names block objects after the FS tier's files (spec §5.1), so
+// Layout names block objects after the FS tier's files (docs/semantics.md §5.1), so
 // that a bucket prefix holds the same tree an FS root would:
 //
 //	<prefix>/<base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin

@@ -5,7 +5,7 @@
 // optionally over TCP (a bearer token is required when one is configured:
 // gRPC metadata `authorization: Bearer <token>`).
 //
-// The calls mirror the tiering manager one to one (spec/vllm-tiering.md §3,
+// The calls mirror the tiering manager one to one (docs/semantics.md §3,
 // §4) but are batched: one call carries many keys. All calls of one
 // namespace are serialised by the daemon, exactly like vLLM's single-threaded
 // scheduler drives its offloading manager, so a client may issue calls from
@@ -13,7 +13,7 @@
 // calls are applied is the order in which the daemon receives them.
 //
 // Keys are the engine's opaque block-hash bytes followed by a 4-byte
-// big-endian KV-group index (spec §1.1); kvtier never recomputes them. A key
+// big-endian KV-group index (docs/semantics.md §1.1); kvtier never recomputes them. A key
 // must be 5..max_key_bytes long (1024 by default).
 //
 // Errors are gRPC status codes whose message names the problem:
@@ -58,7 +58,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// LookupResult is the answer for one key (spec §1.7).
+// LookupResult is the answer for one key (docs/semantics.md §1.7).
 type LookupResult int32
 
 const (
@@ -124,7 +124,7 @@ func (LookupResult) EnumDescriptor() ([]byte, []int) {
 }
 
 // OffloadPolicy says which blocks the engine offers to PrepareStore
-// (spec §4.7).
+// (docs/semantics.md §4.7).
 type OffloadPolicy int32
 
 const (
@@ -174,7 +174,7 @@ func (OffloadPolicy) EnumDescriptor() ([]byte, []int) {
 	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{1}
 }
 
-// Medium is a tier's coarse storage medium (spec §1.2).
+// Medium is a tier's coarse storage medium (docs/semantics.md §1.2).
 type Medium int32
 
 const (
@@ -226,7 +226,7 @@ func (Medium) EnumDescriptor() ([]byte, []int) {
 	return file_kvtier_v1_kvtier_proto_rawDescGZIP(), []int{2}
 }
 
-// Locality is a tier's placement relative to this daemon (spec §1.3).
+// Locality is a tier's placement relative to this daemon (docs/semantics.md §1.3).
 type Locality int32
 
 const (
@@ -439,7 +439,7 @@ func (RegionFound) EnumDescriptor() ([]byte, []int) {
 }
 
 // TierMatcher matches tiers by medium and locality; an unspecified field
-// matches anything (spec §1.4).
+// matches anything (docs/semantics.md §1.4).
 type TierMatcher struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Medium        Medium                 `protobuf:"varint,1,opt,name=medium,proto3,enum=kvtier.v1.Medium" json:"medium,omitempty"`
@@ -493,7 +493,7 @@ func (x *TierMatcher) GetLocality() Locality {
 }
 
 // TierFilter is the parsed form of kv_load_tiers / kv_store_tiers
-// (spec §1.5): an OR of matchers.
+// (docs/semantics.md §1.5): an OR of matchers.
 type TierFilter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True for the ALL sentinel: every tier is allowed (matchers then holds
@@ -560,7 +560,7 @@ func (x *TierFilter) GetText() string {
 }
 
 // FilterWarning is one problem found in a filter in lenient mode; the
-// problem part was skipped or the field fell back to ALL (spec §2.1).
+// problem part was skipped or the field fell back to ALL (docs/semantics.md §2.1).
 type FilterWarning struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kv_load_tiers or kv_store_tiers.
@@ -807,7 +807,7 @@ type LookupRequest struct {
 	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Keys in prefix order.
 	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
-	// Scan like vLLM's connector scans a prefix (spec §7.G): a RETRY ends
+	// Scan like vLLM's connector scans a prefix (docs/semantics.md §7.G): a RETRY ends
 	// the hit count but the scan goes on, so that later keys start their
 	// existence checks and promotions in the same step; the first MISS ends
 	// the scan, and the keys after it are not looked up (no promotion starts
@@ -2225,7 +2225,7 @@ func (*TouchResponse) Descriptor() ([]byte, []int) {
 }
 
 // BlockMetadata describes the tokens of one stored block so that published
-// KV events can be self-describing (spec §6.3). All fields are optional.
+// KV events can be self-describing (docs/semantics.md §6.3). All fields are optional.
 type BlockMetadata struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The block's constituent per-hash-block hashes (one per hash block).

@@ -5,7 +5,7 @@
 // optionally over TCP (a bearer token is required when one is configured:
 // gRPC metadata `authorization: Bearer <token>`).
 //
-// The calls mirror the tiering manager one to one (spec/vllm-tiering.md §3,
+// The calls mirror the tiering manager one to one (docs/semantics.md §3,
 // §4) but are batched: one call carries many keys. All calls of one
 // namespace are serialised by the daemon, exactly like vLLM's single-threaded
 // scheduler drives its offloading manager, so a client may issue calls from
@@ -13,7 +13,7 @@
 // calls are applied is the order in which the daemon receives them.
 //
 // Keys are the engine's opaque block-hash bytes followed by a 4-byte
-// big-endian KV-group index (spec §1.1); kvtier never recomputes them. A key
+// big-endian KV-group index (docs/semantics.md §1.1); kvtier never recomputes them. A key
 // must be 5..max_key_bytes long (1024 by default).
 //
 // Errors are gRPC status codes whose message names the problem:
@@ -95,9 +95,9 @@ const (
 // KVTier is the engine-facing API of the kvtier daemon.
 type KVTierClient interface {
 	// NewRequest registers a request and parses its kv_transfer_params once
-	// (spec §1.6, §2). Every other per-request call names the request by id.
+	// (docs/semantics.md §1.6, §2). Every other per-request call names the request by id.
 	NewRequest(ctx context.Context, in *NewRequestRequest, opts ...grpc.CallOption) (*NewRequestResponse, error)
-	// Lookup looks keys up in order (spec §4.3): the primary first, then the
+	// Lookup looks keys up in order (docs/semantics.md §4.3): the primary first, then the
 	// secondary tiers the request's load filter allows. A secondary hit starts
 	// a promotion, which the next ScheduleEnd submits.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
@@ -123,31 +123,31 @@ type KVTierClient interface {
 	// medium. It waits for the transfers in flight first, as a reset does.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
-	// arena slots (spec §4.5). Every pinned key must later be released by
+	// arena slots (docs/semantics.md §4.5). Every pinned key must later be released by
 	// CompleteLoad.
 	PrepareLoad(ctx context.Context, in *PrepareLoadRequest, opts ...grpc.CallOption) (*PrepareLoadResponse, error)
 	// CompleteLoad unpins keys pinned by PrepareLoad.
 	CompleteLoad(ctx context.Context, in *CompleteLoadRequest, opts ...grpc.CallOption) (*CompleteLoadResponse, error)
 	// Touch marks keys as recently used in the primary and every secondary
-	// tier (unfiltered, spec §4.5).
+	// tier (unfiltered, docs/semantics.md §4.5).
 	Touch(ctx context.Context, in *TouchRequest, opts ...grpc.CallOption) (*TouchResponse, error)
 	// PrepareStore reserves primary slots for the keys that are not present
-	// yet, evicting readable unpinned blocks if needed (spec §3.2, §4.6).
+	// yet, evicting readable unpinned blocks if needed (docs/semantics.md §3.2, §4.6).
 	PrepareStore(ctx context.Context, in *PrepareStoreRequest, opts ...grpc.CallOption) (*PrepareStoreResponse, error)
 	// CompleteStore commits (or, with success=false, abandons) the slots
 	// reserved by PrepareStore; on success the blocks cascade to the secondary
 	// tiers the request's store filter allows.
 	CompleteStore(ctx context.Context, in *CompleteStoreRequest, opts ...grpc.CallOption) (*CompleteStoreResponse, error)
 	// FinishRequest tells the manager that the request will issue no more
-	// Prepare calls (spec §4.7). Completions may still follow. The request id
+	// Prepare calls (docs/semantics.md §4.7). Completions may still follow. The request id
 	// is released once its pending stores completed.
 	FinishRequest(ctx context.Context, in *FinishRequestRequest, opts ...grpc.CallOption) (*FinishRequestResponse, error)
-	// ScheduleEnd ends one engine step (spec §4.8): finished transfers are
+	// ScheduleEnd ends one engine step (docs/semantics.md §4.8): finished transfers are
 	// processed, pending promotions are submitted, tiers flush batched
 	// existence checks, and events are published. The daemon never calls it
 	// on its own (except inside GetBlocks, see there).
 	ScheduleEnd(ctx context.Context, in *ScheduleEndRequest, opts ...grpc.CallOption) (*ScheduleEndResponse, error)
-	// Reset drops every block of the primary tier (spec §4.9) after waiting
+	// Reset drops every block of the primary tier (docs/semantics.md §4.9) after waiting
 	// for in-flight tier I/O. Secondary tiers keep their data.
 	Reset(ctx context.Context, in *ResetRequest, opts ...grpc.CallOption) (*ResetResponse, error)
 	// Stats reports counters and gauges of the primary and each tier.
@@ -542,9 +542,9 @@ func (c *kVTierClient) EngineReserve(ctx context.Context, in *EngineReserveReque
 // KVTier is the engine-facing API of the kvtier daemon.
 type KVTierServer interface {
 	// NewRequest registers a request and parses its kv_transfer_params once
-	// (spec §1.6, §2). Every other per-request call names the request by id.
+	// (docs/semantics.md §1.6, §2). Every other per-request call names the request by id.
 	NewRequest(context.Context, *NewRequestRequest) (*NewRequestResponse, error)
-	// Lookup looks keys up in order (spec §4.3): the primary first, then the
+	// Lookup looks keys up in order (docs/semantics.md §4.3): the primary first, then the
 	// secondary tiers the request's load filter allows. A secondary hit starts
 	// a promotion, which the next ScheduleEnd submits.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
@@ -570,31 +570,31 @@ type KVTierServer interface {
 	// medium. It waits for the transfers in flight first, as a reset does.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
-	// arena slots (spec §4.5). Every pinned key must later be released by
+	// arena slots (docs/semantics.md §4.5). Every pinned key must later be released by
 	// CompleteLoad.
 	PrepareLoad(context.Context, *PrepareLoadRequest) (*PrepareLoadResponse, error)
 	// CompleteLoad unpins keys pinned by PrepareLoad.
 	CompleteLoad(context.Context, *CompleteLoadRequest) (*CompleteLoadResponse, error)
 	// Touch marks keys as recently used in the primary and every secondary
-	// tier (unfiltered, spec §4.5).
+	// tier (unfiltered, docs/semantics.md §4.5).
 	Touch(context.Context, *TouchRequest) (*TouchResponse, error)
 	// PrepareStore reserves primary slots for the keys that are not present
-	// yet, evicting readable unpinned blocks if needed (spec §3.2, §4.6).
+	// yet, evicting readable unpinned blocks if needed (docs/semantics.md §3.2, §4.6).
 	PrepareStore(context.Context, *PrepareStoreRequest) (*PrepareStoreResponse, error)
 	// CompleteStore commits (or, with success=false, abandons) the slots
 	// reserved by PrepareStore; on success the blocks cascade to the secondary
 	// tiers the request's store filter allows.
 	CompleteStore(context.Context, *CompleteStoreRequest) (*CompleteStoreResponse, error)
 	// FinishRequest tells the manager that the request will issue no more
-	// Prepare calls (spec §4.7). Completions may still follow. The request id
+	// Prepare calls (docs/semantics.md §4.7). Completions may still follow. The request id
 	// is released once its pending stores completed.
 	FinishRequest(context.Context, *FinishRequestRequest) (*FinishRequestResponse, error)
-	// ScheduleEnd ends one engine step (spec §4.8): finished transfers are
+	// ScheduleEnd ends one engine step (docs/semantics.md §4.8): finished transfers are
 	// processed, pending promotions are submitted, tiers flush batched
 	// existence checks, and events are published. The daemon never calls it
 	// on its own (except inside GetBlocks, see there).
 	ScheduleEnd(context.Context, *ScheduleEndRequest) (*ScheduleEndResponse, error)
-	// Reset drops every block of the primary tier (spec §4.9) after waiting
+	// Reset drops every block of the primary tier (docs/semantics.md §4.9) after waiting
 	// for in-flight tier I/O. Secondary tiers keep their data.
 	Reset(context.Context, *ResetRequest) (*ResetResponse, error)
 	// Stats reports counters and gauges of the primary and each tier.

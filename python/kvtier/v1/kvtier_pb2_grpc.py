@@ -173,14 +173,14 @@ class KVTierServicer(object):
 
     def NewRequest(self, request, context):
         """NewRequest registers a request and parses its kv_transfer_params once
-        (spec §1.6, §2). Every other per-request call names the request by id.
+        (docs/semantics.md §1.6, §2). Every other per-request call names the request by id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
-        """Lookup looks keys up in order (spec §4.3): the primary first, then the
+        """Lookup looks keys up in order (docs/semantics.md §4.3): the primary first, then the
         secondary tiers the request's load filter allows. A secondary hit starts
         a promotion, which the next ScheduleEnd submits.
         """
@@ -236,7 +236,7 @@ class KVTierServicer(object):
 
     def PrepareLoad(self, request, context):
         """PrepareLoad pins readable primary blocks for reading and returns their
-        arena slots (spec §4.5). Every pinned key must later be released by
+        arena slots (docs/semantics.md §4.5). Every pinned key must later be released by
         CompleteLoad.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -252,7 +252,7 @@ class KVTierServicer(object):
 
     def Touch(self, request, context):
         """Touch marks keys as recently used in the primary and every secondary
-        tier (unfiltered, spec §4.5).
+        tier (unfiltered, docs/semantics.md §4.5).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -260,7 +260,7 @@ class KVTierServicer(object):
 
     def PrepareStore(self, request, context):
         """PrepareStore reserves primary slots for the keys that are not present
-        yet, evicting readable unpinned blocks if needed (spec §3.2, §4.6).
+        yet, evicting readable unpinned blocks if needed (docs/semantics.md §3.2, §4.6).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -277,7 +277,7 @@ class KVTierServicer(object):
 
     def FinishRequest(self, request, context):
         """FinishRequest tells the manager that the request will issue no more
-        Prepare calls (spec §4.7). Completions may still follow. The request id
+        Prepare calls (docs/semantics.md §4.7). Completions may still follow. The request id
         is released once its pending stores completed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -285,7 +285,7 @@ class KVTierServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ScheduleEnd(self, request, context):
-        """ScheduleEnd ends one engine step (spec §4.8): finished transfers are
+        """ScheduleEnd ends one engine step (docs/semantics.md §4.8): finished transfers are
         processed, pending promotions are submitted, tiers flush batched
         existence checks, and events are published. The daemon never calls it
         on its own (except inside GetBlocks, see there).
@@ -295,7 +295,7 @@ class KVTierServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Reset(self, request, context):
-        """Reset drops every block of the primary tier (spec §4.9) after waiting
+        """Reset drops every block of the primary tier (docs/semantics.md §4.9) after waiting
         for in-flight tier I/O. Secondary tiers keep their data.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
