@@ -329,7 +329,7 @@ func newDeleteCmd() *cobra.Command {
 		Use:   "delete [flags] KEY... | --keys FILE | --tokens FILE",
 		Short: "Remove blocks from every tier of a running daemon",
 		Long: `delete removes each prefix's blocks from the daemon's primary and from every
-secondary tier that removes blocks on request (fs, memory), publishing their
+secondary tier that removes blocks on request (fs, memory, redis, s3), publishing their
 removal per medium for routers' indexes, and releases pins on them. The
 daemon first waits for the transfers in flight. A block an engine is
 reading stays in the primary ("held"); tiers that do not delete on request

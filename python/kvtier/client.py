@@ -326,7 +326,7 @@ class Client:
 
     def delete(self, keys):
         """Removes the keys' blocks from the daemon's primary and from every
-        tier that removes blocks on request (fs, memory), with removal
+        tier that removes blocks on request (fs, memory, redis, s3), with removal
         events per medium. DeleteResponse (primary, held: left because
         something holds them, tiers: name/supported/removed/error)."""
         return self._call("Delete", pb.DeleteRequest(namespace=self.namespace, **_key_fields(keys)))

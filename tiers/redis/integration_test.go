@@ -366,6 +366,10 @@ func TestIntegrationManagerOutage(t *testing.T) {
 	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: p.Stop, Start: p.Start, Healthy: tier.Healthy})
 }
 
+func TestIntegrationDeleteThroughManager(t *testing.T) {
+	rt.RunManagerDelete(t, rt.ManagerCase{Tier: newTier(t, sharedRedisConfig(t))})
+}
+
 func TestIntegrationThroughManager(t *testing.T) {
 	tier := newTier(t, sharedRedisConfig(t))
 	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"medium": "storage"}]}`})

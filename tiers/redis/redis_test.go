@@ -424,6 +424,12 @@ func TestThroughManager(t *testing.T) {
 	})
 }
 
+// A router's delete removes the blocks from the server (tiering.Deleter).
+func TestDeleteThroughManager(t *testing.T) {
+	m := miniredis.RunT(t)
+	rt.RunManagerDelete(t, rt.ManagerCase{Tier: newTier(t, testConfig(m.Addr()))})
+}
+
 func TestThroughManagerOutage(t *testing.T) {
 	m := miniredis.RunT(t)
 	tier := newTier(t, testConfig(m.Addr()))

@@ -407,6 +407,41 @@ func (b *Base) slots(job *offload.Job) (slots [][]byte, errs []error, usable boo
 	return slots, errs, usable
 }
 
+// Delete removes keys' blocks from the server on request (a router's or
+// an agent's delete; tiering.Deleter): the keys the server did not fail
+// leave the lookup state and the ledger of max_bytes, and those the tier
+// had announced stored are announced removed. It returns how many keys the
+// tier no longer holds (a key it never held counts: a server cannot say
+// cheaply whether an object existed); the error joins the failures.
+func (b *Base) Delete(ctx context.Context, keys []offload.Key) (int, error) {
+	if len(keys) == 0 || b.del == nil {
+		return 0, nil
+	}
+	failed, err := b.del(ctx, keys)
+	gone := keys
+	if len(failed) > 0 {
+		bad := make(map[offload.Key]bool, len(failed))
+		for _, k := range failed {
+			bad[k] = true
+		}
+		gone = make([]offload.Key, 0, len(keys)-len(failed))
+		for _, k := range keys {
+			if !bad[k] {
+				gone = append(gone, k)
+			}
+		}
+	}
+	b.Invalidate(gone...)
+	if b.budget != nil {
+		b.budget.Forget(gone)
+	}
+	b.events.Removed(gone)
+	if err != nil {
+		err = fmt.Errorf("%s tier %q: delete: %w", b.label, b.name, err)
+	}
+	return len(gone), err
+}
+
 // Invalidate queues keys whose cached lookup verdicts must go (the server
 // removed them); it may be called from any goroutine and takes effect at
 // the next FinishedJobs or OnScheduleEnd.

@@ -276,6 +276,10 @@ func TestIntegrationManagerOutage(t *testing.T) {
 	rt.RunManagerOutage(t, rt.ManagerCase{Tier: tier}, rt.Outage{Stop: v.Stop, Start: v.Start, Healthy: tier.Healthy})
 }
 
+func TestIntegrationDeleteThroughManager(t *testing.T) {
+	rt.RunManagerDelete(t, rt.ManagerCase{Tier: newTier(t, realS3Config(t))})
+}
+
 func TestIntegrationThroughManager(t *testing.T) {
 	tier := newTier(t, realS3Config(t))
 	rt.RunManager(t, rt.ManagerCase{Tier: tier, ExcludeLoad: `{"kv_load_tiers": [{"locality": "local"}]}`})

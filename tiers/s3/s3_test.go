@@ -608,6 +608,12 @@ func TestThroughManager(t *testing.T) {
 	})
 }
 
+// A router's delete removes the objects (tiering.Deleter).
+func TestDeleteThroughManager(t *testing.T) {
+	f := startFake(t)
+	rt.RunManagerDelete(t, rt.ManagerCase{Tier: newTier(t, testConfig(f.endpoint()))})
+}
+
 func TestThroughManagerOutage(t *testing.T) {
 	f := startFake(t)
 	tier := newTier(t, testConfig(f.endpoint()))

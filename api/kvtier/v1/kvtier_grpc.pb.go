@@ -119,7 +119,7 @@ type KVTierClient interface {
 	// Unpin releases pins before their TTL.
 	Unpin(ctx context.Context, in *UnpinRequest, opts ...grpc.CallOption) (*UnpinResponse, error)
 	// Delete removes the keys' blocks from the primary and from every tier
-	// that removes blocks on request (fs, memory), with removal events per
+	// that removes blocks on request (fs, memory, redis, s3), with removal events per
 	// medium. It waits for the transfers in flight first, as a reset does.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their
@@ -566,7 +566,7 @@ type KVTierServer interface {
 	// Unpin releases pins before their TTL.
 	Unpin(context.Context, *UnpinRequest) (*UnpinResponse, error)
 	// Delete removes the keys' blocks from the primary and from every tier
-	// that removes blocks on request (fs, memory), with removal events per
+	// that removes blocks on request (fs, memory, redis, s3), with removal events per
 	// medium. It waits for the transfers in flight first, as a reset does.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// PrepareLoad pins readable primary blocks for reading and returns their

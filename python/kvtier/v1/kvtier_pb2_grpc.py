@@ -227,7 +227,7 @@ class KVTierServicer(object):
 
     def Delete(self, request, context):
         """Delete removes the keys' blocks from the primary and from every tier
-        that removes blocks on request (fs, memory), with removal events per
+        that removes blocks on request (fs, memory, redis, s3), with removal events per
         medium. It waits for the transfers in flight first, as a reset does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

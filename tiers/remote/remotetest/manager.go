@@ -38,31 +38,7 @@ func RunManager(t *testing.T, c ManagerCase) {
 	// Store: GPU → primary, then the manager cascades to the tier.
 	store := func(id string, params string, ks []offload.Key) {
 		t.Helper()
-		req, err := offload.NewReqContext(id, params)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.OnNewRequest(req)
-		out, ok, err := m.PrepareStore(ks, req)
-		if err != nil || !ok {
-			t.Fatalf("PrepareStore: %v %v", ok, err)
-		}
-		for i, s := range out.Slots {
-			b, _ := p.Arena().Slot(s)
-			for j := range b {
-				b[j] = byte(i*31 + j*7 + len(id))
-			}
-			for n, k := range ks {
-				if k == out.KeysToStore[i] {
-					want[n] = bytes.Clone(b)
-				}
-			}
-		}
-		if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
-			t.Fatal(err)
-		}
-		m.OnRequestFinished(req)
-		settle(t, m)
+		storeVia(t, m, p, id, params, ks, want)
 	}
 	store("writer", "", keys)
 	st := m.Stats().Tiers[0]
@@ -188,6 +164,83 @@ func (c ManagerCase) manager(t testing.TB, slots int) (ctx context.Context, p *c
 		cancel()
 	})
 	return ctx, p, m
+}
+
+// storeVia stores ks for request id (with its params) through m: the
+// primary's slots filled with bytes that depend on the slot and the id,
+// recorded in want (co-indexed with ks), then the cascade settled.
+func storeVia(t *testing.T, m *tiering.Manager, p *cpu.Primary, id, params string, ks []offload.Key, want [][]byte) {
+	t.Helper()
+	req, err := offload.NewReqContext(id, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.OnNewRequest(req)
+	out, ok, err := m.PrepareStore(ks, req)
+	if err != nil || !ok {
+		t.Fatalf("PrepareStore: %v %v", ok, err)
+	}
+	for i, s := range out.Slots {
+		b, _ := p.Arena().Slot(s)
+		for j := range b {
+			b[j] = byte(i*31 + j*7 + len(id))
+		}
+		for n, k := range ks {
+			if k == out.KeysToStore[i] {
+				want[n] = bytes.Clone(b)
+			}
+		}
+	}
+	if err := m.CompleteStore(out.KeysToStore, req, true); err != nil {
+		t.Fatal(err)
+	}
+	m.OnRequestFinished(req)
+	settle(t, m)
+}
+
+// RunManagerDelete stores blocks through the manager, deletes them
+// (tiering.Manager.Delete: a router's or an agent's delete), and checks
+// that the tier took part and removed them: with the primary empty, every
+// lookup of them ends in MISS, never a promotion.
+func RunManagerDelete(t *testing.T, c ManagerCase) {
+	t.Helper()
+	ctx, p, m := c.manager(t, 16)
+	keys := Keys(5000, 4)
+	storeVia(t, m, p, "writer", "", keys, make([][]byte, len(keys)))
+	a, err := m.Delete(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Tiers) != 1 || !a.Tiers[0].Supported || a.Tiers[0].Removed != len(keys) || a.Tiers[0].Err != nil {
+		t.Fatalf("delete answer %+v, want the tier to remove %d blocks", a, len(keys))
+	}
+	req, _ := offload.NewReqContext("reader", nil)
+	m.OnNewRequest(req)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		missed := 0
+		for _, k := range keys {
+			switch r := m.Lookup(k, req); r {
+			case offload.Miss:
+				missed++
+			case offload.Retry:
+			default:
+				t.Fatalf("a deleted block looked up: %v", r)
+			}
+		}
+		if missed == len(keys) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deleted blocks still unsure after 30s (%d of %d missed)", missed, len(keys))
+		}
+		m.ScheduleEnd(offload.ScheduleEnd{})
+		time.Sleep(time.Millisecond)
+	}
+	if st := m.Stats().Tiers[0]; st.PromotionsOK != 0 || st.PromotedBlocks != 0 {
+		t.Fatalf("a deleted block was promoted: %+v", st)
+	}
+	m.OnRequestFinished(req)
 }
 
 // settle ends steps until the manager has no work in flight.
