@@ -302,3 +302,41 @@ func TestSteerCallsStayInTheTenantsKeySpace(t *testing.T) {
 	_, err := gamma.Residency(ctx, []offload.Key{k}, "")
 	wantCode(t, err, codes.PermissionDenied, "")
 }
+
+// Each tenant pins within its own budget (pins.share, 0.25, of its quota
+// of 16 slots: 4 blocks): past it its pins are refused, whatever another
+// tenant holds, and no tenant's stores evict another's pins.
+func TestPinBudgetPerTenant(t *testing.T) {
+	e := tenantEnv(t, false)
+	ctx := ctxT(t)
+	clients := map[string]*client.Client{"acme": e.dialAs(t, "acme-token", ""), "beta": e.dialAs(t, "beta-token", "")}
+	ks := keys(0, 8)
+	for who, c := range clients {
+		putAs(t, c, who, ks...)
+	}
+	for who, c := range clients {
+		a, err := c.Pin(ctx, ks, time.Hour)
+		if err != nil || a.GetPinned() != 4 || a.GetRefused() != 4 {
+			t.Fatalf("%s pins 8 blocks with a budget of 4: %v %v", who, a, err)
+		}
+	}
+	// acme stores far past its quota (80 blocks into 64 slots): its own
+	// pinned blocks stay although acme is the first to lose blocks, and
+	// so do beta's.
+	putAs(t, clients["acme"], "acme", keys(100, 40)...)
+	putAs(t, clients["acme"], "acme", keys(200, 40)...)
+	for who, c := range clients {
+		r, err := c.Residency(ctx, ks[:4], "")
+		if err != nil || r.GetPrimary() != 4 {
+			t.Fatalf("%s's pinned blocks after acme's flood: %v %v", who, r, err)
+		}
+	}
+	if r, _ := clients["acme"].Residency(ctx, ks[4:], ""); r.GetPrimary() != 0 {
+		t.Fatalf("acme's unpinned blocks survived its own flood: %v (the flood did not press the primary)", r)
+	}
+	for _, k := range ks[:4] {
+		if got := get(t, clients["beta"], k); !bytes.Equal(got, tenantBlock("beta", k)) {
+			t.Fatalf("beta's pinned block %s changed", k)
+		}
+	}
+}
