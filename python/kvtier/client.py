@@ -13,16 +13,28 @@ name the problem (NOT_FOUND for an unknown request id, INVALID_ARGUMENT
 for a malformed key or a strict-mode filter error, ...).
 """
 
+from __future__ import annotations
+
 import json
 import mmap
 import os
 import socket
 import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypedDict, TypeVar, Union, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from kvtier.v1 import kvtier_pb2 as pb
 from kvtier.v1 import kvtier_pb2_grpc as pb_grpc
+
+# A key: an engine block hash followed by its 4-byte KV group (make_key).
+KeyLike = Union[bytes, bytearray, memoryview]
+# kv_transfer_params: a JSON object, its text, or None for none.
+Params = Union[Mapping[str, object], str, bytes, None]
+
+_Resp = TypeVar("_Resp", bound=Message)
 
 # Lookup results (kvtier.v1.LookupResult).
 NOT_LOOKED_UP = pb.LOOKUP_RESULT_UNSPECIFIED
@@ -34,7 +46,7 @@ RETRY = pb.LOOKUP_RESULT_RETRY
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
-def rpc_message(e):
+def rpc_message(e: BaseException) -> str:
     """A failed call's error as one line: the gRPC status code and details
     for an RpcError, else the exception's text."""
     if isinstance(e, grpc.RpcError):
@@ -45,7 +57,7 @@ def rpc_message(e):
     return str(e)
 
 
-def make_key(block_hash, group=0):
+def make_key(block_hash: KeyLike | int, group: int = 0) -> bytes:
     """Returns the offload key of an engine block hash in a KV group: the
     hash bytes followed by the 4-byte big-endian group index (docs/semantics.md §1.1)."""
     if isinstance(block_hash, int):
@@ -53,7 +65,7 @@ def make_key(block_hash, group=0):
     return bytes(block_hash) + struct.pack(">I", group)
 
 
-def _params(params):
+def _params(params: Params) -> str:
     if params is None:
         return ""
     if isinstance(params, (bytes, str)):
@@ -61,16 +73,22 @@ def _params(params):
     return json.dumps(params)
 
 
-def _key_fields(keys):
-    """The cheapest form of a key batch: packed_keys + key_size when every
-    key has the same length, else the repeated keys field."""
-    keys = [bytes(k) for k in keys]
-    if keys and all(len(k) == len(keys[0]) for k in keys):
-        return {"packed_keys": b"".join(keys), "key_size": len(keys[0])}
-    return {"keys": keys}
+_Req = TypeVar("_Req", bound=Message)
 
 
-def _unix_path(target):
+def _with_keys(req: _Req, keys: Iterable[KeyLike]) -> _Req:
+    """Sets a request's keys in their cheapest form: packed_keys + key_size
+    when every key has the same length, else the repeated keys field."""
+    ks = [bytes(k) for k in keys]
+    if ks and all(len(k) == len(ks[0]) for k in ks):
+        setattr(req, "packed_keys", b"".join(ks))
+        setattr(req, "key_size", len(ks[0]))
+    else:
+        getattr(req, "keys").extend(ks)
+    return req
+
+
+def _unix_path(target: str) -> str | None:
     if target.startswith("unix://"):
         return target[len("unix://"):]
     if target.startswith("unix:"):
@@ -86,29 +104,41 @@ class Arena:
     Write only the slots prepare_store returned (until complete_store) and
     read only the slots prepare_load returned (until complete_load)."""
 
-    def __init__(self, mm, slot_size, num_slots):
+    def __init__(self, mm: mmap.mmap, slot_size: int, num_slots: int) -> None:
         self._mm = mm
         self.slot_size = slot_size
         self.num_slots = num_slots
 
-    def slot(self, i):
+    def slot(self, i: int) -> memoryview:
         """A writable memoryview of slot i (no copy)."""
         if not 0 <= i < self.num_slots:
             raise IndexError("slot %d out of range (arena has %d slots)" % (i, self.num_slots))
         off = i * self.slot_size
         return memoryview(self._mm)[off:off + self.slot_size]
 
-    def close(self):
+    def close(self) -> None:
         self._mm.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Arena:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def receive_arena_fd(path, namespace=""):
+class ArenaReply(TypedDict, total=False):
+    """The side channel's description of the arena it sends."""
+
+    namespace: str
+    slot_size: int
+    num_slots: int
+    size: int
+    kind: str
+    epoch: int
+    error: str
+
+
+def receive_arena_fd(path: str, namespace: str = "") -> tuple[int, ArenaReply]:
     """Receives the arena's file descriptor from the daemon's side channel
     (SCM_RIGHTS). Returns (fd, description dict)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -119,7 +149,7 @@ def receive_arena_fd(path, namespace=""):
         except (BrokenPipeError, ConnectionResetError):
             pass  # a refusal (too many in flight) answers without reading: read why
         msg, fds, _flags, _addr = socket.recv_fds(s, 4096, 1)
-    reply = json.loads(msg.decode() or "{}")
+    reply = cast(ArenaReply, json.loads(msg.decode() or "{}"))
     if reply.get("error") or len(fds) != 1:
         for fd in fds:
             os.close(fd)
@@ -127,7 +157,7 @@ def receive_arena_fd(path, namespace=""):
     return fds[0], reply
 
 
-def _read(path, what):
+def _read(path: str, what: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -135,7 +165,8 @@ def _read(path, what):
         raise ValueError("kvtier: %s %s: %s" % (what, path, e.strerror)) from None
 
 
-def tls_credentials(ca_file=None, cert_file=None, key_file=None):
+def tls_credentials(ca_file: str | None = None, cert_file: str | None = None,
+                    key_file: str | None = None) -> grpc.ChannelCredentials:
     """gRPC channel credentials for a daemon whose TCP API serves TLS
     (server.tls): trusting ca_file (default: the system's roots) and, with
     cert_file and key_file, presenting that client certificate."""
@@ -147,7 +178,7 @@ def tls_credentials(ca_file=None, cert_file=None, key_file=None):
         certificate_chain=_read(cert_file, "tls_cert") if cert_file else None)
 
 
-def tls_trouble(e):
+def tls_trouble(e: BaseException) -> str | None:
     """What a failed call's TLS handshake says went wrong, in an
     operator's terms, or None when it was not a TLS failure."""
     if not isinstance(e, grpc.RpcError):
@@ -183,10 +214,10 @@ class Client:
     dialled. A failed handshake raises grpc.RpcError (UNAVAILABLE) on the
     first call; kvtier.tls_trouble(e) names the cause."""
 
-    def __init__(self, target="./kvtier.sock", token=None, namespace="",
-                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls=False, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_server_name=None):
-        options = [
+    def __init__(self, target: str = "./kvtier.sock", token: str | None = None, namespace: str = "",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: bool = False, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None, tls_server_name: str | None = None) -> None:
+        options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             # A connection of its own: the daemon's sessions are
@@ -208,132 +239,138 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.KVTierStub(self._channel)
-        self._md = (("authorization", "Bearer " + token),) if token else None
+        self._md: tuple[tuple[str, str], ...] | None = (("authorization", "Bearer " + token),) if token else None
         self.namespace = namespace
 
-    def close(self):
+    def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
-    def stub(self):
+    def stub(self) -> pb_grpc.KVTierStub:
         """The generated stub, for calls this class does not wrap."""
         return self._stub
 
-    def _call(self, name, req, timeout=None):
-        return getattr(self._stub, name)(req, metadata=self._md, timeout=timeout)
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The call metadata (the bearer token) for calls made on stub."""
+        return self._md
+
+    def _call(self, name: str, req: Message, resp: type[_Resp], timeout: float | None = None) -> _Resp:
+        return cast(_Resp, getattr(self._stub, name)(req, metadata=self._md, timeout=timeout))
 
     # Request lifecycle -------------------------------------------------
 
-    def new_request(self, request_id, params=None):
+    def new_request(self, request_id: str, params: Params = None) -> pb.NewRequestResponse:
         """Registers a request; params is kv_transfer_params (dict, JSON
         text or None). Returns NewRequestResponse (policy, parsed filters,
         warnings)."""
         return self._call("NewRequest", pb.NewRequestRequest(
-            namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params)))
+            namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params)), pb.NewRequestResponse)
 
-    def finish_request(self, request_id):
-        self._call("FinishRequest", pb.FinishRequestRequest(namespace=self.namespace, request_id=request_id))
+    def finish_request(self, request_id: str) -> None:
+        self._call("FinishRequest", pb.FinishRequestRequest(namespace=self.namespace, request_id=request_id), pb.FinishRequestResponse)
 
-    def schedule_end(self, new_request_ids=(), preempted_request_ids=()):
+    def schedule_end(self, new_request_ids: Iterable[str] = (), preempted_request_ids: Iterable[str] = ()) -> bool:
         """Ends one engine step; returns True while transfers are in flight."""
         resp = self._call("ScheduleEnd", pb.ScheduleEndRequest(
             namespace=self.namespace, new_request_ids=list(new_request_ids),
-            preempted_request_ids=list(preempted_request_ids)))
+            preempted_request_ids=list(preempted_request_ids)), pb.ScheduleEndResponse)
         return resp.has_pending_work
 
     # Manager calls -----------------------------------------------------
 
-    def lookup(self, request_id, keys, prefix_scan=False):
+    def lookup(self, request_id: str, keys: Iterable[KeyLike], prefix_scan: bool = False) -> tuple[list[int], int]:
         """Returns (results, hits): one LookupResult per key and the number
         of leading HIT/HIT_PENDING keys."""
-        resp = self._call("Lookup", pb.LookupRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys), prefix_scan=prefix_scan))
+        resp = self._call("Lookup", _with_keys(pb.LookupRequest(
+            namespace=self.namespace, request_id=request_id, prefix_scan=prefix_scan), keys), pb.LookupResponse)
         return list(resp.results), resp.hits
 
-    def prepare_load(self, request_id, keys, allow_missing=False):
+    def prepare_load(self, request_id: str, keys: Iterable[KeyLike], allow_missing: bool = False) -> list[int]:
         """Pins keys; returns their arena slots. A key evicted since the
         lookup that answered HIT (other clients' stores) fails the call,
         which then pins nothing; with allow_missing it answers slot -1 (a
         miss: nothing to read or to complete) and the rest are pinned."""
-        return list(self._call("PrepareLoad", pb.PrepareLoadRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys),
-            allow_missing=allow_missing)).slots)
+        return list(self._call("PrepareLoad", _with_keys(pb.PrepareLoadRequest(
+            namespace=self.namespace, request_id=request_id, allow_missing=allow_missing), keys), pb.PrepareLoadResponse).slots)
 
-    def complete_load(self, request_id, keys):
-        self._call("CompleteLoad", pb.CompleteLoadRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys)))
+    def complete_load(self, request_id: str, keys: Iterable[KeyLike]) -> None:
+        self._call("CompleteLoad", _with_keys(pb.CompleteLoadRequest(
+            namespace=self.namespace, request_id=request_id), keys), pb.CompleteLoadResponse)
 
-    def touch(self, request_id, keys):
-        self._call("Touch", pb.TouchRequest(namespace=self.namespace, request_id=request_id, **_key_fields(keys)))
+    def touch(self, request_id: str, keys: Iterable[KeyLike]) -> None:
+        self._call("Touch", _with_keys(pb.TouchRequest(namespace=self.namespace, request_id=request_id), keys), pb.TouchResponse)
 
-    def prepare_store(self, request_id, keys, metadata=None):
+    def prepare_store(self, request_id: str, keys: Iterable[KeyLike],
+                      metadata: Sequence[pb.BlockMetadata] | None = None) -> pb.PrepareStoreResponse:
         """Reserves slots; returns PrepareStoreResponse (ok, keys_to_store,
         slots, evicted). metadata: None or one pb.BlockMetadata per key."""
-        return self._call("PrepareStore", pb.PrepareStoreRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys), metadata=metadata or []))
+        return self._call("PrepareStore", _with_keys(pb.PrepareStoreRequest(
+            namespace=self.namespace, request_id=request_id, metadata=metadata or []), keys), pb.PrepareStoreResponse)
 
-    def complete_store(self, request_id, keys, success=True):
-        self._call("CompleteStore", pb.CompleteStoreRequest(
-            namespace=self.namespace, request_id=request_id, **_key_fields(keys), success=success))
+    def complete_store(self, request_id: str, keys: Iterable[KeyLike], success: bool = True) -> None:
+        self._call("CompleteStore", _with_keys(pb.CompleteStoreRequest(
+            namespace=self.namespace, request_id=request_id, success=success), keys), pb.CompleteStoreResponse)
 
-    def reset(self):
-        self._call("Reset", pb.ResetRequest(namespace=self.namespace))
+    def reset(self) -> None:
+        self._call("Reset", pb.ResetRequest(namespace=self.namespace), pb.ResetResponse)
 
-    def stats(self):
-        return self._call("Stats", pb.StatsRequest(namespace=self.namespace))
+    def stats(self) -> pb.StatsResponse:
+        return self._call("Stats", pb.StatsRequest(namespace=self.namespace), pb.StatsResponse)
 
-    def explain(self, params=None):
-        return self._call("Explain", pb.ExplainRequest(namespace=self.namespace, kv_transfer_params=_params(params)))
+    def explain(self, params: Params = None) -> pb.ExplainResponse:
+        return self._call("Explain", pb.ExplainRequest(namespace=self.namespace, kv_transfer_params=_params(params)), pb.ExplainResponse)
 
     # Routers and agents -----------------------------------------------
 
-    def residency(self, keys, params=None):
+    def residency(self, keys: Iterable[KeyLike], params: Params = None) -> pb.ResidencyResponse:
         """How many leading keys of a prefix each tier holds, for the load
         filter of params (kv_transfer_params as a dict or JSON; None: the
         daemon's default), changing nothing: ResidencyResponse (primary,
         tiers: name/medium/locality/allowed/known/run, loadable, warnings).
         kvtier.keys.keys_from_tokens gives the keys of a prompt."""
-        return self._call("Residency", pb.ResidencyRequest(
-            namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params)))
+        return self._call("Residency", _with_keys(pb.ResidencyRequest(
+            namespace=self.namespace, kv_transfer_params=_params(params)), keys), pb.ResidencyResponse)
 
-    def prefetch(self, keys, params=None, deadline_ms=0):
+    def prefetch(self, keys: Iterable[KeyLike], params: Params = None, deadline_ms: int = 0) -> pb.PrefetchResponse:
         """Promotes the leading run of keys that params' load filter allows
         toward the daemon's primary, ahead of a request the caller knows is
         coming; the daemon keeps trying tiers that are not sure yet for up
         to deadline_ms (0: 10 s). PrefetchResponse (present, started,
         queued, warnings). Bounded by the operator's prefetch.share;
         idempotent."""
-        return self._call("Prefetch", pb.PrefetchRequest(
-            namespace=self.namespace, **_key_fields(keys), kv_transfer_params=_params(params),
-            deadline_ms=deadline_ms))
+        return self._call("Prefetch", _with_keys(pb.PrefetchRequest(
+            namespace=self.namespace, kv_transfer_params=_params(params),
+            deadline_ms=deadline_ms), keys), pb.PrefetchResponse)
 
-    def pin(self, keys, ttl_ms):
+    def pin(self, keys: Iterable[KeyLike], ttl_ms: int) -> pb.PinResponse:
         """Keeps the keys' blocks that are ready in the daemon's primary
         there for ttl_ms (pinning again extends it). PinResponse (pinned,
         missing: not ready, prefetch them first; refused: over the
         operator's pins.share)."""
-        return self._call("Pin", pb.PinRequest(namespace=self.namespace, **_key_fields(keys), ttl_ms=ttl_ms))
+        return self._call("Pin", _with_keys(pb.PinRequest(namespace=self.namespace, ttl_ms=ttl_ms), keys), pb.PinResponse)
 
-    def unpin(self, keys):
+    def unpin(self, keys: Iterable[KeyLike]) -> int:
         """Releases pins before their TTL; returns how many it released."""
-        return self._call("Unpin", pb.UnpinRequest(namespace=self.namespace, **_key_fields(keys))).unpinned
+        return self._call("Unpin", _with_keys(pb.UnpinRequest(namespace=self.namespace), keys), pb.UnpinResponse).unpinned
 
-    def delete(self, keys):
+    def delete(self, keys: Iterable[KeyLike]) -> pb.DeleteResponse:
         """Removes the keys' blocks from the daemon's primary and from every
         tier that removes blocks on request (fs, memory, redis, s3), with removal
         events per medium. DeleteResponse (primary, held: left because
         something holds them, tiers: name/supported/removed/error)."""
-        return self._call("Delete", pb.DeleteRequest(namespace=self.namespace, **_key_fields(keys)))
+        return self._call("Delete", _with_keys(pb.DeleteRequest(namespace=self.namespace), keys), pb.DeleteResponse)
 
     # By value ----------------------------------------------------------
 
-    def put_blocks(self, blocks, request_id="", params=None, metadata=None):
+    def put_blocks(self, blocks: Iterable[tuple[KeyLike, KeyLike]], request_id: str = "", params: Params = None,
+                   metadata: Sequence[pb.BlockMetadata | None] | None = None) -> list[bool]:
         """Stores (key, data) pairs, each data exactly the slot size.
         metadata: None, or one pb.BlockMetadata (or None) per block — the
         block's tokens, for self-describing KV events (a tenant gives its
@@ -345,25 +382,27 @@ class Client:
         metas = metadata or [None] * len(blocks)
         resp = self._call("PutBlocks", pb.PutBlocksRequest(
             namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params),
-            blocks=[pb.Block(key=k, data=bytes(d), metadata=m) for (k, d), m in zip(blocks, metas)]))
+            blocks=[pb.Block(key=bytes(k), data=bytes(d), metadata=m) for (k, d), m in zip(blocks, metas)]),
+            pb.PutBlocksResponse)
         return [s == pb.PUT_STATUS_STORED for s in resp.statuses]
 
-    def get_blocks(self, keys, request_id="", params=None, wait_ms=0, prefix_only=False):
+    def get_blocks(self, keys: Iterable[KeyLike], request_id: str = "", params: Params = None, wait_ms: int = 0,
+                   prefix_only: bool = False) -> tuple[list[int], list[bytes | None], int]:
         """Loads blocks. Returns (results, data, hits): data[i] is the bytes
         of keys[i] when results[i] is HIT, else None. wait_ms lets the
         daemon drive steps until promotions from secondary tiers land."""
         resp = self._call("GetBlocks", pb.GetBlocksRequest(
             namespace=self.namespace, request_id=request_id, kv_transfer_params=_params(params),
-            keys=list(keys), wait_ms=wait_ms, prefix_only=prefix_only))
+            keys=[bytes(k) for k in keys], wait_ms=wait_ms, prefix_only=prefix_only), pb.GetBlocksResponse)
         data = [b.data if r == HIT else None for b, r in zip(resp.blocks, resp.results)]
         return list(resp.results), data, resp.hits
 
     # Shared memory -----------------------------------------------------
 
-    def arena_info(self):
-        return self._call("GetArena", pb.GetArenaRequest(namespace=self.namespace))
+    def arena_info(self) -> pb.GetArenaResponse:
+        return self._call("GetArena", pb.GetArenaRequest(namespace=self.namespace), pb.GetArenaResponse)
 
-    def map_arena(self):
+    def map_arena(self) -> Arena:
         """Maps the daemon's arena (memfd or shared file) with mmap.
         Raises RuntimeError when the arena is private memory."""
         info = self.arena_info()

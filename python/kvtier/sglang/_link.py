@@ -144,7 +144,7 @@ class Link:
         for rid, keys in unpins.items():
             req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         req.finished_request_ids.extend(finished)
-        rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client._md)
+        rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client.metadata)
         for w in rep.warnings:
             log.debug("kvtier: %s", w)
         return rep
@@ -184,7 +184,7 @@ def attach(target: str, token: str | None, layout: dict[str, Any], page_bytes: i
 
     c = kvtier.Client(target, token=token)
     try:
-        rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(layout)), timeout=timeout, metadata=c._md)
+        rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(layout)), timeout=timeout, metadata=c.metadata)
         if not rep.fd_socket:
             raise ConnectionError("the daemon offers no arena side channel (it needs server.unix_socket)")
         return Link(c, rep, page_bytes, timeout)

@@ -368,7 +368,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 self._answers.put(_Answer(gen, req, lookups, stale=True))
                 continue
             try:
-                rep = link.client.stub.EngineStep(req, timeout=self._timeout, metadata=link.client._md)
+                rep = link.client.stub.EngineStep(req, timeout=self._timeout, metadata=link.client.metadata)
             except Exception as e:  # noqa: BLE001 - a failed step must not kill the scheduler
                 self._answers.put(_Answer(gen, req, lookups, err=e))
                 try:
@@ -684,7 +684,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         it out): its answer, if one comes, is handed to _give_back through
         the answers queue. Raises what the call raised, or
         grpc.FutureTimeoutError."""
-        fut = rpc.future(req, timeout=self._timeout, metadata=self._client._md)
+        fut = rpc.future(req, timeout=self._timeout, metadata=self._client.metadata)
         try:
             return fut.result(timeout=timeout)
         except grpc.FutureTimeoutError:

@@ -115,7 +115,7 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
 
         try:
             rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(self._layout())), timeout=self._timeout,
-                                      metadata=c._md)
+                                      metadata=c.metadata)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise _region.DaemonUnavailable(
