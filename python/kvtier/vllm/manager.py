@@ -91,7 +91,7 @@ from kvtier.vllm._region import _rpc_msg
 if TYPE_CHECKING:
     from kvtier.client import Client
     from kvtier.v1 import kvtier_pb2 as pb
-    from kvtier.vllm.spec import KvtierOffloadingSpec, KvtierSlotSpec
+    from kvtier.vllm.spec import KvtierOffloadingSpec
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -102,6 +102,15 @@ _WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 _HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
 _CALL_BOUND = 0.1  # seconds, the most a first sight or a reserve may hold the scheduler
 _FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
+
+
+class KvtierSlotSpec(vc.CPULoadStoreSpec):
+    """Slots of the daemon's arena, and the epoch of the arena they belong
+    to: a worker copies through that epoch's mapping or not at all."""
+
+    def __init__(self, block_ids: list[int], epoch: int) -> None:  # noqa: D107
+        super().__init__(block_ids)
+        self.epoch = epoch
 
 
 @dataclass
@@ -767,8 +776,6 @@ class KvtierProxyManager(vc.OffloadingManager):
         return r.answer.get(key)
 
     def prepare_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> KvtierSlotSpec:
-        from kvtier.vllm.spec import KvtierSlotSpec
-
         r = self._req(req_context)
         slots = []
         for k in keys:
@@ -854,8 +861,6 @@ class KvtierProxyManager(vc.OffloadingManager):
             r.storing[k] = s
         if to_store:
             self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(to_store)
-        from kvtier.vllm.spec import KvtierSlotSpec
-
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
     def _reserve(self, keys: list[vc.OffloadKey]) -> list[vc.OffloadKey]:

@@ -175,21 +175,12 @@ def _positive(kc: dict[str, Any], key: str, default: float) -> float:
     return v
 
 
-class KvtierSlotSpec(vc.CPULoadStoreSpec):
-    """Slots of the daemon's arena, and the epoch of the arena they belong
-    to: a worker copies through that epoch's mapping or not at all."""
-
-    def __init__(self, block_ids: list[int], epoch: int) -> None:  # noqa: D107
-        super().__init__(block_ids)
-        self.epoch = epoch
-
-
 class ArenaWorker(vc.OffloadingWorker):
     """vLLM's worker (or HostCopyWorker) over the daemon's arena, mapped
     per epoch.
 
     Every transfer's slots name the epoch of the arena they belong to
-    (KvtierSlotSpec). Before the first transfer of a new epoch the worker
+    (manager.KvtierSlotSpec). Before the first transfer of a new epoch the worker
     waits for every transfer of the old mapping, unmaps it and maps the new
     epoch's arena; no transfer touches the old mapping after that. The
     scheduler switches links only between steps and vLLM submits a step's
