@@ -27,8 +27,6 @@ import (
 	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/server"
 	"github.com/kvtier/kvtier/tiering"
-	"github.com/kvtier/kvtier/tiers/fs"
-	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/tierset"
 	"github.com/kvtier/kvtier/tlsconfig"
 )
@@ -748,18 +746,16 @@ func loopback(addr string) bool {
 	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
 }
 
+// capacityDescriber is implemented by tiers that can say, for the
+// start-up log, how much they hold and may hold (fs, memory).
+type capacityDescriber interface {
+	DescribeCapacity() string
+}
+
 // capacityOf describes a tier's capacity for the start-up log.
 func capacityOf(t offload.SecondaryTier) string {
-	switch t := t.(type) {
-	case *fs.Tier:
-		st := t.Stats()
-		if st.MaxBytes == 0 {
-			return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, confvalue.ByteSize(st.UsedBytes))
-		}
-		return fmt.Sprintf("%s (%d blocks, %s used; evicts above %s down to %s)", confvalue.ByteSize(st.MaxBytes), st.Files,
-			confvalue.ByteSize(st.UsedBytes), confvalue.ByteSize(st.HighBytes), confvalue.ByteSize(st.LowBytes))
-	case *memory.Tier:
-		return fmt.Sprintf("%d blocks held", t.Len())
+	if c, ok := t.(capacityDescriber); ok {
+		return c.DescribeCapacity()
 	}
 	return "n/a"
 }

@@ -3,8 +3,10 @@ package fs
 import (
 	"context"
 	"errors"
+	"fmt"
 	iofs "io/fs"
 
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/kvtier/kvtier/offload"
 )
 
@@ -176,4 +178,15 @@ func (t *Tier) discard(i int32, k offload.Key, deleteFile bool) {
 			t.s.logger.Warn("cannot delete corrupt block file", "key", k.String(), "err", err)
 		}
 	}
+}
+
+// DescribeCapacity says, for a log line, how much the tier holds and may
+// hold.
+func (t *Tier) DescribeCapacity() string {
+	st := t.Stats()
+	if st.MaxBytes == 0 {
+		return fmt.Sprintf("unbounded (%d blocks, %s on disk)", st.Files, confvalue.ByteSize(st.UsedBytes))
+	}
+	return fmt.Sprintf("%s (%d blocks, %s used; evicts above %s down to %s)", confvalue.ByteSize(st.MaxBytes), st.Files,
+		confvalue.ByteSize(st.UsedBytes), confvalue.ByteSize(st.HighBytes), confvalue.ByteSize(st.LowBytes))
 }

@@ -846,3 +846,6 @@ var (
 	_ offload.SecondaryTier = (*Tier)(nil)
 	_ offload.JobQueue      = (*Tier)(nil)
 )
+
+// DescribeCapacity says, for a log line, how much the tier holds.
+func (t *Tier) DescribeCapacity() string { return fmt.Sprintf("%d blocks held", t.Len()) }
