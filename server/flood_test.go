@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/memory"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 // A flood of stores into a small primary in front of tiers far slower than
@@ -40,9 +41,9 @@ func TestFloodOfStoresNeverRejected(t *testing.T) {
 			return []offload.SecondaryTier{m}
 		}},
 		{"slow fs tier", func(envT) []offload.SecondaryTier {
-			slow := vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
-				if op == vfs.OpWrite {
-					return &vfs.Fault{Delay: 2 * time.Millisecond}
+			slow := vfstest.NewInjector(vfs.OS(), func(op vfstest.Op, _ string) *vfstest.Fault {
+				if op == vfstest.OpWrite {
+					return &vfstest.Fault{Delay: 2 * time.Millisecond}
 				}
 				return nil
 			})

@@ -26,7 +26,7 @@ type Options struct {
 	// Logger receives the tiers' logs; nil means slog.Default().
 	Logger *slog.Logger
 	// FS, if set, gives the filesystem of each fs tier by name (fault
-	// injection in tests and tools: vfs.Injector); nil means the
+	// injection in tests and tools: vfstest.Injector); nil means the
 	// operating system's.
 	FS func(tier string) vfs.FS
 }

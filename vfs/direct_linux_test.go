@@ -4,7 +4,6 @@ package vfs
 
 import (
 	"errors"
-	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -57,36 +56,5 @@ func TestSetDirect(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(name); string(b) != "\x00abc" {
 		t.Fatalf("file = %q", b)
-	}
-}
-
-func TestInjectSetDirectAndMkdir(t *testing.T) {
-	dir := t.TempDir()
-	in := NewInjector(OS(), func(op Op, _ string) *Fault {
-		if op == OpSetDirect || op == OpMkdir {
-			return &Fault{Err: syscall.EINVAL}
-		}
-		return nil
-	})
-	f, err := in.Create(filepath.Join(dir, "f"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.SetDirect(false); !errors.Is(err, syscall.EINVAL) {
-		t.Fatalf("SetDirect: %v, want EINVAL", err)
-	}
-	if err := in.Mkdir(filepath.Join(dir, "d"), 0o755); !errors.Is(err, syscall.EINVAL) {
-		t.Fatalf("Mkdir: %v, want EINVAL", err)
-	}
-	in.SetRule(nil)
-	if err := in.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := in.Mkdir(filepath.Join(dir, "d"), 0o755); !errors.Is(err, iofs.ErrExist) {
-		t.Fatalf("second Mkdir: %v, want ErrExist", err)
-	}
-	if err := in.Mkdir(filepath.Join(dir, "x", "y"), 0o755); !errors.Is(err, iofs.ErrNotExist) {
-		t.Fatalf("Mkdir without parent: %v, want ErrNotExist", err)
 	}
 }

@@ -96,3 +96,12 @@ func wrapOS(f *os.File, err error) (File, error) {
 	}
 	return osFile{f}, nil
 }
+
+// SyncFS is implemented by filesystems that can flush every file's data
+// in one call (syncfs(2) on Linux). A writer that makes a batch of files
+// durable before renaming them uses it instead of one fsync per file.
+type SyncFS interface {
+	// SyncFS makes the data of every file of the filesystem holding dir
+	// durable.
+	SyncFS(dir string) error
+}

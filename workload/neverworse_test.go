@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 // neverWorseMargin is how far below the primary alone a run may fall.
@@ -143,9 +144,9 @@ func delayedFS(delays map[string]time.Duration) func(tier string) vfs.FS {
 		if d == 0 {
 			return nil
 		}
-		return vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
-			if op == vfs.OpWrite || op == vfs.OpRead {
-				return &vfs.Fault{Delay: d}
+		return vfstest.NewInjector(vfs.OS(), func(op vfstest.Op, _ string) *vfstest.Fault {
+			if op == vfstest.OpWrite || op == vfstest.OpRead {
+				return &vfstest.Fault{Delay: d}
 			}
 			return nil
 		})

@@ -92,7 +92,7 @@ type Options struct {
 	// redis) keep what they hold; a warning says so.
 	FreshTiers bool
 	// FS, if set, gives the filesystem of each fs tier by name
-	// (tierset.Options.FS), e.g. a vfs.Injector with delays.
+	// (tierset.Options.FS), e.g. a vfstest.Injector with delays.
 	FS func(tier string) vfs.FS
 	// Noise, if set, adds a noisy neighbour: a second tenant storing
 	// blocks no one reads, after every request (noise.go). Not with

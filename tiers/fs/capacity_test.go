@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 const fileBytes = bs + trailerLen
@@ -244,12 +245,12 @@ func tempFiles(t *testing.T, root string) []string {
 }
 
 func TestDiskFullMidJob(t *testing.T) {
-	for _, fault := range []vfs.Fault{{Err: syscall.ENOSPC}, {Short: true}, {Short: true, Err: syscall.ENOSPC}} {
+	for _, fault := range []vfstest.Fault{{Err: syscall.ENOSPC}, {Short: true}, {Short: true, Err: syscall.ENOSPC}} {
 		dir := t.TempDir()
-		in := vfs.NewInjector(vfs.OS(), nil)
+		in := vfstest.NewInjector(vfs.OS(), nil)
 		tier := newTier(t, dir, func(c *Config) { c.FS = in; c.Events = true })
 		a := newArena(bs, 4, true)
-		in.SetRule(vfs.On(vfs.OpWrite, k(2).HexHash(), fault))
+		in.SetRule(vfstest.On(vfstest.OpWrite, k(2).HexHash(), fault))
 		res := run(t, tier, false, a, req("w"), []offload.Key{k(1), k(2), k(3)}, []int64{0, 1, 2})
 		if res.Success {
 			t.Fatalf("%+v: store succeeded", fault)
@@ -278,14 +279,14 @@ func TestDiskFullMidJob(t *testing.T) {
 }
 
 func TestCrashBetweenWriteAndRename(t *testing.T) {
-	for name, rule := range map[string]vfs.Rule{
-		"before rename": vfs.On(vfs.OpRename, k(2).HexHash(), vfs.Fault{Crash: true}),
-		"torn write":    vfs.On(vfs.OpWrite, k(2).HexHash(), vfs.Fault{Short: true, Crash: true}),
-		"before close":  vfs.On(vfs.OpClose, k(2).HexHash(), vfs.Fault{Crash: true}),
+	for name, rule := range map[string]vfstest.Rule{
+		"before rename": vfstest.On(vfstest.OpRename, k(2).HexHash(), vfstest.Fault{Crash: true}),
+		"torn write":    vfstest.On(vfstest.OpWrite, k(2).HexHash(), vfstest.Fault{Short: true, Crash: true}),
+		"before close":  vfstest.On(vfstest.OpClose, k(2).HexHash(), vfstest.Fault{Crash: true}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			in := vfs.NewInjector(vfs.OS(), rule)
+			in := vfstest.NewInjector(vfs.OS(), rule)
 			tier := newTier(t, dir, func(c *Config) { c.FS = in })
 			a := newArena(bs, 4, true)
 			a.fill(0, 1)

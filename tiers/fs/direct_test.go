@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 func TestODirectProbe(t *testing.T) {
@@ -51,7 +52,7 @@ func (s *syncBuffer) String() string {
 // refuses to start instead.
 func TestODirectFallbackLogsOnce(t *testing.T) {
 	refuse := func() vfs.FS {
-		return vfs.NewInjector(vfs.OS(), vfs.On(vfs.OpCreate, ".odirect-probe", vfs.Fault{Err: syscall.EINVAL}))
+		return vfstest.NewInjector(vfs.OS(), vfstest.On(vfstest.OpCreate, ".odirect-probe", vfstest.Fault{Err: syscall.EINVAL}))
 	}
 	var logs syncBuffer
 	tier := newTier(t, t.TempDir(), func(c *Config) {

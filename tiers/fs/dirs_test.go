@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 // leafKey returns keys that share one leaf directory: hashes equal in
@@ -24,20 +25,20 @@ func leafKey(n byte) offload.Key {
 // opCounter counts the operations an Injector sees, by kind.
 type opCounter struct {
 	mu sync.Mutex
-	n  map[vfs.Op]int
+	n  map[vfstest.Op]int
 }
 
-func (c *opCounter) rule(op vfs.Op, _ string) *vfs.Fault {
+func (c *opCounter) rule(op vfstest.Op, _ string) *vfstest.Fault {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[vfs.Op]int{}
+		c.n = map[vfstest.Op]int{}
 	}
 	c.n[op]++
 	return nil
 }
 
-func (c *opCounter) take(op vfs.Op) int {
+func (c *opCounter) take(op vfstest.Op) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.n[op]
@@ -47,7 +48,7 @@ func (c *opCounter) take(op vfs.Op) int {
 
 func TestFanOutDirectories(t *testing.T) {
 	var ops opCounter
-	in := vfs.NewInjector(vfs.OS(), nil)
+	in := vfstest.NewInjector(vfs.OS(), nil)
 	tier := newTier(t, t.TempDir(), func(c *Config) { c.FS = in })
 	a := newArena(bs, 4, true)
 	in.SetRule(ops.rule)
@@ -62,17 +63,17 @@ func TestFanOutDirectories(t *testing.T) {
 	}
 
 	store(leafKey(1)) // leaf and parent missing: mkdir leaf (ENOENT), parent, leaf
-	if n := ops.take(vfs.OpMkdir); n != 3 {
+	if n := ops.take(vfstest.OpMkdir); n != 3 {
 		t.Fatalf("first block of a fresh tree: %d mkdirs, want 3", n)
 	}
 	store(leafKey(2))
-	if n := ops.take(vfs.OpMkdir); n != 0 {
+	if n := ops.take(vfstest.OpMkdir); n != 0 {
 		t.Fatalf("second block of a known leaf: %d mkdirs, want 0", n)
 	}
 	h := []byte(leafKey(3).Hash())
 	h[1] = 0x3f // hex 123f5…: same parent directory 123, leaf f5_g0
 	store(offload.MakeKey(h, 0))
-	if n := ops.take(vfs.OpMkdir); n != 1 {
+	if n := ops.take(vfstest.OpMkdir); n != 1 {
 		t.Fatalf("new leaf under an existing parent: %d mkdirs, want 1", n)
 	}
 
@@ -90,7 +91,7 @@ func TestFanOutDirectories(t *testing.T) {
 	store(k(7))
 
 	// A directory that cannot be made fails the store and leaves nothing.
-	in.SetRule(vfs.On(vfs.OpMkdir, "", vfs.Fault{Err: syscall.EROFS}))
+	in.SetRule(vfstest.On(vfstest.OpMkdir, "", vfstest.Fault{Err: syscall.EROFS}))
 	res := run(t, tier, false, a, req("w"), []offload.Key{k(8)}, []int64{0})
 	if res.Success || !errors.Is(res.Err, syscall.EROFS) {
 		t.Fatalf("store under a failing mkdir: %+v", res)

@@ -9,10 +9,11 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 // A power loss must never make a block read back as other bytes: blocks
-// are stored through a vfs.PowerCut, the power is cut (every byte written
+// are stored through a vfstest.PowerCut, the power is cut (every byte written
 // since its file's last sync is lost, as zeros or as a shorter file, while
 // the renames survive), and a new tier on the same directory loads every
 // block. In format kvtier the checksum turns a damaged file into a miss
@@ -23,21 +24,21 @@ func TestPowerLossNeverServesDamagedBlocks(t *testing.T) {
 	const bs, n = 8192, 24
 	for _, tc := range []struct {
 		format, fsync string
-		loss          vfs.Loss
+		loss          vfstest.Loss
 		wantWrong     bool
 	}{
-		{"kvtier", "", vfs.LoseToZeros, false},
-		{"kvtier", "", vfs.LoseToTruncation, false},
-		{"kvtier", "block", vfs.LoseToZeros, false},
-		{"vllm", "", vfs.LoseToZeros, false}, // default: block
-		{"vllm", "", vfs.LoseToTruncation, false},
-		{"vllm", "batch", vfs.LoseToZeros, false},
-		{"vllm", "none", vfs.LoseToZeros, true},
+		{"kvtier", "", vfstest.LoseToZeros, false},
+		{"kvtier", "", vfstest.LoseToTruncation, false},
+		{"kvtier", "block", vfstest.LoseToZeros, false},
+		{"vllm", "", vfstest.LoseToZeros, false}, // default: block
+		{"vllm", "", vfstest.LoseToTruncation, false},
+		{"vllm", "batch", vfstest.LoseToZeros, false},
+		{"vllm", "none", vfstest.LoseToZeros, true},
 	} {
 		name := fmt.Sprintf("format=%s,fsync=%s,loss=%d", tc.format, tc.fsync, tc.loss)
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			pc := vfs.NewPowerCut(vfs.OS())
+			pc := vfstest.NewPowerCut(vfs.OS())
 			mod := func(fs vfs.FS) func(*Config) {
 				return func(c *Config) {
 					c.Format, c.Fsync, c.FS, c.ODirect = tc.format, tc.fsync, fs, "off"

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 // OnRequestFinished drops the request's lookup state (§5.6 cleanup): the
@@ -52,8 +53,8 @@ func TestRestartOpensNoBlockFile(t *testing.T) {
 
 	var mu sync.Mutex
 	var opened []string
-	in := vfs.NewInjector(vfs.OS(), func(op vfs.Op, path string) *vfs.Fault {
-		if (op == vfs.OpOpen || op == vfs.OpRead) && strings.HasSuffix(path, ".bin") {
+	in := vfstest.NewInjector(vfs.OS(), func(op vfstest.Op, path string) *vfstest.Fault {
+		if (op == vfstest.OpOpen || op == vfstest.OpRead) && strings.HasSuffix(path, ".bin") {
 			mu.Lock()
 			opened = append(opened, op.String()+" "+path)
 			mu.Unlock()

@@ -20,6 +20,7 @@ import (
 	"github.com/kvtier/kvtier/tiering"
 	fstier "github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 const slotSize = 8192
@@ -169,9 +170,9 @@ func TestPromotionRoundTripThroughManager(t *testing.T) {
 // Disk full in the middle of a cascade: the cascade fails, the primary
 // keeps serving, no temp file remains and no pin leaks.
 func TestDiskFullMidCascadeThroughManager(t *testing.T) {
-	in := vfs.NewInjector(vfs.OS(), nil)
+	in := vfstest.NewInjector(vfs.OS(), nil)
 	s := newStack(t, 8, func(c *fstier.Config) { c.FS = in })
-	in.SetRule(vfs.On(vfs.OpWrite, key(2).HexHash(), vfs.Fault{Err: syscall.ENOSPC}))
+	in.SetRule(vfstest.On(vfstest.OpWrite, key(2).HexHash(), vfstest.Fault{Err: syscall.ENOSPC}))
 	req := offload.Background("r1")
 	s.m.OnNewRequest(req)
 	keys := []offload.Key{key(1), key(2), key(3)}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/vfs"
+	"github.com/kvtier/kvtier/vfs/vfstest"
 )
 
 const bs = 8192 // block size of most tests: two pages, so O_DIRECT works in place
@@ -105,9 +106,9 @@ func TestCase66StartupErrors(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	readOnly := vfs.NewInjector(vfs.OS(), func(op vfs.Op, _ string) *vfs.Fault {
-		if op == vfs.OpCreate || op == vfs.OpMkdir {
-			return &vfs.Fault{Err: syscall.EROFS}
+	readOnly := vfstest.NewInjector(vfs.OS(), func(op vfstest.Op, _ string) *vfstest.Fault {
+		if op == vfstest.OpCreate || op == vfstest.OpMkdir {
+			return &vfstest.Fault{Err: syscall.EROFS}
 		}
 		return nil
 	})
@@ -196,7 +197,7 @@ func TestCase70RoundTrip(t *testing.T) {
 				for _, aligned := range []bool{true, false} {
 					name := strings.Join([]string{format, direct, map[bool]string{true: "aligned", false: "misaligned"}[aligned]}, "/")
 					t.Run(name+"/"+string(rune('0'+size/1000)), func(t *testing.T) {
-						refuse := vfs.NewInjector(vfs.OS(), vfs.On(vfs.OpSetDirect, "", vfs.Fault{Err: syscall.EINVAL}))
+						refuse := vfstest.NewInjector(vfs.OS(), vfstest.On(vfstest.OpSetDirect, "", vfstest.Fault{Err: syscall.EINVAL}))
 						tier := newTier(t, t.TempDir(), func(c *Config) {
 							c.Format, c.ODirect = format, direct
 							if direct == "padded" {
@@ -393,11 +394,11 @@ func TestCase73And74PartialLoad(t *testing.T) {
 func TestCase75TransientOpenError(t *testing.T) {
 	for _, errno := range []error{syscall.EMFILE, syscall.ELOOP, syscall.EIO} {
 		t.Run(errno.Error(), func(t *testing.T) {
-			in := vfs.NewInjector(vfs.OS(), nil)
+			in := vfstest.NewInjector(vfs.OS(), nil)
 			tier := newTier(t, t.TempDir(), func(c *Config) { c.FS = in })
 			a := newArena(bs, 4, true)
 			run(t, tier, false, a, req("w"), []offload.Key{k(1)}, []int64{0})
-			in.SetRule(vfs.On(vfs.OpOpen, ".bin", vfs.Fault{Err: errno}))
+			in.SetRule(vfstest.On(vfstest.OpOpen, ".bin", vfstest.Fault{Err: errno}))
 			res := run(t, tier, true, a, req("r"), []offload.Key{k(1)}, []int64{1})
 			if res.Success || !errors.Is(res.Err, errno) {
 				t.Fatalf("load: %+v", res)
@@ -415,11 +416,11 @@ func TestCase75TransientOpenError(t *testing.T) {
 		})
 	}
 	// EIO while reading is not proof of corruption either.
-	in := vfs.NewInjector(vfs.OS(), nil)
+	in := vfstest.NewInjector(vfs.OS(), nil)
 	tier := newTier(t, t.TempDir(), func(c *Config) { c.FS = in })
 	a := newArena(bs, 4, true)
 	run(t, tier, false, a, req("w"), []offload.Key{k(1)}, []int64{0})
-	in.SetRule(vfs.On(vfs.OpRead, ".bin", vfs.Fault{Err: syscall.EIO}))
+	in.SetRule(vfstest.On(vfstest.OpRead, ".bin", vfstest.Fault{Err: syscall.EIO}))
 	if res := run(t, tier, true, a, req("r"), []offload.Key{k(1)}, []int64{1}); res.Success || !errors.Is(res.Err, syscall.EIO) {
 		t.Fatalf("load with EIO: %+v", res)
 	}
@@ -427,7 +428,7 @@ func TestCase75TransientOpenError(t *testing.T) {
 		t.Fatal("file removed after EIO")
 	}
 	// A short read of a file whose size is right is corruption.
-	in.SetRule(vfs.On(vfs.OpRead, ".bin", vfs.Fault{Short: true}))
+	in.SetRule(vfstest.On(vfstest.OpRead, ".bin", vfstest.Fault{Short: true}))
 	if res := run(t, tier, true, a, req("r"), []offload.Key{k(1)}, []int64{1}); res.Success || !errors.Is(res.Err, ErrCorrupt) {
 		t.Fatalf("load with a short read: %+v", res)
 	}
@@ -463,10 +464,10 @@ func TestCase76Events(t *testing.T) {
 		}
 	})
 	t.Run("failed and partially failed jobs emit nothing", func(t *testing.T) {
-		in := vfs.NewInjector(vfs.OS(), nil)
+		in := vfstest.NewInjector(vfs.OS(), nil)
 		tier := newTier(t, t.TempDir(), func(c *Config) { c.Events, c.FS = true, in })
 		a := newArena(bs, 4, true)
-		in.SetRule(vfs.On(vfs.OpWrite, k(3).HexHash(), vfs.Fault{Err: syscall.ENOSPC}))
+		in.SetRule(vfstest.On(vfstest.OpWrite, k(3).HexHash(), vfstest.Fault{Err: syscall.ENOSPC}))
 		tier.SubmitStore(&offload.Job{ID: 1, Keys: []offload.Key{k(1)}, Slots: []int64{0}, Arena: a})
 		tier.SubmitStore(&offload.Job{ID: 2, Keys: []offload.Key{k(2), k(3)}, Slots: []int64{1, 2}, Arena: a})
 		res := collect(t, tier, 2)
@@ -602,8 +603,8 @@ func TestStoreSkipsBlocksTakenBack(t *testing.T) {
 	claims := offload.NewClaims(len(keys))
 	var writing, later bool
 	var once sync.Once
-	in := vfs.NewInjector(vfs.OS(), func(op vfs.Op, path string) *vfs.Fault {
-		if op == vfs.OpWrite && strings.Contains(path, keys[1].HexHash()) {
+	in := vfstest.NewInjector(vfs.OS(), func(op vfstest.Op, path string) *vfstest.Fault {
+		if op == vfstest.OpWrite && strings.Contains(path, keys[1].HexHash()) {
 			once.Do(func() { writing, later = claims.Revoke(1), claims.Revoke(2) })
 		}
 		return nil

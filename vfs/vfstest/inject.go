@@ -1,6 +1,8 @@
-package vfs
+package vfstest
 
 import (
+	"github.com/kvtier/kvtier/vfs"
+
 	"errors"
 	"fmt"
 	"io"
@@ -117,10 +119,10 @@ func Once(r Rule) Rule {
 	}
 }
 
-// Injector is an FS that injects faults chosen by a Rule into another FS.
+// Injector is a vfs.FS that injects faults chosen by a Rule into another FS.
 // It is safe for concurrent use.
 type Injector struct {
-	fs FS
+	fs vfs.FS
 
 	mu       sync.Mutex
 	rule     Rule
@@ -129,7 +131,7 @@ type Injector struct {
 }
 
 // NewInjector wraps fs; rule may be nil (no faults until SetRule).
-func NewInjector(fs FS, rule Rule) *Injector { return &Injector{fs: fs, rule: rule} }
+func NewInjector(fs vfs.FS, rule Rule) *Injector { return &Injector{fs: fs, rule: rule} }
 
 // SetRule replaces the rule (nil stops injecting). It does not revive a
 // crashed injector.
@@ -190,7 +192,7 @@ func (in *Injector) check(op Op, path string) (*Fault, error) {
 	return nil, &iofs.PathError{Op: op.String(), Path: path, Err: err}
 }
 
-func (in *Injector) wrap(f File, err error, name string) (File, error) {
+func (in *Injector) wrap(f vfs.File, err error, name string) (vfs.File, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +200,7 @@ func (in *Injector) wrap(f File, err error, name string) (File, error) {
 }
 
 // Create implements FS.
-func (in *Injector) Create(name string) (File, error) {
+func (in *Injector) Create(name string) (vfs.File, error) {
 	if _, err := in.check(OpCreate, name); err != nil {
 		return nil, err
 	}
@@ -207,7 +209,7 @@ func (in *Injector) Create(name string) (File, error) {
 }
 
 // OpenFile implements FS.
-func (in *Injector) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
+func (in *Injector) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
 	op := OpOpen
 	if flag&os.O_CREATE != 0 {
 		op = OpCreate
@@ -220,7 +222,7 @@ func (in *Injector) OpenFile(name string, flag int, perm os.FileMode) (File, err
 }
 
 // Open implements FS.
-func (in *Injector) Open(name string) (File, error) {
+func (in *Injector) Open(name string) (vfs.File, error) {
 	if _, err := in.check(OpOpen, name); err != nil {
 		return nil, err
 	}
@@ -228,13 +230,13 @@ func (in *Injector) Open(name string) (File, error) {
 	return in.wrap(f, err, name)
 }
 
-// SyncFS implements SyncFS (as OpSync on dir) when the wrapped FS does,
+// SyncFS implements vfs.SyncFS (as OpSync on dir) when the wrapped FS does,
 // and fails with errors.ErrUnsupported otherwise.
 func (in *Injector) SyncFS(dir string) error {
 	if _, err := in.check(OpSync, dir); err != nil {
 		return err
 	}
-	s, ok := in.fs.(SyncFS)
+	s, ok := in.fs.(vfs.SyncFS)
 	if !ok {
 		return &iofs.PathError{Op: "syncfs", Path: dir, Err: errors.ErrUnsupported}
 	}
@@ -298,7 +300,7 @@ func (in *Injector) WalkDir(root string, fn iofs.WalkDirFunc) error {
 }
 
 type injectFile struct {
-	f    File
+	f    vfs.File
 	in   *Injector
 	name string
 }

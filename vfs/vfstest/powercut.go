@@ -1,19 +1,12 @@
-package vfs
+package vfstest
 
 import (
+	"github.com/kvtier/kvtier/vfs"
+
 	iofs "io/fs"
 	"os"
 	"sync"
 )
-
-// SyncFS is implemented by filesystems that can flush every file's data
-// in one call (syncfs(2) on Linux). A writer that makes a batch of files
-// durable before renaming them uses it instead of one fsync per file.
-type SyncFS interface {
-	// SyncFS makes the data of every file of the filesystem holding dir
-	// durable.
-	SyncFS(dir string) error
-}
 
 // Loss is what a power cut does to data written since the last sync.
 type Loss uint8
@@ -28,14 +21,14 @@ const (
 	LoseToTruncation
 )
 
-// PowerCut is an FS over another one that remembers, per file, what was
+// PowerCut is a vfs.FS over another one that remembers, per file, what was
 // written since the file was last synced, and on Cut loses it. Metadata
 // operations (create, rename, remove, mkdir) are treated as durable at
 // once, which is the worst case for data: a file renamed into place
 // survives the cut even though its bytes do not. It is safe for
 // concurrent use.
 type PowerCut struct {
-	fs FS
+	fs vfs.FS
 
 	mu    sync.Mutex
 	files map[string]*cutState // by current path
@@ -49,7 +42,7 @@ type cutState struct {
 }
 
 // NewPowerCut wraps fs.
-func NewPowerCut(fs FS) *PowerCut { return &PowerCut{fs: fs, files: make(map[string]*cutState)} }
+func NewPowerCut(fs vfs.FS) *PowerCut { return &PowerCut{fs: fs, files: make(map[string]*cutState)} }
 
 // Cut simulates the power loss: every file's unsynced bytes are lost as
 // loss says, and every later operation fails with ErrCrashed (the process
@@ -117,13 +110,13 @@ func (p *PowerCut) track(path string, trunc bool) *cutState {
 	return st
 }
 
-func (p *PowerCut) open(name string, flag int, perm os.FileMode, create bool) (File, error) {
+func (p *PowerCut) open(name string, flag int, perm os.FileMode, create bool) (vfs.File, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.check("open", name); err != nil {
 		return nil, err
 	}
-	var f File
+	var f vfs.File
 	var err error
 	if create {
 		f, err = p.fs.Create(name)
@@ -140,15 +133,15 @@ func (p *PowerCut) open(name string, flag int, perm os.FileMode, create bool) (F
 }
 
 // Create implements FS.
-func (p *PowerCut) Create(name string) (File, error) { return p.open(name, 0, 0, true) }
+func (p *PowerCut) Create(name string) (vfs.File, error) { return p.open(name, 0, 0, true) }
 
 // OpenFile implements FS.
-func (p *PowerCut) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
+func (p *PowerCut) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
 	return p.open(name, flag, perm, false)
 }
 
 // Open implements FS.
-func (p *PowerCut) Open(name string) (File, error) { return p.open(name, os.O_RDONLY, 0, false) }
+func (p *PowerCut) Open(name string) (vfs.File, error) { return p.open(name, os.O_RDONLY, 0, false) }
 
 // Rename implements FS: the rename itself is durable at once.
 func (p *PowerCut) Rename(oldname, newname string) error {
@@ -230,7 +223,7 @@ func (p *PowerCut) SyncFS(dir string) error {
 	if err := p.check("syncfs", dir); err != nil {
 		return err
 	}
-	if s, ok := p.fs.(SyncFS); ok {
+	if s, ok := p.fs.(vfs.SyncFS); ok {
 		if err := s.SyncFS(dir); err != nil {
 			return err
 		}
@@ -252,7 +245,7 @@ func (p *PowerCut) alive(op, path string) error {
 
 // cutFile records the writes of a file opened for writing.
 type cutFile struct {
-	File
+	vfs.File
 	p  *PowerCut
 	st *cutState // nil when read-only
 }
