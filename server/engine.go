@@ -30,13 +30,6 @@ import (
 // maxEngineLeases bounds the free slots one engine may hold leased.
 const maxEngineLeases = 4096
 
-// leaser is implemented by managers that lease slots (tiering.Manager).
-type leaser interface {
-	Lease(n int) ([]int64, []offload.Key, error)
-	Bind(keys []offload.Key, slots []int64, req *offload.ReqContext, success bool) (int, error)
-	Unlease(slots []int64) error
-}
-
 // EngineFactory builds the namespace of an engine layout (its primary on a
 // shareable arena, with the configured tiers laid out for it).
 type EngineFactory func(ctx context.Context, name string, l region.Layout) (NamespaceConfig, error)
@@ -220,10 +213,8 @@ func (ns *Namespace) releaseLeases(s *session) {
 	for sl := range m {
 		slots = append(slots, sl)
 	}
-	if lm, ok := ns.mgr.(leaser); ok {
-		if err := lm.Unlease(slots); err != nil {
-			ns.log.Error("release the slots leased to an ended session", "slots", len(slots), "err", err)
-		}
+	if err := ns.mgr.Unlease(slots); err != nil {
+		ns.log.Error("release the slots leased to an ended session", "slots", len(slots), "err", err)
 	}
 	delete(ns.leases, s)
 }

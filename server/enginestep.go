@@ -11,6 +11,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
 )
 
 // EngineStep runs one engine step (see the package's manager-mode notes):
@@ -55,11 +56,10 @@ func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest
 	}
 	defer ns.mu.Unlock()
 	out := &kvtierv1.EngineReserveResponse{Found: make([]byte, len(keys))}
-	src, _ := ns.mgr.(sourcer)
 	missing := 0
 	for i, k := range keys {
 		out.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_MISS)
-		if src != nil && src.Source(k) != "" {
+		if ns.mgr.Source(k) != "" {
 			out.Found[i] = byte(kvtierv1.RegionFound_REGION_FOUND_HIT)
 		} else {
 			missing++
@@ -76,11 +76,8 @@ func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest
 // engineCall checks a manager-mode call (what names it in errors) of
 // session s for epoch: the namespace leases slots, and the call is for
 // this arena.
-func (ns *Namespace) engineCall(s *session, epoch uint64, what string) (leaser, error) {
-	lm, ok := ns.mgr.(leaser)
-	if !ok {
-		return nil, fmt.Errorf("%w: namespace %q does not lease slots", ErrProtocol, ns.name)
-	}
+func (ns *Namespace) engineCall(s *session, epoch uint64, what string) (*tiering.Manager, error) {
+	lm := ns.mgr
 	if s == nil {
 		return nil, fmt.Errorf("%w: manager mode needs a client session", ErrProtocol)
 	}
@@ -94,7 +91,7 @@ func (ns *Namespace) engineCall(s *session, epoch uint64, what string) (leaser, 
 
 // leaseMore leases up to n more free slots into leases, the slots an
 // engine session holds, which stay within maxEngineLeases.
-func leaseMore(lm leaser, leases map[int64]struct{}, n int) ([]int64, error) {
+func leaseMore(lm *tiering.Manager, leases map[int64]struct{}, n int) ([]int64, error) {
 	if n = min(n, maxEngineLeases-len(leases)); n <= 0 {
 		return nil, nil
 	}
@@ -115,7 +112,7 @@ func leaseMore(lm leaser, leases map[int64]struct{}, n int) ([]int64, error) {
 type engineStep struct {
 	ns      *Namespace
 	s       *session
-	lm      leaser
+	lm      *tiering.Manager
 	in      *kvtierv1.EngineStepRequest
 	out     *kvtierv1.EngineStepResponse
 	leases  map[int64]struct{} // the session's leased slots

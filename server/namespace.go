@@ -17,29 +17,8 @@ import (
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiering"
 )
-
-// Manager is the part of *tiering.Manager the daemon drives. It is
-// single-executor: a Namespace calls it under its mutex only.
-type Manager interface {
-	OnNewRequest(req *offload.ReqContext) offload.OffloadPolicy
-	Lookup(key offload.Key, req *offload.ReqContext) offload.LookupResult
-	LookupPrefix(keys []offload.Key, req *offload.ReqContext, out []offload.LookupResult) (hits int)
-	PrepareLoad(keys []offload.Key, req *offload.ReqContext) ([]int64, error)
-	PrepareLoadPresent(keys []offload.Key) (slots []int64, missing int, err error)
-	SlotGen(slot int64) uint16
-	Touch(keys []offload.Key, req *offload.ReqContext)
-	CompleteLoad(keys []offload.Key, req *offload.ReqContext) error
-	PrepareStore(keys []offload.Key, req *offload.ReqContext) (offload.PrepareStoreOutput, bool, error)
-	CompleteStore(keys []offload.Key, req *offload.ReqContext, success bool) error
-	OnRequestFinished(req *offload.ReqContext)
-	ScheduleEnd(se offload.ScheduleEnd)
-	HasPendingWork() bool
-	TakeEvents() []offload.Event
-	Reset(ctx context.Context) error
-	Close(ctx context.Context) error
-	Tiers() []offload.SecondaryTier
-}
 
 // EventSink receives the events of every step, in order (the events
 // package's publisher). Publish must not block on subscribers; an error
@@ -85,7 +64,7 @@ type NamespaceConfig struct {
 	// Name selects the namespace in API calls; "" is the default namespace.
 	Name string
 	// Manager is the namespace's tiering manager; Close closes it.
-	Manager Manager
+	Manager *tiering.Manager
 	// Arena is the primary tier's slot memory (PutBlocks/GetBlocks copy
 	// through it).
 	Arena offload.Arena
@@ -152,7 +131,7 @@ type Namespace struct {
 	paramTotal *atomic.Int64
 
 	mu        sync.Mutex
-	mgr       Manager
+	mgr       *tiering.Manager
 	parser    offload.Parser
 	reqs      map[string]*request // by manager-wide id
 	bySession map[*session]map[*request]struct{}
@@ -671,10 +650,6 @@ func (ns *Namespace) publishLocked() int {
 	return len(evs)
 }
 
-// sourcer is implemented by managers that can say where a block is coming
-// from (tiering.Manager.Source).
-type sourcer interface{ Source(offload.Key) string }
-
 // Sources names, for each key, where its block is (see
 // tiering.Manager.Source); all "" when the manager cannot tell.
 func (ns *Namespace) Sources(keys []offload.Key) ([]string, error) {
@@ -683,10 +658,8 @@ func (ns *Namespace) Sources(keys []offload.Key) ([]string, error) {
 	}
 	defer ns.mu.Unlock()
 	out := make([]string, len(keys))
-	if src, ok := ns.mgr.(sourcer); ok {
-		for i, k := range keys {
-			out[i] = src.Source(k)
-		}
+	for i, k := range keys {
+		out[i] = ns.mgr.Source(k)
 	}
 	return out, nil
 }
@@ -730,12 +703,8 @@ func (ns *Namespace) Stats() (Stats, error) {
 	st.ExpiredRequests, st.ReleasedRequests, st.AutoSteps = ns.expired, ns.released, ns.autoSteps
 	st.RefusedFull, st.RefusedSession = ns.refusedFull, ns.refusedSession
 	st.LoadsMissing = ns.loadsMissing
-	if pf, ok := ns.mgr.(prefetcher); ok {
-		st.Prefetch = pf.PrefetchStats()
-	}
-	if ph, ok := ns.mgr.(pinHolder); ok {
-		st.Pins = ph.PinStats()
-	}
+	st.Prefetch = ns.mgr.PrefetchStats()
+	st.Pins = ns.mgr.PinStats()
 	if len(ns.deleted) > 0 {
 		st.Deleted = maps.Clone(ns.deleted)
 	}

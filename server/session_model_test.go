@@ -436,7 +436,7 @@ func checkHolds(rt *rapid.T, ns *Namespace, p *cpu.Primary, live []*modelSession
 			}
 		}
 	}
-	st := ns.mgr.(*tiering.Manager).Stats()
+	st := ns.mgr.Stats()
 	if st.JobsInFlight == 0 && st.PendingPromotions == 0 {
 		// With no tier job the primary's holds are exactly the sessions'.
 		if p.Stats().Pending != pending {

@@ -28,12 +28,6 @@ func (sv *service) steerKeys(ctx context.Context, in keyed, name *string) (*Name
 	return ns, keys, err
 }
 
-// residencer is implemented by managers that answer residency queries
-// (tiering.Manager).
-type residencer interface {
-	Residency(keys []offload.Key, req *offload.ReqContext) tiering.Residency
-}
-
 // Residency answers which tiers hold the leading keys of a prefix, for
 // the load filter of params (nil: the namespace's default), changing
 // nothing in any tier.
@@ -46,10 +40,7 @@ func (ns *Namespace) Residency(keys []offload.Key, params []byte) (tiering.Resid
 		return tiering.Residency{}, nil, err
 	}
 	defer ns.mu.Unlock()
-	r, ok := ns.mgr.(residencer)
-	if !ok {
-		return tiering.Residency{}, nil, fmt.Errorf("%w: namespace %q does not answer residency queries", ErrUnsupported, ns.name)
-	}
+	r := ns.mgr
 	// Parsed as a request's would be, quietly: a query is not a request,
 	// and its warnings go back to the caller, not to the daemon's log.
 	p := ns.parser
@@ -80,13 +71,6 @@ func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest)
 	return out, nil
 }
 
-// prefetcher is implemented by managers that take prefetches
-// (tiering.Manager).
-type prefetcher interface {
-	Prefetch(keys []offload.Key, req *offload.ReqContext, deadline time.Time) (tiering.PrefetchAnswer, error)
-	PrefetchStats() tiering.PrefetchStats
-}
-
 // DefaultPrefetchDeadline is a prefetch's deadline when the call names
 // none.
 const DefaultPrefetchDeadline = 10 * time.Second
@@ -106,10 +90,7 @@ func (ns *Namespace) Prefetch(keys []offload.Key, params []byte, wait time.Durat
 		return tiering.PrefetchAnswer{}, nil, err
 	}
 	defer ns.mu.Unlock()
-	pf, ok := ns.mgr.(prefetcher)
-	if !ok {
-		return tiering.PrefetchAnswer{}, nil, fmt.Errorf("%w: namespace %q takes no prefetch (no primary of its own)", ErrUnsupported, ns.name)
-	}
+	pf := ns.mgr
 	p := ns.parser
 	p.OnWarning = nil
 	ns.prefetches++
@@ -141,13 +122,6 @@ func (sv *service) Prefetch(ctx context.Context, in *kvtierv1.PrefetchRequest) (
 	return &kvtierv1.PrefetchResponse{Present: uint32(a.Present), Started: uint32(a.Started), Queued: a.Queued, Warnings: warningsProto(warnings)}, nil
 }
 
-// pinHolder is implemented by managers that take pins (tiering.Manager).
-type pinHolder interface {
-	Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnswer, error)
-	Unpin(keys []offload.Key) int
-	PinStats() tiering.PinStats
-}
-
 // MaxPinTTL bounds a pin's TTL: a pin is a lease, not a way to own the
 // primary.
 const MaxPinTTL = 24 * time.Hour
@@ -163,11 +137,7 @@ func (ns *Namespace) Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnsw
 		return tiering.PinAnswer{}, err
 	}
 	defer ns.mu.Unlock()
-	ph, ok := ns.mgr.(pinHolder)
-	if !ok {
-		return tiering.PinAnswer{}, fmt.Errorf("%w: namespace %q takes no pins (no primary of its own)", ErrUnsupported, ns.name)
-	}
-	a, err := ph.Pin(keys, ttl)
+	a, err := ns.mgr.Pin(keys, ttl)
 	switch {
 	case errors.Is(err, tiering.ErrPinRefused):
 		return a, fmt.Errorf("%w: %w", ErrLimit, err)
@@ -183,11 +153,7 @@ func (ns *Namespace) Unpin(keys []offload.Key) (int, error) {
 		return 0, err
 	}
 	defer ns.mu.Unlock()
-	ph, ok := ns.mgr.(pinHolder)
-	if !ok {
-		return 0, fmt.Errorf("%w: namespace %q takes no pins (no primary of its own)", ErrUnsupported, ns.name)
-	}
-	return ph.Unpin(keys), nil
+	return ns.mgr.Unpin(keys), nil
 }
 
 func (sv *service) Pin(ctx context.Context, in *kvtierv1.PinRequest) (*kvtierv1.PinResponse, error) {
@@ -214,12 +180,6 @@ func (sv *service) Unpin(ctx context.Context, in *kvtierv1.UnpinRequest) (*kvtie
 	return &kvtierv1.UnpinResponse{Unpinned: uint32(n)}, nil
 }
 
-// deleter is implemented by managers that delete blocks
-// (tiering.Manager).
-type deleter interface {
-	Delete(ctx context.Context, keys []offload.Key) (tiering.DeleteAnswer, error)
-}
-
 // Delete removes keys' blocks from the primary and from every tier that
 // removes blocks on request, and publishes the removals.
 func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.DeleteAnswer, error) {
@@ -227,11 +187,7 @@ func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.De
 		return tiering.DeleteAnswer{}, err
 	}
 	defer ns.mu.Unlock()
-	d, ok := ns.mgr.(deleter)
-	if !ok {
-		return tiering.DeleteAnswer{}, fmt.Errorf("%w: namespace %q deletes no blocks (no primary of its own)", ErrUnsupported, ns.name)
-	}
-	a, err := d.Delete(ctx, keys)
+	a, err := ns.mgr.Delete(ctx, keys)
 	if errors.Is(err, tiering.ErrClosed) {
 		return a, fmt.Errorf("%w: %w", ErrClosed, err)
 	}

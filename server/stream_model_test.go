@@ -415,7 +415,7 @@ func TestGetBlocksPromotionCannotEvictAHit(t *testing.T) {
 	}
 	// k(9) reaches the secondary tier, then leaves the primary.
 	put(k(9))
-	for i := 0; i < 10 && ns.mgr.(*tiering.Manager).HasPendingWork(); i++ {
+	for i := 0; i < 10 && ns.mgr.HasPendingWork(); i++ {
 		ns.ScheduleEnd(offload.ScheduleEnd{})
 	}
 	if err := ns.Reset(context.Background()); err != nil {
@@ -423,7 +423,7 @@ func TestGetBlocksPromotionCannotEvictAHit(t *testing.T) {
 	}
 	// The primary: k(0) evictable, k(1..3) pinned by a reader.
 	put(k(0), k(1), k(2), k(3))
-	for i := 0; i < 10 && ns.mgr.(*tiering.Manager).HasPendingWork(); i++ {
+	for i := 0; i < 10 && ns.mgr.HasPendingWork(); i++ {
 		ns.ScheduleEnd(offload.ScheduleEnd{})
 	}
 	g, err := ns.pinGetLocked(context.Background(), nil, "", nil, []offload.Key{k(1), k(2), k(3)}, 0, false)
