@@ -45,31 +45,34 @@ func readStructs(t *testing.T, root string, dirs ...string) (structs, map[string
 	out := structs{}
 	docs := map[string]map[string]string{}
 	for _, dir := range dirs {
-		pkgs, err := parser.ParseDir(token.NewFileSet(), filepath.Join(root, dir), func(fi os.FileInfo) bool {
-			return !strings.HasSuffix(fi.Name(), "_test.go")
-		}, parser.ParseComments)
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		out[dir] = map[string]*ast.StructType{}
 		docs[dir] = map[string]string{}
-		for _, p := range pkgs {
-			for _, f := range p.Files {
-				for _, d := range f.Decls {
-					g, ok := d.(*ast.GenDecl)
-					if !ok || g.Tok != token.TYPE {
-						continue
-					}
-					for _, s := range g.Specs {
-						ts := s.(*ast.TypeSpec)
-						if st, ok := ts.Type.(*ast.StructType); ok {
-							out[dir][ts.Name.Name] = st
-							doc := ts.Doc
-							if doc == nil {
-								doc = g.Doc
-							}
-							docs[dir][ts.Name.Name] = oneLine(doc.Text())
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range f.Decls {
+				g, ok := d.(*ast.GenDecl)
+				if !ok || g.Tok != token.TYPE {
+					continue
+				}
+				for _, s := range g.Specs {
+					ts := s.(*ast.TypeSpec)
+					if st, ok := ts.Type.(*ast.StructType); ok {
+						out[dir][ts.Name.Name] = st
+						doc := ts.Doc
+						if doc == nil {
+							doc = g.Doc
 						}
+						docs[dir][ts.Name.Name] = oneLine(doc.Text())
 					}
 				}
 			}
