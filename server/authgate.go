@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,14 +168,7 @@ func (c *gatedConn) release() {
 // check only keeps strangers from costing the daemon anything.
 func (s *Server) tapAuth(g *authGate) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		tok, has := "", false
-		for _, v := range info.Header.Get("authorization") {
-			has = true
-			if t, ok := strings.CutPrefix(v, "Bearer "); ok {
-				tok = t
-				break
-			}
-		}
+		tok, has := bearerOf(info.Header)
 		if _, err := s.tenancy.authenticate(tok, has, false); err != nil {
 			s.metrics.authRefusals.WithLabelValues("tcp", "token").Inc()
 			addr := ""

@@ -196,6 +196,12 @@ func (tn *tenancy) authenticate(token string, has, local bool) (principal, error
 // bearer returns the call's bearer token.
 func bearer(ctx context.Context) (string, bool) {
 	md, _ := metadata.FromIncomingContext(ctx)
+	return bearerOf(md)
+}
+
+// bearerOf returns the bearer token of a call's headers, and whether the
+// call sent an authorization header at all.
+func bearerOf(md metadata.MD) (string, bool) {
 	vs := md.Get("authorization")
 	for _, v := range vs {
 		if tok, ok := strings.CutPrefix(v, "Bearer "); ok {
