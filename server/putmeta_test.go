@@ -99,9 +99,10 @@ func TestPutBlocksMetadataOnEveryPath(t *testing.T) {
 				t.Errorf("the block without: %v, want a placeholder", evs[1])
 			}
 			if path == "tcp-stream" {
-				m := scrape(t, e)
-				if !strings.Contains(m, `kvtier_stream_requests_total{kind="put_blocks",result="ok"} 1`) ||
-					!strings.Contains(m, `kvtier_stream_requests_total{kind="put_blocks",result="failed"} 1`) {
+				// The daemon counts a stream request after it answered it.
+				want := []string{`kvtier_stream_requests_total{kind="put_blocks",result="ok"} 1`, `kvtier_stream_requests_total{kind="put_blocks",result="failed"} 1`}
+				m := scrapeUntil(t, e, func(m string) bool { return strings.Contains(m, want[0]) && strings.Contains(m, want[1]) })
+				if !strings.Contains(m, want[0]) || !strings.Contains(m, want[1]) {
 					t.Errorf("the puts did not take the stream:\n%s", grepLines(m, "kvtier_stream_requests"))
 				}
 			}
