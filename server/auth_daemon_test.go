@@ -193,7 +193,12 @@ func TestStrangersCannotLockOutAClient(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the oldest stranger is still connected")
 	}
-	if !strings.Contains(d.log(), "closed before it authenticated") {
+	// The daemon's log reaches the test through a pipe: wait for the line.
+	logged := func() bool { return strings.Contains(d.log(), "closed before it authenticated") }
+	for !logged() && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !logged() {
 		t.Errorf("the daemon did not log the strangers it closed:\n%s", d.log())
 	}
 }
