@@ -3,9 +3,11 @@ package config
 import (
 	"fmt"
 	"math"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/kvtier/kvtier/confvalue"
 )
@@ -61,6 +63,20 @@ func CheckToken(tok string) error {
 		return fmt.Errorf("a token of %d bytes: at least %d (make one with: openssl rand -hex 16)", len(tok), MinTokenLen)
 	}
 	return nil
+}
+
+// TokenFromEnv reads a token from the environment variable name (a
+// Kubernetes Secret passed as an env var): set, and long enough to be a
+// secret. The daemon's own tokens and the peers' come this way.
+func TokenFromEnv(name string) (string, error) {
+	tok := strings.TrimSpace(os.Getenv(name))
+	if tok == "" {
+		return "", fmt.Errorf("$%s is unset or empty", name)
+	}
+	if err := CheckToken(tok); err != nil {
+		return "", fmt.Errorf("$%s: %w", name, err)
+	}
+	return tok, nil
 }
 
 // MaxEventSalt bounds an event_salt's length.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -206,9 +205,11 @@ func planPeer(spec config.TierSpec, _ *config.Config) (plan, error) {
 				if p.Token != "" {
 					return nil, spec.Errorf(fmt.Sprintf("peers[%d].token_env", i), "set token or token_env, not both")
 				}
-				if p.Token = os.Getenv(p.TokenEnv); p.Token == "" {
-					return nil, spec.Errorf(fmt.Sprintf("peers[%d].token_env", i), "$%s is unset or empty", p.TokenEnv)
+				tok, err := config.TokenFromEnv(p.TokenEnv)
+				if err != nil {
+					return nil, spec.Errorf(fmt.Sprintf("peers[%d].token_env", i), "%v", err)
 				}
+				p.Token = tok
 			}
 			t, err := peer.New(c)
 			if err != nil {

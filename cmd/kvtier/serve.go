@@ -427,7 +427,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		}
 	case cfg.Server.AuthTokenEnv != "":
 		var err error
-		if token, err = envToken(cfg.Server.AuthTokenEnv); err != nil {
+		if token, err = config.TokenFromEnv(cfg.Server.AuthTokenEnv); err != nil {
 			return nil, fmt.Errorf("server.auth_token_env: %w", err)
 		}
 	}

@@ -26,7 +26,7 @@ func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceC
 				return nil, nil, fmt.Errorf("tenants[%d].token_file: %w", i, err)
 			}
 		case t.TokenEnv != "":
-			if tok, err = envToken(t.TokenEnv); err != nil {
+			if tok, err = config.TokenFromEnv(t.TokenEnv); err != nil {
 				return nil, nil, fmt.Errorf("tenants[%d].token_env: %w", i, err)
 			}
 		}
@@ -66,18 +66,6 @@ func readToken(path string) (string, error) {
 	tok, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	if tok = strings.TrimSpace(tok); tok == "" {
 		return "", fmt.Errorf("%s: empty", path)
-	}
-	return tok, nil
-}
-
-// envToken reads a token from the environment variable name.
-func envToken(name string) (string, error) {
-	tok := strings.TrimSpace(os.Getenv(name))
-	if tok == "" {
-		return "", fmt.Errorf("$%s is unset or empty", name)
-	}
-	if err := config.CheckToken(tok); err != nil {
-		return "", fmt.Errorf("$%s: %w", name, err)
 	}
 	return tok, nil
 }

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
-	"github.com/kvtier/kvtier/explain"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvtier/kvtier/asynclookup"
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/explain"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiers/remote"
 	"github.com/kvtier/kvtier/tlsconfig"
