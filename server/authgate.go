@@ -31,7 +31,9 @@ type authGate struct {
 	// reason "timeout" or "evicted".
 	closed func(reason string)
 
-	mu      sync.Mutex
+	// mu is read-locked by every authenticated call (authenticated) and
+	// write-locked only by Accept, Close and a connection's release.
+	mu      sync.RWMutex
 	freed   *sync.Cond // a connection closed, or the listener did
 	open    int
 	conns   map[string]*gatedConn // by remote address
@@ -116,10 +118,11 @@ func (g *authGate) oldestUnauthenticatedLocked() *gatedConn {
 }
 
 // authenticated marks the connection from remote addr as authenticated.
+// Every call that passed the tap check calls it.
 func (g *authGate) authenticated(addr string) {
-	g.mu.Lock()
+	g.mu.RLock()
 	c := g.conns[addr]
-	g.mu.Unlock()
+	g.mu.RUnlock()
 	if c != nil && !c.authed.Swap(true) {
 		if t := c.timer.Load(); t != nil {
 			t.Stop()
