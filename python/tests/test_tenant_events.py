@@ -17,6 +17,7 @@ import hashlib
 import pathlib
 import socket
 import tempfile
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -103,17 +104,22 @@ def test_tenant_events_route_by_space(tenant_daemon: tuple[Daemon, int]) -> None
     # the daemon's own space (wire hash 0, ignored below) until one
     # arrives.
     warm = bytes(8) + b"\x00\x00\x00\x00"
+    # A batch published before the subscription took hold is lost, so the
+    # block is stored again each time the wait comes up empty; the bound
+    # is generous for a busy machine, and running out of it fails.
+    deadline = time.monotonic() + 60
+    sub.setsockopt(zmq.RCVTIMEO, 200)
     with dm.client() as admin:
         admin.put_blocks([(warm, bytes(slot))])
-        for _ in range(50):
+        while True:
             try:
-                sub.setsockopt(zmq.RCVTIMEO, 200)
                 sub.recv_multipart()
                 break
             except zmq.Again:
+                assert time.monotonic() < deadline, "no KV event batch reached the subscriber in 60 s"
                 admin.delete([warm])
                 admin.put_blocks([(warm, bytes(slot))])
-        sub.setsockopt(zmq.RCVTIMEO, 15000)
+    sub.setsockopt(zmq.RCVTIMEO, 15000)
 
     spaces = {
         "default": (None, "", 0, None),
