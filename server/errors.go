@@ -39,9 +39,6 @@ var (
 	// ErrPermissionDenied: a tenant named a namespace or a call that is
 	// not its own (PERMISSION_DENIED).
 	ErrPermissionDenied = errors.New("permission denied")
-	// ErrUnsupported: the namespace does not offer the call, e.g. a
-	// router's call on a namespace without a primary (UNIMPLEMENTED).
-	ErrUnsupported = errors.New("unsupported")
 	// ErrClosed: the namespace is shutting down (UNAVAILABLE).
 	ErrClosed = errors.New("daemon shutting down")
 )
@@ -74,8 +71,6 @@ func toStatus(err error) error {
 		code = codes.PermissionDenied
 	case errors.Is(err, ErrClosed):
 		code = codes.Unavailable
-	case errors.Is(err, ErrUnsupported):
-		code = codes.Unimplemented
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
