@@ -30,6 +30,11 @@ type Server struct {
 	// AuthTokenEnv names the environment variable holding it (a
 	// Kubernetes Secret passed as an env var).
 	AuthTokenEnv string `yaml:"auth_token_env"`
+	// UnixPeers: with tokens configured (auth_token or tenants), a call on
+	// the Unix socket needs a token too, unless its process's user id
+	// (as the kernel reports it) is listed here, as the admin or as a
+	// tenant. Without tokens every caller on the socket is the admin.
+	UnixPeers []UnixPeer `yaml:"unix_peers"`
 	// ShutdownTimeout bounds the drain at SIGINT/SIGTERM (default 10s).
 	ShutdownTimeout confvalue.Duration `yaml:"shutdown_timeout"`
 	// RequestIdleTimeout releases a request (its pins and reservations)
@@ -73,6 +78,14 @@ type Server struct {
 	// (mutual TLS, e.g. between peer daemons). The Unix socket is not
 	// affected; the auth token still applies.
 	TLS TLS `yaml:"tls"`
+}
+
+// UnixPeer names who a token-less caller on the Unix socket is.
+type UnixPeer struct {
+	// UID is the calling process's user id.
+	UID *int `yaml:"uid"`
+	// As is "admin" or a tenant's name.
+	As string `yaml:"as"`
 }
 
 // TLS names the PEM files of a TLS listener.
@@ -273,6 +286,7 @@ func (c *Config) checkDaemon(d *decoder) {
 	if c.Server.UnixSocket == "" && c.Server.TCPAddr == "" {
 		d.errorf(nil, "server", "neither unix_socket nor tcp_addr is set: the API would be unreachable")
 	}
+	c.checkUnixPeers(d)
 	if c.Server.ShutdownTimeout < 0 {
 		d.errorf(nil, "server.shutdown_timeout", "must not be negative, got %s", time.Duration(c.Server.ShutdownTimeout))
 	}
@@ -471,4 +485,53 @@ func (c *Config) checkCascades(d *decoder) {
 			d.errorf(nil, v.key, "must not be negative")
 		}
 	}
+}
+
+// checkUnixPeers applies the rules of server.unix_peers.
+func (c *Config) checkUnixPeers(d *decoder) {
+	if len(c.Server.UnixPeers) == 0 {
+		return
+	}
+	if countSet(c.Server.AuthToken, c.Server.AuthTokenFile, c.Server.AuthTokenEnv) == 0 && len(c.Tenants) == 0 {
+		d.errorf(nil, "server.unix_peers", "set without server.auth_token or tenants: without tokens every caller on the Unix socket is the admin already")
+	}
+	if c.Server.UnixSocket == "" {
+		d.errorf(nil, "server.unix_peers", "set without server.unix_socket")
+	}
+	tenants := map[string]bool{}
+	for _, t := range c.Tenants {
+		tenants[t.Name] = true
+	}
+	seen := map[int]int{}
+	for i, p := range c.Server.UnixPeers {
+		path := fmt.Sprintf("server.unix_peers[%d]", i)
+		switch {
+		case p.UID == nil:
+			d.errorf(nil, path+".uid", "required: the calling process's user id")
+			continue
+		case *p.UID < 0:
+			d.errorf(nil, path+".uid", "must not be negative, got %d", *p.UID)
+		}
+		if j, dup := seen[*p.UID]; dup {
+			d.errorf(nil, path+".uid", "uid %d is also server.unix_peers[%d]", *p.UID, j)
+		}
+		seen[*p.UID] = i
+		if p.As != "admin" && !tenants[p.As] {
+			d.errorf(nil, path+".as", "%q is neither \"admin\" nor a tenant's name", p.As)
+		}
+	}
+}
+
+// UnixPeerMap returns server.unix_peers as uid → "admin" or tenant name.
+func (s Server) UnixPeerMap() map[int]string {
+	if len(s.UnixPeers) == 0 {
+		return nil
+	}
+	m := make(map[int]string, len(s.UnixPeers))
+	for _, p := range s.UnixPeers {
+		if p.UID != nil {
+			m[*p.UID] = p.As
+		}
+	}
+	return m
 }

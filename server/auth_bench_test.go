@@ -30,7 +30,7 @@ func BenchmarkAuthCheck(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				tok, has := bearerOf(info.Header)
-				if _, err := tn.authenticate(tok, has, false); err != nil {
+				if _, err := tn.authenticate(tok, has, caller{}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -165,24 +166,33 @@ func (c *gatedConn) release() {
 	g.mu.Unlock()
 }
 
-// tapAuth checks a call's token from its headers, before its body is
-// read, and marks its connection authenticated. The interceptors check
-// again with the rest of the call's context (the tenant's methods); this
-// check only keeps strangers from costing the daemon anything.
+// tapAuth checks a call's token from its headers (or, on the Unix socket,
+// its peer's uid) before its body is read, and marks a TCP connection
+// authenticated (g nil: the Unix socket, which has no gate). The
+// interceptors check again with the rest of the call's context (the
+// tenant's methods); this check only keeps strangers from costing the
+// daemon anything.
 func (s *Server) tapAuth(g *authGate) tap.ServerInHandle {
+	listener := "tcp"
+	if g == nil {
+		listener = "unix"
+	}
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		tok, has := bearerOf(info.Header)
-		if _, err := s.tenancy.authenticate(tok, has, false); err != nil {
-			s.metrics.authRefusals.WithLabelValues("tcp", "token").Inc()
-			addr := ""
+		if _, err := s.tenancy.authenticate(tok, has, callerOf(ctx, g == nil)); err != nil {
+			s.metrics.authRefusals.WithLabelValues(listener, "token").Inc()
+			from := ""
 			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-				addr = p.Addr.String()
+				from = p.Addr.String()
 			}
-			s.sideLogs.Warn(s.log, "auth-token", "API call refused before its body was read: missing or invalid token", "peer", addr, "method", info.FullMethodName)
+			if u := unixPeerOf(ctx); u.known {
+				from = fmt.Sprintf("uid %d pid %d", u.uid, u.pid)
+			}
+			s.sideLogs.Warn(s.log, "auth-token-"+listener, "API call refused before its body was read: missing or invalid token", "listener", listener, "peer", from, "method", info.FullMethodName)
 			st, _ := status.FromError(err)
 			return nil, st.Err()
 		}
-		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && g != nil {
 			g.authenticated(p.Addr.String())
 		}
 		return ctx, nil

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
@@ -42,10 +41,16 @@ type Config struct {
 	// TCPAddr is the API's TCP address, e.g. "127.0.0.1:7070" ("" for
 	// none; port 0 picks a free port).
 	TCPAddr string
-	// AuthToken, if set, is the admin's: required on TCP as
-	// "authorization: Bearer <token>" metadata. The Unix socket relies on
-	// file permissions: a caller there without a token is the admin.
+	// AuthToken, if set, is the admin's: required as "authorization:
+	// Bearer <token>" metadata, on TCP and on the Unix socket (but see
+	// UnixPeers). Without any token (no AuthToken, no tenants) the Unix
+	// socket relies on its file permissions: every caller there is the
+	// admin.
 	AuthToken string
+	// UnixPeers names, by user id (SO_PEERCRED), who a call on the Unix
+	// socket that sends no token is when the daemon has tokens: "admin" or
+	// a tenant's name. A uid not listed gets UNAUTHENTICATED.
+	UnixPeers map[int]string
 	// Tenants and SharedSpaces divide the daemon between customers
 	// (tenants.go). With tenants, TCP callers need a token even when
 	// AuthToken is empty.
@@ -148,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	if err := tn.setUnixPeers(cfg.UnixPeers); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s := &Server{
 		tenancy:    tn,
 		cfg:        cfg,
@@ -212,18 +220,23 @@ func (s *Server) allNamespaces() []*Namespace {
 }
 
 // grpcServer returns the API's server for the Unix socket (gate nil: its
-// callers are local) or for TCP (gate: the TCP listener's authGate, whose
-// connections its tap check marks authenticated).
+// callers are local, known by their uid) or for TCP (gate: the TCP
+// listener's authGate, whose connections its tap check marks
+// authenticated).
 func (s *Server) grpcServer(gate *authGate) *grpc.Server {
 	codec := wire.NewServerCodec()
-	auth := gate != nil
-	local := !auth
+	local := gate == nil
 	unary := []grpc.UnaryServerInterceptor{s.tenancy.unary(local), s.metrics.unaryInterceptor}
 	var opts []grpc.ServerOption
-	if auth && s.cfg.TLS != nil {
+	switch {
+	case local:
+		opts = append(opts, grpc.Creds(peerCredentials{}))
+	case s.cfg.TLS != nil:
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
-	if auth {
+	// Credentials are checked before a request's body is read; a daemon
+	// without tokens has none to check.
+	if !local || !s.tenancy.open() {
 		opts = append(opts, grpc.InTapHandle(s.tapAuth(gate)))
 	}
 	opts = append(opts,
@@ -353,7 +366,7 @@ func (s *Server) serveListeners() {
 	s.connLimit = FitConnections(s.limits.MaxConnections, s.log)
 	if s.unixLn != nil {
 		s.unixSrv = s.grpcServer(nil)
-		ln := netutil.LimitListener(s.unixLn, s.connLimit)
+		ln := newCredListener(s.unixLn.(*net.UnixListener), s.connLimit)
 		s.serve("unix", func() error { return s.unixSrv.Serve(ln) })
 		// The accept loop counts in fdWG too, so that no exchange can be
 		// added once shutdown waits for them.

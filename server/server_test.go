@@ -70,6 +70,8 @@ type envOptions struct {
 	tenants []server.TenantConfig
 	shared  []server.SharedSpaceConfig
 	shares  []cpu.Share
+	// unixPeers: who token-less Unix callers are, by uid.
+	unixPeers map[int]string
 	// prefetch bounds the namespace's prefetches.
 	prefetch tiering.PrefetchConfig
 }
@@ -158,6 +160,7 @@ func startEnvSlot(t envT, o envOptions, size int) *env {
 		AuthToken:    o.token,
 		Tenants:      o.tenants,
 		SharedSpaces: o.shared,
+		UnixPeers:    o.unixPeers,
 		Limits:       o.limits,
 		Logger:       o.logger,
 	})
@@ -478,18 +481,37 @@ func testPutGetBlocks(t *testing.T, c *client.Client) {
 	}
 }
 
-// TestAuth checks the TCP token and that the Unix socket needs none.
+// TestAuth checks the token on both listeners: with tokens configured a
+// token-less call on the Unix socket is refused (a tenant handed the
+// socket must not become the admin by dropping its token) unless
+// UnixPeers names its uid.
 func TestAuth(t *testing.T) {
-	e := startEnv(t, envOptions{token: "tok"})
+	me := os.Getuid()
+	acme := server.TenantConfig{Name: "acme", Token: "acme-token-0123456789", Namespaces: []string{""}}
+	e := startEnv(t, envOptions{token: "tok", tenants: []server.TenantConfig{acme}})
+	mapped := startEnv(t, envOptions{token: "tok", unixPeers: map[int]string{me: "admin"}})
+	asTenant := startEnv(t, envOptions{token: "tok", tenants: []server.TenantConfig{acme}, unixPeers: map[int]string{me: "acme"}})
+	other := startEnv(t, envOptions{token: "tok", unixPeers: map[int]string{me + 1: "admin"}})
+	open := startEnv(t, envOptions{})
 	ctx := ctxT(t)
 	for _, tc := range []struct {
 		name, target, token string
-		code                codes.Code
+		code                codes.Code // of Stats (any principal)
+		admin               codes.Code // of ListBlocks (the admin's)
 	}{
-		{"tcp without token", e.tcp, "", codes.Unauthenticated},
-		{"tcp wrong token", e.tcp, "nope", codes.Unauthenticated},
-		{"tcp right token", e.tcp, "tok", codes.OK},
-		{"unix without token", e.unix, "", codes.OK},
+		{"tcp without token", e.tcp, "", codes.Unauthenticated, codes.Unauthenticated},
+		{"tcp wrong token", e.tcp, "nope", codes.Unauthenticated, codes.Unauthenticated},
+		{"tcp right token", e.tcp, "tok", codes.OK, codes.OK},
+		{"tcp tenant token", e.tcp, acme.Token, codes.OK, codes.PermissionDenied},
+		{"unix without token", e.unix, "", codes.Unauthenticated, codes.Unauthenticated},
+		{"unix wrong token", e.unix, "nope", codes.Unauthenticated, codes.Unauthenticated},
+		{"unix admin token", e.unix, "tok", codes.OK, codes.OK},
+		{"unix tenant token", e.unix, acme.Token, codes.OK, codes.PermissionDenied},
+		{"unix uid mapped to admin", mapped.unix, "", codes.OK, codes.OK},
+		{"unix uid mapped to a tenant", asTenant.unix, "", codes.OK, codes.PermissionDenied},
+		{"unix mapped uid with a wrong token", mapped.unix, "nope", codes.Unauthenticated, codes.Unauthenticated},
+		{"unix another uid mapped", other.unix, "", codes.Unauthenticated, codes.Unauthenticated},
+		{"unix without any token configured", open.unix, "", codes.OK, codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := client.Dial(tc.target, client.Options{Token: tc.token})
@@ -497,9 +519,11 @@ func TestAuth(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			_, err = c.Stats(ctx)
-			if status.Code(err) != tc.code {
-				t.Fatalf("got %v, want %v", err, tc.code)
+			if _, err = c.Stats(ctx); status.Code(err) != tc.code {
+				t.Fatalf("Stats: got %v, want %v", err, tc.code)
+			}
+			if _, err = c.ListBlocks(ctx, 0, 1); status.Code(err) != tc.admin {
+				t.Fatalf("ListBlocks: got %v, want %v", err, tc.admin)
 			}
 		})
 	}

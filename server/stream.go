@@ -144,7 +144,7 @@ func (s *Server) streamConn(c net.Conn) error {
 		_, _ = c.Write([]byte(streamMagic + "\x01"))
 		return errors.New("block stream: refused")
 	}
-	p, err := s.tenancy.authenticate(string(token), len(token) > 0, false)
+	p, err := s.tenancy.authenticate(string(token), len(token) > 0, caller{})
 	if err != nil {
 		s.metrics.authRefusals.WithLabelValues("stream", "token").Inc()
 		return refuse()

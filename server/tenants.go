@@ -22,9 +22,9 @@ import (
 
 // Tenancy. A call is made by the admin or by one tenant, told apart by
 // its bearer token (authenticate). The admin is the holder of
-// Config.AuthToken, and any caller on the Unix socket that sends no token
-// (the socket is the daemon owner's, mode 0600); a TCP caller without a
-// token is the admin only when the daemon has no token at all.
+// Config.AuthToken. A caller without a token is the admin only when the
+// daemon has no token at all; otherwise, on the Unix socket, it is whom
+// Config.UnixPeers names for its user id (unixpeer.go), and on TCP no one.
 //
 // A tenant reaches only the namespaces its configuration lists and the
 // shared spaces it belongs to; every other namespace answers
@@ -102,6 +102,8 @@ type tenancy struct {
 	tenants []*tenant
 	byToken map[[32]byte]*tenant
 	shared  map[string]*sharedSpace
+	// unixPeers: who a token-less caller on the Unix socket is, by uid.
+	unixPeers map[int]principal
 }
 
 func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenancy, error) {
@@ -156,6 +158,10 @@ func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenan
 // on reports whether the daemon has tenants.
 func (tn *tenancy) on() bool { return len(tn.tenants) > 0 }
 
+// open reports whether the daemon has no token at all (no admin token, no
+// tenants): every caller is the admin.
+func (tn *tenancy) open() bool { return tn.admin == "" && !tn.on() }
+
 // principal is who makes a call: the admin (t nil) or a tenant.
 type principal struct{ t *tenant }
 
@@ -169,13 +175,26 @@ func principalOf(ctx context.Context) principal {
 // errUnauthenticated is deliberately vague: it must not help guessing.
 var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or invalid bearer token (send metadata authorization: Bearer <token>)")
 
-// authenticate returns the caller of a call with bearer token token
-// (has: one was sent) on a local (Unix socket) or remote listener.
-func (tn *tenancy) authenticate(token string, has, local bool) (principal, error) {
-	open := tn.admin == "" && !tn.on() // a daemon without tokens
+// caller is where a call comes from: the Unix socket (with its peer's
+// credentials) or a remote listener.
+type caller struct {
+	local bool
+	peer  unixPeer
+}
+
+// authenticate returns the principal of a call with bearer token token
+// (has: one was sent) from c.
+func (tn *tenancy) authenticate(token string, has bool, c caller) (principal, error) {
+	open := tn.open()
 	if !has {
-		if local || open {
+		if open {
 			return principal{}, nil
+		}
+		if c.local {
+			if p, ok := tn.unixPeers[c.peer.uid]; ok && c.peer.known {
+				return p, nil
+			}
+			return principal{}, tn.unixRefusal(c.peer)
 		}
 		return principal{}, errUnauthenticated
 	}
@@ -191,6 +210,23 @@ func (tn *tenancy) authenticate(token string, has, local bool) (principal, error
 		return principal{}, nil // a token the daemon does not ask for
 	}
 	return principal{}, errUnauthenticated
+}
+
+// unixRefusal says why a token-less call on the Unix socket is refused:
+// the caller knows its own uid, so naming it tells it nothing new.
+func (tn *tenancy) unixRefusal(p unixPeer) error {
+	if !p.known {
+		return status.Error(codes.Unauthenticated, "missing bearer token, and the kernel did not name the calling process's user (send metadata authorization: Bearer <token>)")
+	}
+	return status.Errorf(codes.Unauthenticated, "missing bearer token: the daemon has tokens, and uid %d is not in server.unix_peers (send metadata authorization: Bearer <token>, or map the uid)", p.uid)
+}
+
+// callerOf returns where the call of ctx comes from.
+func callerOf(ctx context.Context, local bool) caller {
+	if !local {
+		return caller{}
+	}
+	return caller{local: true, peer: unixPeerOf(ctx)}
 }
 
 // bearer returns the call's bearer token.
@@ -215,7 +251,7 @@ func bearerOf(md metadata.MD) (string, bool) {
 func (tn *tenancy) unary(local bool) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		tok, has := bearer(ctx)
-		p, err := tn.authenticate(tok, has, local)
+		p, err := tn.authenticate(tok, has, callerOf(ctx, local))
 		if err != nil {
 			return nil, err
 		}
@@ -231,7 +267,7 @@ func (tn *tenancy) unary(local bool) grpc.UnaryServerInterceptor {
 func (tn *tenancy) stream(local bool) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		tok, has := bearer(ss.Context())
-		p, err := tn.authenticate(tok, has, local)
+		p, err := tn.authenticate(tok, has, callerOf(ss.Context(), local))
 		if err != nil {
 			return err
 		}

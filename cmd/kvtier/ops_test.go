@@ -21,7 +21,8 @@ import (
 
 // The operator commands against a daemon built as `kvtier serve` builds it
 // (buildDaemon: a file-backed fs tier, the gRPC API on a Unix socket and
-// on TCP with an auth token).
+// on TCP with an auth token; this user's token-less calls on the Unix
+// socket are the admin's through server.unix_peers).
 
 type opsDaemon struct {
 	dir, config, unix, tcp string
@@ -44,8 +45,8 @@ namespace: {model: m, bytes_per_block: 4KiB}
 primary: {bytes: 64KiB}
 secondary_tiers:
   - {name: local-disk, type: fs, root_dir: %s/data}
-server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: %s}
-`, dir, dir, tcp, opsToken)
+server: {unix_socket: %s/k.sock, tcp_addr: %q, metrics_addr: "", auth_token: %s, unix_peers: [{uid: %d, as: admin}]}
+`, dir, dir, tcp, opsToken, os.Getuid())
 	d := &opsDaemon{dir: dir, config: filepath.Join(dir, "kvtier.yaml"), unix: dir + "/k.sock", tcp: tcp}
 	if err := os.WriteFile(d.config, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)

@@ -471,6 +471,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 		UnixSocket:    cfg.Server.UnixSocket,
 		TCPAddr:       cfg.Server.TCPAddr,
 		AuthToken:     token,
+		UnixPeers:     cfg.Server.UnixPeerMap(),
 		Tenants:       tenants,
 		SharedSpaces:  shared,
 		TLS:           serverTLS,

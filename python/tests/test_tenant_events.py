@@ -14,6 +14,7 @@ own copy only.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import socket
 import tempfile
@@ -56,7 +57,8 @@ tenants:
   - {{name: beta, token: beta-token-0123456789, namespaces: [default], event_salt: "beta's own salt"}}
 shared_spaces:
   - {{name: docs, tenants: [acme, beta]}}
-server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
+server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s,
+          unix_peers: [{{uid: {os.getuid()}, as: admin}}]}}
 """
     dm = Daemon(kvtier_bin, d, cfg).start()
     yield dm, port
