@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,7 +78,7 @@ func (c *Client) MapArena(ctx context.Context) (*Arena, error) {
 	var f *os.File
 	switch {
 	case info.GetFdSocket() != "":
-		f, err = ReceiveArenaFD(ctx, info.GetFdSocket(), c.ns)
+		f, err = ReceiveArenaFD(ctx, info.GetFdSocket(), c.ns, info.GetTicket())
 	case info.GetKind() == kvtierv1.ArenaKind_ARENA_KIND_FILE && info.GetPath() != "":
 		f, err = os.OpenFile(info.GetPath(), os.O_RDWR, 0)
 	default:
@@ -95,8 +96,9 @@ func (c *Client) MapArena(ctx context.Context) (*Arena, error) {
 }
 
 // ReceiveArenaFD asks the daemon's arena side channel at path for the
-// descriptor of namespace ns's arena.
-func ReceiveArenaFD(ctx context.Context, path, ns string) (*os.File, error) {
+// descriptor of namespace ns's arena, with ticket (from GetArena or
+// EngineAttach; "" for a daemon without tokens, which needs none).
+func ReceiveArenaFD(ctx context.Context, path, ns, ticket string) (*os.File, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -112,7 +114,18 @@ func ReceiveArenaFD(ctx context.Context, path, ns string) (*os.File, error) {
 	// A daemon that refuses the connection (too many in flight) answers
 	// and closes without reading: the send then fails, but the answer,
 	// which says why, is there to read.
-	_, werr := c.Write([]byte(ns + "\n"))
+	line := []byte(ns + "\n")
+	if ticket != "" || strings.HasPrefix(ns, "{") {
+		req, err := json.Marshal(struct {
+			Namespace string `json:"namespace"`
+			Ticket    string `json:"ticket,omitempty"`
+		}{ns, ticket})
+		if err != nil {
+			return nil, err
+		}
+		line = append(req, '\n')
+	}
+	_, werr := c.Write(line)
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)

@@ -167,7 +167,7 @@ func TestBadInput(t *testing.T) {
 	garbage(t, lenient.unix+".arena", "unix")
 
 	// The side channel answers an unknown namespace with an error.
-	if _, err := client.ReceiveArenaFD(ctx, lenient.unix+".arena", "llama"); err == nil || !strings.Contains(err.Error(), `unknown namespace "llama"`) {
+	if _, err := client.ReceiveArenaFD(ctx, lenient.unix+".arena", "llama", ""); err == nil || !strings.Contains(err.Error(), `unknown namespace "llama"`) {
 		t.Fatalf("side channel, unknown namespace: %v", err)
 	}
 

@@ -57,7 +57,11 @@ func (sv *service) EngineAttach(ctx context.Context, in *kvtierv1.EngineAttachRe
 	if a.SlotSize != l.RowStride {
 		return nil, toStatus(fmt.Errorf("%w: namespace %q has %d-byte slots, the engine's rows are %d bytes", ErrInvalidArgument, ns.name, a.SlotSize, l.RowStride))
 	}
-	return &kvtierv1.EngineAttachResponse{Namespace: ns.name, SlotSize: int64(a.SlotSize), NumSlots: int64(a.NumSlots), FdSocket: s.fdPath, Epoch: a.Epoch}, nil
+	tk, err := s.arenaTicket(ns.name)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &kvtierv1.EngineAttachResponse{Namespace: ns.name, SlotSize: int64(a.SlotSize), NumSlots: int64(a.NumSlots), FdSocket: s.fdPath, Epoch: a.Epoch, Ticket: tk}, nil
 }
 
 // engineNamespace returns the namespace of layout l, creating it.

@@ -25,6 +25,44 @@ const maxFDConns = 256
 // maxFDRequest bounds a side-channel request line.
 const maxFDRequest = 1024
 
+// arenaTicketTTL and maxArenaTickets bound the side channel's tickets: a
+// worker redeems its ticket right after the call that returned it, and a
+// caller that never redeems its tickets costs at most the bound.
+const (
+	arenaTicketTTL  = 10 * time.Second
+	maxArenaTickets = 4096
+)
+
+// arenaTicket returns a ticket for namespace ns's arena ("" when the daemon
+// has no tokens: its side channel needs none).
+func (s *Server) arenaTicket(ns string) (string, error) {
+	if s.tickets == nil {
+		return "", nil
+	}
+	return s.tickets.Issue(ns)
+}
+
+// arenaRequest is a side-channel request: a line holding a namespace name,
+// or a JSON object with the name and a ticket (a line starting with "{").
+type arenaRequest struct {
+	Namespace string `json:"namespace"`
+	Ticket    string `json:"ticket"`
+}
+
+func parseArenaRequest(line string) (arenaRequest, error) {
+	line = strings.TrimSuffix(line, "\n")
+	if !strings.HasPrefix(line, "{") {
+		return arenaRequest{Namespace: line}, nil
+	}
+	var r arenaRequest
+	d := json.NewDecoder(strings.NewReader(line))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&r); err != nil {
+		return arenaRequest{}, fmt.Errorf("want {\"namespace\": ..., \"ticket\": ...}: %w", err)
+	}
+	return r, nil
+}
+
 // arenaReply is the JSON part of a side-channel answer.
 type arenaReply struct {
 	Namespace string `json:"namespace"`
@@ -96,23 +134,7 @@ func (s *Server) answerFD(c *net.UnixConn) error {
 		c.Write(msg)
 		return fmt.Errorf("read namespace: %w", err)
 	}
-	name := strings.TrimSuffix(line, "\n")
-	reply := arenaReply{Namespace: name}
-	var rights []byte
-	ns, ok := s.Namespace(name)
-	switch {
-	case !ok:
-		reply.Error = fmt.Sprintf("%v %q", ErrUnknownNamespace, name)
-	default:
-		a := ns.Arena()
-		reply.Kind, reply.SlotSize, reply.NumSlots, reply.Epoch = a.Kind, a.SlotSize, a.NumSlots, a.Epoch
-		reply.Size = int64(a.SlotSize) * int64(a.NumSlots)
-		if a.file == nil {
-			reply.Error = fmt.Sprintf("%v: namespace %q has a %s arena; configure primary.arena kind file or memfd, or use PutBlocks/GetBlocks", ErrArenaNotShared, name, a.Kind)
-		} else {
-			rights = unix.UnixRights(int(a.file.Fd()))
-		}
-	}
+	reply, rights := s.arenaFor(line)
 	payload, err := json.Marshal(reply)
 	if err != nil {
 		return err
@@ -124,4 +146,42 @@ func (s *Server) answerFD(c *net.UnixConn) error {
 		return errors.New(reply.Error)
 	}
 	return nil
+}
+
+// arenaFor answers side-channel request line: the arena's description and
+// its descriptor as SCM_RIGHTS, or why not.
+func (s *Server) arenaFor(line string) (arenaReply, []byte) {
+	req, err := parseArenaRequest(line)
+	if err != nil {
+		return arenaReply{Error: err.Error()}, nil
+	}
+	reply := arenaReply{Namespace: req.Namespace}
+	if s.tickets != nil {
+		if req.Ticket == "" {
+			s.metrics.authRefusals.WithLabelValues("arena", "ticket").Inc()
+			reply.Error = fmt.Sprintf("%v: this daemon has tokens; send {\"namespace\": ..., \"ticket\": ...} with the ticket of an authenticated GetArena or EngineAttach", ErrPermissionDenied)
+			return reply, nil
+		}
+		// Spent whatever the outcome. The answer does not say why a
+		// ticket failed, nor whether the namespace exists; the log does.
+		if err := s.tickets.Redeem(req.Ticket, req.Namespace); err != nil {
+			s.metrics.authRefusals.WithLabelValues("arena", "ticket").Inc()
+			s.sideLogs.Warn(s.log, "side-ticket", "arena side channel: ticket refused", "namespace", req.Namespace, "why", err)
+			reply.Error = fmt.Sprintf("%v: the ticket does not open namespace %q's arena (a ticket opens one namespace once, within %v)", ErrPermissionDenied, req.Namespace, arenaTicketTTL)
+			return reply, nil
+		}
+	}
+	ns, ok := s.Namespace(req.Namespace)
+	if !ok {
+		reply.Error = fmt.Sprintf("%v %q", ErrUnknownNamespace, req.Namespace)
+		return reply, nil
+	}
+	a := ns.Arena()
+	reply.Kind, reply.SlotSize, reply.NumSlots, reply.Epoch = a.Kind, a.SlotSize, a.NumSlots, a.Epoch
+	reply.Size = int64(a.SlotSize) * int64(a.NumSlots)
+	if a.file == nil {
+		reply.Error = fmt.Sprintf("%v: namespace %q has a %s arena; configure primary.arena kind file or memfd, or use PutBlocks/GetBlocks", ErrArenaNotShared, req.Namespace, a.Kind)
+		return reply, nil
+	}
+	return reply, unix.UnixRights(int(a.file.Fd()))
 }

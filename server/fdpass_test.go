@@ -38,7 +38,7 @@ func TestSideChannelIdleConnectionsDelayNoOne(t *testing.T) {
 		}
 	}
 	dialIdle(40)
-	f, err := client.ReceiveArenaFD(ctx, path, "")
+	f, err := client.ReceiveArenaFD(ctx, path, "", "")
 	if err != nil {
 		t.Fatalf("fetch behind 40 idle connections: %v", err)
 	}
@@ -57,7 +57,7 @@ func TestSideChannelIdleConnectionsDelayNoOne(t *testing.T) {
 	var refusal error
 	deadline := time.Now().Add(time.Minute)
 	for refusal == nil && time.Now().Before(deadline) {
-		f, err := client.ReceiveArenaFD(ctx, path, "")
+		f, err := client.ReceiveArenaFD(ctx, path, "", "")
 		if err == nil {
 			f.Close() // an idle one had not been accepted yet
 			continue
@@ -75,7 +75,7 @@ func TestSideChannelIdleConnectionsDelayNoOne(t *testing.T) {
 	}
 	idle = nil
 	for {
-		f, err := client.ReceiveArenaFD(ctx, path, "")
+		f, err := client.ReceiveArenaFD(ctx, path, "", "")
 		if err == nil {
 			f.Close()
 			break

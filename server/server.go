@@ -27,6 +27,7 @@ import (
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/ratelog"
 	"github.com/kvtier/kvtier/region"
+	"github.com/kvtier/kvtier/ticket"
 )
 
 // Config configures a Server.
@@ -108,6 +109,10 @@ type Server struct {
 	httpLn          net.Listener
 	fdPath          string
 
+	// tickets open the arena side channel once each (fdpass.go); nil for
+	// a daemon without tokens, whose side channel needs none.
+	tickets *ticket.Book
+
 	sessions   *sessions
 	paramTotal atomic.Int64
 	// stopJanitor stops the request expiry and auto-step loop.
@@ -165,6 +170,9 @@ func New(cfg Config) (*Server, error) {
 		metrics:    newMetrics(),
 		regions:    cfg.Regions,
 		regionStop: make(chan struct{}),
+	}
+	if !tn.open() {
+		s.tickets = ticket.New(arenaTicketTTL, maxArenaTickets)
 	}
 	s.sessions = newSessions(s)
 	wopts := cfg.WarningLog

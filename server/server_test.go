@@ -721,7 +721,7 @@ func TestArenaKinds(t *testing.T) {
 	if _, err := anon.dial(t, anon.unix).MapArena(ctx); !errors.Is(err, client.ErrArenaNotShared) {
 		t.Fatalf("anonymous arena: %v", err)
 	}
-	if _, err := client.ReceiveArenaFD(ctx, anon.unix+".arena", ""); err == nil || !strings.Contains(err.Error(), "anonymous arena") {
+	if _, err := client.ReceiveArenaFD(ctx, anon.unix+".arena", "", ""); err == nil || !strings.Contains(err.Error(), "anonymous arena") {
 		t.Fatalf("side channel, anonymous arena: %v", err)
 	}
 }

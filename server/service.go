@@ -419,6 +419,9 @@ func (sv *service) GetArena(ctx context.Context, in *kvtierv1.GetArenaRequest) (
 	}
 	if a.file != nil {
 		resp.FdSocket = sv.s.fdSocketPath()
+		if resp.Ticket, err = sv.s.arenaTicket(ns.name); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	return resp, nil
 }

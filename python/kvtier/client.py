@@ -138,14 +138,19 @@ class ArenaReply(TypedDict, total=False):
     error: str
 
 
-def receive_arena_fd(path: str, namespace: str = "") -> tuple[int, ArenaReply]:
+def receive_arena_fd(path: str, namespace: str = "", ticket: str = "") -> tuple[int, ArenaReply]:
     """Receives the arena's file descriptor from the daemon's side channel
-    (SCM_RIGHTS). Returns (fd, description dict)."""
+    (SCM_RIGHTS). Returns (fd, description dict). ticket comes from the
+    GetArena or EngineAttach answer; a daemon with tokens wants one (each
+    opens the namespace's arena once), a daemon without tokens none."""
+    line = namespace.encode() + b"\n"
+    if ticket or namespace.startswith("{"):
+        line = json.dumps({"namespace": namespace, "ticket": ticket}).encode() + b"\n"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(path)
         try:
-            s.sendall(namespace.encode() + b"\n")
+            s.sendall(line)
         except (BrokenPipeError, ConnectionResetError):
             pass  # a refusal (too many in flight) answers without reading: read why
         msg, fds, _flags, _addr = socket.recv_fds(s, 4096, 1)
@@ -399,8 +404,11 @@ class Client:
 
     # Shared memory -----------------------------------------------------
 
-    def arena_info(self) -> pb.GetArenaResponse:
-        return self._call("GetArena", pb.GetArenaRequest(namespace=self.namespace), pb.GetArenaResponse)
+    def arena_info(self, namespace: str | None = None, timeout: float | None = None) -> pb.GetArenaResponse:
+        """The arena of namespace (default: the client's), with a ticket
+        for the side channel when the daemon wants one."""
+        ns = self.namespace if namespace is None else namespace
+        return self._call("GetArena", pb.GetArenaRequest(namespace=ns), pb.GetArenaResponse, timeout)
 
     def map_arena(self) -> Arena:
         """Maps the daemon's arena (memfd or shared file) with mmap.
@@ -409,7 +417,7 @@ class Client:
         if info.kind in (pb.ARENA_KIND_UNSPECIFIED, pb.ARENA_KIND_ANONYMOUS):
             raise RuntimeError("kvtier: the daemon's arena is anonymous memory; use put_blocks/get_blocks")
         if info.fd_socket:
-            fd, _ = receive_arena_fd(info.fd_socket, self.namespace)
+            fd, _ = receive_arena_fd(info.fd_socket, self.namespace, info.ticket)
         elif info.kind == pb.ARENA_KIND_FILE and info.path:
             fd = os.open(info.path, os.O_RDWR)
         else:

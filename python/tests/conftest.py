@@ -43,6 +43,9 @@ class Daemon:
         self.config_path = dir / "kvtier.yaml"
         self.config_path.write_text(config)
         self.binary = binary
+        # The admin token its helpers send (a config with tokens refuses
+        # token-less calls on the socket unless server.unix_peers maps the uid).
+        self.token: str | None = None
         self.log: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
 
@@ -84,7 +87,7 @@ class Daemon:
     def client(self, namespace: str = "") -> Any:
         import kvtier
 
-        return kvtier.Client(self.sock, namespace=namespace)
+        return kvtier.Client(self.sock, namespace=namespace, token=self.token)
 
     def tier_stats(self, namespace: str) -> dict[str, Any]:
         """Per-tier counters of a namespace, by tier name."""

@@ -102,6 +102,40 @@ def test_killed_daemon_misses_then_the_engine_reattaches(kvtier_bin: str) -> Non
         daemon.stop()
 
 
+ADMIN = "admin-token-0123456789abcdef"
+
+
+def test_an_engine_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str) -> None:
+    """A daemon with tokens hands the arena only against a ticket of an
+    authenticated call: the engine's workers take one of their own with
+    the spec's token, also for the new epoch's arena after a restart. The
+    same engine without the token is refused at its attach."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    cfg = engine_daemon_config(d, "1MiB").replace("shutdown_timeout: 20s", f"shutdown_timeout: 20s, auth_token: {ADMIN}")
+    daemon = Daemon(kvtier_bin, d, cfg).start()
+    daemon.token = ADMIN
+    with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+        engine(daemon, tiny_model_dir())
+    e = engine(daemon, tiny_model_dir(), token=ADMIN)
+    try:
+        m = e.manager
+        ns, epoch = m._ns, m._epoch
+        assert serve(e, "a", prompt(1)) == (0, 0)
+        e.reset_prefix_cache()
+        assert serve(e, "a1", prompt(1)) == (4, 4)  # through the mapped arena
+        wait_until(lambda: cascaded(daemon, ns), 20, "the prefix on disk")
+        daemon.kill()
+        daemon.start()
+        reattach(e, 1)
+        assert m._epoch != epoch
+        e.reset_prefix_cache()
+        assert serve(e, "a2", prompt(1)) == (4, 4)
+        assert e.worker.connector_worker.worker.epoch == m._epoch
+    finally:
+        e.shutdown()
+        daemon.stop()
+
+
 def test_a_stopped_daemon_holds_no_lookup_past_the_bound(daemon: Daemon) -> None:
     e = engine(daemon, tiny_model_dir(), timeout_s=2)
     try:

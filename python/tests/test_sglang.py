@@ -140,6 +140,31 @@ def test_set_evict_get_from_fs(engine_daemon: Daemon) -> None:
     b.close()
 
 
+def test_a_backend_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str) -> None:
+    """A daemon with tokens hands the arena only against the attach's
+    ticket: the backend with the token round-trips pages through the
+    mapped arena; without it the attach is refused and it serves misses."""
+    admin = "admin-token-0123456789abcdef"
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvs"))
+    cfg = engine_daemon_config(d, "4MiB").replace("shutdown_timeout: 20s", f"shutdown_timeout: 20s, auth_token: {admin}")
+    dm = Daemon(kvtier_bin, d, cfg).start()
+    dm.token = admin
+    try:
+        host = host_pool()
+        b = backend(dm, host, token=admin)
+        a = keys("t", 4)
+        assert b.batch_set_v1(a, pages(0, 4)) == [True] * 4
+        assert b.batch_get_v1(a, pages(8, 4)) == [True] * 4
+        for i in range(4):
+            assert torch.equal(page_bytes(host, 8 + i), page_bytes(host, i)), f"page {i}"
+        b.close()
+        anon = backend(dm, host_pool())
+        assert anon.batch_exists(a) == 0
+        anon.close()
+    finally:
+        dm.stop()
+
+
 def test_exists_counts_the_leading_run(engine_daemon: Daemon) -> None:
     host = host_pool()
     b = backend(engine_daemon, host)

@@ -4630,7 +4630,15 @@ type GetArenaResponse struct {
 	// "size"} and whose ancillary data carries one descriptor — or a JSON
 	// object {"error": "..."} and no descriptor; the server then closes the
 	// connection. Empty when the daemon has no Unix socket.
-	FdSocket      string `protobuf:"bytes,6,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	//
+	// A daemon with tokens (an admin token or tenants) answers the side
+	// channel only against a ticket: send instead a JSON object
+	// {"namespace": "...", "ticket": "..."} followed by "\n", with the ticket
+	// of this response. A daemon without tokens accepts either form.
+	FdSocket string `protobuf:"bytes,6,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	// ticket opens this namespace's arena on the side channel once, within
+	// 10 s; empty when the daemon has no tokens (none is needed).
+	Ticket        string `protobuf:"bytes,7,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4703,6 +4711,13 @@ func (x *GetArenaResponse) GetPath() string {
 func (x *GetArenaResponse) GetFdSocket() string {
 	if x != nil {
 		return x.FdSocket
+	}
+	return ""
+}
+
+func (x *GetArenaResponse) GetTicket() string {
+	if x != nil {
+		return x.Ticket
 	}
 	return ""
 }
@@ -5730,7 +5745,10 @@ type EngineAttachResponse struct {
 	// the namespace, so a restarted daemon's namespace of the same name has
 	// another. Slots are slots of one epoch's arena: the engine sends it
 	// with every EngineStep, and its workers map the arena of that epoch.
-	Epoch         uint64 `protobuf:"fixed64,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"fixed64,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// A side-channel ticket for the namespace's arena
+	// (GetArenaResponse.ticket).
+	Ticket        string `protobuf:"bytes,6,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5798,6 +5816,13 @@ func (x *EngineAttachResponse) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *EngineAttachResponse) GetTicket() string {
+	if x != nil {
+		return x.Ticket
+	}
+	return ""
 }
 
 type EngineNewRequest struct {
@@ -6784,14 +6809,15 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"\fevents_topic\x18\x06 \x01(\tR\veventsTopic\x12*\n" +
 	"\x11events_cpu_medium\x18\a \x01(\tR\x0feventsCpuMedium\"/\n" +
 	"\x0fGetArenaRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xbb\x01\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xd3\x01\n" +
 	"\x10GetArenaResponse\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.kvtier.v1.ArenaKindR\x04kind\x12\x1b\n" +
 	"\tslot_size\x18\x02 \x01(\x03R\bslotSize\x12\x1b\n" +
 	"\tnum_slots\x18\x03 \x01(\x03R\bnumSlots\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04path\x18\x05 \x01(\tR\x04path\x12\x1b\n" +
-	"\tfd_socket\x18\x06 \x01(\tR\bfdSocket\"\x14\n" +
+	"\tfd_socket\x18\x06 \x01(\tR\bfdSocket\x12\x16\n" +
+	"\x06ticket\x18\a \x01(\tR\x06ticket\"\x14\n" +
 	"\x12RegionRegistration\"\xd4\x01\n" +
 	"\x13RegionLookupRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1d\n" +
@@ -6858,13 +6884,14 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"\x15\n" +
 	"\x13RegionDrainResponse\"-\n" +
 	"\x13EngineAttachRequest\x12\x16\n" +
-	"\x06layout\x18\x01 \x01(\tR\x06layout\"\xa1\x01\n" +
+	"\x06layout\x18\x01 \x01(\tR\x06layout\"\xb9\x01\n" +
 	"\x14EngineAttachResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tslot_size\x18\x02 \x01(\x03R\bslotSize\x12\x1b\n" +
 	"\tnum_slots\x18\x03 \x01(\x03R\bnumSlots\x12\x1b\n" +
 	"\tfd_socket\x18\x04 \x01(\tR\bfdSocket\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x06R\x05epoch\"_\n" +
+	"\x05epoch\x18\x05 \x01(\x06R\x05epoch\x12\x16\n" +
+	"\x06ticket\x18\x06 \x01(\tR\x06ticket\"_\n" +
 	"\x10EngineNewRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12,\n" +

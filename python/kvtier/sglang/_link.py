@@ -49,7 +49,7 @@ class Link:
         self.slot_size: int = int(rep.slot_size)
         self.num_slots: int = int(rep.num_slots)
         self._timeout = timeout
-        fd, reply = kvtier.receive_arena_fd(rep.fd_socket, self.namespace)
+        fd, reply = kvtier.receive_arena_fd(rep.fd_socket, self.namespace, rep.ticket)
         try:
             got = int(reply.get("epoch") or 0)
             if got and got != self.epoch:

@@ -126,18 +126,20 @@ class EngineAttachRequest(_message.Message):
     def __init__(self, layout: _Optional[str] = ...) -> None: ...
 
 class EngineAttachResponse(_message.Message):
-    __slots__ = ["epoch", "fd_socket", "namespace", "num_slots", "slot_size"]
+    __slots__ = ["epoch", "fd_socket", "namespace", "num_slots", "slot_size", "ticket"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     SLOT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     fd_socket: str
     namespace: str
     num_slots: int
     slot_size: int
-    def __init__(self, namespace: _Optional[str] = ..., slot_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., fd_socket: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    ticket: str
+    def __init__(self, namespace: _Optional[str] = ..., slot_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., fd_socket: _Optional[str] = ..., epoch: _Optional[int] = ..., ticket: _Optional[str] = ...) -> None: ...
 
 class EngineKeys(_message.Message):
     __slots__ = ["key_size", "packed_keys", "request_id"]
@@ -310,20 +312,22 @@ class GetArenaRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class GetArenaResponse(_message.Message):
-    __slots__ = ["fd_socket", "kind", "num_slots", "path", "size", "slot_size"]
+    __slots__ = ["fd_socket", "kind", "num_slots", "path", "size", "slot_size", "ticket"]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SLOT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     fd_socket: str
     kind: ArenaKind
     num_slots: int
     path: str
     size: int
     slot_size: int
-    def __init__(self, kind: _Optional[_Union[ArenaKind, str]] = ..., slot_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., size: _Optional[int] = ..., path: _Optional[str] = ..., fd_socket: _Optional[str] = ...) -> None: ...
+    ticket: str
+    def __init__(self, kind: _Optional[_Union[ArenaKind, str]] = ..., slot_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., size: _Optional[int] = ..., path: _Optional[str] = ..., fd_socket: _Optional[str] = ..., ticket: _Optional[str] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
     __slots__ = ["keys", "kv_transfer_params", "namespace", "prefix_only", "request_id", "wait_ms", "want_checksums"]

@@ -142,11 +142,16 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
     def arena_region(self, rank: int, epoch: int | None = None) -> "ArenaRegion":
         """The daemon's arena as a vLLM region, for this worker rank; with
         epoch, only that epoch's arena (else DaemonUnavailable)."""
+        import grpc
+
         import kvtier
 
         try:
-            fd, reply = kvtier.receive_arena_fd(self._fd_socket, self.namespace)
-        except (OSError, RuntimeError) as e:
+            # A ticket of its own: the attach's may be long spent or
+            # expired (a worker maps after the model has loaded).
+            ticket = self.client().arena_info(self.namespace, timeout=self._timeout).ticket
+            fd, reply = kvtier.receive_arena_fd(self._fd_socket, self.namespace, ticket)
+        except (OSError, RuntimeError, grpc.RpcError) as e:
             raise _region.DaemonUnavailable(f"kvtier spec: no arena from the daemon at {self._target}: {e}") from e
         got = int(reply.get("epoch") or 0)
         if epoch is not None and got != epoch:
