@@ -29,6 +29,12 @@ func ManagerNamespace(name string, m *tiering.Manager, p *cpu.Primary, parser of
 			return st
 		},
 		Blocks: p.Keys,
+		Quota: func(k offload.Key) int {
+			if q := p.Quotas(); q != nil {
+				return q[p.OwnerOf(k)]
+			}
+			return 0
+		},
 	}
 	if a := p.SlotArena(); a != nil && a.File() != nil {
 		nc.Share = sharedArena{a}

@@ -28,6 +28,7 @@ type metrics struct {
 	callSeconds    *prometheus.HistogramVec
 	streamCalls    *prometheus.CounterVec
 	authRefusals   *prometheus.CounterVec
+	holdRefusals   *prometheus.CounterVec
 	streamBlocks   *prometheus.CounterVec
 	// The three series of streamBlocks, resolved once: they count every
 	// block on the stream.
@@ -55,8 +56,12 @@ func newMetrics() *metrics {
 	}, []string{"kind", "result"})
 	m.authRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_auth_refusals_total",
-		Help: "Strangers turned away before they cost anything, by listener (tcp: the API, stream: the block stream) and reason (token: a call without a valid token, refused before its body was read; timeout: a connection that did not authenticate within server.auth_timeout, closed; evicted: one closed to make room at server.max_connections for a new one).",
+		Help: "Strangers turned away before they cost anything, by listener (tcp and unix: the API, stream: the block stream, arena: the arena side channel) and reason (token: a call without a valid token or a mapped uid, refused before its body was read; timeout: a connection that did not authenticate within server.auth_timeout, closed; evicted: one closed to make room at server.max_connections for a new one; ticket: a side-channel request without a good ticket).",
 	}, []string{"listener", "reason"})
+	m.holdRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_tenant_hold_refusals_total",
+		Help: "Block-stream requests of a tenant refused because the primary slots its requests in flight keep pinned or reserved would pass its quota (holds.go).",
+	}, []string{"namespace"})
 	m.streamBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_stream_blocks_total",
 		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
@@ -68,7 +73,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(s *Server) {
-	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks, m.authRefusals,
+	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks, m.authRefusals, m.holdRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&collector{s: s})
 }

@@ -89,6 +89,10 @@ type NamespaceConfig struct {
 	// (cpu.Primary.Keys); it runs under the namespace mutex. Without it
 	// ListBlocks is refused.
 	Blocks func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
+	// Quota, if set, returns the primary's quota in slots of the owner of
+	// key k (cpu.Primary.Quotas; 0 for none). It must be safe without the
+	// namespace mutex.
+	Quota func(k offload.Key) int
 	// Feed, if set, says where the namespace's events are published; it
 	// runs under the namespace mutex, so its NextSeq is a cut of the
 	// events against the primary's state.
@@ -121,6 +125,7 @@ type Namespace struct {
 	stats     func() Stats
 	evst      func() (uint64, uint64)
 	blocks    func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
+	quota     func(offload.Key) int
 	feed      func() EventFeed
 	log       *slog.Logger
 	// onWarning counts and logs lenient-mode warnings of NewRequest.
@@ -179,6 +184,7 @@ func newNamespace(cfg NamespaceConfig, limits Limits, log *slog.Logger, onWarnin
 		stats:      cfg.Stats,
 		evst:       cfg.EventStats,
 		blocks:     cfg.Blocks,
+		quota:      cfg.Quota,
 		feed:       cfg.Feed,
 		log:        log.With("namespace", cfg.Name),
 		onWarning:  onWarning,

@@ -112,6 +112,8 @@ type Server struct {
 	// tickets open the arena side channel once each (fdpass.go); nil for
 	// a daemon without tokens, whose side channel needs none.
 	tickets *ticket.Book
+	// holds counts the slots tenants' stream requests keep (holds.go).
+	holds holds
 
 	sessions   *sessions
 	paramTotal atomic.Int64

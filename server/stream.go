@@ -421,6 +421,14 @@ func (s *Server) streamPut(c net.Conn, r *bufio.Reader, w *bufio.Writer, ns *Nam
 		params, metas = o.params, o.metas
 	}
 	slots, gens, commit, err := ns.reserveForStream(keys, push, params, metas)
+	if err == nil {
+		var release func()
+		if release, err = s.hold(ns, sc, reserved(slots)); err != nil {
+			_ = commit(make([]bool, len(keys))) // abandon every reservation
+		} else {
+			defer release()
+		}
+	}
 	var failed error
 	switch {
 	case err == nil:
@@ -554,6 +562,18 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, sc sco
 		return err
 	}
 	sc.countLookups(g.results)
+	release, err := s.hold(ns, sc, reserved(g.slots))
+	if err != nil {
+		_ = g.doneLocked()
+		ns.mu.Unlock()
+		_ = sc.refused(err)
+		if o != nil {
+			_ = c.SetWriteDeadline(time.Now().Add(streamTimeout))
+			return writeFailed(w, err)
+		}
+		return err
+	}
+	defer release()
 	// The pinned blocks' generations: their checksums may be known.
 	gens := make([]uint16, len(g.slots))
 	for i, slot := range g.slots {
@@ -622,6 +642,17 @@ func (s *Server) streamBlocks(c net.Conn, w *bufio.Writer, ns *Namespace, sc sco
 		s.metrics.streamOut.Inc()
 	}
 	return w.Flush()
+}
+
+// reserved counts the slots of a request that hold a block (not -1).
+func reserved(slots []int64) int {
+	n := 0
+	for _, s := range slots {
+		if s >= 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // writeFailed answers a call with parameters that failed with err, as the

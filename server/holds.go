@@ -1,0 +1,72 @@
+package server
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Holds: the primary slots a tenant's block-stream requests keep pinned
+// (a get, while its blocks go out) or reserved (a put, while its blocks
+// come in). Neither can be evicted, so a tenant that reads or writes
+// slowly could keep more of the primary than its quota, and another
+// tenant's stores would then evict that tenant's own blocks or fail. A
+// tenant may hold at most its quota of a namespace's primary in stream
+// requests at once (an even share of the slots, slots ÷ (tenants + 1),
+// when it has no quota); past it the request is refused with
+// RESOURCE_EXHAUSTED — its own, never another tenant's. The stream's
+// per-request deadline (requestDeadline) bounds how long a hold lasts.
+// The admin (peer daemons, remote engines) is not bounded here.
+
+type holdKey struct {
+	t  *tenant
+	ns *Namespace
+}
+
+// holds counts the slots held per tenant and namespace.
+type holds struct {
+	mu sync.Mutex
+	n  map[holdKey]int
+}
+
+// holdLimit is the slots tenant t may hold in ns's primary at once.
+func (s *Server) holdLimit(ns *Namespace, t *tenant) int {
+	if ns.quota != nil {
+		if q := ns.quota(t.space.Key([]byte{0})); q > 0 {
+			return q
+		}
+	}
+	return max(ns.arena.NumSlots()/(len(s.tenancy.tenants)+1), 1)
+}
+
+// hold counts n slots against the tenant of sc in ns and returns the
+// function that gives them back, or ErrNoSpace when they would take it
+// past its limit.
+func (s *Server) hold(ns *Namespace, sc scope, n int) (release func(), err error) {
+	if sc.t == nil || n <= 0 {
+		return func() {}, nil
+	}
+	limit := s.holdLimit(ns, sc.t)
+	k := holdKey{sc.t, ns}
+	h := &s.holds
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == nil {
+		h.n = map[holdKey]int{}
+	}
+	if held := h.n[k]; held+n > limit {
+		s.metrics.holdRefusals.WithLabelValues(ns.name).Inc()
+		return nil, fmt.Errorf("%w: tenant %q holds %d of the %d primary slots its stream requests may keep pinned or reserved at once; %d more refused (finish the requests in flight first)",
+			ErrNoSpace, sc.t.name, held, limit, n)
+	}
+	h.n[k] += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.n[k] -= n; h.n[k] == 0 {
+				delete(h.n, k)
+			}
+		})
+	}, nil
+}
