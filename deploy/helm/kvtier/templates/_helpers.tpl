@@ -59,6 +59,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if $v.auth.secretName -}}
 {{- $_ := set $server "auth_token_env" "KVTIER_AUTH_TOKEN" -}}
 {{- end -}}
+{{- if and $v.unixPeers (or $v.auth.secretName $v.tenants) -}}
+{{- $_ := set $server "unix_peers" $v.unixPeers -}}
+{{- end -}}
 {{- if $v.tls.secretName -}}
 {{- $t := dict "cert_file" "/etc/kvtier/tls/tls.crt" "key_file" "/etc/kvtier/tls/tls.key" -}}
 {{- if $v.tls.clientCA -}}
