@@ -49,7 +49,7 @@ func (sv *service) EngineAttach(ctx context.Context, in *kvtierv1.EngineAttachRe
 	if err != nil {
 		return nil, regionStatus(err)
 	}
-	ns, err := s.engineNamespace(ctx, l)
+	ns, err := s.engineNamespace(ctx, l, principalOf(ctx).t)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -64,9 +64,14 @@ func (sv *service) EngineAttach(ctx context.Context, in *kvtierv1.EngineAttachRe
 	return &kvtierv1.EngineAttachResponse{Namespace: ns.name, SlotSize: int64(a.SlotSize), NumSlots: int64(a.NumSlots), FdSocket: s.fdPath, Epoch: a.Epoch, Ticket: tk}, nil
 }
 
-// engineNamespace returns the namespace of layout l, creating it.
-func (s *Server) engineNamespace(ctx context.Context, l region.Layout) (*Namespace, error) {
+// engineNamespace returns the namespace of layout l for tenant t's engines
+// (t nil: the admin's), creating it. A tenant's is a namespace of its own,
+// with its own primary and arena, named after the layout and the tenant.
+func (s *Server) engineNamespace(ctx context.Context, l region.Layout, t *tenant) (*Namespace, error) {
 	name := l.Namespace()
+	if t != nil {
+		name += "~" + t.name
+	}
 	if ns, ok := s.Namespace(name); ok {
 		return ns, nil
 	}
@@ -76,7 +81,15 @@ func (s *Server) engineNamespace(ctx context.Context, l region.Layout) (*Namespa
 		return ns, nil
 	}
 	if n := len(s.allNamespaces()); n >= s.cfg.MaxNamespaces {
-		return nil, fmt.Errorf("%w: %d namespaces (server.max_engine_namespaces); an engine with a new layout cannot attach", ErrLimit, n)
+		return nil, fmt.Errorf("%w: %d namespaces (engines.max_namespaces); an engine with a new layout cannot attach", ErrLimit, n)
+	}
+	if t != nil {
+		// Every tenant may create a share of the engine namespaces, so
+		// that one tenant's layouts cannot keep another's engines out.
+		if n, most := s.tenancy.ownedBy(t), s.tenantEngineNamespaces(); n >= most {
+			t.ctr.refusals.Add(1)
+			return nil, fmt.Errorf("%w: tenant %q has %d engine namespaces, its share of engines.max_namespaces", ErrLimit, t.name, n)
+		}
 	}
 	nc, err := s.cfg.Engines(ctx, name, l)
 	if err != nil {
@@ -87,20 +100,35 @@ func (s *Server) engineNamespace(ctx context.Context, l region.Layout) (*Namespa
 	if err != nil {
 		return nil, err
 	}
+	if t != nil {
+		s.tenancy.own(name, t)
+	}
 	s.nsMu.Lock()
 	s.namespaces[name] = ns
 	s.order = append(s.order, ns)
 	s.nsMu.Unlock()
-	s.log.Info("engine namespace created", "namespace", name, "slot_size", ns.Arena().SlotSize, "slots", ns.Arena().NumSlots, "model", l.Model)
+	owner := ""
+	if t != nil {
+		owner = t.name
+	}
+	s.log.Info("engine namespace created", "namespace", name, "slot_size", ns.Arena().SlotSize, "slots", ns.Arena().NumSlots, "model", l.Model, "tenant", owner)
 	return ns, nil
 }
 
+// tenantEngineNamespaces is how many engine namespaces one tenant's
+// engines may create: an even share of those the daemon allows beyond its
+// configured namespaces, at least one.
+func (s *Server) tenantEngineNamespaces() int {
+	engines := s.cfg.MaxNamespaces - len(s.cfg.Namespaces)
+	return max(engines/(len(s.tenancy.tenants)+1), 1)
+}
+
 func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepRequest) (*kvtierv1.EngineStepResponse, error) {
-	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
+	ns, sc, err := sv.openEngine(ctx, in.GetNamespace())
 	if err != nil {
 		return nil, err
 	}
-	out, err := ns.EngineStep(sessionOf(ctx), in)
+	out, err := ns.EngineStep(sessionOf(ctx), in, sc.keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -108,11 +136,11 @@ func (sv *service) EngineStep(ctx context.Context, in *kvtierv1.EngineStepReques
 }
 
 func (sv *service) EngineReserve(ctx context.Context, in *kvtierv1.EngineReserveRequest) (*kvtierv1.EngineReserveResponse, error) {
-	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
+	ns, sc, err := sv.openEngine(ctx, in.GetNamespace())
 	if err != nil {
 		return nil, err
 	}
-	out, err := ns.EngineReserve(sessionOf(ctx), in)
+	out, err := ns.EngineReserve(sessionOf(ctx), in, sc.keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 )
@@ -86,7 +87,7 @@ func TestEngineLeasesModel(t *testing.T) {
 			return rapid.SampledFrom(ids).Draw(rt, "req")
 		}
 		step := func(rt *rapid.T, e *modelEngine, in *kvtierv1.EngineStepRequest) *kvtierv1.EngineStepResponse {
-			out, err := ns.EngineStep(e.s, in)
+			out, err := ns.EngineStep(e.s, in, keyspace.Space{})
 			if err != nil {
 				rt.Fatalf("step: %v", err)
 			}

@@ -29,11 +29,11 @@ func startEngineDaemon(t *testing.T) (string, *server.Server) {
 
 // startEngineDaemonWith is startEngineDaemon with limits and, when tiers
 // is not nil, the secondary tiers it makes for each namespace.
-func startEngineDaemonWith(t *testing.T, limits server.Limits, tiers func() ([]offload.SecondaryTier, error)) (string, *server.Server) {
+func startEngineDaemonWith(t *testing.T, limits server.Limits, tiers func() ([]offload.SecondaryTier, error), mods ...func(*server.Config)) (string, *server.Server) {
 	t.Helper()
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "k.sock")
-	srv, err := server.New(server.Config{
+	cfg := server.Config{
 		UnixSocket: sock,
 		Limits:     limits,
 		Engines: func(_ context.Context, name string, l region.Layout) (server.NamespaceConfig, error) {
@@ -53,7 +53,11 @@ func startEngineDaemonWith(t *testing.T, limits server.Limits, tiers func() ([]o
 			}
 			return server.ManagerNamespace(name, m, p, offload.Parser{}), nil
 		},
-	})
+	}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

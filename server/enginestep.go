@@ -10,6 +10,7 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 )
@@ -20,7 +21,7 @@ import (
 // lease top-up and the step's events. An entry that names an unknown
 // request or a slot not leased to the session is skipped with a warning
 // in the answer: one bad entry must not cost the engine its step.
-func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kvtierv1.EngineStepResponse, error) {
+func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest, sp keyspace.Space) (*kvtierv1.EngineStepResponse, error) {
 	lm, err := ns.engineCall(s, in.GetEpoch(), "step")
 	if err != nil {
 		return nil, err
@@ -29,7 +30,7 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 		return nil, err
 	}
 	defer ns.mu.Unlock()
-	st := &engineStep{ns: ns, s: s, lm: lm, in: in, out: &kvtierv1.EngineStepResponse{}, leases: ns.leasesOf(s)}
+	st := &engineStep{ns: ns, s: s, lm: lm, in: in, space: sp, out: &kvtierv1.EngineStepResponse{}, leases: ns.leasesOf(s)}
 	for _, phase := range []func() error{st.newRequests, st.unpins, st.stores, st.reset, st.touches, st.lookups, st.finishes, st.returns, st.end} {
 		if err := phase(); err != nil {
 			return nil, err
@@ -42,12 +43,12 @@ func (ns *Namespace) EngineStep(s *session, in *kvtierv1.EngineStepRequest) (*kv
 // (see the API): which keys the daemon holds, in the primary or promoting
 // into it, and up to in.more_slots more slots leased to s. It pins
 // nothing and ends no step.
-func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest) (*kvtierv1.EngineReserveResponse, error) {
+func (ns *Namespace) EngineReserve(s *session, in *kvtierv1.EngineReserveRequest, sp keyspace.Space) (*kvtierv1.EngineReserveResponse, error) {
 	lm, err := ns.engineCall(s, in.GetEpoch(), "reserve")
 	if err != nil {
 		return nil, err
 	}
-	keys, err := packedKeys(in.GetPackedKeys(), in.GetKeySize(), ns.limits.MaxKeysPerCall)
+	keys, err := spaceKeys(sp, in.GetPackedKeys(), in.GetKeySize(), ns.limits.MaxKeysPerCall)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +117,7 @@ type engineStep struct {
 	in      *kvtierv1.EngineStepRequest
 	out     *kvtierv1.EngineStepResponse
 	leases  map[int64]struct{} // the session's leased slots
+	space   keyspace.Space     // the engine's keys' (a tenant's engine: its own)
 	looking []stepLookup       // the step's lookups, settled at its end
 }
 
@@ -127,7 +129,19 @@ func (st *engineStep) warn(format string, args ...any) {
 }
 
 func (st *engineStep) keys(packed []byte, size uint32) ([]offload.Key, error) {
-	return packedKeys(packed, size, st.ns.limits.MaxKeysPerCall)
+	return spaceKeys(st.space, packed, size, st.ns.limits.MaxKeysPerCall)
+}
+
+// spaceKeys decodes an engine's packed keys into key space sp.
+func spaceKeys(sp keyspace.Space, packed []byte, size uint32, max int) ([]offload.Key, error) {
+	keys, err := packedKeys(packed, size, max)
+	if err != nil || !sp.Tagged() {
+		return keys, err
+	}
+	for i, k := range keys {
+		keys[i] = sp.Key([]byte(k))
+	}
+	return keys, nil
 }
 
 func (st *engineStep) newRequests() error {
@@ -296,7 +310,17 @@ func (st *engineStep) end() error {
 		return nil
 	}
 	for _, e := range ns.mgr.TakeEvents() {
-		packed, size := packKeys(e.Keys)
+		keys := e.Keys
+		if st.space.Tagged() {
+			// The engine knows its keys without the space's tag.
+			keys = make([]offload.Key, 0, len(e.Keys))
+			for _, k := range e.Keys {
+				if raw, ok := st.space.Strip(k); ok {
+					keys = append(keys, raw)
+				}
+			}
+		}
+		packed, size := packKeys(keys)
 		out.Events = append(out.Events, &kvtierv1.RegionEvent{
 			PackedKeys: packed, KeySize: size, Medium: kvtierv1.Medium(e.Medium), Locality: kvtierv1.Locality(e.Locality),
 			Removed: e.Removed, Tier: e.Tier,

@@ -49,6 +49,17 @@ func (sv *service) openAdmin(ctx context.Context, name string) (*Namespace, scop
 	return sv.open(ctx, name)
 }
 
+// openEngine is open for manager mode's calls (the engine calls,
+// GetArena): the admin's anywhere, a tenant's only on an engine namespace
+// its own engines created, whose arena holds nothing of anyone else's.
+func (sv *service) openEngine(ctx context.Context, name string) (*Namespace, scope, error) {
+	if t := principalOf(ctx).t; t != nil && sv.s.tenancy.ownerOf(name) != t {
+		t.ctr.refusals.Add(1)
+		return nil, scope{}, status.Errorf(codes.PermissionDenied, "tenant %q: namespace %q is not one its engines attached (a tenant's engine calls and arena are its own engine namespaces': EngineAttach names them)", t.name, name)
+	}
+	return sv.open(ctx, name)
+}
+
 func (sv *service) ns(name string) (*Namespace, error) {
 	ns, ok := sv.s.Namespace(name)
 	if !ok {
@@ -397,7 +408,7 @@ func (sv *service) GetBlocks(ctx context.Context, in *kvtierv1.GetBlocksRequest)
 }
 
 func (sv *service) GetArena(ctx context.Context, in *kvtierv1.GetArenaRequest) (*kvtierv1.GetArenaResponse, error) {
-	ns, _, err := sv.openAdmin(ctx, in.GetNamespace())
+	ns, _, err := sv.openEngine(ctx, in.GetNamespace())
 	if err != nil {
 		return nil, err
 	}

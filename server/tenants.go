@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -29,10 +30,14 @@ import (
 // A tenant reaches only the namespaces its configuration lists and the
 // shared spaces it belongs to; every other namespace answers
 // PERMISSION_DENIED, whether it exists or not. It may call only the
-// copying API (tenantMethods): the slot protocol (PrepareStore, PrepareLoad
-// and their completions) names arena slots, which hold every tenant's
-// bytes, so it is the admin's, as are Reset, ListBlocks, GetArena and the
-// engine and region calls. Its keys and request identifiers are scoped to
+// copying API (tenantMethods) and manager mode on engine namespaces of
+// its own: the slot protocol (PrepareStore, PrepareLoad and their
+// completions) names arena slots, which in a namespace tenants share hold
+// every tenant's bytes, so it is the admin's, as are Reset, ListBlocks,
+// the region calls, and GetArena and the engine calls anywhere but in an
+// engine namespace the tenant's own engines created. Such a namespace
+// (layout name + "~" + tenant) has a primary and an arena of its own, and
+// its keys are put in the tenant's key space like every other call's. Its keys and request identifiers are scoped to
 // its key space before the namespace sees them (scope), and keys go back
 // to it stripped of their tag, only its own.
 
@@ -70,6 +75,12 @@ var tenantMethods = map[string]bool{
 	kvtierv1.KVTier_Explain_FullMethodName:       true,
 	kvtierv1.KVTier_PutBlocks_FullMethodName:     true,
 	kvtierv1.KVTier_GetBlocks_FullMethodName:     true,
+	// Manager mode, on engine namespaces of the tenant's own only
+	// (service.openEngine): their arenas hold its blocks alone.
+	kvtierv1.KVTier_EngineAttach_FullMethodName:  true,
+	kvtierv1.KVTier_EngineStep_FullMethodName:    true,
+	kvtierv1.KVTier_EngineReserve_FullMethodName: true,
+	kvtierv1.KVTier_GetArena_FullMethodName:      true,
 }
 
 // tenant is a configured tenant and its counters.
@@ -104,6 +115,41 @@ type tenancy struct {
 	shared  map[string]*sharedSpace
 	// unixPeers: who a token-less caller on the Unix socket is, by uid.
 	unixPeers map[int]principal
+	// owned are the engine namespaces tenants' engines created
+	// (engine.go), each with an arena of its own: only its tenant (and
+	// the admin) reaches them.
+	ownedMu sync.RWMutex
+	owned   map[string]*tenant
+}
+
+// ownerOf returns the tenant whose engines own namespace name (nil: none).
+func (tn *tenancy) ownerOf(name string) *tenant {
+	tn.ownedMu.RLock()
+	defer tn.ownedMu.RUnlock()
+	return tn.owned[name]
+}
+
+// own records that tenant t's engines created namespace name.
+func (tn *tenancy) own(name string, t *tenant) {
+	tn.ownedMu.Lock()
+	defer tn.ownedMu.Unlock()
+	if tn.owned == nil {
+		tn.owned = map[string]*tenant{}
+	}
+	tn.owned[name] = t
+}
+
+// ownedBy counts the namespaces tenant t's engines created.
+func (tn *tenancy) ownedBy(t *tenant) int {
+	tn.ownedMu.RLock()
+	defer tn.ownedMu.RUnlock()
+	n := 0
+	for _, o := range tn.owned {
+		if o == t {
+			n++
+		}
+	}
+	return n
 }
 
 func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenancy, error) {
@@ -310,6 +356,13 @@ func (sc scope) reqIDs(ids []string) []string {
 // PERMISSION_DENIED before saying whether the namespace exists.
 func (tn *tenancy) resolve(p principal, name string) (nsName string, sc scope, err error) {
 	sc.t = p.t
+	if o := tn.ownerOf(name); o != nil {
+		if p.t != nil && p.t != o {
+			return "", sc, tn.deny(p, name)
+		}
+		sc.keys = o.space
+		return name, sc, nil
+	}
 	if sh := tn.shared[name]; sh != nil {
 		if p.t != nil && !sh.tenants[p.t.name] {
 			return "", sc, tn.deny(p, name)

@@ -105,21 +105,29 @@ def test_killed_daemon_misses_then_the_engine_reattaches(kvtier_bin: str) -> Non
 ADMIN = "admin-token-0123456789abcdef"
 
 
-def test_an_engine_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str) -> None:
+TENANT = "acme-token-0123456789abcdef"
+
+
+@pytest.mark.parametrize("who", ["admin", "tenant"])
+def test_an_engine_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: str) -> None:
     """A daemon with tokens hands the arena only against a ticket of an
     authenticated call: the engine's workers take one of their own with
     the spec's token, also for the new epoch's arena after a restart. The
-    same engine without the token is refused at its attach."""
+    same engine without the token is refused at its attach. With a
+    tenant's token the engine gets a namespace (and an arena) of the
+    tenant's own and serves exactly as with the admin's."""
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
     cfg = engine_daemon_config(d, "1MiB").replace("shutdown_timeout: 20s", f"shutdown_timeout: 20s, auth_token: {ADMIN}")
+    cfg += f"tenants:\n  - {{name: acme, token: {TENANT}, namespaces: [default]}}\n"
     daemon = Daemon(kvtier_bin, d, cfg).start()
     daemon.token = ADMIN
     with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
         engine(daemon, tiny_model_dir())
-    e = engine(daemon, tiny_model_dir(), token=ADMIN)
+    e = engine(daemon, tiny_model_dir(), token=ADMIN if who == "admin" else TENANT)
     try:
         m = e.manager
         ns, epoch = m._ns, m._epoch
+        assert ns.endswith("~acme") == (who == "tenant")
         assert serve(e, "a", prompt(1)) == (0, 0)
         e.reset_prefix_cache()
         assert serve(e, "a1", prompt(1)) == (4, 4)  # through the mapped arena

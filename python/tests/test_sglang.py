@@ -140,18 +140,23 @@ def test_set_evict_get_from_fs(engine_daemon: Daemon) -> None:
     b.close()
 
 
-def test_a_backend_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str) -> None:
+@pytest.mark.parametrize("who", ["admin", "tenant"])
+def test_a_backend_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: str) -> None:
     """A daemon with tokens hands the arena only against the attach's
-    ticket: the backend with the token round-trips pages through the
-    mapped arena; without it the attach is refused and it serves misses."""
-    admin = "admin-token-0123456789abcdef"
+    ticket: the backend with the token (the admin's, or a tenant's, which
+    attaches to a namespace and arena of the tenant's own) round-trips
+    pages through the mapped arena; without it the attach is refused and
+    it serves misses."""
+    admin, tenant = "admin-token-0123456789abcdef", "acme-token-0123456789abcdef"
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvs"))
     cfg = engine_daemon_config(d, "4MiB").replace("shutdown_timeout: 20s", f"shutdown_timeout: 20s, auth_token: {admin}")
+    cfg += f"tenants:\n  - {{name: acme, token: {tenant}, namespaces: [default]}}\n"
     dm = Daemon(kvtier_bin, d, cfg).start()
     dm.token = admin
     try:
         host = host_pool()
-        b = backend(dm, host, token=admin)
+        b = backend(dm, host, token=admin if who == "admin" else tenant)
+        assert b._link is not None and b._link.namespace.endswith("~acme") == (who == "tenant")
         a = keys("t", 4)
         assert b.batch_set_v1(a, pages(0, 4)) == [True] * 4
         assert b.batch_get_v1(a, pages(8, 4)) == [True] * 4

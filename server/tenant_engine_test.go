@@ -1,0 +1,141 @@
+package server_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/server"
+)
+
+// TestEnginesAsTenants: engines of two tenants with one layout attach with
+// their tenants' tokens and get a namespace each, with an arena of its
+// own: what acme's engine stores is in acme's mapping only, beta's engine
+// looking up the same key misses, and neither reaches the other's
+// namespace, arena or the admin's.
+func TestEnginesAsTenants(t *testing.T) {
+	const admin = "admin-token-0123456789"
+	tenants := []server.TenantConfig{
+		{Name: "acme", Token: "acme-token-0123456789", Namespaces: []string{""}},
+		{Name: "beta", Token: "beta-token-0123456789", Namespaces: []string{""}},
+	}
+	sock, _ := startEngineDaemonWith(t, server.Limits{}, nil, func(c *server.Config) {
+		c.AuthToken, c.Tenants, c.MaxNamespaces = admin, tenants, 6
+	})
+	ctx := ctxT(t)
+	dial := func(token string) *client.Client {
+		c, err := client.Dial(sock, client.Options{Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	acme, beta, adm := dial(tenants[0].Token), dial(tenants[1].Token), dial(admin)
+	attach := func(c *client.Client) *kvtierv1.EngineAttachResponse {
+		t.Helper()
+		att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return att
+	}
+	aa, ba, da := attach(acme), attach(beta), attach(adm)
+	if aa.GetNamespace() == ba.GetNamespace() || aa.GetNamespace() == da.GetNamespace() || !strings.HasSuffix(aa.GetNamespace(), "~acme") {
+		t.Fatalf("namespaces: acme %q, beta %q, admin %q", aa.GetNamespace(), ba.GetNamespace(), da.GetNamespace())
+	}
+	if aa.GetTicket() == "" {
+		t.Fatal("a tenant's attach carries no arena ticket")
+	}
+
+	// Each stores the same engine key with its own bytes.
+	k := offload.MakeKey([]byte("shared-prompt-block"), 0)
+	packed, size := pack(k)
+	store := func(c *client.Client, att *kvtierv1.EngineAttachResponse, fill byte) *client.Arena {
+		t.Helper()
+		ns := att.GetNamespace()
+		arena, err := c.WithNamespace(ns).MapArena(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { arena.Close() })
+		r, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+			NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "a"}}, WantFreeSlots: 1})
+		if err != nil || len(r.GetGrantedSlots()) != 1 {
+			t.Fatalf("step: %v %v", r, err)
+		}
+		slot := r.GetGrantedSlots()[0]
+		b, _ := arena.Slot(slot)
+		copy(b, bytes.Repeat([]byte{fill}, len(b)))
+		r, err = c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: att.GetEpoch(),
+			Stores:             []*kvtierv1.EngineStore{{RequestId: "a", PackedKeys: packed, KeySize: size, Slots: []int64{slot}, Success: true}},
+			FinishedRequestIds: []string{"a"}})
+		if err != nil || len(r.GetWarnings()) != 0 {
+			t.Fatalf("store: %v %v", r, err)
+		}
+		// Events name the engine's own key, without the space's tag.
+		if len(r.GetEvents()) != 1 || !bytes.Equal(r.GetEvents()[0].GetPackedKeys(), packed) {
+			t.Fatalf("events %v, want the engine's key", r.GetEvents())
+		}
+		return arena
+	}
+	acmeArena := store(acme, aa, 'a')
+	lookup := func(c *client.Client, att *kvtierv1.EngineAttachResponse, id string) byte {
+		t.Helper()
+		r, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: att.GetNamespace(), Epoch: att.GetEpoch(),
+			NewRequests:        []*kvtierv1.EngineNewRequest{{RequestId: id}},
+			Lookups:            []*kvtierv1.EngineKeys{{RequestId: id, PackedKeys: packed, KeySize: size}},
+			FinishedRequestIds: []string{id}})
+		if err != nil || len(r.GetLookups()) != 1 {
+			t.Fatalf("lookup: %v %v", r, err)
+		}
+		return r.GetLookups()[0].GetFound()[0]
+	}
+	hit, miss := byte(kvtierv1.RegionFound_REGION_FOUND_HIT), byte(kvtierv1.RegionFound_REGION_FOUND_MISS)
+	if f := lookup(acme, aa, "b"); f != hit {
+		t.Fatalf("acme's own block: %d", f)
+	}
+	if f := lookup(beta, ba, "b"); f != miss {
+		t.Fatalf("beta's engine found acme's block: %d", f)
+	}
+	betaArena := store(beta, ba, 'b')
+	for i := range acmeArena.NumSlots() {
+		if b, _ := acmeArena.Slot(int64(i)); bytes.IndexByte(b, 'b') >= 0 {
+			t.Fatalf("acme's mapping holds beta's bytes (slot %d)", i)
+		}
+	}
+	for i := range betaArena.NumSlots() {
+		if b, _ := betaArena.Slot(int64(i)); bytes.IndexByte(b, 'a') >= 0 {
+			t.Fatalf("beta's mapping holds acme's bytes (slot %d)", i)
+		}
+	}
+
+	// No tenant reaches another's engine namespace or the admin's.
+	for _, tc := range []struct {
+		c  *client.Client
+		ns string
+	}{{beta, aa.GetNamespace()}, {acme, da.GetNamespace()}, {acme, ""}} {
+		if _, err := tc.c.WithNamespace(tc.ns).API().GetArena(ctx, &kvtierv1.GetArenaRequest{Namespace: tc.ns}); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("GetArena of %q: %v", tc.ns, err)
+		}
+		_, err := tc.c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: tc.ns, WantFreeSlots: 1})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("EngineStep on %q: %v", tc.ns, err)
+		}
+	}
+	// A tenant creates at most its share of the engine namespaces:
+	// (6 − 0 configured) / (2 tenants + 1) = 2.
+	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted} {
+		layout := strings.Replace(engineLayout(), `"model":"m"`, `"model":"m`+string(rune('1'+i))+`"`, 1)
+		_, err := acme.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: layout})
+		if status.Code(err) != want {
+			t.Fatalf("acme's layout %d: %v, want %v", i+2, err, want)
+		}
+	}
+}
