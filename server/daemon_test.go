@@ -180,7 +180,7 @@ func (d *daemon) stop(t *testing.T) {
 	}
 }
 
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kvd")
 	if err != nil {

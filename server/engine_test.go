@@ -29,7 +29,7 @@ func startEngineDaemon(t *testing.T) (string, *server.Server) {
 
 // startEngineDaemonWith is startEngineDaemon with limits and, when tiers
 // is not nil, the secondary tiers it makes for each namespace.
-func startEngineDaemonWith(t *testing.T, limits server.Limits, tiers func() ([]offload.SecondaryTier, error), mods ...func(*server.Config)) (string, *server.Server) {
+func startEngineDaemonWith(t testing.TB, limits server.Limits, tiers func() ([]offload.SecondaryTier, error), mods ...func(*server.Config)) (string, *server.Server) {
 	t.Helper()
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "k.sock")

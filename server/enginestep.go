@@ -134,12 +134,28 @@ func (st *engineStep) keys(packed []byte, size uint32) ([]offload.Key, error) {
 
 // spaceKeys decodes an engine's packed keys into key space sp.
 func spaceKeys(sp keyspace.Space, packed []byte, size uint32, max int) ([]offload.Key, error) {
-	keys, err := packedKeys(packed, size, max)
-	if err != nil || !sp.Tagged() {
-		return keys, err
+	if !sp.Tagged() {
+		return packedKeys(packed, size, max)
 	}
-	for i, k := range keys {
-		keys[i] = sp.Key([]byte(k))
+	// Checked as packedKeys checks them, then decoded with the tag before
+	// each key, in one allocation for all of them.
+	if size == 0 || len(packed)%int(size) != 0 || len(packed)/int(size) > max {
+		return packedKeys(packed, size, max) // its error, or no keys
+	}
+	n, tag := len(packed)/int(size), sp.Key(nil)
+	step := len(tag) + int(size)
+	buf := make([]byte, 0, n*step)
+	for i := range n {
+		buf = append(buf, tag...)
+		buf = append(buf, packed[i*int(size):(i+1)*int(size)]...)
+	}
+	all := string(buf)
+	keys := make([]offload.Key, n)
+	for i := range keys {
+		keys[i] = offload.Key(all[i*step : (i+1)*step])
+		if !offload.Key(all[i*step+len(tag) : (i+1)*step]).Valid() {
+			return nil, fmt.Errorf("%w: keys[%d]", offload.ErrInvalidKey, i)
+		}
 	}
 	return keys, nil
 }

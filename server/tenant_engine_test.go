@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -137,5 +139,73 @@ func TestEnginesAsTenants(t *testing.T) {
 		if status.Code(err) != want {
 			t.Fatalf("acme's layout %d: %v, want %v", i+2, err, want)
 		}
+	}
+}
+
+// BenchmarkEngineStepTenant is what a tenant's own engine namespace costs
+// an engine step against the admin's (issue 42): the same step — a
+// request, a lookup of 256 keys held in the primary (each HIT pins its
+// block: the next step unpins them), the request finished — on the admin's
+// namespace and on a tenant's, whose keys are put into its key space. One
+// daemon, both over its Unix socket.
+func BenchmarkEngineStepTenant(b *testing.B) {
+	const admin = "admin-token-0123456789"
+	tenants := []server.TenantConfig{{Name: "acme", Token: "acme-token-0123456789", Namespaces: []string{""}}}
+	sock, _ := startEngineDaemonWith(b, server.Limits{}, nil, func(c *server.Config) {
+		c.AuthToken, c.Tenants, c.MaxNamespaces = admin, tenants, 6
+	})
+	ctx := context.Background()
+	for _, who := range []struct{ name, token string }{{"admin", admin}, {"tenant", tenants[0].Token}} {
+		c, err := client.Dial(sock, client.Options{Token: who.token})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		att, err := c.API().EngineAttach(ctx, &kvtierv1.EngineAttachRequest{Layout: engineLayout()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ns, epoch := att.GetNamespace(), att.GetEpoch()
+		// 16 blocks in the 16-slot primary, looked up 16 times a step.
+		r, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: epoch,
+			NewRequests: []*kvtierv1.EngineNewRequest{{RequestId: "s"}}, WantFreeSlots: 16})
+		if err != nil || len(r.GetGrantedSlots()) != 16 {
+			b.Fatalf("lease: %v %v", r, err)
+		}
+		var ks []offload.Key
+		for i := range 16 {
+			ks = append(ks, offload.MakeKey([]byte(fmt.Sprintf("bench-block-%02d", i)), 0))
+		}
+		packed, size := pack(ks...)
+		if _, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: epoch,
+			Stores:             []*kvtierv1.EngineStore{{RequestId: "s", PackedKeys: packed, KeySize: size, Slots: r.GetGrantedSlots(), Success: true}},
+			FinishedRequestIds: []string{"s"}}); err != nil {
+			b.Fatal(err)
+		}
+		var lookups []byte
+		for range 16 {
+			lookups = append(lookups, packed...)
+		}
+		i := 0 // request ids stay unique over the runs of the sub-benchmark
+		b.Run(who.name, func(b *testing.B) {
+			for b.Loop() {
+				// The step unpins what the previous one's lookups pinned
+				// (its lookup leases), as an engine's loads do.
+				prev, id := fmt.Sprint("r", i-1), fmt.Sprint("r", i)
+				i++
+				var unpins []*kvtierv1.EngineKeys
+				if i > 1 {
+					unpins = []*kvtierv1.EngineKeys{{RequestId: prev, PackedKeys: lookups, KeySize: size}}
+				}
+				r, err := c.API().EngineStep(ctx, &kvtierv1.EngineStepRequest{Namespace: ns, Epoch: epoch,
+					NewRequests:        []*kvtierv1.EngineNewRequest{{RequestId: id}},
+					Unpins:             unpins,
+					Lookups:            []*kvtierv1.EngineKeys{{RequestId: id, PackedKeys: lookups, KeySize: size}},
+					FinishedRequestIds: []string{id}})
+				if err != nil || len(r.GetLookups()) != 1 || r.GetLookups()[0].GetFound()[0] != byte(kvtierv1.RegionFound_REGION_FOUND_HIT) {
+					b.Fatalf("step %s: %v %v", id, r.GetWarnings(), err)
+				}
+			}
+		})
 	}
 }
