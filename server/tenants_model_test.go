@@ -31,7 +31,11 @@ import (
 //   - a call outside a tenant's rights is PERMISSION_DENIED (a bad token
 //     UNAUTHENTICATED), and one within them succeeds;
 //   - a tenant holding no more than its quota loses no block to another
-//     tenant's put, and one that does is left at its quota or above.
+//     tenant's put, and one that does is left at its quota or above;
+//   - a put into a tenant's own space that fits within its quota is never
+//     refused and evicts none of its blocks, whatever the other tenants
+//     do meanwhile: pin their blocks (the steering API), flood the request
+//     table, hold requests open and kill their sessions.
 func TestTenantsModel(t *testing.T) {
 	rapid.Check(t, tenantsModel)
 }
@@ -136,6 +140,9 @@ func tenantsModel(rt *rapid.T) {
 			}
 			if err != nil {
 				if status.Code(err) == codes.ResourceExhausted {
+					if held := before[tn.name].GetPrimaryBytes(); ns == "" && held+int64(len(blocks))*slotSize <= int64(tn.quota)*slotSize {
+						rt.Fatalf("%s, holding %d of its %d quota bytes, was refused a put of %d blocks: %v", tn.name, held, tn.quota*slotSize, len(blocks), err)
+					}
 					return // no room it may take: refused, nothing written
 				}
 				rt.Fatalf("%s put into %q: %v", tn.name, ns, err)
@@ -148,6 +155,11 @@ func tenantsModel(rt *rapid.T) {
 				written[space][b.Key] = append(written[space][b.Key], b.Data)
 			}
 			after := tenantStats()
+			if held := before[tn.name].GetPrimaryBytes(); ns == "" && held+int64(len(blocks))*slotSize <= int64(tn.quota)*slotSize &&
+				after[tn.name].GetEvicted() != before[tn.name].GetEvicted() {
+				rt.Fatalf("%s, holding %d of its %d quota bytes, evicted %d of its own blocks to store %d", tn.name, held, tn.quota*slotSize,
+					after[tn.name].GetEvicted()-before[tn.name].GetEvicted(), len(blocks))
+			}
 			for name, a := range after {
 				b := before[name]
 				if name == space || a.GetEvictedByOthers() == b.GetEvictedByOthers() {
@@ -211,6 +223,42 @@ func tenantsModel(rt *rapid.T) {
 			if status.Code(err) != codes.Unauthenticated {
 				rt.Fatalf("token %q: %v, want UNAUTHENTICATED", tok, err)
 			}
+		},
+		"pin": func(rt *rapid.T) {
+			tn := rapid.SampledFrom(tenants).Draw(rt, "tenant")
+			ns := rapid.SampledFrom(namespaces[:2]).Draw(rt, "namespace")
+			var ks []offload.Key
+			for range rapid.IntRange(1, 4).Draw(rt, "keys") {
+				ks = append(ks, key(keyGen.Draw(rt, "key")))
+			}
+			// Refusals past the pin budget are expected; a wrong answer to
+			// rights is not.
+			if _, err := tn.client.WithNamespace(ns).Pin(ctx, ks, time.Hour); err != nil && !allowed(tn, ns) != (status.Code(err) == codes.PermissionDenied) {
+				rt.Fatalf("%s pin in %q: %v", tn.name, ns, err)
+			}
+		},
+		"unpin": func(rt *rapid.T) {
+			tn := rapid.SampledFrom(tenants).Draw(rt, "tenant")
+			if _, err := tn.client.Unpin(ctx, []offload.Key{key(keyGen.Draw(rt, "key"))}); err != nil {
+				rt.Fatalf("%s unpin: %v", tn.name, err)
+			}
+		},
+		"request flood": func(rt *rapid.T) {
+			tn := rapid.SampledFrom(tenants).Draw(rt, "tenant")
+			for i := range rapid.IntRange(1, 64).Draw(rt, "requests") {
+				version++
+				if _, err := tn.client.NewRequest(ctx, fmt.Sprintf("flood-%d-%d", version, i), ""); err != nil {
+					if status.Code(err) != codes.ResourceExhausted {
+						rt.Fatalf("%s request flood: %v", tn.name, err)
+					}
+					break
+				}
+			}
+		},
+		"session kill": func(rt *rapid.T) {
+			tn := rapid.SampledFrom(tenants).Draw(rt, "tenant")
+			tn.client.Close()
+			tn.client = dial(tn.token, "")
 		},
 		"admin reset": func(rt *rapid.T) {
 			if rapid.IntRange(0, 5).Draw(rt, "rarely") != 0 {
