@@ -151,6 +151,8 @@ func TestParseErrors(t *testing.T) {
 			[]string{`events.mode: invalid value "listen" (want bind or connect)`}},
 		{"unreachable API", "server: {unix_socket: \"\", tcp_addr: \"\"}\n",
 			[]string{`server: neither unix_socket nor tcp_addr is set`}},
+		{"certificate without client CA", "tenants: [{name: acme, token: 0123456789abcdef, namespaces: [default], client_cert_cn: acme}]\n",
+			[]string{`tenants[0].client_cert_cn: needs server.tls.client_ca_file`}},
 		{"unix peers without tokens", "server: {unix_peers: [{uid: 0, as: admin}]}\n",
 			[]string{`server.unix_peers: set without server.auth_token or tenants`}},
 		{"unix peer without uid", "server: {auth_token: 0123456789abcdef, unix_peers: [{as: admin}]}\n",

@@ -40,6 +40,12 @@ type Tenant struct {
 	// writes a request's cache_salt (the first block's extra_keys), for a
 	// router that knows it; "" uses "kvtier_tenant:<name>".
 	EventSalt string `yaml:"event_salt"`
+	// ClientCertCN binds the tenant to TLS client certificates (needs
+	// server.tls.client_ca_file): a TCP or block-stream caller whose
+	// verified certificate has this common name is the tenant without a
+	// token, and the tenant's token is refused from a caller presenting
+	// any other certificate.
+	ClientCertCN string `yaml:"client_cert_cn"`
 }
 
 // countSet counts the non-empty strings of vs.
@@ -152,6 +158,7 @@ func (c *Config) checkTenants(d *decoder) {
 		}
 	}
 	salts := map[string]string{}
+	certs := map[string]string{}
 	salt := func(path, name, v string) {
 		if v == "" {
 			v = "kvtier_tenant:" + name // events.SpacePrefix (config does not import events)
@@ -191,6 +198,15 @@ func (c *Config) checkTenants(d *decoder) {
 				d.errorf(nil, path+".token", "the same token as %s: every tenant needs its own", other)
 			}
 			tokens[t.Token] = path
+		}
+		if t.ClientCertCN != "" {
+			if c.Server.TLS.ClientCAFile == "" {
+				d.errorf(nil, path+".client_cert_cn", "needs server.tls.client_ca_file: only a verified client certificate names a tenant")
+			}
+			if other, dup := certs[t.ClientCertCN]; dup {
+				d.errorf(nil, path+".client_cert_cn", "%q is also %s's", t.ClientCertCN, other)
+			}
+			certs[t.ClientCertCN] = path
 		}
 		if len(t.Namespaces) == 0 {
 			d.errorf(nil, path+".namespaces", "required: the namespaces the tenant's token reaches (%q is the daemon's own)", DefaultNamespaceName)

@@ -144,7 +144,11 @@ func (s *Server) streamConn(c net.Conn) error {
 		_, _ = c.Write([]byte(streamMagic + "\x01"))
 		return errors.New("block stream: refused")
 	}
-	p, err := s.tenancy.authenticate(string(token), len(token) > 0, caller{})
+	from := caller{}
+	if tc, ok := c.(*tls.Conn); ok {
+		from.certCN = verifiedCN(tc.ConnectionState())
+	}
+	p, err := s.tenancy.authenticate(string(token), len(token) > 0, from)
 	if err != nil {
 		s.metrics.authRefusals.WithLabelValues("stream", "token").Inc()
 		return refuse()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,7 +14,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
@@ -48,6 +51,11 @@ type TenantConfig struct {
 	// Namespaces are the API names of the namespaces the token reaches
 	// ("" is the default namespace).
 	Namespaces []string
+	// ClientCertCN, if set, binds the tenant to verified TLS client
+	// certificates of this common name: such a caller is the tenant
+	// without a token, and the tenant's token from a caller presenting
+	// another certificate is refused.
+	ClientCertCN string
 }
 
 // SharedSpaceConfig is a key space several tenants share, reached as the
@@ -86,6 +94,7 @@ var tenantMethods = map[string]bool{
 // tenant is a configured tenant and its counters.
 type tenant struct {
 	name       string
+	certCN     string
 	index      int // in tenancy.tenants
 	space      keyspace.Space
 	namespaces map[string]bool
@@ -112,6 +121,7 @@ type tenancy struct {
 	admin   string
 	tenants []*tenant
 	byToken map[[32]byte]*tenant
+	byCert  map[string]*tenant // ClientCertCN
 	shared  map[string]*sharedSpace
 	// unixPeers: who a token-less caller on the Unix socket is, by uid.
 	unixPeers map[int]principal
@@ -153,7 +163,7 @@ func (tn *tenancy) ownedBy(t *tenant) int {
 }
 
 func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenancy, error) {
-	tn := &tenancy{admin: admin, byToken: map[[32]byte]*tenant{}, shared: map[string]*sharedSpace{}}
+	tn := &tenancy{admin: admin, byToken: map[[32]byte]*tenant{}, byCert: map[string]*tenant{}, shared: map[string]*sharedSpace{}}
 	names := map[string]bool{}
 	for i, c := range ts {
 		if c.Token == "" {
@@ -174,7 +184,13 @@ func newTenancy(admin string, ts []TenantConfig, ss []SharedSpaceConfig) (*tenan
 		if _, dup := tn.byToken[h]; dup {
 			return nil, fmt.Errorf("tenant %q: the same token as another tenant", c.Name)
 		}
-		t := &tenant{name: c.Name, index: i, space: sp, namespaces: map[string]bool{}}
+		t := &tenant{name: c.Name, certCN: c.ClientCertCN, index: i, space: sp, namespaces: map[string]bool{}}
+		if c.ClientCertCN != "" {
+			if other := tn.byCert[c.ClientCertCN]; other != nil {
+				return nil, fmt.Errorf("tenant %q: client certificate %q is also tenant %q's", c.Name, c.ClientCertCN, other.name)
+			}
+			tn.byCert[c.ClientCertCN] = t
+		}
 		for _, n := range c.Namespaces {
 			t.namespaces[n] = true
 		}
@@ -222,10 +238,12 @@ func principalOf(ctx context.Context) principal {
 var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or invalid bearer token (send metadata authorization: Bearer <token>)")
 
 // caller is where a call comes from: the Unix socket (with its peer's
-// credentials) or a remote listener.
+// credentials) or a remote listener (with the common name of the client
+// certificate it presented and TLS verified, "" for none).
 type caller struct {
-	local bool
-	peer  unixPeer
+	local  bool
+	peer   unixPeer
+	certCN string
 }
 
 // authenticate returns the principal of a call with bearer token token
@@ -235,6 +253,9 @@ func (tn *tenancy) authenticate(token string, has bool, c caller) (principal, er
 	if !has {
 		if open {
 			return principal{}, nil
+		}
+		if t := tn.byCert[c.certCN]; t != nil && c.certCN != "" {
+			return principal{t: t}, nil
 		}
 		if c.local {
 			if p, ok := tn.unixPeers[c.peer.uid]; ok && c.peer.known {
@@ -250,6 +271,10 @@ func (tn *tenancy) authenticate(token string, has bool, c caller) (principal, er
 	// A map of token digests: the lookup's timing tells nothing of the
 	// tokens themselves.
 	if t := tn.byToken[sha256.Sum256([]byte(token))]; t != nil {
+		if t.certCN != "" && !c.local && c.certCN != t.certCN {
+			// A token bound to a certificate is no good without it.
+			return principal{}, errUnauthenticated
+		}
 		return principal{t: t}, nil
 	}
 	if open {
@@ -269,10 +294,25 @@ func (tn *tenancy) unixRefusal(p unixPeer) error {
 
 // callerOf returns where the call of ctx comes from.
 func callerOf(ctx context.Context, local bool) caller {
-	if !local {
-		return caller{}
+	if local {
+		return caller{local: true, peer: unixPeerOf(ctx)}
 	}
-	return caller{local: true, peer: unixPeerOf(ctx)}
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			return caller{certCN: verifiedCN(ti.State)}
+		}
+	}
+	return caller{}
+}
+
+// verifiedCN returns the common name of the client certificate a TLS
+// connection presented and verified against the configured CA ("" when
+// none was verified).
+func verifiedCN(st tls.ConnectionState) string {
+	if len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return ""
+	}
+	return st.VerifiedChains[0][0].Subject.CommonName
 }
 
 // bearer returns the call's bearer token.

@@ -34,7 +34,7 @@ func tenantsOf(cfg *config.Config) ([]server.TenantConfig, []server.SharedSpaceC
 		for j, n := range t.Namespaces {
 			ns[j] = config.NamespaceName(n)
 		}
-		ts = append(ts, server.TenantConfig{Name: t.Name, Token: tok, Namespaces: ns})
+		ts = append(ts, server.TenantConfig{Name: t.Name, Token: tok, Namespaces: ns, ClientCertCN: t.ClientCertCN})
 	}
 	var ss []server.SharedSpaceConfig
 	for _, s := range cfg.SharedSpaces {

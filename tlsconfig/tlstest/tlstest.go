@@ -22,6 +22,14 @@ import (
 // paths. The certificates are valid for an hour.
 func PKI(t testing.TB, dir string) (ca, serverCert, serverKey, clientCert, clientKey string) {
 	t.Helper()
+	ca, serverCert, serverKey, clients := PKIClients(t, dir, "client")
+	return ca, serverCert, serverKey, clients[0][0], clients[0][1]
+}
+
+// PKIClients is PKI with a client certificate for each of names (its
+// common name), returned as {cert, key} paths in the order of names.
+func PKIClients(t testing.TB, dir string, names ...string) (ca, serverCert, serverKey string, clients [][2]string) {
+	t.Helper()
 	write := func(name, typ string, der []byte) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
@@ -63,6 +71,9 @@ func PKI(t testing.TB, dir string) (ca, serverCert, serverKey, clientCert, clien
 		return write(name+".pem", "CERTIFICATE", der), write(name+".key", "EC PRIVATE KEY", kb)
 	}
 	serverCert, serverKey = leaf(2, "server", x509.ExtKeyUsageServerAuth)
-	clientCert, clientKey = leaf(3, "client", x509.ExtKeyUsageClientAuth)
+	for i, name := range names {
+		c, k := leaf(int64(3+i), name, x509.ExtKeyUsageClientAuth)
+		clients = append(clients, [2]string{c, k})
+	}
 	return
 }

@@ -87,6 +87,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if $t.quota }}{{ $_ := set $e "quota" $t.quota }}{{ end -}}
 {{- if $t.weight }}{{ $_ := set $e "weight" $t.weight }}{{ end -}}
 {{- if $t.eventSalt }}{{ $_ := set $e "event_salt" $t.eventSalt }}{{ end -}}
+{{- if $t.clientCertCN }}{{ $_ := set $e "client_cert_cn" $t.clientCertCN }}{{ end -}}
 {{- $ts = append $ts $e -}}
 {{- end -}}
 {{- $_ := set $cfg "tenants" $ts -}}
