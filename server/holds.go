@@ -15,7 +15,8 @@ import (
 // when it has no quota); past it the request is refused with
 // RESOURCE_EXHAUSTED — its own, never another tenant's. The stream's
 // per-request deadline (requestDeadline) bounds how long a hold lasts.
-// The admin (peer daemons, remote engines) is not bounded here.
+// The admin (peer daemons, remote engines) is not bounded here, nor a
+// tenant in an engine namespace its own engines created.
 
 type holdKey struct {
 	t  *tenant
@@ -42,7 +43,9 @@ func (s *Server) holdLimit(ns *Namespace, t *tenant) int {
 // function that gives them back, or ErrNoSpace when they would take it
 // past its limit.
 func (s *Server) hold(ns *Namespace, sc scope, n int) (release func(), err error) {
-	if sc.t == nil || n <= 0 {
+	// The admin is not bounded, nor a tenant in an engine namespace of its
+	// own (its primary holds no one else's blocks).
+	if sc.t == nil || n <= 0 || s.tenancy.ownerOf(ns.name) == sc.t {
 		return func() {}, nil
 	}
 	limit := s.holdLimit(ns, sc.t)
