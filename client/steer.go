@@ -54,3 +54,10 @@ func (c *Client) Delete(ctx context.Context, keys []offload.Key) (*kvtierv1.Dele
 	raw, packed, size := keyFields(keys)
 	return c.api.Delete(ctx, &kvtierv1.DeleteRequest{Namespace: c.ns, Keys: raw, PackedKeys: packed, KeySize: size})
 }
+
+// DeleteAll removes every block of a key space from the primary and from
+// every tier that lists what it holds (fs, memory): with a tenant's token
+// its own ("" or its name as tenant); with the admin's, tenant's.
+func (c *Client) DeleteAll(ctx context.Context, tenant string) (*kvtierv1.DeleteResponse, error) {
+	return c.api.Delete(ctx, &kvtierv1.DeleteRequest{Namespace: c.ns, All: true, Tenant: tenant})
+}

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // steerKeys opens the namespace of a router's call and returns its keys in
@@ -194,29 +197,30 @@ func (ns *Namespace) Delete(ctx context.Context, keys []offload.Key) (tiering.De
 	if err != nil {
 		return a, err
 	}
-	if ns.deleted == nil {
-		ns.deleted = map[string]uint64{}
-	}
-	ns.deleted[tiering.PrimaryName] += uint64(a.Primary)
-	for _, t := range a.Tiers {
-		ns.deleted[t.Name] += uint64(t.Removed)
-		if t.Err != nil {
-			ns.log.Warn("delete: a tier failed", "namespace", ns.name, "tier", t.Name, "err", t.Err)
-		}
-	}
+	ns.countDeletedLocked(a)
 	ns.log.Info("blocks deleted", "namespace", ns.name, "keys", len(keys), "primary", a.Primary, "held", a.Held)
 	ns.publishLocked()
 	return a, nil
 }
 
 func (sv *service) Delete(ctx context.Context, in *kvtierv1.DeleteRequest) (*kvtierv1.DeleteResponse, error) {
-	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	a, err := ns.Delete(ctx, keys)
-	if err != nil {
-		return nil, toStatus(err)
+	var a tiering.DeleteAnswer
+	if in.GetAll() {
+		var err error
+		if a, err = sv.deleteSpace(ctx, in); err != nil {
+			return nil, err
+		}
+	} else {
+		ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
+		if err != nil {
+			return nil, err
+		}
+		if in.GetTenant() != "" {
+			return nil, status.Error(codes.InvalidArgument, "tenant names the key space of a delete of all its blocks (all: true), not of keys")
+		}
+		if a, err = ns.Delete(ctx, keys); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	out := &kvtierv1.DeleteResponse{Primary: uint32(a.Primary), Held: uint32(a.Held)}
 	for _, t := range a.Tiers {
@@ -227,4 +231,82 @@ func (sv *service) Delete(ctx context.Context, in *kvtierv1.DeleteRequest) (*kvt
 		out.Tiers = append(out.Tiers, r)
 	}
 	return out, nil
+}
+
+// deleteSpace deletes every block of one key space (DeleteRequest.all): a
+// tenant's own (or, in a shared space's namespace, the shared space's), or
+// for the admin the named tenant's.
+func (sv *service) deleteSpace(ctx context.Context, in *kvtierv1.DeleteRequest) (tiering.DeleteAnswer, error) {
+	if len(in.GetKeys()) > 0 || len(in.GetPackedKeys()) > 0 {
+		return tiering.DeleteAnswer{}, status.Error(codes.InvalidArgument, "all deletes a whole key space: name no keys")
+	}
+	p := principalOf(ctx)
+	name := in.GetNamespace()
+	if p.t == nil {
+		name = sv.soleNamespace(name)
+	}
+	ns, sc, err := sv.open(ctx, name)
+	if err != nil {
+		return tiering.DeleteAnswer{}, err
+	}
+	sp := sc.keys
+	switch {
+	case p.t != nil && in.GetTenant() != "" && in.GetTenant() != p.t.name:
+		p.t.ctr.refusals.Add(1)
+		return tiering.DeleteAnswer{}, status.Errorf(codes.PermissionDenied, "tenant %q may delete its own blocks only", p.t.name)
+	case p.t == nil && in.GetTenant() == "":
+		return tiering.DeleteAnswer{}, status.Error(codes.InvalidArgument, "the admin's delete of all blocks names the tenant whose blocks go (tenant); the daemon's own blocks go with Reset and the tiers' own tools")
+	case p.t == nil:
+		t := sv.s.tenancy.byName(in.GetTenant())
+		if t == nil {
+			return tiering.DeleteAnswer{}, status.Errorf(codes.NotFound, "no tenant %q", in.GetTenant())
+		}
+		sp = t.space
+	}
+	if !sp.Tagged() {
+		return tiering.DeleteAnswer{}, status.Error(codes.InvalidArgument, "all: the namespace's own key space cannot be deleted whole")
+	}
+	a, err := ns.DeleteSpace(ctx, sp)
+	if err != nil {
+		return a, toStatus(err)
+	}
+	return a, nil
+}
+
+// DeleteSpace deletes every block of key space sp from the primary and
+// from every tier that can list what it holds.
+func (ns *Namespace) DeleteSpace(ctx context.Context, sp keyspace.Space) (tiering.DeleteAnswer, error) {
+	if err := ns.lock(); err != nil {
+		return tiering.DeleteAnswer{}, err
+	}
+	defer ns.mu.Unlock()
+	a, listed, err := ns.mgr.DeleteWhere(ctx, func(k offload.Key) bool {
+		_, ok := sp.Strip(k)
+		return ok
+	})
+	if errors.Is(err, tiering.ErrClosed) {
+		return a, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	if err != nil {
+		return a, err
+	}
+	ns.countDeletedLocked(a)
+	ns.log.Info("key space deleted", "namespace", ns.name, "space", fmt.Sprintf("%016x", sp.ID()), "keys", listed, "primary", a.Primary, "held", a.Held)
+	ns.publishLocked()
+	return a, nil
+}
+
+// countDeletedLocked counts a delete's blocks per tier and logs a tier's
+// failure.
+func (ns *Namespace) countDeletedLocked(a tiering.DeleteAnswer) {
+	if ns.deleted == nil {
+		ns.deleted = map[string]uint64{}
+	}
+	ns.deleted[tiering.PrimaryName] += uint64(a.Primary)
+	for _, t := range a.Tiers {
+		ns.deleted[t.Name] += uint64(t.Removed)
+		if t.Err != nil {
+			ns.log.Warn("delete: a tier failed", "namespace", ns.name, "tier", t.Name, "err", t.Err)
+		}
+	}
 }

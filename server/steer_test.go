@@ -340,3 +340,78 @@ func TestPinBudgetPerTenant(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteAllOfATenant: a tenant deletes every block of its key space —
+// from the primary and from every tier that lists what it holds — and
+// nothing of another tenant's or the daemon's own; the admin offboards a
+// named tenant; no tenant deletes another's.
+func TestDeleteAllOfATenant(t *testing.T) {
+	e := tenantEnv(t, false)
+	ctx := ctxT(t)
+	admin := e.dial(t, e.tcp)
+	acme, beta := e.dialAs(t, "acme-token", ""), e.dialAs(t, "beta-token", "")
+	ks := keys(0, 8)
+	putAs(t, acme, "acme", ks...)
+	putAs(t, beta, "beta", ks...)
+	own := key(100)
+	if _, err := admin.PutBlocks(ctx, []client.Block{{Key: own, Data: tenantBlock("admin", own)}}, client.CallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for pending := true; pending; time.Sleep(time.Millisecond) { // every block in both tiers
+		var err error
+		if pending, err = admin.ScheduleEnd(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := acme.DeleteAll(ctx, "")
+	if err != nil || a.GetPrimary() != 8 || len(a.GetTiers()) != 2 {
+		t.Fatalf("acme deletes its blocks: %v %v", a, err)
+	}
+	for _, tier := range a.GetTiers() {
+		if !tier.GetSupported() || tier.GetRemoved() != 8 {
+			t.Fatalf("acme's blocks in tier %s: %v", tier.GetName(), tier)
+		}
+	}
+	hits := func(c *client.Client, ks ...offload.Key) int {
+		t.Helper()
+		got, err := c.GetBlocks(ctx, ks, client.GetOptions{Wait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Hits
+	}
+	if n := hits(acme, ks...); n != 0 {
+		t.Fatalf("acme still reads %d of its deleted blocks", n)
+	}
+	if n := hits(beta, ks...); n != 8 {
+		t.Fatalf("beta reads %d of its 8 blocks after acme's delete", n)
+	}
+	if n := hits(admin, own); n != 1 {
+		t.Fatal("the daemon's own block went with acme's")
+	}
+	for _, tc := range []struct {
+		c      *client.Client
+		tenant string
+		want   codes.Code
+	}{
+		{acme, "beta", codes.PermissionDenied},
+		{admin, "", codes.InvalidArgument},
+		{admin, "nobody", codes.NotFound},
+	} {
+		if _, err := tc.c.DeleteAll(ctx, tc.tenant); status.Code(err) != tc.want {
+			t.Fatalf("delete all of %q: %v, want %v", tc.tenant, err, tc.want)
+		}
+	}
+	if _, err := admin.API().Delete(ctx, &kvtierv1.DeleteRequest{All: true, Tenant: "beta", Keys: [][]byte{[]byte(own)}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("all with keys: %v", err)
+	}
+	if a, err := admin.DeleteAll(ctx, "beta"); err != nil || a.GetPrimary() != 8 {
+		t.Fatalf("the admin offboards beta: %v %v", a, err)
+	}
+	if n := hits(beta, ks...); n != 0 {
+		t.Fatalf("beta still reads %d blocks after it was offboarded", n)
+	}
+	if n := hits(admin, own); n != 1 {
+		t.Fatal("the daemon's own block went with beta's")
+	}
+}

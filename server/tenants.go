@@ -132,6 +132,16 @@ type tenancy struct {
 	owned   map[string]*tenant
 }
 
+// byName returns the tenant called name (nil: none).
+func (tn *tenancy) byName(name string) *tenant {
+	for _, t := range tn.tenants {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
+}
+
 // ownerOf returns the tenant whose engines own namespace name (nil: none).
 func (tn *tenancy) ownerOf(name string) *tenant {
 	tn.ownedMu.RLock()

@@ -141,12 +141,7 @@ func (tn *tenancy) setUnixPeers(m map[int]string) error {
 			tn.unixPeers[uid] = principal{}
 			continue
 		}
-		var t *tenant
-		for _, c := range tn.tenants {
-			if c.name == name {
-				t = c
-			}
-		}
+		t := tn.byName(name)
 		if t == nil {
 			return fmt.Errorf("unix peer uid %d: %q is neither \"admin\" nor a tenant", uid, name)
 		}

@@ -72,3 +72,61 @@ func (m *Manager) Delete(ctx context.Context, keys []offload.Key) (DeleteAnswer,
 
 // errTierPanicked is a tier's part of a delete when the tier panicked.
 var errTierPanicked = errors.New("the tier panicked")
+
+// Lister is implemented by tiers that can list the keys they hold (fs,
+// memory), so that a delete can name every block of a key space.
+type Lister interface {
+	// Keys appends to dst the keys the tier holds for which match is
+	// true, and returns dst.
+	Keys(match func(offload.Key) bool, dst []offload.Key) []offload.Key
+}
+
+// DeleteWhere deletes every block whose key match accepts from the
+// primary and from every tier, finding them in the primary and in the
+// tiers that list what they hold (Lister); a tier that cannot list keeps
+// what it has of them until its own eviction. Listed reports how many
+// keys were found.
+func (m *Manager) DeleteWhere(ctx context.Context, match func(offload.Key) bool) (a DeleteAnswer, listed int, err error) {
+	if m.closed {
+		return DeleteAnswer{}, 0, ErrClosed
+	}
+	seen := map[offload.Key]bool{}
+	var keys []offload.Key
+	add := func(ks []offload.Key) {
+		for _, k := range ks {
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	var batch []offload.Key
+	for from := int64(0); ; {
+		batch, from = m.primary.Keys(from, 4096, batch[:0])
+		var mine []offload.Key
+		for _, k := range batch {
+			if match(k) {
+				mine = append(mine, k)
+			}
+		}
+		add(mine)
+		if from == 0 {
+			break
+		}
+	}
+	for _, ts := range m.stack.tiers {
+		if l, ok := ts.t.(Lister); ok {
+			add(l.Keys(match, nil))
+		}
+	}
+	if len(keys) == 0 {
+		a.Tiers = make([]TierDelete, 0, len(m.stack.tiers))
+		for _, ts := range m.stack.tiers {
+			_, ok := ts.t.(Deleter)
+			a.Tiers = append(a.Tiers, TierDelete{Name: ts.name, Supported: ok})
+		}
+		return a, 0, nil
+	}
+	a, err = m.Delete(ctx, keys)
+	return a, len(keys), err
+}

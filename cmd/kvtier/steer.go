@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -325,8 +326,10 @@ func newUnpinCmd() *cobra.Command {
 
 func newDeleteCmd() *cobra.Command {
 	var pc prefixCmd
+	var all bool
+	var tenant string
 	cmd := &cobra.Command{
-		Use:   "delete [flags] KEY... | --keys FILE | --tokens FILE",
+		Use:   "delete [flags] KEY... | --keys FILE | --tokens FILE | --all [--tenant NAME]",
 		Short: "Remove blocks from every tier of a running daemon",
 		Long: `delete removes each prefix's blocks from the daemon's primary and from every
 secondary tier that removes blocks on request (fs, memory, redis, s3), publishing their
@@ -335,16 +338,17 @@ daemon first waits for the transfers in flight. A block an engine is
 reading stays in the primary ("held"); tiers that do not delete on request
 (s3, redis, peer) keep theirs until their own eviction ("not supported").
 
+--all removes every block of a key space instead, from the primary and from
+every tier that can list what it holds (fs, memory): with a tenant's token
+the tenant's own; with the admin's, the tenant --tenant names (offboarding).
+
 ` + keyHelp,
-		Example: `  kvtier delete --tokens prompt.json --block-size 16`,
+		Example: `  kvtier delete --tokens prompt.json --block-size 16
+  kvtier delete --all --tenant acme --token-file /etc/kvtier/admin.token`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()
-			return pc.each(cmd, args, "delete", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
-				a, err := c.Delete(ctx, keys)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(w, "%d keys: primary %d removed, %d held", len(keys), a.GetPrimary(), a.GetHeld())
+			report := func(what string, a *kvtierv1.DeleteResponse) {
+				fmt.Fprintf(w, "%s: primary %d removed, %d held", what, a.GetPrimary(), a.GetHeld())
 				for _, t := range a.GetTiers() {
 					switch {
 					case !t.GetSupported():
@@ -356,11 +360,41 @@ reading stays in the primary ("held"); tiers that do not delete on request
 					}
 				}
 				fmt.Fprintln(w)
+			}
+			if all {
+				if len(args) > 0 || pc.pf.keys != "" || pc.pf.tokens != "" {
+					return errors.New("delete --all removes a whole key space: name no keys")
+				}
+				c, err := pc.rf.dial()
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				ctx, cancel := pc.rf.context(0)
+				defer cancel()
+				a, err := c.DeleteAll(ctx, tenant)
+				if err != nil {
+					return pc.rf.rpcError("delete", err)
+				}
+				report("all blocks", a)
+				return nil
+			}
+			if tenant != "" {
+				return errors.New("--tenant goes with --all")
+			}
+			return pc.each(cmd, args, "delete", func(ctx context.Context, c *client.Client, keys []offload.Key) error {
+				a, err := c.Delete(ctx, keys)
+				if err != nil {
+					return err
+				}
+				report(fmt.Sprintf("%d keys", len(keys)), a)
 				return nil
 			})
 		},
 	}
 	pc.register(cmd)
+	cmd.Flags().BoolVar(&all, "all", false, "remove every block of a key space (a tenant's own; the admin names --tenant)")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "with --all and the admin's token: the tenant whose blocks go")
 	return cmd
 }
 

@@ -89,6 +89,19 @@ func TestResidencyAgainstADaemon(t *testing.T) {
 	if want := "3 keys: loadable 0, primary 0, local-disk 0\n"; code != 0 || out != want {
 		t.Fatalf("residency after delete: %q, want %q", out, want)
 	}
+	// --all is a key space's: the admin names a tenant, and keys do not go with it.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"delete", sock, "--all"}, "names the tenant"},
+		{[]string{"delete", sock, "--all", kl.Keys[0]}, "name no keys"},
+		{[]string{"delete", sock, "--tenant", "acme", kl.Keys[0]}, "--tenant goes with --all"},
+	} {
+		if code, _, errOut := runCLI(t, "", tc.args...); code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Fatalf("%v: exit %d, %q, want %q", tc.args, code, errOut, tc.want)
+		}
+	}
 	code, out, _ = runCLI(t, "", "residency", sock, "--params", `{"kv_load_tiers":[]}`, kl.Keys[0])
 	if want := "1 keys: loadable 0, primary 0, local-disk not allowed\n"; code != 0 || out != want {
 		t.Fatalf("residency with no tier allowed: %q, want %q", out, want)

@@ -372,6 +372,12 @@ class Client:
         something holds them, tiers: name/supported/removed/error)."""
         return self._call("Delete", _with_keys(pb.DeleteRequest(namespace=self.namespace), keys), pb.DeleteResponse)
 
+    def delete_all(self, tenant: str = "") -> pb.DeleteResponse:
+        """Removes every block of a key space from the primary and from
+        every tier that lists what it holds (fs, memory): with a tenant's
+        token its own; with the admin's, tenant's (required)."""
+        return self._call("Delete", pb.DeleteRequest(namespace=self.namespace, all=True, tenant=tenant), pb.DeleteResponse)
+
     # By value ----------------------------------------------------------
 
     def put_blocks(self, blocks: Iterable[tuple[KeyLike, KeyLike]], request_id: str = "", params: Params = None,

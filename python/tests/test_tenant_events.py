@@ -152,9 +152,13 @@ def test_tenant_events_route_by_space(tenant_daemon: tuple[Daemon, int]) -> None
             assert w not in all_hashes, f"{name} reuses {all_hashes.get(w)}'s wire hash"
             all_hashes[w] = name
 
-    # A tenant's delete removes its own copy, under its own hashes.
+    # A tenant's delete of all its blocks removes its own copy, under its
+    # own hashes, and nobody else's.
     with kvtier.Client(dm.sock, token="beta-token-0123456789") as c:
-        c.delete(keys)
+        assert c.delete_all().primary == CHUNKS
+        assert c.get_blocks(keys)[2] == 0
+    with kvtier.Client(dm.sock, token="acme-token-0123456789") as c:
+        assert c.get_blocks(keys)[2] == CHUNKS
     removed: list[int] = []
     while len(removed) < CHUNKS:
         _, _, payload = sub.recv_multipart()

@@ -16,3 +16,7 @@ func TestConformanceThroughManager(t *testing.T) {
 func TestConformanceDelete(t *testing.T) {
 	rt.RunManagerDelete(t, rt.ManagerCase{Tier: newTier(t, t.TempDir(), nil)})
 }
+
+func TestConformanceDeleteWhere(t *testing.T) {
+	rt.RunManagerDeleteWhere(t, rt.ManagerCase{Tier: newTier(t, t.TempDir(), nil)})
+}

@@ -295,6 +295,21 @@ func (t *Tier) Holds(keys []offload.Key, held []bool) {
 	}
 }
 
+// Keys appends the keys of the live blocks the tier's index knows that
+// match accepts (tiering.Lister); files other processes wrote and the
+// index has not adopted are not listed.
+func (t *Tier) Keys(match func(offload.Key) bool, dst []offload.Key) []offload.Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.idx.ents {
+		e := &t.idx.ents[i]
+		if e.state == stateLive && match(e.key) {
+			dst = append(dst, e.key)
+		}
+	}
+	return dst
+}
+
 // exists is the asynclookup batch function: the index first, a stat for
 // keys it does not know (files another process wrote are adopted).
 func (t *Tier) exists(ctx context.Context, keys []offload.Key) ([]bool, error) {

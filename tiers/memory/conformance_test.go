@@ -26,3 +26,7 @@ func TestConformanceThroughManager(t *testing.T) {
 func TestConformanceDelete(t *testing.T) {
 	rt.RunManagerDelete(t, rt.ManagerCase{Tier: conformanceTier(t)})
 }
+
+func TestConformanceDeleteWhere(t *testing.T) {
+	rt.RunManagerDeleteWhere(t, rt.ManagerCase{Tier: conformanceTier(t)})
+}

@@ -769,6 +769,19 @@ func (t *Tier) Holds(keys []offload.Key, held []bool) {
 	}
 }
 
+// Keys appends the keys of the blocks the tier holds that match accepts
+// (tiering.Lister).
+func (t *Tier) Keys(match func(offload.Key) bool, dst []offload.Key) []offload.Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.blocks {
+		if match(k) {
+			dst = append(dst, k)
+		}
+	}
+	return dst
+}
+
 // Delete removes the blocks of keys the tier holds and announces their
 // removal (tiering.Deleter); it returns how many it removed.
 func (t *Tier) Delete(_ context.Context, keys []offload.Key) (int, error) {

@@ -1571,10 +1571,17 @@ func (x *UnpinResponse) GetUnpinned() uint32 {
 type DeleteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// As for Prefetch.
-	Namespace     string   `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Keys          [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	PackedKeys    []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
-	KeySize       uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	Namespace  string   `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys       [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	PackedKeys []byte   `protobuf:"bytes,3,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	KeySize    uint32   `protobuf:"varint,4,opt,name=key_size,json=keySize,proto3" json:"key_size,omitempty"`
+	// all deletes, instead of keys, every block of a key space from the
+	// primary and from every tier that can list what it holds (fs, memory):
+	// a tenant's call its own space's (in a shared space's namespace, the
+	// shared space's); the admin's the space of tenant (required: the admin
+	// offboards one tenant at a time).
+	All           bool   `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"`
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1635,6 +1642,20 @@ func (x *DeleteRequest) GetKeySize() uint32 {
 		return x.KeySize
 	}
 	return 0
+}
+
+func (x *DeleteRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *DeleteRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 type TierDeleteResult struct {
@@ -6550,13 +6571,15 @@ const file_kvtier_v1_kvtier_proto_rawDesc = "" +
 	"packedKeys\x12\x19\n" +
 	"\bkey_size\x18\x04 \x01(\rR\akeySize\"+\n" +
 	"\rUnpinResponse\x12\x1a\n" +
-	"\bunpinned\x18\x01 \x01(\rR\bunpinned\"}\n" +
+	"\bunpinned\x18\x01 \x01(\rR\bunpinned\"\xa7\x01\n" +
 	"\rDeleteRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x1f\n" +
 	"\vpacked_keys\x18\x03 \x01(\fR\n" +
 	"packedKeys\x12\x19\n" +
-	"\bkey_size\x18\x04 \x01(\rR\akeySize\"t\n" +
+	"\bkey_size\x18\x04 \x01(\rR\akeySize\x12\x10\n" +
+	"\x03all\x18\x05 \x01(\bR\x03all\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"t\n" +
 	"\x10TierDeleteResult\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tsupported\x18\x02 \x01(\bR\tsupported\x12\x18\n" +

@@ -98,16 +98,20 @@ class CompleteStoreResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ["key_size", "keys", "namespace", "packed_keys"]
+    __slots__ = ["all", "key_size", "keys", "namespace", "packed_keys", "tenant"]
+    ALL_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     KEY_SIZE_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    all: bool
     key_size: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace: str
     packed_keys: bytes
-    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., packed_keys: _Optional[bytes] = ..., key_size: _Optional[int] = ..., all: bool = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ["held", "primary", "tiers"]

@@ -346,3 +346,36 @@ func RunManagerOutage(t *testing.T, c ManagerCase, o Outage) {
 		t.Fatalf("cascade after recovery %+v", st)
 	}
 }
+
+// RunManagerDeleteWhere checks a tier that lists what it holds
+// (tiering.Lister) under a manager's DeleteWhere: the blocks whose keys
+// match leave the tier, the others stay.
+func RunManagerDeleteWhere(t *testing.T, c ManagerCase) {
+	t.Helper()
+	if _, ok := c.Tier.(tiering.Lister); !ok {
+		t.Fatalf("%T lists nothing (tiering.Lister)", c.Tier)
+	}
+	ctx, p, m := c.manager(t, 16)
+	keys := Keys(7000, 8)
+	storeVia(t, m, p, "writer", "", keys, make([][]byte, len(keys)))
+	gone := map[offload.Key]bool{}
+	for _, k := range keys[:4] {
+		gone[k] = true
+	}
+	a, listed, err := m.DeleteWhere(ctx, func(k offload.Key) bool { return gone[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listed != 4 || len(a.Tiers) != 1 || a.Tiers[0].Removed != 4 || a.Tiers[0].Err != nil {
+		t.Fatalf("delete of 4 of 8 keys: %d listed, %+v", listed, a)
+	}
+	held := make([]bool, len(keys))
+	if h, ok := c.Tier.(tiering.Holder); ok {
+		h.Holds(keys, held)
+		for i, k := range keys {
+			if held[i] == gone[k] {
+				t.Fatalf("key %d: held %v after a delete of %v", i, held[i], gone[k])
+			}
+		}
+	}
+}
