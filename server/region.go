@@ -9,11 +9,15 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/region"
 )
@@ -112,6 +116,7 @@ func (s *Server) holdRegion(c *net.UnixConn) {
 	if err := r.Close(cctx); err != nil {
 		s.log.Error("region close", "region", r.ID(), "err", err)
 	}
+	s.regionClaims.forget(r.ID())
 }
 
 // parseRights extracts the descriptors of SCM_RIGHTS messages.
@@ -131,6 +136,93 @@ func parseRights(oob []byte) ([]*os.File, error) {
 		}
 	}
 	return out, nil
+}
+
+// Tier mode and tenants. A region is registered on the region socket,
+// which authenticates no one, so the first authenticated region call that
+// names it claims it for its principal (the region id is 128 random bits
+// only its registrant learns). A tenant's region then moves keys of the
+// tenant's key space only — tagged on the way in, stripped from its
+// events on the way out — and only that tenant and the admin may drive
+// it; an admin's region sees no tenant's keys. Regions of one layout share
+// their namespace's tiers, where the key spaces keep them apart.
+
+// regionClaims records who drives each region.
+type regionClaims struct {
+	mu sync.Mutex
+	m  map[string]principal
+}
+
+// claim returns the principal of region id, making it p if it has none.
+func (rc *regionClaims) claim(id string, p principal) principal {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if owner, ok := rc.m[id]; ok {
+		return owner
+	}
+	if rc.m == nil {
+		rc.m = map[string]principal{}
+	}
+	rc.m[id] = p
+	return p
+}
+
+func (rc *regionClaims) forget(id string) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	delete(rc.m, id)
+}
+
+// regionFor returns the region a call names and the key space its keys
+// live in, or PERMISSION_DENIED for a tenant naming a region another
+// principal drives.
+func (sv *service) regionFor(ctx context.Context, id string) (*region.Region, keyspace.Space, error) {
+	r, err := sv.regionOf(id)
+	if err != nil {
+		return nil, keyspace.Space{}, err
+	}
+	p := principalOf(ctx)
+	owner := sv.s.regionClaims.claim(id, p)
+	if p.t != nil && owner.t != p.t {
+		p.t.ctr.refusals.Add(1)
+		return nil, keyspace.Space{}, status.Errorf(codes.PermissionDenied, "tenant %q: region %s is driven by another principal", p.t.name, id)
+	}
+	if owner.t == nil {
+		return r, keyspace.Space{}, nil
+	}
+	return r, owner.t.space, nil
+}
+
+// regionKeys decodes a region call's packed keys into key space sp.
+func (sv *service) regionKeys(sp keyspace.Space, packed []byte, size uint32) ([]offload.Key, error) {
+	return spaceKeys(sp, packed, size, sv.s.limits.MaxKeysPerCall)
+}
+
+// ownEvents keeps the events' keys of space sp (stripped of its tag); for
+// the admin's untagged space, the keys of no configured tenant or shared
+// space.
+func (sv *service) ownEvents(sp keyspace.Space, ev []offload.Event) []offload.Event {
+	if !sv.s.tenancy.on() {
+		return ev
+	}
+	out := ev[:0:0]
+	for _, e := range ev {
+		keys := make([]offload.Key, 0, len(e.Keys))
+		for _, k := range e.Keys {
+			if sp.Tagged() {
+				if raw, ok := sp.Strip(k); ok {
+					keys = append(keys, raw)
+				}
+			} else if id, ok := keyspace.IDOf(k); !ok || sv.s.tenancy.spaceName(id) == "" {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) > 0 {
+			e.Keys = keys
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // regionOf returns the region a call names.
@@ -203,11 +295,11 @@ func packKeys(keys []offload.Key) ([]byte, uint32) {
 }
 
 func (sv *service) RegionLookup(ctx context.Context, in *kvtierv1.RegionLookupRequest) (*kvtierv1.RegionLookupResponse, error) {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, sp, err := sv.regionFor(ctx, in.GetRegionId())
 	if err != nil {
 		return nil, err
 	}
-	keys, err := packedKeys(in.GetPackedKeys(), in.GetKeySize(), sv.s.limits.MaxKeysPerCall)
+	keys, err := sv.regionKeys(sp, in.GetPackedKeys(), in.GetKeySize())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -229,14 +321,14 @@ func foundBytes(found []region.Found) []byte {
 }
 
 func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookupsRequest) (*kvtierv1.RegionLookupsResponse, error) {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, sp, err := sv.regionFor(ctx, in.GetRegionId())
 	if err != nil {
 		return nil, err
 	}
 	entries := make([]region.LookupEntry, len(in.GetLookups()))
 	total := 0
 	for i, lk := range in.GetLookups() {
-		keys, err := packedKeys(lk.GetPackedKeys(), lk.GetKeySize(), sv.s.limits.MaxKeysPerCall)
+		keys, err := sv.regionKeys(sp, lk.GetPackedKeys(), lk.GetKeySize())
 		if err != nil {
 			return nil, toStatus(fmt.Errorf("lookups[%d]: %w", i, err))
 		}
@@ -261,7 +353,7 @@ func (sv *service) RegionLookups(ctx context.Context, in *kvtierv1.RegionLookups
 }
 
 func (sv *service) RegionSubmit(ctx context.Context, in *kvtierv1.RegionSubmitRequest) (*kvtierv1.RegionSubmitResponse, error) {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, sp, err := sv.regionFor(ctx, in.GetRegionId())
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +361,7 @@ func (sv *service) RegionSubmit(ctx context.Context, in *kvtierv1.RegionSubmitRe
 	params := make([][]byte, len(jobs))
 	total := 0
 	for i, j := range in.GetJobs() {
-		keys, err := packedKeys(j.GetPackedKeys(), j.GetKeySize(), sv.s.limits.MaxKeysPerCall)
+		keys, err := sv.regionKeys(sp, j.GetPackedKeys(), j.GetKeySize())
 		if err != nil {
 			return nil, toStatus(fmt.Errorf("jobs[%d]: %w", i, err))
 		}
@@ -288,7 +380,7 @@ func (sv *service) RegionSubmit(ctx context.Context, in *kvtierv1.RegionSubmitRe
 }
 
 func (sv *service) RegionResults(in *kvtierv1.RegionResultsRequest, stream kvtierv1.KVTier_RegionResultsServer) error {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, _, err := sv.regionFor(stream.Context(), in.GetRegionId())
 	if err != nil {
 		return err
 	}
@@ -313,7 +405,7 @@ func (sv *service) RegionResults(in *kvtierv1.RegionResultsRequest, stream kvtie
 }
 
 func (sv *service) RegionStep(ctx context.Context, in *kvtierv1.RegionStepRequest) (*kvtierv1.RegionStepResponse, error) {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, sp, err := sv.regionFor(ctx, in.GetRegionId())
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +414,7 @@ func (sv *service) RegionStep(ctx context.Context, in *kvtierv1.RegionStepReques
 	}
 	touches := make([]region.Touch, len(in.GetTouches()))
 	for i, t := range in.GetTouches() {
-		keys, err := packedKeys(t.GetPackedKeys(), t.GetKeySize(), sv.s.limits.MaxKeysPerCall)
+		keys, err := sv.regionKeys(sp, t.GetPackedKeys(), t.GetKeySize())
 		if err != nil {
 			return nil, toStatus(fmt.Errorf("touches[%d]: %w", i, err))
 		}
@@ -332,6 +424,7 @@ func (sv *service) RegionStep(ctx context.Context, in *kvtierv1.RegionStepReques
 	if err != nil {
 		return nil, regionStatus(err)
 	}
+	ev = sv.ownEvents(sp, ev)
 	out := &kvtierv1.RegionStepResponse{Events: make([]*kvtierv1.RegionEvent, 0, len(ev))}
 	for _, e := range ev {
 		packed, size := packKeys(e.Keys)
@@ -344,7 +437,7 @@ func (sv *service) RegionStep(ctx context.Context, in *kvtierv1.RegionStepReques
 }
 
 func (sv *service) RegionDrain(ctx context.Context, in *kvtierv1.RegionDrainRequest) (*kvtierv1.RegionDrainResponse, error) {
-	r, err := sv.regionOf(in.GetRegionId())
+	r, _, err := sv.regionFor(ctx, in.GetRegionId())
 	if err != nil {
 		return nil, err
 	}

@@ -114,6 +114,8 @@ type Server struct {
 	tickets *ticket.Book
 	// holds counts the slots tenants' stream requests keep (holds.go).
 	holds holds
+	// regionClaims records who drives each tier-mode region (region.go).
+	regionClaims regionClaims
 
 	sessions   *sessions
 	paramTotal atomic.Int64

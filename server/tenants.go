@@ -89,6 +89,17 @@ var tenantMethods = map[string]bool{
 	kvtierv1.KVTier_EngineStep_FullMethodName:    true,
 	kvtierv1.KVTier_EngineReserve_FullMethodName: true,
 	kvtierv1.KVTier_GetArena_FullMethodName:      true,
+	// Tier mode, on regions the tenant drives (region.go).
+	kvtierv1.KVTier_RegionLookup_FullMethodName:  true,
+	kvtierv1.KVTier_RegionLookups_FullMethodName: true,
+	kvtierv1.KVTier_RegionSubmit_FullMethodName:  true,
+	kvtierv1.KVTier_RegionStep_FullMethodName:    true,
+	kvtierv1.KVTier_RegionDrain_FullMethodName:   true,
+}
+
+// tenantStreams are the streaming calls a tenant may make.
+var tenantStreams = map[string]bool{
+	kvtierv1.KVTier_RegionResults_FullMethodName: true,
 }
 
 // tenant is a configured tenant and its counters.
@@ -367,12 +378,20 @@ func (tn *tenancy) stream(local bool) grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
-		if p.t != nil && !strings.HasPrefix(info.FullMethod, "/grpc.health.") {
+		if p.t != nil && !tenantStreams[info.FullMethod] && !strings.HasPrefix(info.FullMethod, "/grpc.health.") {
 			return status.Errorf(codes.PermissionDenied, "%s is the admin's", info.FullMethod)
 		}
-		return h(srv, ss)
+		return h(srv, &principalStream{ss, context.WithValue(ss.Context(), principalKey{}, p)})
 	}
 }
+
+// principalStream is a server stream whose context carries its principal.
+type principalStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *principalStream) Context() context.Context { return s.ctx }
 
 // scope is where a call's identifiers live: its keys' space, and its
 // request identifiers' — a tenant's own, even in a shared space: "name:"

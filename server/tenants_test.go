@@ -154,7 +154,7 @@ func TestTenantHostile(t *testing.T) {
 			return err
 		}},
 		{"EngineStep", func() error { _, err := api.EngineStep(ctx, &kvtierv1.EngineStepRequest{}); return err }},
-		{"RegionStep", func() error { _, err := api.RegionStep(ctx, &kvtierv1.RegionStepRequest{}); return err }},
+		{"EngineReserve", func() error { _, err := api.EngineReserve(ctx, &kvtierv1.EngineReserveRequest{}); return err }},
 		{"another namespace", func() error {
 			_, err := acme.WithNamespace("elsewhere").GetBlocks(ctx, []offload.Key{key(1)}, client.GetOptions{})
 			return err

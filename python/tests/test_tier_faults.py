@@ -8,6 +8,7 @@ import os
 import pathlib
 import socket
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,45 @@ def test_two_engines_share_blocks(daemon: Daemon) -> None:
     finally:
         m1.shutdown()
         m2.shutdown()
+
+
+def test_engines_of_two_tenants_keep_their_blocks_apart(kvtier_bin: str) -> None:
+    """Tier-mode engines with tenants' tokens: each region is its tenant's,
+    so an acme engine finds what another acme engine stored and a beta
+    engine on the same layout does not."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    admin, acme, beta = "admin-token-0123456789ab", "acme-token-0123456789ab", "beta-token-0123456789ab"
+    cfg = daemon_config(d).replace("shutdown_timeout: 20s", f"shutdown_timeout: 20s, auth_token: {admin}")
+    cfg += (f"tenants:\n  - {{name: acme, token: {acme}, namespaces: [default]}}\n"
+            f"  - {{name: beta, token: {beta}, namespaces: [default]}}\n")
+    daemon = Daemon(kvtier_bin, d, cfg).start()
+    daemon.token = admin
+
+    def tier(token: str) -> dict[str, Any]:
+        return {"type": "kvtier", "target": "unix://" + daemon.sock, "token": token}
+
+    _, a1 = build(daemon, chunks=4, tier=tier(acme))
+    _, a2 = build(daemon, chunks=8, tier=tier(acme))
+    _, b = build(daemon, chunks=8, tier=tier(beta))
+    try:
+        c = ctx("r")
+        a1.on_new_request(c)
+        store(a1, c, [7])
+        settle(a1)
+        a1.on_request_finished(c)
+        cb = ctx("r")
+        b.on_new_request(cb)
+        assert "HIT" not in lookup_until(b, key(7), cb, "MISS")
+        b.on_request_finished(cb)
+        c2 = ctx("r")
+        a2.on_new_request(c2)
+        lookup_until(a2, key(7), c2, "HIT")
+        out = a2.prepare_load([key(7)], c2)
+        assert bytes(view(a2)[int(out.chunk_ids[0])]) == block(7).tobytes()
+        a2.complete_load([key(7)], c2)
+        a2.on_request_finished(c2)
+        settle(a2)
+    finally:
+        for m in (a1, a2, b):
+            m.shutdown()
+        daemon.stop()
