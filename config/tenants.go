@@ -46,6 +46,21 @@ type Tenant struct {
 	// token, and the tenant's token is refused from a caller presenting
 	// any other certificate.
 	ClientCertCN string `yaml:"client_cert_cn"`
+	// Events, with an endpoint, publishes the KV events of the tenant's
+	// blocks in the daemon's own namespace on a ZMQ socket of their own
+	// (its own sequence and replay), for the tenant's router alone, and
+	// leaves them out of the shared events.endpoint. Needs events.enabled.
+	Events TenantEvents `yaml:"events"`
+}
+
+// TenantEvents is a tenant's own KV event publisher (the other settings
+// are events'). A tcp:// endpoint on loopback, or an ipc:// path whose
+// directory only the tenant's router may enter, keeps other local
+// processes from subscribing.
+type TenantEvents struct {
+	Endpoint       string `yaml:"endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	Topic          string `yaml:"topic"`
 }
 
 // countSet counts the non-empty strings of vs.
@@ -159,6 +174,12 @@ func (c *Config) checkTenants(d *decoder) {
 	}
 	salts := map[string]string{}
 	certs := map[string]string{}
+	endpoints := map[string]string{}
+	for _, ep := range []string{c.Events.Endpoint, c.Events.ReplayEndpoint} {
+		if ep != "" {
+			endpoints[ep] = "events"
+		}
+	}
 	salt := func(path, name, v string) {
 		if v == "" {
 			v = "kvtier_tenant:" + name // events.SpacePrefix (config does not import events)
@@ -207,6 +228,23 @@ func (c *Config) checkTenants(d *decoder) {
 				d.errorf(nil, path+".client_cert_cn", "%q is also %s's", t.ClientCertCN, other)
 			}
 			certs[t.ClientCertCN] = path
+		}
+		if e := t.Events; e != (TenantEvents{}) {
+			switch {
+			case !c.Events.Enabled:
+				d.errorf(nil, path+".events", "needs events.enabled")
+			case e.Endpoint == "":
+				d.errorf(nil, path+".events.endpoint", "required: the tenant's own publisher's socket")
+			}
+			for _, ep := range []string{e.Endpoint, e.ReplayEndpoint} {
+				if ep == "" {
+					continue
+				}
+				if other, dup := endpoints[ep]; dup {
+					d.errorf(nil, path+".events", "endpoint %q is also %s's", ep, other)
+				}
+				endpoints[ep] = path
+			}
 		}
 		if len(t.Namespaces) == 0 {
 			d.errorf(nil, path+".namespaces", "required: the namespaces the tenant's token reaches (%q is the daemon's own)", DefaultNamespaceName)

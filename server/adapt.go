@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -9,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/cpu"
 	"github.com/kvtier/kvtier/cpu/arena"
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 )
@@ -147,6 +150,106 @@ func WithPublisher(nc NamespaceConfig, p *events.Publisher) NamespaceConfig {
 		return f
 	}
 	return nc
+}
+
+// WithPublishers is WithPublisher with publishers of their own for some
+// key spaces (tenants' events.endpoint): a block of such a space is
+// published there only, every other one on p. Each publisher keeps its own
+// sequence, replay and token metadata.
+func WithPublishers(nc NamespaceConfig, p *events.Publisher, own map[uint64]*events.Publisher) NamespaceConfig {
+	nc = WithPublisher(nc, p)
+	if len(own) == 0 {
+		return nc
+	}
+	sp := &splitPublisher{shared: p, own: own}
+	nc.Events = sp
+	nc.Meta = sp
+	nc.EventStats = func() (published, dropped uint64) {
+		for _, q := range sp.all() {
+			st := q.Stats()
+			published += st.EventsPublished
+			dropped += st.BatchesDropped + st.SubscriberDrops
+		}
+		return published, dropped
+	}
+	return nc
+}
+
+// splitPublisher sends each key's events to its space's publisher.
+type splitPublisher struct {
+	shared *events.Publisher
+	own    map[uint64]*events.Publisher
+}
+
+func (sp *splitPublisher) of(k offload.Key) *events.Publisher {
+	if id, ok := keyspace.IDOf(k); ok {
+		if q := sp.own[id]; q != nil {
+			return q
+		}
+	}
+	return sp.shared
+}
+
+func (sp *splitPublisher) all() []*events.Publisher {
+	out := []*events.Publisher{sp.shared}
+	for _, q := range sp.own {
+		out = append(out, q)
+	}
+	return out
+}
+
+// Publish splits evs by publisher, keeping their order, and publishes each
+// part (a step's batch on every publisher that has events of it).
+func (sp *splitPublisher) Publish(evs []offload.Event) error {
+	order, parts := splitEvents(evs, sp.of)
+	var errs []error
+	for _, q := range order {
+		if err := q.Publish(parts[q]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// splitEvents divides evs between the destinations of of: each event's
+// keys, in order, go to copies of it for their destination (a run of keys
+// with one destination stays one event). order lists the destinations in
+// the order they first appear.
+func splitEvents[D comparable](evs []offload.Event, of func(offload.Key) D) (order []D, parts map[D][]offload.Event) {
+	parts = map[D][]offload.Event{}
+	for _, e := range evs {
+		var cur D
+		for i, k := range e.Keys {
+			d := of(k)
+			if i == 0 || d != cur {
+				if _, seen := parts[d]; !seen {
+					order = append(order, d)
+				}
+				part := e
+				part.Keys = nil
+				parts[d] = append(parts[d], part)
+				cur = d
+			}
+			last := &parts[d][len(parts[d])-1]
+			last.Keys = append(last.Keys, k)
+		}
+	}
+	return order, parts
+}
+
+// Record attaches token metadata on the key's publisher.
+func (sp *splitPublisher) Record(key offload.Key, bm BlockMeta) error {
+	return trackerMeta{sp.of(key).Tracker()}.Record(key, bm)
+}
+
+// Close closes every publisher, the shared one last.
+func (sp *splitPublisher) Close(ctx context.Context) error {
+	var errs []error
+	for _, q := range sp.own {
+		errs = append(errs, q.Close(ctx))
+	}
+	errs = append(errs, sp.shared.Close(ctx))
+	return errors.Join(errs...)
 }
 
 // trackerMeta adapts an events.Tracker to MetaRecorder.

@@ -23,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier/dirlock"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/explain"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/server"
@@ -523,33 +524,53 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 	// endpoint must fail the start before any tier creates a directory,
 	// config.json or lock on disk.
 	var pub *events.Publisher
-	if cfg.Events.Enabled {
-		ev := cfg.Events
-		var err error
-		pub, err = events.New(events.Config{
-			Endpoint:       ev.Endpoint,
-			ReplayEndpoint: ev.ReplayEndpoint,
-			Topic:          ev.Topic,
-			Model:          cfg.Namespace.Model,
-			DPRank:         ev.DPRank,
-			BufferSteps:    ev.BufferSteps,
-			HWM:            ev.HWM,
-			MaxQueueSize:   ev.MaxQueueSize,
-			MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
-			Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
-			Mode:           string(ev.Mode),
-			Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames), Spaces: spaceSalts(cfg)},
-			Logger:         log.With("component", "events"),
-		})
-		if err != nil {
-			return server.NamespaceConfig{}, nil, fmt.Errorf("events: %w", err)
+	own := map[uint64]*events.Publisher{} // tenants' own publishers, by key space
+	closePub := func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, q := range own {
+			q.Close(cctx)
+		}
+		if pub != nil {
+			pub.Close(cctx)
 		}
 	}
-	closePub := func() {
-		if pub != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			pub.Close(cctx)
+	if cfg.Events.Enabled {
+		ev := cfg.Events
+		newPub := func(endpoint, replay, topic, who string) (*events.Publisher, error) {
+			return events.New(events.Config{
+				Endpoint:       endpoint,
+				ReplayEndpoint: replay,
+				Topic:          topic,
+				Model:          cfg.Namespace.Model,
+				DPRank:         ev.DPRank,
+				BufferSteps:    ev.BufferSteps,
+				HWM:            ev.HWM,
+				MaxQueueSize:   ev.MaxQueueSize,
+				MaxConns:       server.FitConnections(cmp.Or(cfg.Server.MaxConnections, server.DefaultMaxConnections), log),
+				Format:         events.Format{Positional: ev.Positional, RawHashes: ev.RawHashes},
+				Mode:           string(ev.Mode),
+				Tracker:        events.TrackerConfig{SelfDescribing: ev.SelfDescribing, MediumNames: wireMediumNames(ev.MediumNames), Spaces: spaceSalts(cfg)},
+				Logger:         log.With("component", "events", "for", who),
+			})
+		}
+		var err error
+		if pub, err = newPub(ev.Endpoint, ev.ReplayEndpoint, ev.Topic, "all"); err != nil {
+			return server.NamespaceConfig{}, nil, fmt.Errorf("events: %w", err)
+		}
+		for i, t := range cfg.Tenants {
+			if t.Events.Endpoint == "" {
+				continue
+			}
+			sp, err := keyspace.Tenant(t.Name)
+			if err == nil {
+				own[sp.ID()], err = newPub(t.Events.Endpoint, t.Events.ReplayEndpoint, t.Events.Topic, t.Name)
+			}
+			if err != nil {
+				closePub()
+				return server.NamespaceConfig{}, nil, fmt.Errorf("tenants[%d].events: %w", i, err)
+			}
+			log.Info("publishing a tenant's KV events on its own", "tenant", t.Name, "endpoint", t.Events.Endpoint, "bound", own[sp.ID()].Addr(), "topic", own[sp.ID()].Topic())
 		}
 	}
 	fail := func(err error) (server.NamespaceConfig, func(), error) {
@@ -601,7 +622,7 @@ func buildManagerNamespace(ctx context.Context, cfg *config.Config, log *slog.Lo
 	nc := server.ManagerNamespace("", m, p, *cfg.Parser())
 	if pub != nil {
 		ev := cfg.Events
-		nc = server.WithPublisher(nc, pub)
+		nc = server.WithPublishers(nc, pub, own)
 		log.Info("publishing KV events", "endpoint", ev.Endpoint, "bound", pub.Addr(), "replay", pub.ReplayAddr(), "topic", pub.Topic(), "self_describing", ev.SelfDescribing)
 	}
 	return nc, closeFn, nil

@@ -171,3 +171,81 @@ def test_tenant_events_route_by_space(tenant_daemon: tuple[Daemon, int]) -> None
     assert sorted(removed) == sorted(h ^ spaces["beta"][2] for h in engine)
     sub.close()
     ctx.term()
+
+
+def test_a_tenant_with_its_own_publisher(kvtier_bin: str) -> None:
+    """tenants[].events.endpoint: acme's blocks are published on acme's own
+    socket (its topic, its sequence) and never on the shared one, which
+    carries every other space's."""
+    import kvtier
+
+    d = pathlib.Path(tempfile.mkdtemp(prefix="kvt"))
+    shared_port, acme_port = free_port(), free_port()
+    cfg = f"""
+namespace: {{model: m, bytes_per_block: 4KiB}}
+primary: {{bytes: 1MiB}}
+events: {{enabled: true, endpoint: "tcp://127.0.0.1:{shared_port}", mode: bind, self_describing: true}}
+tenants:
+  - {{name: acme, token: acme-token-0123456789, namespaces: [default],
+      events: {{endpoint: "tcp://127.0.0.1:{acme_port}", topic: acme-kv}}}}
+  - {{name: beta, token: beta-token-0123456789, namespaces: [default]}}
+server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s,
+          unix_peers: [{{uid: {os.getuid()}, as: admin}}]}}
+"""
+    dm = Daemon(kvtier_bin, d, cfg).start()
+    zctx = zmq.Context()
+    decoder = msgspec.msgpack.Decoder(kv_events.KVEventBatch)
+    try:
+        with dm.client() as admin:
+            slot = admin.stats().primary.slot_size
+
+        def subscribe(port: int, token: str | None) -> Any:
+            """A subscriber that has seen a batch: a warm-up block stored
+            (in the token's space) until one arrives."""
+            s = zctx.socket(zmq.SUB)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RCVTIMEO, 200)
+            s.connect(f"tcp://127.0.0.1:{port}")
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+            deadline = time.monotonic() + 60
+            with kvtier.Client(dm.sock, token=token) as c:
+                n = 0
+                while True:
+                    n += 1
+                    c.put_blocks([(bytes([n, port % 251]) + bytes(6) + b"\x00\x00\x00\x00", bytes(slot))])
+                    try:
+                        s.recv_multipart()
+                        break
+                    except zmq.Again:
+                        assert time.monotonic() < deadline, f"no batch on port {port} in 60 s"
+            s.setsockopt(zmq.RCVTIMEO, 15000)
+            while True:  # drain the warm-up's other batches
+                try:
+                    s.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    return s
+
+        shared = subscribe(shared_port, None)
+        acme = subscribe(acme_port, "acme-token-0123456789")
+
+        def stored(s: Any) -> tuple[bytes, list[Any]]:
+            while True:
+                topic, _, payload = s.recv_multipart()
+                evs = [e for e in decoder.decode(payload).events if isinstance(e, kv_events.BlockStored)]
+                if evs:
+                    return topic, evs
+
+        k = bytes(range(1, 9)) + b"\x00\x00\x00\x00"
+        with kvtier.Client(dm.sock, token="acme-token-0123456789") as c:
+            assert c.put_blocks([(k, b"a" * slot)]) == [True]
+        engine = int.from_bytes(k[:-4][-8:], "big")
+        topic, evs = stored(acme)
+        assert topic == b"acme-kv" and [e.block_hashes for e in evs] == [[engine ^ space_id("tenant/acme")]], evs
+        # The shared socket's next block is beta's: acme's never came there.
+        with kvtier.Client(dm.sock, token="beta-token-0123456789") as c:
+            assert c.put_blocks([(k, b"b" * slot)]) == [True]
+        _, evs = stored(shared)
+        assert [e.block_hashes for e in evs] == [[engine ^ space_id("tenant/beta")]], evs
+    finally:
+        zctx.destroy(linger=0)
+        dm.stop()
