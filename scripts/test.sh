@@ -364,6 +364,12 @@ run_pytest() {
     --ignore=tests/test_sglang.py tests) || rc=1
   (cd python && KVTIER_BIN="$SGLANG_VENV/bin/kvtier" "$SGLANG_VENV/bin/python" -P -m pytest -q -p no:cacheprovider \
     tests/test_sglang.py) || rc=1
+  # The engine suites again with every engine a tenant (conftest.py).
+  (cd python && KVTIER_TEST_AS_TENANT=1 KVTIER_BIN="$VENV/bin/kvtier" "$VENV/bin/python" -P -m pytest -q -p no:cacheprovider \
+    tests/test_manager_leases.py tests/test_manager_faults.py tests/test_scheduler_manager_mode.py \
+    tests/test_tier_mode.py tests/test_tier_faults.py tests/test_scheduler_tier_mode.py) || rc=1
+  (cd python && KVTIER_TEST_AS_TENANT=1 KVTIER_BIN="$SGLANG_VENV/bin/kvtier" "$SGLANG_VENV/bin/python" -P -m pytest -q \
+    -p no:cacheprovider tests/test_sglang.py) || rc=1
   return $rc
 }
 if (($# == 0)); then

@@ -2,10 +2,18 @@
 
 KVTIER_BIN names a built kvtier binary (scripts/test.sh builds one); else
 the session builds it with `go build`.
+
+KVTIER_TEST_AS_TENANT=1 runs the engine suites with every engine a tenant:
+the daemons the helpers configure get an admin token, which the helpers'
+own clients send, and map this process's uid to the tenant "suite"
+(server.unix_peers), so engines, which send no token, attach, store and
+load as that tenant — in an engine namespace and arena of its own in
+manager mode and SGLang, in its key space in tier mode.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import signal
@@ -19,6 +27,20 @@ from typing import Any, Iterator
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+AS_TENANT = os.environ.get("KVTIER_TEST_AS_TENANT") == "1"
+SUITE_ADMIN = "suite-admin-token-0123456789"
+
+
+def stored_hash(k: bytes) -> bytes:
+    """The block hash the daemon's tiers hold an engine's key k under: with
+    KVTIER_TEST_AS_TENANT, behind the tenant's key-space tag (package
+    keyspace: 0xfe and the space's 8-byte ID)."""
+    h = k[:-4]  # the offload key without its 4-byte group
+    if not AS_TENANT:
+        return h
+    sid = int.from_bytes(hashlib.sha256(b"kvtier key space\x00tenant/suite").digest()[:8], "big") or 1
+    return b"\xfe" + sid.to_bytes(8, "big") + h
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,7 +67,7 @@ class Daemon:
         self.binary = binary
         # The admin token its helpers send (a config with tokens refuses
         # token-less calls on the socket unless server.unix_peers maps the uid).
-        self.token: str | None = None
+        self.token: str | None = SUITE_ADMIN if AS_TENANT else None
         self.log: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
 
@@ -96,6 +118,16 @@ class Daemon:
         return {t.name: t for t in st.tiers}
 
 
+def server_config(dir: pathlib.Path) -> str:
+    """The server section of the helpers' daemons (and, with
+    KVTIER_TEST_AS_TENANT, the tenant its engines are)."""
+    s = f'unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s'
+    if not AS_TENANT:
+        return "server: {" + s + "}\n"
+    return ("server: {" + s + f", auth_token: {SUITE_ADMIN}, unix_peers: [{{uid: {os.getuid()}, as: suite}}]}}\n"
+            "tenants:\n  - {name: suite, token: suite-tenant-token-0123456789, namespaces: [default]}\n")
+
+
 def daemon_config(dir: pathlib.Path, extra_tiers: str = "") -> str:
     return f"""
 namespace: {{model: unused, bytes_per_block: 4KiB}}
@@ -104,8 +136,7 @@ secondary_tiers:
   - {{name: disk, type: fs, root_dir: {dir}/data, locality: local}}
   - {{name: dram, type: memory, medium: cpu, locality: remote}}
 {extra_tiers}
-server: {{unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
-"""
+{server_config(dir)}"""
 
 
 def engine_daemon_config(dir: pathlib.Path, primary_bytes: str) -> str:
@@ -117,8 +148,7 @@ primary: {{bytes: 0}}
 engines: {{primary_bytes: {primary_bytes}}}
 secondary_tiers:
   - {{name: disk, type: fs, root_dir: {dir}/data, locality: local}}
-server: {{unix_socket: {dir}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_timeout: 20s}}
-"""
+{server_config(dir)}"""
 
 
 @pytest.fixture

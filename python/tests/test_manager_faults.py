@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import Daemon, engine_daemon_config, wait_until
+from conftest import AS_TENANT, Daemon, engine_daemon_config, wait_until
 from engine_harness import BLOCK, Engine, tiny_model_dir
 
 BOUND = 0.5  # lookup_timeout_s of these engines
@@ -108,6 +108,7 @@ ADMIN = "admin-token-0123456789abcdef"
 TENANT = "acme-token-0123456789abcdef"
 
 
+@pytest.mark.skipif(AS_TENANT, reason="configures its own tokens")
 @pytest.mark.parametrize("who", ["admin", "tenant"])
 def test_an_engine_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: str) -> None:
     """A daemon with tokens hands the arena only against a ticket of an

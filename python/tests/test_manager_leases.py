@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import Daemon, engine_daemon_config, offloading_config, wait_until
+from conftest import AS_TENANT, Daemon, engine_daemon_config, offloading_config, wait_until
 
 LEASE_STEPS = 3
 
@@ -42,6 +42,9 @@ def mgr(daemon: Daemon) -> Iterator[Any]:
         {"spec_name": "KvtierOffloadingSpec", "kvtier": {"target": "unix://" + daemon.sock, "lease_steps": LEASE_STEPS}},
         events=False))
     m = spec.get_manager()
+    # With KVTIER_TEST_AS_TENANT the engine is the tenant "suite", in an
+    # engine namespace of its own.
+    assert m._ns.endswith("~suite") == AS_TENANT, m._ns
     yield m
     m.shutdown()
 

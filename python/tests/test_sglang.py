@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
-from conftest import Daemon, engine_daemon_config, wait_until  # noqa: E402
+from conftest import AS_TENANT, Daemon, engine_daemon_config, wait_until  # noqa: E402
 from kvtier.sglang import _compat as sc  # noqa: E402
 from kvtier.sglang.storage import KvtierHiCacheStorage, layout_of  # noqa: E402
 
@@ -69,6 +69,10 @@ def backend(daemon: Daemon, host: Any, **extra: Any) -> KvtierHiCacheStorage:
     b = StorageBackendFactory.create_backend("dynamic", cfg, host)
     b.register_mem_pool_host(host)
     assert isinstance(b, KvtierHiCacheStorage)
+    # With KVTIER_TEST_AS_TENANT (and no token of its own) the backend is
+    # the tenant "suite", in an engine namespace of its own.
+    if b._link is not None and "token" not in extra:
+        assert b._link.namespace.endswith("~suite") == AS_TENANT, b._link.namespace
     return b
 
 
@@ -140,6 +144,7 @@ def test_set_evict_get_from_fs(engine_daemon: Daemon) -> None:
     b.close()
 
 
+@pytest.mark.skipif(AS_TENANT, reason="configures its own tokens")
 @pytest.mark.parametrize("who", ["admin", "tenant"])
 def test_a_backend_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: str) -> None:
     """A daemon with tokens hands the arena only against the attach's

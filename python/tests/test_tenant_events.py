@@ -61,6 +61,7 @@ server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_time
           unix_peers: [{{uid: {os.getuid()}, as: admin}}]}}
 """
     dm = Daemon(kvtier_bin, d, cfg).start()
+    dm.token = None  # this uid is the admin here (server.unix_peers)
     yield dm, port
     dm.stop()
 
@@ -193,6 +194,7 @@ server: {{unix_socket: {d}/k.sock, tcp_addr: "", metrics_addr: "", shutdown_time
           unix_peers: [{{uid: {os.getuid()}, as: admin}}]}}
 """
     dm = Daemon(kvtier_bin, d, cfg).start()
+    dm.token = None  # this uid is the admin here (server.unix_peers)
     zctx = zmq.Context()
     decoder = msgspec.msgpack.Decoder(kv_events.KVEventBatch)
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Daemon, daemon_config, wait_until
+from conftest import AS_TENANT, Daemon, daemon_config, wait_until
 from test_tier_mode import block, build, ctx, key, lookup_until, settle, step, store, view
 
 
@@ -106,6 +106,7 @@ def test_two_engines_share_blocks(daemon: Daemon) -> None:
         m2.shutdown()
 
 
+@pytest.mark.skipif(AS_TENANT, reason="configures its own tokens")
 def test_engines_of_two_tenants_keep_their_blocks_apart(kvtier_bin: str) -> None:
     """Tier-mode engines with tenants' tokens: each region is its tenant's,
     so an acme engine finds what another acme engine stored and a beta

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Daemon, offloading_config, wait_until
+from conftest import Daemon, offloading_config, wait_until, stored_hash
 
 CHUNK = 4096
 
@@ -122,7 +122,7 @@ def test_store_evict_lookup_promote(daemon: Daemon) -> None:
         assert stats["disk"].cascades_ok == 1 and stats["dram"].cascades_ok == 1, stats
         # The bytes are on disk (kvtier's format: the block, then a trailer).
         disk = files_on_disk(daemon)
-        assert disk[key(1)[:32].hex()][:CHUNK] == block(1).tobytes()
+        assert disk[stored_hash(key(1)).hex()][:CHUNK] == block(1).tobytes()
         mgr.on_request_finished(c)
 
         # Evict blocks 1 and 2 from vLLM's primary with four others.
@@ -171,7 +171,7 @@ def test_filters_reach_kvtiers_sub_tiers(daemon: Daemon) -> None:
         st2 = daemon.tier_stats(ns)
         assert st2["disk"].cascades_ok == 1 and st2["dram"].cascades_ok == 0, st2
         assert st2["disk"].cascades_filtered == 1 and st2["dram"].cascades_filtered == 2, st2
-        assert key(2)[:32].hex() not in files_on_disk(daemon)
+        assert stored_hash(key(2)).hex() not in files_on_disk(daemon)
 
         # Evict 1 from vLLM's primary.
         e = ctx("e")
