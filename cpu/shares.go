@@ -203,6 +203,15 @@ func (p *Primary) OwnerOf(k offload.Key) int {
 	return int(p.sh.ownerOf(k))
 }
 
+// OwnerOfSpace returns the owner of the keys of space id, as OwnerOf
+// returns a key's; safe for concurrent use (the owners are fixed at New).
+func (p *Primary) OwnerOfSpace(id uint64) int {
+	if p.sh == nil {
+		return 0
+	}
+	return int(p.sh.t.OwnerOfSpace(id))
+}
+
 // Quotas returns each owner's quota in slots (index 0 the untagged pool,
 // then the shares in order); nil without shares.
 func (p *Primary) Quotas() []int {

@@ -96,6 +96,11 @@ func (t *Table) Report(held []int64) []offload.ShareReport {
 	return out
 }
 
+// OwnerOfSpace returns the owner of the keys of space id (0 when no share
+// names it). Unlike OwnerOf it keeps no cache: it is safe for concurrent
+// use.
+func (t *Table) OwnerOfSpace(id uint64) uint8 { return t.owner[id] }
+
 // OwnerOf returns the owner of key k.
 func (t *Table) OwnerOf(k offload.Key) uint8 {
 	id, ok := keyspace.IDOf(k)

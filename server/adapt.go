@@ -32,9 +32,9 @@ func ManagerNamespace(name string, m *tiering.Manager, p *cpu.Primary, parser of
 			return st
 		},
 		Blocks: p.Keys,
-		Quota: func(k offload.Key) int {
+		Quota: func(space uint64) int {
 			if q := p.Quotas(); q != nil {
-				return q[p.OwnerOf(k)]
+				return q[p.OwnerOfSpace(space)]
 			}
 			return 0
 		},

@@ -10,9 +10,12 @@ import (
 // come in). Neither can be evicted, so a tenant that reads or writes
 // slowly could keep more of the primary than its quota, and another
 // tenant's stores would then evict that tenant's own blocks or fail. A
-// tenant may hold at most its quota of a namespace's primary in stream
-// requests at once (an even share of the slots, slots ÷ (tenants + 1),
-// when it has no quota); past it the request is refused with
+// tenant may hold at most its quota of a namespace's primary (an even
+// share of the slots, slots ÷ (tenants + 1), when it has no quota), less
+// its router pins' budget (pins.share of it), in stream requests at once,
+// so that its pins and holds together never pass its quota and a tenant
+// within its quota always has another's blocks to evict; past it the
+// request is refused with
 // RESOURCE_EXHAUSTED — its own, never another tenant's. The stream's
 // per-request deadline (requestDeadline) bounds how long a hold lasts.
 // The admin (peer daemons, remote engines) is not bounded here, nor a
@@ -29,14 +32,31 @@ type holds struct {
 	n  map[holdKey]int
 }
 
-// holdLimit is the slots tenant t may hold in ns's primary at once.
+// holdLimit is the slots tenant t may keep from eviction in ns's primary:
+// its quota (an even share without one) less the router pins its blocks
+// hold, so that its pins and its stream requests together never pass its
+// quota and a tenant within its quota always has another's blocks to evict.
 func (s *Server) holdLimit(ns *Namespace, t *tenant) int {
+	q := 0
 	if ns.quota != nil {
-		if q := ns.quota(t.space.Key([]byte{0})); q > 0 {
-			return q
-		}
+		q = ns.quota(t.space.ID())
 	}
-	return max(ns.arena.NumSlots()/(len(s.tenancy.tenants)+1), 1)
+	if q <= 0 {
+		q = max(ns.arena.NumSlots()/(len(s.tenancy.tenants)+1), 1)
+	}
+	return q - ns.mgr.PinsOf(t.space.ID())
+}
+
+// pinRoom is how many new router pins tenant t may take in ns now: what
+// its stream requests and pins leave of its quota. The caller holds ns.mu
+// and calls done once the pins are taken (holds cannot grow meanwhile).
+func (s *Server) pinRoom(ns *Namespace, t *tenant) (room int, done func()) {
+	if s.tenancy.ownerOf(ns.name) == t {
+		return -1, func() {}
+	}
+	h := &s.holds
+	h.mu.Lock()
+	return max(s.holdLimit(ns, t)-h.n[holdKey{t, ns}], 0), h.mu.Unlock
 }
 
 // hold counts n slots against the tenant of sc in ns and returns the
@@ -58,7 +78,7 @@ func (s *Server) hold(ns *Namespace, sc scope, n int) (release func(), err error
 	}
 	if held := h.n[k]; held+n > limit {
 		s.metrics.holdRefusals.WithLabelValues(ns.name).Inc()
-		return nil, fmt.Errorf("%w: tenant %q holds %d of the %d primary slots its stream requests may keep pinned or reserved at once; %d more refused (finish the requests in flight first)",
+		return nil, fmt.Errorf("%w: tenant %q keeps %d primary slots in stream requests and may keep %d (its quota less its router pins); %d more refused (finish the requests in flight first)",
 			ErrNoSpace, sc.t.name, held, limit, n)
 	}
 	h.n[k] += n

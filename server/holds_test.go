@@ -119,3 +119,88 @@ func TestStreamHoldsCountAgainstTheirTenant(t *testing.T) {
 	}
 	rt.Eventually(t, 10*time.Second, "acme's pins released", func() bool { return pinned() == 0 })
 }
+
+// TestPinsAndHoldsShareTheQuota: a tenant's router pins and its stream
+// requests' holds together stay within its quota, in either order. acme
+// borrows most of a primary the quotas divide whole, holds its quota in an
+// unread get, then asks to pin two more blocks: refused, so beta can still
+// fill its own quota without evicting its own blocks.
+func TestPinsAndHoldsShareTheQuota(t *testing.T) {
+	const size = 1 << 20
+	acmeSp, _ := keyspace.Tenant("acme")
+	betaSp, _ := keyspace.Tenant("beta")
+	e := startEnvSlot(t, envOptions{
+		slots: 16, token: "admin-token", stream: true, tiers: noTiers,
+		tenants: []server.TenantConfig{
+			{Name: "acme", Token: "acme-token", Namespaces: []string{""}},
+			{Name: "beta", Token: "beta-token", Namespaces: []string{""}},
+		},
+		shares: []cpu.Share{{Space: acmeSp.ID(), Slots: 8}, {Space: betaSp.ID(), Slots: 8}},
+	}, size)
+	ctx := ctxT(t)
+	dial := func(token string) *client.Client {
+		c, err := client.Dial(e.tcp, client.Options{Token: token, NoStream: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	acme, beta := dial("acme-token"), dial("beta-token")
+	put := func(c *client.Client, ks []offload.Key) {
+		t.Helper()
+		for _, k := range ks {
+			if got, err := c.PutBlocks(ctx, []client.Block{{Key: k, Data: bytes.Repeat([]byte{k[len(k)-5]}, size)}}, client.CallOptions{}); err != nil || !got[0] {
+				t.Fatalf("put: %v %v", got, err)
+			}
+		}
+	}
+	put(beta, keys(0, 2))
+	put(acme, keys(100, 14)) // 6 borrowed from beta's quota
+	conn, _, hs := streamHello(t, e.srv.StreamAddr(), "acme-token", "")
+	if hs != 0 {
+		t.Fatalf("hello %d", hs)
+	}
+	req := binary.BigEndian.AppendUint32(nil, 8)
+	for _, k := range keys(100, 8) {
+		req = binary.BigEndian.AppendUint16(req, uint16(len(k)))
+		req = append(req, k...)
+	}
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	pinned := func() int64 {
+		st, err := e.dial(t, e.tcp).Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.GetPrimary().GetPinnedSlots()
+	}
+	rt.Eventually(t, 10*time.Second, "the unread get pins acme's quota", func() bool { return pinned() == 8 })
+	a, err := acme.Pin(ctx, keys(108, 2), time.Hour)
+	if err != nil || a.GetPinned() != 0 || a.GetRefused() != 2 {
+		t.Fatalf("acme pins past its quota: %v %v", a, err)
+	}
+	before := betaEvictions(t, e)
+	put(beta, keys(2, 6)) // beta fills its quota: acme's 6 borrowed blocks go
+	if n := betaEvictions(t, e); n != before {
+		t.Fatalf("beta evicted %d of its own blocks", n-before)
+	}
+	conn.Close()
+}
+
+// betaEvictions is beta's evicted-block count.
+func betaEvictions(t *testing.T, e *env) uint64 {
+	t.Helper()
+	st, err := e.dial(t, e.tcp).Stats(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range st.GetTenants() {
+		if ts.GetName() == "beta" {
+			return ts.GetEvicted()
+		}
+	}
+	t.Fatal("no beta in Stats")
+	return 0
+}

@@ -90,9 +90,9 @@ type NamespaceConfig struct {
 	// ListBlocks is refused.
 	Blocks func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
 	// Quota, if set, returns the primary's quota in slots of the owner of
-	// key k (cpu.Primary.Quotas; 0 for none). It must be safe without the
-	// namespace mutex.
-	Quota func(k offload.Key) int
+	// key space space (cpu.Primary.Quotas; 0 for none). It must be safe
+	// without the namespace mutex.
+	Quota func(space uint64) int
 	// Feed, if set, says where the namespace's events are published; it
 	// runs under the namespace mutex, so its NextSeq is a cut of the
 	// events against the primary's state.
@@ -125,7 +125,7 @@ type Namespace struct {
 	stats     func() Stats
 	evst      func() (uint64, uint64)
 	blocks    func(from int64, limit int, dst []offload.Key) ([]offload.Key, int64)
-	quota     func(offload.Key) int
+	quota     func(space uint64) int
 	feed      func() EventFeed
 	log       *slog.Logger
 	// onWarning counts and logs lenient-mode warnings of NewRequest.

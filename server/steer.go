@@ -132,7 +132,7 @@ const MaxPinTTL = 24 * time.Hour
 // Pin keeps keys' blocks that are ready in the primary there for ttl.
 // Keys over their owner's budget are answered as refused, not as an
 // error (the others are pinned); pins off is one.
-func (ns *Namespace) Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnswer, error) {
+func (ns *Namespace) Pin(keys []offload.Key, ttl time.Duration, room func() (int, func())) (tiering.PinAnswer, error) {
 	if ttl <= 0 || ttl > MaxPinTTL {
 		return tiering.PinAnswer{}, fmt.Errorf("%w: pin TTL %v (want 1ms to %v)", ErrInvalidArgument, ttl, MaxPinTTL)
 	}
@@ -140,7 +140,29 @@ func (ns *Namespace) Pin(keys []offload.Key, ttl time.Duration) (tiering.PinAnsw
 		return tiering.PinAnswer{}, err
 	}
 	defer ns.mu.Unlock()
+	refused := 0
+	if room != nil {
+		// At most n keys not pinned yet: the caller's other unevictable
+		// slots leave no more (holds.go); extensions always go.
+		n, done := room()
+		defer done()
+		if n >= 0 {
+			kept := keys[:0:0]
+			for _, k := range keys {
+				if _, pinned := ns.mgr.Pinned(k); !pinned {
+					if n == 0 {
+						refused++
+						continue
+					}
+					n--
+				}
+				kept = append(kept, k)
+			}
+			keys = kept
+		}
+	}
 	a, err := ns.mgr.Pin(keys, ttl)
+	a.Refused += refused
 	switch {
 	case errors.Is(err, tiering.ErrPinRefused):
 		return a, fmt.Errorf("%w: %w", ErrLimit, err)
@@ -164,7 +186,11 @@ func (sv *service) Pin(ctx context.Context, in *kvtierv1.PinRequest) (*kvtierv1.
 	if err != nil {
 		return nil, err
 	}
-	a, err := ns.Pin(keys, time.Duration(in.GetTtlMs())*time.Millisecond)
+	var room func() (int, func())
+	if t := principalOf(ctx).t; t != nil {
+		room = func() (int, func()) { return sv.s.pinRoom(ns, t) }
+	}
+	a, err := ns.Pin(keys, time.Duration(in.GetTtlMs())*time.Millisecond, room)
 	if err != nil {
 		return nil, toStatus(err)
 	}

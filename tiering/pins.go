@@ -19,6 +19,7 @@ package tiering
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
@@ -64,9 +65,10 @@ type pinner struct {
 	// before it skip the scan.
 	first time.Time
 	// budget and held are per owner (cpu.Primary.OwnerOf); a nil budget
-	// means pins are off.
+	// means pins are off. held is written under the manager's caller's
+	// lock and read without it (PinsOf).
 	budget []int
-	held   []int
+	held   []atomic.Int64
 	stats  PinStats
 }
 
@@ -86,7 +88,7 @@ func newPinner(m *Manager, cfg PinConfig) *pinner {
 		quotas = []int{m.primary.NumSlots()}
 	}
 	p.budget = make([]int, len(quotas))
-	p.held = make([]int, len(quotas))
+	p.held = make([]atomic.Int64, len(quotas))
 	for i, q := range quotas {
 		p.budget[i] = int(cfg.Share * float64(q))
 	}
@@ -126,7 +128,7 @@ func (m *Manager) Pin(keys []offload.Key, ttl time.Duration) (PinAnswer, error) 
 			continue
 		}
 		o := m.owner(k)
-		if pn.held[o] >= pn.budget[o] {
+		if pn.held[o].Load() >= int64(pn.budget[o]) {
 			a.Refused++
 			continue
 		}
@@ -138,12 +140,22 @@ func (m *Manager) Pin(keys []offload.Key, ttl time.Duration) (PinAnswer, error) 
 			continue
 		}
 		pn.expires[k] = until
-		pn.held[o]++
+		pn.held[o].Add(1)
 		pn.stats.Pinned++
 		a.Pinned++
 	}
 	pn.stats.Refused += uint64(a.Refused)
 	return a, nil
+}
+
+// PinsOf returns the router pins the owner of key space space holds now;
+// safe without the caller's lock.
+func (m *Manager) PinsOf(space uint64) int {
+	o := m.primary.OwnerOfSpace(space)
+	if m.pins.budget == nil || o < 0 || o >= len(m.pins.held) {
+		return 0
+	}
+	return int(m.pins.held[o].Load())
 }
 
 // owner is the pin budget's index of k's owner.
@@ -172,7 +184,7 @@ func (m *Manager) Unpin(keys []offload.Key) int {
 func (m *Manager) unpin(k offload.Key) {
 	pn := m.pins
 	delete(pn.expires, k)
-	pn.held[m.owner(k)]--
+	pn.held[m.owner(k)].Add(-1)
 	m.one[0] = k
 	if err := m.primary.CompleteLoad(m.one[:]); err != nil {
 		// The pin was this manager's: a failure is a bookkeeping bug.
