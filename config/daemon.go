@@ -43,6 +43,12 @@ type Server struct {
 	// MaxConnections bounds each listener's connections (default 1024,
 	// lowered to fit the file descriptor limit).
 	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerPeer bounds the TCP API's connections from one
+	// address (default: a quarter of max_connections; -1: none but
+	// max_connections). A host at its share makes room among its own
+	// connections that have not authenticated, else its new connection is
+	// refused.
+	MaxConnectionsPerPeer int `yaml:"max_connections_per_peer"`
 	// ConnectionIdleTimeout closes a connection without calls (default
 	// 15m); the requests of its session are released.
 	ConnectionIdleTimeout confvalue.Duration `yaml:"connection_idle_timeout"`
@@ -287,6 +293,9 @@ func (c *Config) checkDaemon(d *decoder) {
 		d.errorf(nil, "server", "neither unix_socket nor tcp_addr is set: the API would be unreachable")
 	}
 	c.checkUnixPeers(d)
+	if c.Server.MaxConnectionsPerPeer < -1 {
+		d.errorf(nil, "server.max_connections_per_peer", "want a count, or -1 for no bound of its own, got %d", c.Server.MaxConnectionsPerPeer)
+	}
 	if c.Server.ShutdownTimeout < 0 {
 		d.errorf(nil, "server.shutdown_timeout", "must not be negative, got %s", time.Duration(c.Server.ShutdownTimeout))
 	}
@@ -308,6 +317,7 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_params_bytes_total", int64(c.Limits.MaxParamsBytesTotal)},
 		{"server.request_idle_timeout", int64(c.Server.RequestIdleTimeout)},
 		{"server.max_connections", int64(c.Server.MaxConnections)},
+
 		{"server.connection_idle_timeout", int64(c.Server.ConnectionIdleTimeout)},
 		{"server.keepalive_time", int64(c.Server.KeepaliveTime)},
 		{"server.keepalive_timeout", int64(c.Server.KeepaliveTimeout)},

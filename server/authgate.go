@@ -27,6 +27,10 @@ import (
 type authGate struct {
 	net.Listener
 	limit   int
+	perPeer int // connections from one host
+	// refused reports a connection refused at once: its host is at
+	// perPeer with every connection authenticated.
+	refused func(host string)
 	timeout time.Duration
 	// closed reports a connection closed before it authenticated:
 	// reason "timeout" or "evicted".
@@ -38,12 +42,17 @@ type authGate struct {
 	freed   *sync.Cond // a connection closed, or the listener did
 	open    int
 	conns   map[string]*gatedConn // by remote address
+	byHost  map[string]int        // open connections by remote host
 	seq     uint64
 	closing bool
 }
 
-func newAuthGate(ln net.Listener, limit int, timeout time.Duration, closed func(reason string)) *authGate {
-	g := &authGate{Listener: ln, limit: max(limit, 1), timeout: timeout, closed: closed, conns: map[string]*gatedConn{}}
+func newAuthGate(ln net.Listener, limit, perPeer int, timeout time.Duration, closed func(reason string), refused func(host string)) *authGate {
+	if perPeer <= 0 || perPeer > limit {
+		perPeer = limit
+	}
+	g := &authGate{Listener: ln, limit: max(limit, 1), perPeer: max(perPeer, 1), timeout: timeout, closed: closed, refused: refused,
+		conns: map[string]*gatedConn{}, byHost: map[string]int{}}
 	g.freed = sync.NewCond(&g.mu)
 	return g
 }
@@ -53,6 +62,7 @@ type gatedConn struct {
 	net.Conn
 	g      *authGate
 	key    string
+	host   string
 	seq    uint64 // accept order
 	authed atomic.Bool
 	// timer closes the connection at the auth timeout; set after the
@@ -68,9 +78,27 @@ func (g *authGate) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		host := hostOf(c.RemoteAddr())
 		g.mu.Lock()
+		// One host at its share makes room among its own connections
+		// that have not authenticated, or is refused; never another's.
+		for g.byHost[host] >= g.perPeer && !g.closing {
+			v := g.oldestUnauthenticatedLocked(host)
+			if v == nil {
+				break
+			}
+			g.mu.Unlock()
+			v.drop("evicted")
+			g.mu.Lock()
+		}
+		if g.byHost[host] >= g.perPeer && !g.closing {
+			g.mu.Unlock()
+			c.Close()
+			g.refused(host)
+			continue
+		}
 		for g.open >= g.limit && !g.closing {
-			if v := g.oldestUnauthenticatedLocked(); v != nil {
+			if v := g.oldestUnauthenticatedLocked(""); v != nil {
 				g.mu.Unlock()
 				v.drop("evicted")
 				g.mu.Lock()
@@ -84,8 +112,9 @@ func (g *authGate) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 		g.open++
+		g.byHost[host]++
 		g.seq++
-		gc := &gatedConn{Conn: c, g: g, key: c.RemoteAddr().String(), seq: g.seq}
+		gc := &gatedConn{Conn: c, g: g, key: c.RemoteAddr().String(), host: host, seq: g.seq}
 		g.conns[gc.key] = gc
 		g.mu.Unlock()
 		if g.timeout > 0 {
@@ -108,10 +137,12 @@ func (g *authGate) Close() error {
 	return g.Listener.Close()
 }
 
-func (g *authGate) oldestUnauthenticatedLocked() *gatedConn {
+// oldestUnauthenticatedLocked returns the oldest connection that has not
+// authenticated, of host ("" for any).
+func (g *authGate) oldestUnauthenticatedLocked(host string) *gatedConn {
 	var oldest *gatedConn
 	for _, c := range g.conns {
-		if !c.authed.Load() && (oldest == nil || c.seq < oldest.seq) {
+		if !c.authed.Load() && (host == "" || c.host == host) && (oldest == nil || c.seq < oldest.seq) {
 			oldest = c
 		}
 	}
@@ -162,8 +193,23 @@ func (c *gatedConn) release() {
 		delete(g.conns, c.key)
 	}
 	g.open--
+	if g.byHost[c.host]--; g.byHost[c.host] <= 0 {
+		delete(g.byHost, c.host)
+	}
 	g.freed.Signal()
 	g.mu.Unlock()
+}
+
+// hostOf is the host part of a connection's remote address.
+func hostOf(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
 }
 
 // tapAuth checks a call's token from its headers (or, on the Unix socket,

@@ -106,6 +106,11 @@ type Limits struct {
 	EngineLookupSettle time.Duration
 	// MaxConnections bounds each listener's concurrent connections.
 	MaxConnections int
+	// MaxConnectionsPerPeer bounds the TCP API's connections from one
+	// address (default: a quarter of the connection bound; negative: no
+	// bound but that one), so that one host's clients, with tokens or
+	// without, cannot take every connection.
+	MaxConnectionsPerPeer int
 	// ConnectionIdleTimeout closes connections without calls; keep-alive
 	// pings (KeepaliveTime, KeepaliveTimeout) find dead peers.
 	ConnectionIdleTimeout time.Duration
@@ -224,6 +229,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("server: max_streams_per_connection %d: must be positive", l.MaxStreamsPerConnection)
 	case l.MaxConnections < 0:
 		return l, fmt.Errorf("server: max_connections %d: must be positive", l.MaxConnections)
+	case l.MaxConnectionsPerPeer < -1:
+		return l, fmt.Errorf("server: max_connections_per_peer %d: want a count, or -1 for none", l.MaxConnectionsPerPeer)
 	case l.ConnectionIdleTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0:
 		return l, fmt.Errorf("server: connection_idle_timeout %v, keepalive_time %v, keepalive_timeout %v: must be positive", l.ConnectionIdleTimeout, l.KeepaliveTime, l.KeepaliveTimeout)
 	}

@@ -56,7 +56,7 @@ func newMetrics() *metrics {
 	}, []string{"kind", "result"})
 	m.authRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_auth_refusals_total",
-		Help: "Strangers turned away before they cost anything, by listener (tcp and unix: the API, stream: the block stream, arena: the arena side channel) and reason (token: a call without a valid token or a mapped uid, refused before its body was read; timeout: a connection that did not authenticate within server.auth_timeout, closed; evicted: one closed to make room at server.max_connections for a new one; ticket: a side-channel request without a good ticket).",
+		Help: "Strangers turned away before they cost anything, by listener (tcp and unix: the API, stream: the block stream, arena: the arena side channel) and reason (token: a call without a valid token or a mapped uid, refused before its body was read; timeout: a connection that did not authenticate within server.auth_timeout, closed; evicted: one closed to make room at server.max_connections (or its host's max_connections_per_peer) for a new one; per_peer: a new connection refused, its host having its share of connections, all authenticated; ticket: a side-channel request without a good ticket).",
 	}, []string{"listener", "reason"})
 	m.holdRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_tenant_hold_refusals_total",

@@ -400,10 +400,18 @@ func (s *Server) serveListeners() {
 		}
 	}
 	if s.tcpLn != nil {
-		gate := newAuthGate(s.tcpLn, s.connLimit, s.limits.AuthTimeout, func(reason string) {
+		perPeer := s.limits.MaxConnectionsPerPeer
+		if perPeer == 0 {
+			perPeer = max(s.connLimit/4, 1)
+		}
+		gate := newAuthGate(s.tcpLn, s.connLimit, perPeer, s.limits.AuthTimeout, func(reason string) {
 			s.metrics.authRefusals.WithLabelValues("tcp", reason).Inc()
 			s.sideLogs.Warn(s.log, "auth-"+reason, "API connection closed before it authenticated", "reason", reason,
 				"auth_timeout", s.limits.AuthTimeout, "max_connections", s.connLimit)
+		}, func(host string) {
+			s.metrics.authRefusals.WithLabelValues("tcp", "per_peer").Inc()
+			s.sideLogs.Warn(s.log, "auth-per-peer", "API connection refused: its host has its share of the connections, all authenticated",
+				"host", host, "max_connections_per_peer", perPeer)
 		})
 		s.tcpSrv = s.grpcServer(gate)
 		s.serve("tcp", func() error { return s.tcpSrv.Serve(gate) })

@@ -75,6 +75,7 @@ server:
   shutdown_timeout: 10s
   # request_idle_timeout: 10m     # release requests no call names for this long
   # max_connections: 1024         # per listener (lowered to fit the fd limit)
+  # max_connections_per_peer: 256 # TCP API connections from one address (-1: no bound of its own)
   # connection_idle_timeout: 15m  # close connections without calls
   # keepalive_time: 30s           # ping quiet clients; close on no answer
   # keepalive_timeout: 10s
@@ -497,6 +498,7 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			AutoStepInterval:      time.Duration(cfg.Server.AutoStep),
 			EngineLookupSettle:    time.Duration(cfg.Server.EngineLookupSettle),
 			MaxConnections:        cfg.Server.MaxConnections,
+			MaxConnectionsPerPeer: cfg.Server.MaxConnectionsPerPeer,
 			ConnectionIdleTimeout: time.Duration(cfg.Server.ConnectionIdleTimeout),
 			KeepaliveTime:         time.Duration(cfg.Server.KeepaliveTime),
 			KeepaliveTimeout:      time.Duration(cfg.Server.KeepaliveTimeout),
