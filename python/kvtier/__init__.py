@@ -13,4 +13,5 @@ from kvtier.client import (  # noqa: F401
     rpc_message,
     tls_credentials,
     tls_trouble,
+    token_of,
 )

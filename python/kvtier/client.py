@@ -170,6 +170,28 @@ def _read(path: str, what: str) -> bytes:
         raise ValueError("kvtier: %s %s: %s" % (what, path, e.strerror)) from None
 
 
+def token_of(token: str | None, token_file: str | None, who: str) -> str | None:
+    """The auth token an integration's config gives, inline or as a file
+    (its first line, surrounding whitespace trimmed; kept out of process
+    listings and config dumps). A file its group or others may read is
+    refused, as the daemon and the CLI refuse one."""
+    if token is not None and token_file is not None:
+        raise ValueError(f"{who}: set token or token_file, not both")
+    if token_file is None:
+        return token
+    try:
+        st = os.stat(token_file)
+    except OSError as e:
+        raise ValueError(f"{who}: token_file {token_file}: {e.strerror}") from None
+    if st.st_mode & 0o077:
+        raise ValueError(f"{who}: token_file {token_file} is mode {st.st_mode & 0o777:o}: its group or others may "
+                         f"read the token (chmod 600 it)")
+    lines = _read(token_file, "token_file").decode().strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{who}: token_file {token_file} is empty")
+    return lines[0].strip()
+
+
 def tls_credentials(ca_file: str | None = None, cert_file: str | None = None,
                     key_file: str | None = None) -> grpc.ChannelCredentials:
     """gRPC channel credentials for a daemon whose TCP API serves TLS

@@ -124,7 +124,10 @@ def test_an_engine_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: s
     daemon.token = ADMIN
     with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
         engine(daemon, tiny_model_dir())
-    e = engine(daemon, tiny_model_dir(), token=ADMIN if who == "admin" else TENANT)
+    tf = d / "token"  # the tenant's token from a file (token_file)
+    tf.write_text(TENANT + "\n")
+    tf.chmod(0o600)
+    e = engine(daemon, tiny_model_dir(), token=ADMIN) if who == "admin" else engine(daemon, tiny_model_dir(), token_file=str(tf))
     try:
         m = e.manager
         ns, epoch = m._ns, m._epoch

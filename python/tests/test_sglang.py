@@ -71,7 +71,7 @@ def backend(daemon: Daemon, host: Any, **extra: Any) -> KvtierHiCacheStorage:
     assert isinstance(b, KvtierHiCacheStorage)
     # With KVTIER_TEST_AS_TENANT (and no token of its own) the backend is
     # the tenant "suite", in an engine namespace of its own.
-    if b._link is not None and "token" not in extra:
+    if b._link is not None and "token" not in extra and "token_file" not in extra:
         assert b._link.namespace.endswith("~suite") == AS_TENANT, b._link.namespace
     return b
 
@@ -160,7 +160,10 @@ def test_a_backend_with_a_token_maps_its_arena_by_ticket(kvtier_bin: str, who: s
     dm.token = admin
     try:
         host = host_pool()
-        b = backend(dm, host, token=admin if who == "admin" else tenant)
+        tf = d / "token"  # the tenant's token from a file, as a deployment passes a Secret
+        tf.write_text(tenant + "\n")
+        tf.chmod(0o600)
+        b = backend(dm, host, token=admin) if who == "admin" else backend(dm, host, token_file=str(tf))
         assert b._link is not None and b._link.namespace.endswith("~acme") == (who == "tenant")
         a = keys("t", 4)
         assert b.batch_set_v1(a, pages(0, 4)) == [True] * 4

@@ -122,7 +122,10 @@ def test_engines_of_two_tenants_keep_their_blocks_apart(kvtier_bin: str) -> None
     def tier(token: str) -> dict[str, Any]:
         return {"type": "kvtier", "target": "unix://" + daemon.sock, "token": token}
 
-    _, a1 = build(daemon, chunks=4, tier=tier(acme))
+    tf = d / "acme.token"  # one of acme's engines reads its token from a file (token_file)
+    tf.write_text(acme + "\n")
+    tf.chmod(0o600)
+    _, a1 = build(daemon, chunks=4, tier={"type": "kvtier", "target": "unix://" + daemon.sock, "token_file": str(tf)})
     _, a2 = build(daemon, chunks=8, tier=tier(acme))
     _, b = build(daemon, chunks=8, tier=tier(beta))
     try:

@@ -73,6 +73,7 @@ class Options:
 
     target: str = "unix:///run/kvtier/kvtier.sock"
     token: Optional[str] = None
+    token_file: Optional[str] = None
     timeout_s: float = 10.0
     lookup_timeout_s: float = 2.0
     reconnect_interval_s: float = 1.0
@@ -103,9 +104,12 @@ class Options:
             if k in kw and kw[k] is not None and not isinstance(kw[k], list):
                 raise ValueError(f"kvtier.sglang: {k} must be a list of tier selectors (as in kv_transfer_params), "
                                  f"not {kw[k]!r}")
-        for k in ("target", "token"):
+        for k in ("target", "token", "token_file"):
             if k in kw and kw[k] is not None and not isinstance(kw[k], str):
                 raise ValueError(f"kvtier.sglang: {k} must be a string, not {kw[k]!r}")
+        from kvtier.client import token_of
+
+        kw["token"] = token_of(kw.get("token"), kw.pop("token_file", None), "kvtier.sglang")
         return cls(**kw)
 
     def params(self, key: str, extra_info: Any = None) -> str:

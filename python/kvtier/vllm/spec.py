@@ -35,7 +35,7 @@ PAGESIZE = mmap.PAGESIZE
 
 log = logging.getLogger("kvtier.vllm")
 
-_KEYS = ("target", "token", "timeout_s", "lookup_timeout_s", "reconnect_interval_s", "lease_steps", "min_free_slots",
+_KEYS = ("target", "token", "token_file", "timeout_s", "lookup_timeout_s", "reconnect_interval_s", "lease_steps", "min_free_slots",
          "first_sight_ms")
 
 
@@ -58,7 +58,9 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         super().__init__(config)
         kc = dict(self.extra_config.get("kvtier") or {})
         self._target = kc.pop("target", "unix:///run/kvtier/kvtier.sock")
-        self._token = kc.pop("token", None)
+        from kvtier.client import token_of
+
+        self._token = token_of(kc.pop("token", None), kc.pop("token_file", None), "kvtier spec")
         self._timeout = _positive(kc, "timeout_s", 10.0)
         self._lookup_timeout = min(_positive(kc, "lookup_timeout_s", 1.0), self._timeout)
         self._reconnect_interval = _positive(kc, "reconnect_interval_s", 1.0)

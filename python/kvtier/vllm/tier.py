@@ -73,6 +73,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         backpressure_detector: vc.BackpressureDetector | None = None,
         target: str = "unix:///run/kvtier/kvtier.sock",
         token: str | None = None,
+        token_file: str | None = None,
         timeout_s: float = 10.0,
         drain_timeout_s: float = 60.0,
         reconnect_interval_s: float = 1.0,
@@ -82,7 +83,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         if unknown:
             raise TypeError(
                 f"kvtier tier: unknown key(s) {sorted(unknown)} in its secondary_tiers entry "
-                "(known: target, token, timeout_s, drain_timeout_s, reconnect_interval_s, first_sight_ms)"
+                "(known: target, token, token_file, timeout_s, drain_timeout_s, reconnect_interval_s, first_sight_ms)"
             )
         if not float(first_sight_ms) >= 0:
             raise ValueError(f"kvtier tier: first_sight_ms {first_sight_ms!r}: want a number of milliseconds >= 0")
@@ -90,7 +91,9 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         self.locality = None
         self._path = _region.unix_path(target)
         self._target = target
-        self._token = token
+        from kvtier.client import token_of
+
+        self._token = token_of(token, token_file, "kvtier tier")
         self._timeout = float(timeout_s)
         self._drain_timeout = float(drain_timeout_s)
         self._reconnect_interval = float(reconnect_interval_s)
