@@ -37,7 +37,7 @@ if ((want_lmcache)); then
     { tail -20 "$root/.venv-lmcache.log" >&2; echo "serving-bench.sh: cannot set up .venv-lmcache (log: .venv-lmcache.log)" >&2; exit 1; }
 fi
 mkdir -p "$root/.tools/bin" "$out"
-go build -o "$root/.tools/bin/kvtier" ./cmd/kvtier
+go build -tags charts -o "$root/.tools/bin/kvtier" ./cmd/kvtier
 extra=()
 ((has_json)) || extra+=(--json "$out/results.json")
 ((has_plots)) || extra+=(--plots "$out")

@@ -355,6 +355,15 @@ if (($# == 0)); then
   step examples check_examples
 fi
 step "go test" go test -race -tags libzmq -count=1 -timeout 15m "${pkgs[@]}"
+# kvtier bench's charts are built with -tags charts only (the daemon links
+# no plotting library): check and test that build of the command too.
+check_charts() {
+  go vet -tags charts ./cmd/kvtier && "$TOOLS/staticcheck" -tags charts ./cmd/kvtier &&
+    go test -tags charts -count=1 ./cmd/kvtier
+}
+if (($# == 0)); then
+  step "charts build" check_charts
+fi
 # run_pytest: kvtier.vllm against the real vLLM (.venv), then kvtier.sglang
 # against the real SGLang (.venv-sglang), with the package and the daemon
 # from the wheel.

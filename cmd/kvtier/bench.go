@@ -92,8 +92,10 @@ tier_down, cancelled); --budget sets the share of the primary that cascades in
 flight may pin (default 0.25, "off" for none).
 
 --plot FILE.png draws the hit rate split by source and, replaying once per
-size of --plot-sizes, hit rate against primary size next to plain LRU. A
-progress line is shown on a terminal (--progress forces it).
+size of --plot-sizes, hit rate against primary size next to plain LRU (charts
+need a kvtier built with -tags charts: go run -tags charts ./cmd/kvtier bench
+...; the daemon binary links no plotting library). A progress line is shown
+on a terminal (--progress forces it).
 
 --nodes N replays the trace over a fleet of N simulated nodes, each with its
 own primary of --primary-blocks and its own tiers of --config (fs tiers in

@@ -9,10 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"gonum.org/v1/plot/vg"
-
 	"github.com/kvtier/kvtier/workload"
-	"github.com/kvtier/kvtier/workload/plot"
 )
 
 // fleetMode reports whether the flags ask for a fleet replay.
@@ -109,24 +106,4 @@ func writeFleetJSON(w io.Writer, rep *fleetReport, err error) error {
 		return err
 	}
 	return enc.Encode(rep)
-}
-
-func writeFleetPlot(name string, rep *fleetReport) error {
-	var bars []plot.Bar
-	for _, r := range rep.Fleets {
-		x := r.Rates
-		bars = append(bars, plot.Bar{Label: r.Routing, Splits: []plot.Split{
-			{Label: "own DRAM", Rate: x.OwnDRAM}, {Label: "own disk", Rate: x.OwnDisk}, {Label: "own other tiers", Rate: x.OwnOther},
-			{Label: "peer", Rate: x.Peer}, {Label: "shared remote", Rate: x.Shared},
-		}})
-	}
-	title := fmt.Sprintf("%d nodes × %d primary blocks, %d requests", rep.opts.Nodes, rep.opts.PrimaryBlocks, rep.Fleets[0].Requests)
-	if rep.opts.Peers {
-		title += ", peers"
-	}
-	if rep.opts.SharedBlocks > 0 {
-		title += fmt.Sprintf(", shared %d", rep.opts.SharedBlocks)
-	}
-	width := vg.Length(max(5, 1.8*float64(len(bars)))) * vg.Inch
-	return writePNGFile(name, func(w io.Writer) error { return plot.WriteFleetPNG(w, title, bars, rep.RefMax, width, 4*vg.Inch) })
 }

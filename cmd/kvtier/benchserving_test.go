@@ -1,3 +1,5 @@
+//go:build charts
+
 package main
 
 import (

@@ -61,6 +61,24 @@ func TestServerLinksNoTier(t *testing.T) {
 	}
 }
 
+// The kvtier binary, as users build it, links no plotting library: the
+// charts of kvtier bench come with -tags charts only (issue 45).
+func TestDaemonLinksNoPlotting(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", module+"/cmd/kvtier").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if strings.HasPrefix(d, "gonum.org/") || d == module+"/workload/plot" {
+			t.Errorf("cmd/kvtier links %s", d)
+		}
+	}
+	out, err = exec.Command("go", "list", "-tags", "charts", "-deps", module+"/cmd/kvtier").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), module+"/workload/plot") {
+		t.Fatalf("with -tags charts, cmd/kvtier links no workload/plot: %v", err)
+	}
+}
+
 // The rules catch what they are for.
 func TestImportRulesCatchViolations(t *testing.T) {
 	got := importViolations(map[string][]string{
