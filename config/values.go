@@ -57,7 +57,8 @@ func (m *Medium) UnmarshalYAML(n *yaml.Node) error {
 func (m Medium) Value() offload.Medium { return offload.Medium(m) }
 
 // Locality is a tier's declared locality in the config: local or remote,
-// case-insensitive. Absent or null leaves it unspecified (dynamic). The
+// case-insensitive (confvalue.ParseLocality, which every tier's config
+// uses too). Absent or null leaves it unspecified (dynamic). The
 // request-side synonym "global" is not accepted here: a config names the
 // placement exactly (docs/semantics.md §8.5).
 type Locality offload.Locality
@@ -68,7 +69,10 @@ func (l *Locality) UnmarshalYAML(n *yaml.Node) error {
 	if err != nil {
 		return err
 	}
-	v, _ := offload.ParseLocality(s)
+	v, err := confvalue.ParseLocality(s)
+	if err != nil {
+		return err
+	}
 	*l = Locality(v)
 	return nil
 }

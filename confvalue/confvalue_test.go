@@ -1,7 +1,10 @@
 package confvalue
 
 import (
+	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/offload"
 )
 
 func TestParseByteSize(t *testing.T) {
@@ -36,6 +39,19 @@ func TestParseByteSize(t *testing.T) {
 	for b, want := range map[ByteSize]string{2 * MiB: "2MiB", GiB: "1GiB", 1536 * KiB: "1536KiB", 7: "7B", 0: "0B"} {
 		if got := b.String(); got != want {
 			t.Errorf("ByteSize(%d).String() = %q, want %q", int64(b), got, want)
+		}
+	}
+}
+
+func TestParseLocality(t *testing.T) {
+	for in, want := range map[string]offload.Locality{"": offload.LocalityUnspecified, "local": offload.LocalityLocal, "LOCAL": offload.LocalityLocal, "Remote": offload.LocalityRemote} {
+		if got, err := ParseLocality(in); err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"global", "GLOBAL", "moon", " local"} {
+		if _, err := ParseLocality(bad); err == nil || !strings.Contains(err.Error(), "want local or remote") {
+			t.Errorf("%q: %v", bad, err)
 		}
 	}
 }

@@ -122,7 +122,7 @@ func redisKeyPrefix(cfg *config.Config) string {
 }
 
 // parseLocality reads a remote tier's locality key with the tiers' own
-// parser (remote.ParseLocality: local, remote or global, absent for
+// parser (remote.ParseLocality, confvalue's: local or remote, absent for
 // unspecified), so that explain and Build cannot disagree with the tier,
 // and names the key in the error.
 func parseLocality(spec config.TierSpec, s string) (offload.Locality, error) {

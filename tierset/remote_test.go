@@ -28,7 +28,6 @@ secondary_tiers:
   - {name: objects, type: s3, bucket: kv-cache, endpoint: "http://10.0.0.5:7070", locality: Remote}
   - {name: dram, type: redis, addr: "10.0.0.7:6379", locality: remote}
   - {name: rack, type: REDIS, addr: "10.0.0.8:6379", locality: local}
-  - {name: anywhere, type: s3, bucket: other, locality: global}
   - {type: s3, bucket: dyn}
   - {type: redis, addr: "h:1"}
 `))
@@ -39,9 +38,8 @@ secondary_tiers:
 		{Name: "objects", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
 		{Name: "dram", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityRemote},
 		{Name: "rack", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityLocal},
-		{Name: "anywhere", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityRemote},
-		{Name: "s34", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityUnspecified},
-		{Name: "redis5", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityUnspecified},
+		{Name: "s33", Type: "s3", Medium: offload.MediumStorage, Locality: offload.LocalityUnspecified},
+		{Name: "redis4", Type: "redis", Medium: offload.MediumCPU, Locality: offload.LocalityUnspecified},
 	}
 	if !slices.Equal(decls, want) {
 		t.Errorf("Declare = %v\nwant      %v", decls, want)

@@ -134,19 +134,19 @@ type settings struct {
 	logger        *slog.Logger
 }
 
-// ParseLocality maps a configured locality: "local" (also the default,
-// for "") or "remote" in any case. Anything else is an error naming the
-// value. An fs tier is a directory of this host unless the configuration
-// says it is shared: a request that asks for remote tiers only must not
-// load from the local disk.
+// ParseLocality maps a configured locality (confvalue.ParseLocality),
+// local when none is given: an fs tier is a directory of this host unless
+// the configuration says it is shared, and a request that asks for remote
+// tiers only must not load from the local disk.
 func ParseLocality(s string) (offload.Locality, error) {
-	switch strings.ToLower(s) {
-	case "", "local":
-		return offload.LocalityLocal, nil
-	case "remote":
-		return offload.LocalityRemote, nil
+	l, err := confvalue.ParseLocality(s)
+	if err != nil {
+		return 0, fmt.Errorf("locality: %w", err)
 	}
-	return 0, fmt.Errorf("locality %q: want local or remote", s)
+	if l == offload.LocalityUnspecified {
+		l = offload.LocalityLocal
+	}
+	return l, nil
 }
 
 func (c Config) settings() (settings, error) {

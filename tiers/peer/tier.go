@@ -11,6 +11,7 @@ import (
 	"time"
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
+	"github.com/kvtier/kvtier/confvalue"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvtier/kvtier/asynclookup"
@@ -180,11 +181,7 @@ func (c Config) Validate() error {
 // loopback address and remote otherwise.
 func LocalityOf(p PeerConfig) (offload.Locality, error) {
 	if p.Locality != "" {
-		l, ok := offload.ParseLocality(p.Locality)
-		if !ok {
-			return 0, fmt.Errorf("%q: want local or remote", p.Locality)
-		}
-		return l, nil
+		return confvalue.ParseLocality(p.Locality)
 	}
 	host, _, _ := net.SplitHostPort(p.Addr)
 	if host == "localhost" {

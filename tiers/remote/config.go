@@ -9,18 +9,11 @@ import (
 	"github.com/kvtier/kvtier/quota"
 )
 
-// ParseLocality reads a tier's locality key: local, remote (or its
-// synonym global), or empty for unspecified, with which the tier passes
+// ParseLocality reads a tier's locality key (confvalue.ParseLocality):
+// local, remote, or empty for unspecified, with which the tier passes
 // every locality matcher as an upstream tier without a locality does.
 func ParseLocality(s string) (offload.Locality, error) {
-	if s == "" {
-		return offload.LocalityUnspecified, nil
-	}
-	l, ok := offload.ParseLocality(s)
-	if !ok {
-		return offload.LocalityUnspecified, fmt.Errorf("%q: want local or remote", s)
-	}
-	return l, nil
+	return confvalue.ParseLocality(s)
 }
 
 // Shared are the config keys every remote tier has, with the same name
@@ -29,7 +22,7 @@ func ParseLocality(s string) (offload.Locality, error) {
 // (each tier's DefaultConfig sets them); WithDefaults fills zero values
 // from them and Check validates them with the tier's own keys.
 type Shared struct {
-	// Locality is local, remote (or its synonym global), or empty for
+	// Locality is local, remote, or empty for
 	// unspecified: the tier then passes every locality matcher, as an
 	// upstream tier without a locality does.
 	Locality string `yaml:"locality"`

@@ -159,7 +159,7 @@ func TestConfigValidation(t *testing.T) {
 		{Name: "bad endpoint", Mod: func(c *Config) { c.Endpoint = "ftp://x" }, Key: "endpoint"},
 		{Name: "endpoint without host", Mod: func(c *Config) { c.Endpoint = "http://" }, Key: "endpoint"},
 		{Name: "bad locality", Mod: func(c *Config) { c.Locality = "nearby" }, Key: "locality"},
-		{Name: "global is remote", Mod: func(c *Config) { c.Locality = "GLOBAL" }},
+		{Name: "global is no tier's locality", Mod: func(c *Config) { c.Locality = "GLOBAL" }, Key: "locality"},
 		{Name: "access without secret", Mod: func(c *Config) { c.SecretKey = "" }, Key: "secret_key"},
 		{Name: "secret without access", Mod: func(c *Config) { c.AccessKey = "" }, Key: "access_key"},
 		{Name: "negative io_threads", Mod: func(c *Config) { c.IOThreads = -1 }, Key: "io_threads"},
