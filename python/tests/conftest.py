@@ -101,6 +101,26 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP, returning once every thread of the daemon has stopped:
+        the signal is delivered asynchronously, and a thread still running
+        on another core could answer one more call (on a busy machine it
+        did)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        tasks = pathlib.Path(f"/proc/{self.proc.pid}/task")
+
+        def stopped() -> bool:
+            try:
+                return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t") for t in tasks.iterdir())
+            except FileNotFoundError:
+                return False  # a thread came or went while reading
+        wait_until(stopped, what="every thread of the daemon stopped")
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import signal
 import tempfile
 from typing import Any, Iterator
 
@@ -154,7 +153,7 @@ def test_a_stopped_daemon_holds_no_lookup_past_the_bound(daemon: Daemon) -> None
         m = e.manager
         assert serve(e, "a", prompt(1)) == (0, 0)
         assert daemon.proc is not None
-        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        daemon.pause()
         try:
             # The daemon answers nothing: the request's lookups answer MISS
             # once lookup_timeout_s has passed, and it is served while the
@@ -163,7 +162,7 @@ def test_a_stopped_daemon_holds_no_lookup_past_the_bound(daemon: Daemon) -> None
             assert serve(e, "b", prompt(1)) == (0, 0)
             assert m.late_lookups >= 1
         finally:
-            os.kill(daemon.proc.pid, signal.SIGCONT)
+            daemon.resume()
         # The stalled call times out; the engine attaches again (the same
         # daemon, a new session) and serves from kvtier once more.
         reattach(e, 1)
@@ -399,13 +398,13 @@ def test_a_first_sight_answered_late_leaves_no_pin(daemon: Daemon) -> None:
         ns = m._ns
         wait_until(lambda: not m._in_flight, 10, "engine 2 idle")
         assert daemon.proc is not None
-        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        daemon.pause()
         try:
             e2.add("h", prompt(3))
             e2.step()  # its first sight waits out its bound: the daemon is stopped
             assert m.first_sight_failures == 1 and m.first_sights == 0
         finally:
-            os.kill(daemon.proc.pid, signal.SIGCONT)
+            daemon.resume()
         wait_until(lambda: (e2.step(), m.late_answers >= 1)[1], 20, "the first sight's late answer")
         e2.run(max_steps=20000)
         assert e2.reused["h"] == (4, 4), e2.reused["h"]

@@ -307,9 +307,7 @@ def test_slow_and_unreachable_daemon(engine_daemon: Daemon, kvtier_bin: str) -> 
     ks = keys("s", 4)
     assert b.batch_set_v1(ks, pages(0, 4)) == [True] * 4
     assert engine_daemon.proc is not None
-    engine_daemon.proc.send_signal(signal.SIGSTOP)
-    stat = pathlib.Path(f"/proc/{engine_daemon.proc.pid}/stat")
-    wait_until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", what="the daemon stopped")
+    engine_daemon.pause()
     try:
         # Each call gives up after timeout_s; then misses at once.
         assert b.batch_exists(ks) == 0
