@@ -7,19 +7,18 @@ import (
 
 // Holds: the primary slots a tenant's block-stream requests keep pinned
 // (a get, while its blocks go out) or reserved (a put, while its blocks
-// come in). Neither can be evicted, so a tenant that reads or writes
-// slowly could keep more of the primary than its quota, and another
-// tenant's stores would then evict that tenant's own blocks or fail. A
-// tenant may hold at most its quota of a namespace's primary (an even
-// share of the slots, slots ÷ (tenants + 1), when it has no quota), less
-// its router pins' budget (pins.share of it), in stream requests at once,
-// so that its pins and holds together never pass its quota and a tenant
-// within its quota always has another's blocks to evict; past it the
-// request is refused with
-// RESOURCE_EXHAUSTED — its own, never another tenant's. The stream's
-// per-request deadline (requestDeadline) bounds how long a hold lasts.
-// The admin (peer daemons, remote engines) is not bounded here, nor a
-// tenant in an engine namespace its own engines created.
+// come in). Neither can be evicted, and neither can the blocks its router
+// pins hold, so a tenant that reads or writes slowly, or pins, could keep
+// more of the primary than its quota, and another tenant's stores would
+// then evict that tenant's own blocks or fail. A tenant's holds and its
+// pins together stay within its quota of a namespace's primary (an even
+// share of the slots, slots ÷ (tenants + 1), when it has no quota): a
+// stream request past it is refused with RESOURCE_EXHAUSTED, a pin past it
+// answered refused — its own, never another tenant's. Lock order: the
+// namespace's mutex, then holds.mu. The stream's per-request deadline
+// (requestDeadline) bounds how long a hold lasts. The admin (peer daemons,
+// remote engines) is not bounded here, nor a tenant in an engine namespace
+// its own engines created.
 
 type holdKey struct {
 	t  *tenant
