@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="write every run's results here")
     ap.add_argument("--plots", help="draw the charts into this directory (kvtier bench plot-serving)")
+    ap.add_argument("--plot-bin", default="",
+                    help="a kvtier built with -tags charts, which draws them (default: --kvtier-bin; "
+                         "scripts/serving-bench.sh builds its kvtier so)")
     ap.add_argument("--kvtier-bin", default=os.environ.get("KVTIER_BIN", ""))
     ap.add_argument("--vllm-python", default=os.environ.get("KVTIER_VLLM_CPU_PYTHON", str(ROOT / ".venv-cpu/bin/python")))
     ap.add_argument("--lmcache-python", default=os.environ.get("KVTIER_LMCACHE_PYTHON", str(ROOT / ".venv-lmcache/bin/python")))
@@ -586,10 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(doc, indent=1))
     if a.plots:
-        if not a.kvtier_bin:
-            log("--plots needs --kvtier-bin")
+        plot_bin = a.plot_bin or a.kvtier_bin
+        if not plot_bin:
+            log("--plots needs --plot-bin or --kvtier-bin")
             return 2
-        subprocess.run([a.kvtier_bin, "bench", "plot-serving", "--out", a.plots, "-"], input=json.dumps(doc),
+        subprocess.run([plot_bin, "bench", "plot-serving", "--out", a.plots, "-"], input=json.dumps(doc),
                        text=True, check=True)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -17,6 +17,7 @@ import tempfile
 from test_cpu_backend import cpu_python
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(BENCH))
 
 import serving_client as client  # noqa: E402
@@ -117,10 +118,13 @@ def test_quick_serving_benchmark_serves_tokens_from_kvtier(kvtier_bin: str) -> N
     py = cpu_python()
     d = pathlib.Path(tempfile.mkdtemp(prefix="kvt-serving"))
     out = d / "results.json"
+    # The wheel's daemon draws no charts: a kvtier built with -tags charts does.
+    charts = d / "kvtier-charts"
+    subprocess.run(["go", "build", "-tags", "charts", "-o", str(charts), "./cmd/kvtier"], cwd=ROOT, check=True)
     cmd = [py, str(BENCH / "serving.py"), "--quick", "--configs", "kvtier-manager", "--engines", "2",
            "--workloads", "mooncake,document,agent,burst",
-           "--kvtier-bin", kvtier_bin, "--vllm-python", py, "--json", str(out), "--plots", str(d / "plots"),
-           "--work", str(d / "work"), "--startup-timeout", "400"]
+           "--kvtier-bin", kvtier_bin, "--plot-bin", str(charts), "--vllm-python", py, "--json", str(out),
+           "--plots", str(d / "plots"), "--work", str(d / "work"), "--startup-timeout", "400"]
     env = {**os.environ, "KVTIER_TRACE": str(TRACE)}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout + p.stderr[-6000:]
