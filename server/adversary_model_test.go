@@ -75,19 +75,7 @@ func adversaryModel(rt *rapid.T) {
 	betaKeys := keys(0, quota) // the victim's universe: never more than its quota
 	stored := map[offload.Key][]byte{}
 	version := 0
-	betaEvicted := func() uint64 {
-		st, err := admin.Stats(ctx)
-		if err != nil {
-			rt.Fatal(err)
-		}
-		for _, ts := range st.GetTenants() {
-			if ts.GetName() == "beta" {
-				return ts.GetEvicted()
-			}
-		}
-		rt.Fatal("no beta in Stats")
-		return 0
-	}
+	betaEvicted := func() uint64 { return tenantEvictions(rt, admin, "beta") }
 	hello := func() net.Conn {
 		c, err := net.DialTimeout("tcp", e.srv.StreamAddr(), 5*time.Second)
 		if err != nil {

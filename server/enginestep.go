@@ -134,28 +134,15 @@ func (st *engineStep) keys(packed []byte, size uint32) ([]offload.Key, error) {
 
 // spaceKeys decodes an engine's packed keys into key space sp.
 func spaceKeys(sp keyspace.Space, packed []byte, size uint32, max int) ([]offload.Key, error) {
-	if !sp.Tagged() {
-		return packedKeys(packed, size, max)
+	keys, err := packedKeys(packed, size, max) // checks each engine key
+	if err != nil || !sp.Tagged() || len(keys) == 0 {
+		return keys, err
 	}
-	// Checked as packedKeys checks them, then decoded with the tag before
-	// each key, in one allocation for all of them.
-	if size == 0 || len(packed)%int(size) != 0 || len(packed)/int(size) > max {
-		return packedKeys(packed, size, max) // its error, or no keys
-	}
-	n, tag := len(packed)/int(size), sp.Key(nil)
-	step := len(tag) + int(size)
-	buf := make([]byte, 0, n*step)
-	for i := range n {
-		buf = append(buf, tag...)
-		buf = append(buf, packed[i*int(size):(i+1)*int(size)]...)
-	}
-	all := string(buf)
-	keys := make([]offload.Key, n)
-	for i := range keys {
-		keys[i] = offload.Key(all[i*step : (i+1)*step])
-		if !offload.Key(all[i*step+len(tag) : (i+1)*step]).Valid() {
-			return nil, fmt.Errorf("%w: keys[%d]", offload.ErrInvalidKey, i)
-		}
+	// Split again behind the tag (Namespace.PackedKeys's splitting, one
+	// allocation for the batch); a key near the length bound does not fit.
+	keys = splitKeys(packed, int(size), len(keys), sp)
+	if !keys[0].Valid() {
+		return nil, fmt.Errorf("%w: key_size %d does not fit behind a key space's tag (at most %d)", offload.ErrInvalidKey, size, offload.MaxKeyLen-keyspace.TagLen)
 	}
 	return keys, nil
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"net"
 	"testing"
@@ -181,26 +182,29 @@ func TestPinsAndHoldsShareTheQuota(t *testing.T) {
 	if err != nil || a.GetPinned() != 0 || a.GetRefused() != 2 {
 		t.Fatalf("acme pins past its quota: %v %v", a, err)
 	}
-	before := betaEvictions(t, e)
+	admin := e.dial(t, e.tcp)
+	before := tenantEvictions(t, admin, "beta")
 	put(beta, keys(2, 6)) // beta fills its quota: acme's 6 borrowed blocks go
-	if n := betaEvictions(t, e); n != before {
+	if n := tenantEvictions(t, admin, "beta"); n != before {
 		t.Fatalf("beta evicted %d of its own blocks", n-before)
 	}
 	conn.Close()
 }
 
-// betaEvictions is beta's evicted-block count.
-func betaEvictions(t *testing.T, e *env) uint64 {
-	t.Helper()
-	st, err := e.dial(t, e.tcp).Stats(ctxT(t))
+// tenantEvictions is the evicted-block count of tenant name, as the
+// admin's Stats (on admin) reports it.
+func tenantEvictions(t envT, admin *client.Client, name string) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := admin.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, ts := range st.GetTenants() {
-		if ts.GetName() == "beta" {
+		if ts.GetName() == name {
 			return ts.GetEvicted()
 		}
 	}
-	t.Fatal("no beta in Stats")
+	t.Fatalf("no tenant %q in Stats", name)
 	return 0
 }

@@ -358,26 +358,28 @@ func (ns *Namespace) PackedKeys(packed []byte, size int, sp keyspace.Space) ([]o
 	if n > ns.limits.MaxKeysPerCall {
 		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, n, ns.limits.MaxKeysPerCall)
 	}
+	return splitKeys(packed, size, n, sp), nil
+}
+
+// splitKeys splits n keys stored back to back, size bytes each, into keys
+// of space sp (each behind its tag), in one allocation for the batch.
+func splitKeys(packed []byte, size, n int, sp keyspace.Space) []offload.Key {
 	keys := make([]offload.Key, n)
-	if !sp.Tagged() {
-		all := string(packed)
-		for i := range keys {
-			keys[i] = offload.Key(all[i*size : (i+1)*size])
+	tag := sp.Key(nil) // "" for the untagged space
+	step := len(tag) + size
+	all := string(packed)
+	if len(tag) > 0 {
+		buf := make([]byte, 0, n*step)
+		for i := range n {
+			buf = append(buf, tag...)
+			buf = append(buf, packed[i*size:(i+1)*size]...)
 		}
-		return keys, nil
+		all = string(buf)
 	}
-	tagged := sp.Key(nil)
-	step := len(tagged) + size
-	buf := make([]byte, 0, n*step)
-	for i := range keys {
-		buf = append(buf, tagged...)
-		buf = append(buf, packed[i*size:(i+1)*size]...)
-	}
-	all := string(buf)
 	for i := range keys {
 		keys[i] = offload.Key(all[i*step : (i+1)*step])
 	}
-	return keys, nil
+	return keys
 }
 
 // Lookup looks keys up for request id into out (len(out) >= len(keys)).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,9 +29,9 @@ func TestConnectionsPerPeer(t *testing.T) {
 		return kvtierv1.NewKVTierClient(cc), func() { cc.Close() }
 	}
 	call := func(c kvtierv1.KVTierClient) error {
-		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+daemonToken), 5*time.Second)
-		defer cancel()
-		_, err := c.Stats(cctx, &kvtierv1.StatsRequest{})
+		// The test's own deadline, not a short one: a refused connection
+		// fails at once, and a busy machine must not fail an accepted one.
+		_, err := c.Stats(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+daemonToken), &kvtierv1.StatsRequest{})
 		return err
 	}
 	for i := range 3 {
