@@ -127,6 +127,14 @@ type Limits struct {
 	// MaxMessageBytes bounds one API message (default 64MiB); PutBlocks and
 	// GetBlocks carry at most this much block data per call.
 	MaxMessageBytes confvalue.ByteSize `yaml:"max_message_bytes"`
+	// MaxReceiveBytes bounds the request bytes the daemon receives at
+	// once, over all connections (default 16 × max_message_bytes): every
+	// call reserves max_message_bytes before its request is read, and
+	// waits while the reservations are at this bound.
+	MaxReceiveBytes confvalue.ByteSize `yaml:"max_receive_bytes"`
+	// ReceiveTimeout bounds the time from a call's reservation to its
+	// whole request (default 30s): a trickle cannot hold a reservation.
+	ReceiveTimeout confvalue.Duration `yaml:"receive_timeout"`
 	// MaxRequests bounds the active requests (default 65536).
 	MaxRequests int `yaml:"max_requests"`
 	// MaxSessionRequests bounds the active requests of one client session
@@ -306,6 +314,8 @@ func (c *Config) checkDaemon(d *decoder) {
 		{"limits.max_keys_per_call", int64(c.Limits.MaxKeysPerCall)},
 		{"limits.max_key_bytes", int64(c.Limits.MaxKeyBytes)},
 		{"limits.max_message_bytes", int64(c.Limits.MaxMessageBytes)},
+		{"limits.max_receive_bytes", int64(c.Limits.MaxReceiveBytes)},
+		{"limits.receive_timeout", int64(c.Limits.ReceiveTimeout)},
 		{"limits.max_requests", int64(c.Limits.MaxRequests)},
 		{"limits.max_session_requests", int64(c.Limits.MaxSessionRequests)},
 		{"limits.max_tenant_requests", int64(c.Limits.MaxTenantRequests)},

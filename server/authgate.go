@@ -15,7 +15,7 @@ import (
 
 // authGate bounds the API's TCP connections and keeps callers that have
 // not authenticated from holding them. A connection is authenticated once
-// one of its calls passed the tap check (tapAuth), which runs on the
+// one of its calls passed the tap check (tap), which runs on the
 // call's headers, before gRPC reads its body: a caller without a valid
 // token never has a request decoded, whatever it sends. A connection that
 // has not authenticated within timeout is closed, and when the listener
@@ -212,20 +212,26 @@ func hostOf(a net.Addr) string {
 	return host
 }
 
-// tapAuth checks a call's token from its headers (or, on the Unix socket,
-// its peer's uid) before its body is read, and marks a TCP connection
-// authenticated (g nil: the Unix socket, which has no gate). The
-// interceptors check again with the rest of the call's context (the
-// tenant's methods); this check only keeps strangers from costing the
-// daemon anything.
-func (s *Server) tapAuth(g *authGate) tap.ServerInHandle {
+// tap runs on a call's headers, before its body is read. With check, it
+// checks the call's token (or, on the Unix socket, its peer's uid) and
+// marks a TCP connection authenticated (g nil: the Unix socket, which has
+// no gate): the interceptors check again with the rest of the call's
+// context (the tenant's methods); this check only keeps strangers from
+// costing the daemon anything. It then hands the call what receive needs
+// (receive.go). Without check (a Unix socket without tokens), every
+// caller is the admin.
+func (s *Server) tap(g *authGate, check bool) tap.ServerInHandle {
 	listener := "tcp"
 	if g == nil {
 		listener = "unix"
 	}
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if !check {
+			return withReceiveCtl(ctx, "admin"), nil
+		}
 		tok, has := bearerOf(info.Header)
-		if _, err := s.tenancy.authenticate(tok, has, callerOf(ctx, g == nil)); err != nil {
+		p, err := s.tenancy.authenticate(tok, has, callerOf(ctx, g == nil))
+		if err != nil {
 			s.metrics.authRefusals.WithLabelValues(listener, "token").Inc()
 			from := ""
 			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
@@ -241,6 +247,6 @@ func (s *Server) tapAuth(g *authGate) tap.ServerInHandle {
 		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && g != nil {
 			g.authenticated(p.Addr.String())
 		}
-		return ctx, nil
+		return withReceiveCtl(ctx, holderOf(p)), nil
 	}
 }

@@ -58,6 +58,9 @@ const (
 	// writing a trickle cannot hold the slots it pins or reserves for long.
 	DefaultStreamRequestTimeout = 30 * time.Second
 	DefaultStreamMinRate        = 4 << 20 // bytes per second
+	// DefaultReceiveTimeout bounds the time from a call's reservation of
+	// receive budget to its whole request.
+	DefaultReceiveTimeout = 30 * time.Second
 	// DefaultMaxStreamsPerConnection bounds the calls in flight on one
 	// API connection (HTTP/2 streams); further calls wait in the client.
 	DefaultMaxStreamsPerConnection = 128
@@ -74,6 +77,14 @@ type Limits struct {
 	// MaxMessageBytes bounds a request or response message; gRPC rejects
 	// larger ones with RESOURCE_EXHAUSTED.
 	MaxMessageBytes int
+	// MaxReceiveBytes bounds the request bytes being received at once,
+	// over all connections (default 16 × MaxMessageBytes): a call
+	// reserves MaxMessageBytes before gRPC reads its request and gives
+	// it back once the request is decoded (receive.go).
+	MaxReceiveBytes int64
+	// ReceiveTimeout bounds the time from a call's reservation to its
+	// whole request; the call is cancelled past it.
+	ReceiveTimeout time.Duration
 	// MaxRequests bounds the active requests of one namespace.
 	MaxRequests int
 	// MaxSessionRequests bounds the active requests one session (a client
@@ -145,6 +156,12 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxMessageBytes == 0 {
 		l.MaxMessageBytes = DefaultMaxMessageBytes
 	}
+	if l.MaxReceiveBytes == 0 {
+		l.MaxReceiveBytes = 16 * int64(l.MaxMessageBytes)
+	}
+	if l.ReceiveTimeout == 0 {
+		l.ReceiveTimeout = DefaultReceiveTimeout
+	}
 	if l.MaxRequests == 0 {
 		l.MaxRequests = DefaultMaxRequests
 	}
@@ -209,6 +226,10 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("limits: max_key_bytes %d: want %d..%d", l.MaxKeyBytes, offload.GroupSuffixLen+1, offload.MaxKeyLen)
 	case l.MaxMessageBytes < 1<<16:
 		return l, fmt.Errorf("limits: max_message_bytes %d: want at least 65536", l.MaxMessageBytes)
+	case l.MaxReceiveBytes < int64(l.MaxMessageBytes):
+		return l, fmt.Errorf("limits: max_receive_bytes %d: want at least max_message_bytes (%d), or every large call would wait forever", l.MaxReceiveBytes, l.MaxMessageBytes)
+	case l.ReceiveTimeout < 0:
+		return l, fmt.Errorf("limits: receive_timeout %v: must be positive", l.ReceiveTimeout)
 	case l.MaxRequests < 0:
 		return l, fmt.Errorf("limits: max_requests %d: must be positive", l.MaxRequests)
 	case l.MaxTenantRequests < 0:

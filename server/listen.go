@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,12 +8,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	"github.com/kvtier/kvtier/api/wire"
 )
 
 // listenUnix listens on a Unix socket at path with mode 0600. The socket
@@ -61,55 +54,6 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	return ln, nil
-}
-
-// decodeErrorsAreInvalid returns a copy of desc whose handlers answer a
-// request that does not decode (malformed protobuf) with
-// INVALID_ARGUMENT, naming the problem: codec records decoding errors
-// (wire.ServerCodec) rather than letting gRPC answer INTERNAL.
-func decodeErrorsAreInvalid(desc *grpc.ServiceDesc, codec wire.ServerCodec) *grpc.ServiceDesc {
-	d := *desc
-	d.Methods = make([]grpc.MethodDesc, len(desc.Methods))
-	for i, m := range desc.Methods {
-		h := m.Handler
-		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
-			return h(srv, ctx, func(v any) error {
-				if err := dec(v); err != nil {
-					return err
-				}
-				if err := codec.DecodeError(v); err != nil {
-					return status.Error(codes.InvalidArgument, "malformed request message: "+err.Error())
-				}
-				return nil
-			}, in)
-		}
-		d.Methods[i] = m
-	}
-	d.Streams = make([]grpc.StreamDesc, len(desc.Streams))
-	for i, sd := range desc.Streams {
-		h := sd.Handler
-		sd.Handler = func(srv any, ss grpc.ServerStream) error {
-			return h(srv, decodeCheckingStream{ss, codec})
-		}
-		d.Streams[i] = sd
-	}
-	return &d
-}
-
-// decodeCheckingStream fails RecvMsg of a message that did not decode.
-type decodeCheckingStream struct {
-	grpc.ServerStream
-	codec wire.ServerCodec
-}
-
-func (s decodeCheckingStream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil {
-		return err
-	}
-	if err := s.codec.DecodeError(m); err != nil {
-		return status.Error(codes.InvalidArgument, "malformed request message: "+err.Error())
-	}
-	return nil
 }
 
 // FitConnections fits each listener's connection bound to the process's

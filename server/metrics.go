@@ -29,7 +29,10 @@ type metrics struct {
 	streamCalls    *prometheus.CounterVec
 	authRefusals   *prometheus.CounterVec
 	holdRefusals   *prometheus.CounterVec
-	streamBlocks   *prometheus.CounterVec
+	// receiveRefusals counts calls turned away by the receive budget
+	// (receive.go).
+	receiveRefusals *prometheus.CounterVec
+	streamBlocks    *prometheus.CounterVec
 	// The three series of streamBlocks, resolved once: they count every
 	// block on the stream.
 	streamOut, streamIn, streamRejected prometheus.Counter
@@ -62,6 +65,10 @@ func newMetrics() *metrics {
 		Name: "kvtier_tenant_hold_refusals_total",
 		Help: "Block-stream requests of a tenant refused because the primary slots its requests in flight keep pinned or reserved would pass its quota (holds.go).",
 	}, []string{"namespace"})
+	m.receiveRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvtier_receive_refusals_total",
+		Help: "API calls refused or cancelled by the receive budget, by reason (busy: refused before its request was read, limits.max_receive_bytes being reserved and too many calls waiting; timeout: cancelled, its request not whole within limits.receive_timeout).",
+	}, []string{"reason"})
 	m.streamBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_stream_blocks_total",
 		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
@@ -73,7 +80,15 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(s *Server) {
-	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks, m.authRefusals, m.holdRefusals,
+	m.reg.MustRegister(m.filterWarnings, m.calls, m.callSeconds, m.streamCalls, m.streamBlocks, m.authRefusals, m.holdRefusals, m.receiveRefusals,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvtier_receive_bytes_reserved",
+			Help: "Request bytes reserved by API calls being received (each reserves limits.max_message_bytes until its request is decoded), at most limits.max_receive_bytes.",
+		}, func() float64 { return float64(s.recvBudget.Used()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvtier_receive_waiting",
+			Help: "API calls waiting for a reservation of the receive budget before their request is read.",
+		}, func() float64 { return float64(s.recvBudget.Waiting()) }),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&collector{s: s})
 }

@@ -24,6 +24,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/api/wire"
+	"github.com/kvtier/kvtier/budget"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/ratelog"
 	"github.com/kvtier/kvtier/region"
@@ -99,6 +100,8 @@ type Server struct {
 	order      []*Namespace
 	metrics    *metrics
 	tenancy    *tenancy
+	// recvBudget bounds the request bytes being received (receive.go).
+	recvBudget *budget.Budget
 	warnings   *offload.WarningLog
 
 	unixSrv, tcpSrv *grpc.Server
@@ -165,7 +168,12 @@ func New(cfg Config) (*Server, error) {
 	if err := tn.setUnixPeers(cfg.UnixPeers); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	recv, err := newReceiveBudget(limits, tn.on())
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s := &Server{
+		recvBudget: recv,
 		tenancy:    tn,
 		cfg:        cfg,
 		limits:     limits,
@@ -238,7 +246,6 @@ func (s *Server) allNamespaces() []*Namespace {
 func (s *Server) grpcServer(gate *authGate) *grpc.Server {
 	codec := wire.NewServerCodec()
 	local := gate == nil
-	unary := []grpc.UnaryServerInterceptor{s.tenancy.unary(local), s.metrics.unaryInterceptor}
 	var opts []grpc.ServerOption
 	switch {
 	case local:
@@ -246,23 +253,25 @@ func (s *Server) grpcServer(gate *authGate) *grpc.Server {
 	case s.cfg.TLS != nil:
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
-	// Credentials are checked before a request's body is read; a daemon
-	// without tokens has none to check.
-	if !local || !s.tenancy.open() {
-		opts = append(opts, grpc.InTapHandle(s.tapAuth(gate)))
-	}
+	tenancyStream := s.tenancy.stream(local)
 	opts = append(opts,
+		// Credentials are checked before a request's body is read (a
+		// daemon without tokens has none to check on its Unix socket),
+		// and the call is given what receive needs.
+		grpc.InTapHandle(s.tap(gate, !local || !s.tenancy.open())),
 		grpc.MaxRecvMsgSize(s.limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(s.limits.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(uint32(s.limits.MaxStreamsPerConnection)),
-		grpc.ChainUnaryInterceptor(unary...),
 		// A client that connects and says nothing must not hold a
 		// connection slot for long.
 		grpc.ConnectionTimeout(5*time.Second),
 		experimental.BufferPool(wire.Pool),
-		// Blocks are megabytes: HTTP/2's default 64 KiB windows would
-		// stall every PutBlocks/GetBlocks on flow-control round trips.
-		grpc.InitialWindowSize(wire.WindowSize),
+		// A call sends at most receiveWindow before its handler reads
+		// the request (receive.go); gRPC then opens the stream's window
+		// to the message's size, so a PutBlocks still goes out in one
+		// round trip. The connection's window stays large: gRPC
+		// returns it as data arrives, and blocks are megabytes.
+		grpc.InitialWindowSize(receiveWindow),
 		grpc.InitialConnWindowSize(wire.WindowSize),
 		grpc.ReadBufferSize(wire.IOBufferSize),
 		grpc.WriteBufferSize(wire.IOBufferSize),
@@ -276,13 +285,21 @@ func (s *Server) grpcServer(gate *authGate) *grpc.Server {
 			Timeout:           s.limits.KeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Unary methods are served as streams (receive.go) and run the
+		// unary chain themselves.
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if unaryMethod(info) {
+				return h(srv, ss)
+			}
+			return tenancyStream(srv, ss, info, h)
+		}),
 	)
-	opts = append(opts, grpc.ChainStreamInterceptor(s.tenancy.stream(local)))
 	g := grpc.NewServer(opts...)
-	g.RegisterService(decodeErrorsAreInvalid(&kvtierv1.KVTier_ServiceDesc, codec), &service{s: s})
-	// Every service on this server decodes through codec (see
-	// decodeErrorsAreInvalid), the health service too.
-	g.RegisterService(decodeErrorsAreInvalid(&healthpb.Health_ServiceDesc, codec), s.health)
+	chain := chainUnary(s.tenancy.unary(local), s.metrics.unaryInterceptor)
+	g.RegisterService(s.serviceDesc(&kvtierv1.KVTier_ServiceDesc, codec, chain), &service{s: s})
+	// Every service on this server receives through receive, the health
+	// service too.
+	g.RegisterService(s.serviceDesc(&healthpb.Health_ServiceDesc, codec, chain), s.health)
 	return g
 }
 

@@ -88,6 +88,8 @@ server:
 #   max_keys_per_call: 65536
 #   max_key_bytes: 1024
 #   max_message_bytes: 64MiB
+#   max_receive_bytes: 1GiB           # requests being received at once, all connections
+#   receive_timeout: 30s              # from a call's reservation to its whole request
 #   max_requests: 65536
 #   max_session_requests: 16384       # per client connection (max_requests / 4)
 #   max_tenant_requests: 16384        # per tenant, all its connections (max_requests / 4)
@@ -483,6 +485,8 @@ func buildDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger) (*se
 			MaxKeysPerCall:     cfg.Limits.MaxKeysPerCall,
 			MaxKeyBytes:        cfg.Limits.MaxKeyBytes,
 			MaxMessageBytes:    int(cfg.Limits.MaxMessageBytes),
+			MaxReceiveBytes:    int64(cfg.Limits.MaxReceiveBytes),
+			ReceiveTimeout:     time.Duration(cfg.Limits.ReceiveTimeout),
 			MaxRequests:        cfg.Limits.MaxRequests,
 			MaxSessionRequests: cfg.Limits.MaxSessionRequests,
 			MaxTenantRequests:  cfg.Limits.MaxTenantRequests,
