@@ -105,7 +105,7 @@ events:
   # endpoint: tcp://127.0.0.1:5557  # loopback; tcp://*:5557 (vLLM's default) for routers elsewhere
   # mode: bind              # bind | connect; default: bind if the endpoint has
                             # "*" or "::" or is ipc://, else connect (vLLM's rule)
-  # replay_endpoint: tcp://*:5558
+  # replay_endpoint: tcp://127.0.0.1:5558  # none by default
   # self_describing: false
   # medium_names:           # wire names of the media, for routers with
   #   cpu: CPU              # another vocabulary (keys cpu, storage)
