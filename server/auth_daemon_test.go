@@ -154,16 +154,15 @@ func TestReceivedBodiesAreBounded(t *testing.T) {
 	}
 }
 
-// pinger opens an HTTP/2 connection to addr that sends the client
-// preface and its settings and then only answers the server's PINGs and
-// SETTINGS: a stranger that looks alive but never calls. It returns when
-// the connection is open; closed is closed when the daemon closes it.
-func pinger(t *testing.T, addr string) (c net.Conn, closed chan struct{}) {
+// h2conn opens an HTTP/2 connection to addr that has sent the client
+// preface and its settings.
+func h2conn(t *testing.T, addr string) (net.Conn, *http2.Framer) {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { c.Close() })
 	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
 		t.Fatal(err)
 	}
@@ -171,12 +170,18 @@ func pinger(t *testing.T, addr string) (c net.Conn, closed chan struct{}) {
 	if err := fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
-	closed = make(chan struct{})
+	return c, fr
+}
+
+// answerPeer answers the server's PINGs and SETTINGS on fr until the
+// connection fails or last(frame) holds; the channel is closed then.
+func answerPeer(fr *http2.Framer, last func(http2.Frame) bool) chan struct{} {
+	done := make(chan struct{})
 	go func() {
-		defer close(closed)
+		defer close(done)
 		for {
 			f, err := fr.ReadFrame()
-			if err != nil {
+			if err != nil || last(f) {
 				return
 			}
 			switch f := f.(type) {
@@ -188,12 +193,23 @@ func pinger(t *testing.T, addr string) (c net.Conn, closed chan struct{}) {
 				if !f.IsAck() {
 					_ = fr.WriteSettingsAck()
 				}
-			case *http2.GoAwayFrame:
-				return
 			}
 		}
 	}()
-	return c, closed
+	return done
+}
+
+// pinger opens an HTTP/2 connection to addr that sends the client
+// preface and its settings and then only answers the server's PINGs and
+// SETTINGS: a stranger that looks alive but never calls. It returns when
+// the connection is open; closed is closed when the daemon closes it.
+func pinger(t *testing.T, addr string) (c net.Conn, closed chan struct{}) {
+	t.Helper()
+	c, fr := h2conn(t, addr)
+	return c, answerPeer(fr, func(f http2.Frame) bool {
+		_, goAway := f.(*http2.GoAwayFrame)
+		return goAway
+	})
 }
 
 // Connections of strangers that never call, and answer every PING, held

@@ -26,20 +26,9 @@ import (
 // first bytes of a request of declared bytes and then nothing: a client
 // that holds the daemon's reservation for as long as it likes. It
 // answers the daemon's PINGs and SETTINGS; closing conn ends the call.
-func trickle(t *testing.T, addr, token, method string, declared int) (conn net.Conn, ended chan struct{}) {
+func trickle(t *testing.T, addr, token, method string, declared int) (net.Conn, chan struct{}) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
+	c, fr := h2conn(t, addr)
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{
@@ -58,33 +47,15 @@ func trickle(t *testing.T, addr, token, method string, declared int) (conn net.C
 	if err := fr.WriteData(1, false, first); err != nil {
 		t.Fatal(err)
 	}
-	ended = make(chan struct{})
-	go func() {
-		defer close(ended)
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					_ = fr.WritePing(true, f.Data)
-				}
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					_ = fr.WriteSettingsAck()
-				}
-			case *http2.HeadersFrame:
-				if f.StreamEnded() { // the call's trailers: it is over
-					return
-				}
-			case *http2.RSTStreamFrame, *http2.GoAwayFrame:
-				return
-			}
+	return c, answerPeer(fr, func(f http2.Frame) bool {
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			return f.StreamEnded() // the call's trailers: it is over
+		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
+			return true
 		}
-	}()
-	return c, ended
+		return false
+	})
 }
 
 // gauge returns the value of an unlabelled series of a /metrics page.
