@@ -20,8 +20,8 @@ import mmap
 import os
 import socket
 import struct
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TypedDict, TypeVar, Union, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol, TypedDict, TypeVar, Union, cast
 
 import grpc
 from google.protobuf.message import Message
@@ -35,6 +35,23 @@ KeyLike = Union[bytes, bytearray, memoryview]
 Params = Union[Mapping[str, object], str, bytes, None]
 
 _Resp = TypeVar("_Resp", bound=Message)
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Pending(Protocol[_T_co]):
+    """A call in flight (a grpc.Future): its answer, or what it raised."""
+
+    def result(self, timeout: float | None = None) -> _T_co: ...
+    def cancelled(self) -> bool: ...
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+    def add_done_callback(self, fn: Callable[[Pending[_T_co]], object]) -> None: ...
+
+
+class Results(Protocol):
+    """The stream of a region's job results; cancel() ends it."""
+
+    def __iter__(self) -> Iterator[pb.RegionResultsResponse]: ...
+    def cancel(self) -> bool: ...
 
 # Lookup results (kvtier.v1.LookupResult).
 NOT_LOOKED_UP = pb.LOOKUP_RESULT_UNSPECIFIED
@@ -290,6 +307,49 @@ class Client:
 
     def _call(self, name: str, req: Message, resp: type[_Resp], timeout: float | None = None) -> _Resp:
         return cast(_Resp, getattr(self._stub, name)(req, metadata=self._md, timeout=timeout))
+
+    def _start(self, name: str, req: Message, resp: type[_Resp], timeout: float | None = None) -> Pending[_Resp]:
+        return cast("Pending[_Resp]", getattr(self._stub, name).future(req, metadata=self._md, timeout=timeout))
+
+    # Engines (kvtier.vllm manager mode, kvtier.sglang) ------------------
+
+    def engine_attach(self, layout: Mapping[str, object], timeout: float | None = None) -> pb.EngineAttachResponse:
+        """Attaches an engine's layout (the daemon creates its namespace if
+        it has none): the namespace, its epoch, slots and arena."""
+        return self._call("EngineAttach", pb.EngineAttachRequest(layout=json.dumps(layout)), pb.EngineAttachResponse,
+                          timeout)
+
+    def engine_step(self, req: pb.EngineStepRequest, timeout: float | None = None) -> pb.EngineStepResponse:
+        """One engine step: new requests, lookups, stores, releases."""
+        return self._call("EngineStep", req, pb.EngineStepResponse, timeout)
+
+    def engine_step_async(self, req: pb.EngineStepRequest, timeout: float | None = None) -> Pending[pb.EngineStepResponse]:
+        """engine_step, not waited for."""
+        return self._start("EngineStep", req, pb.EngineStepResponse, timeout)
+
+    def engine_reserve_async(self, req: pb.EngineReserveRequest,
+                             timeout: float | None = None) -> Pending[pb.EngineReserveResponse]:
+        """Leases free slots for a store the engine's pool is too small
+        for, not waited for."""
+        return self._start("EngineReserve", req, pb.EngineReserveResponse, timeout)
+
+    # Regions (kvtier.vllm tier mode) -------------------------------------
+
+    def region_lookup(self, req: pb.RegionLookupRequest, timeout: float | None = None) -> pb.RegionLookupResponse:
+        return self._call("RegionLookup", req, pb.RegionLookupResponse, timeout)
+
+    def region_lookups(self, req: pb.RegionLookupsRequest, timeout: float | None = None) -> pb.RegionLookupsResponse:
+        return self._call("RegionLookups", req, pb.RegionLookupsResponse, timeout)
+
+    def region_submit(self, req: pb.RegionSubmitRequest, timeout: float | None = None) -> pb.RegionSubmitResponse:
+        return self._call("RegionSubmit", req, pb.RegionSubmitResponse, timeout)
+
+    def region_step(self, req: pb.RegionStepRequest, timeout: float | None = None) -> pb.RegionStepResponse:
+        return self._call("RegionStep", req, pb.RegionStepResponse, timeout)
+
+    def region_results(self, region_id: str) -> Results:
+        """The stream of the region's job results, until cancelled."""
+        return cast(Results, self._stub.RegionResults(pb.RegionResultsRequest(region_id=region_id), metadata=self._md))
 
     # Request lifecycle -------------------------------------------------
 
