@@ -17,13 +17,14 @@ Nothing here imports SGLang.
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
 import threading
 from typing import Any
 
+from kvtier import _daemon
+from kvtier.client import Client
 from kvtier.client import rpc_message as rpc_msg
 from kvtier.v1 import kvtier_pb2 as pb
 
@@ -37,9 +38,7 @@ class Link:
     """One attach. Calls are safe from any thread; ``acquire`` /
     ``release`` bracket every use of the arena."""
 
-    def __init__(self, client: Any, rep: Any, layout_bytes: int, timeout: float) -> None:
-        import kvtier
-
+    def __init__(self, client: Client, rep: pb.EngineAttachResponse, layout_bytes: int, timeout: float) -> None:
         self.client = client
         # The arena as a torch tensor (storage.py sets it: this module
         # imports no torch), for the pages' copies.
@@ -49,11 +48,8 @@ class Link:
         self.slot_size: int = int(rep.slot_size)
         self.num_slots: int = int(rep.num_slots)
         self._timeout = timeout
-        fd, reply = kvtier.receive_arena_fd(rep.fd_socket, self.namespace, rep.ticket)
+        fd, reply = _daemon.receive_arena(rep.fd_socket, self.namespace, rep.ticket, self.epoch)
         try:
-            got = int(reply.get("epoch") or 0)
-            if got and got != self.epoch:
-                raise ConnectionError(f"the daemon's arena is of epoch {got:016x}, the attach of {self.epoch:016x}")
             size = int(reply.get("size") or self.slot_size * self.num_slots)
             self._mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
@@ -132,7 +128,7 @@ class Link:
 
     # -- steps -------------------------------------------------------------
 
-    def step(self, req: Any) -> Any:
+    def step(self, req: pb.EngineStepRequest) -> pb.EngineStepResponse:
         """Sends one EngineStep with this link's deferred releases; raises
         on failure. The caller reports a failure with fail(), which takes
         the link down (the deferred releases go with its session)."""
@@ -144,7 +140,7 @@ class Link:
         for rid, keys in unpins.items():
             req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         req.finished_request_ids.extend(finished)
-        rep = self.client.stub.EngineStep(req, timeout=self._timeout, metadata=self.client.metadata)
+        rep = self.client.engine_step(req, timeout=self._timeout)
         for w in rep.warnings:
             log.debug("kvtier: %s", w)
         return rep
@@ -180,11 +176,8 @@ def _populate(mm: mmap.mmap, size: int, done: threading.Event) -> None:
 def attach(target: str, token: str | None, layout: dict[str, Any], page_bytes: int, timeout: float) -> Link:
     """Attaches the layout on a new connection (the daemon creates the
     namespace if it has none) and maps its arena."""
-    import kvtier
-
-    c = kvtier.Client(target, token=token)
+    c, rep = _daemon.attach(target, token, layout, timeout)
     try:
-        rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(layout)), timeout=timeout, metadata=c.metadata)
         if not rep.fd_socket:
             raise ConnectionError("the daemon offers no arena side channel (it needs server.unix_socket)")
         return Link(c, rep, page_bytes, timeout)

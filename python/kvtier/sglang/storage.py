@@ -54,6 +54,7 @@ from typing import Any, List, Optional
 import torch
 
 from kvtier.sglang import _compat as sc
+from kvtier import _daemon
 from kvtier.sglang import _link
 from kvtier.sglang._pages import copy_in, copy_out, layout_of, pack_keys, storage_key  # noqa: F401 (layout_of: API)
 from kvtier.v1 import kvtier_pb2 as pb
@@ -61,7 +62,6 @@ from kvtier.v1 import kvtier_pb2 as pb
 log = logging.getLogger("kvtier.sglang")
 
 _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
-_WARN_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -217,28 +217,20 @@ class KvtierHiCacheStorage(sc.HiCacheStorage):
     def _background(self) -> None:
         """Attaches again while the daemon is away; sends deferred
         releases and expires held pins while it is idle."""
-        next_try = 0.0
-        down_since: float | None = None
-        next_warn = 0.0
+        again = _daemon.Reattach("kvtier", self.options.target, self.options.reconnect_interval_s, log)
         while not self._stop.wait(0.02):
             now = time.monotonic()
             link = self._link
             if link is None or link.down:
-                if down_since is None:
-                    down_since, next_warn = now, now + _WARN_EVERY
-                if now < next_try:
+                again.start(now, at_once=True)
+                if again.wait(now) > 0:
                     continue
-                next_try = now + self.options.reconnect_interval_s
                 try:
                     self._attach()
                 except Exception as e:  # noqa: BLE001
-                    if now >= next_warn:
-                        next_warn = now + _WARN_EVERY
-                        log.warning("kvtier: the daemon at %s is still unreachable after %.0fs: %s",
-                                    self.options.target, now - down_since, _link.rpc_msg(e))
+                    again.failed(e, now)
                     continue
-                log.info("kvtier: the daemon is back after %.1fs", time.monotonic() - down_since)
-                down_since = None
+                log.info("kvtier: the daemon is back after %.1fs", again.back())
                 continue
             self._expire(now)
             if link.has_deferred() and link.acquire():

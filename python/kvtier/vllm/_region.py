@@ -33,9 +33,10 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from kvtier._daemon import DaemonUnavailable
+from kvtier.client import Client, Results
 from kvtier.client import rpc_message as _rpc_msg
 from kvtier.v1 import kvtier_pb2 as pb
-from kvtier.v1 import kvtier_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -43,8 +44,7 @@ log = logging.getLogger("kvtier.vllm")
 UNKNOWN, MISS, HIT = pb.REGION_FOUND_UNKNOWN, pb.REGION_FOUND_MISS, pb.REGION_FOUND_HIT
 
 
-class DaemonUnavailable(ConnectionError):
-    """The kvtier daemon cannot be reached at the configured target."""
+__all__ = ["DaemonUnavailable", "RegionLink", "register", "unix_path"]
 
 
 def unix_path(target: str) -> str:
@@ -174,11 +174,7 @@ class RegionLink:
         self._sock, self.region_id, self.namespace = register(path, layout, fd, timeout)
         self._timeout = timeout
         # A connection of its own (see kvtier.Client): one engine, one session.
-        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.use_local_subchannel_pool", 1)]
-        self._channel = grpc.insecure_channel("unix://" + path, options=opts)
-        self._md = (("authorization", "Bearer " + token),) if token else None
-        self._api = pb_grpc.KVTierStub(self._channel)
+        self._client = Client("unix://" + path, token=token)
         self._on_lookup = on_lookup
         self._one_by_one = False  # the daemon lacks RegionLookups
         # Lookup RPCs sent by the lookup thread, and first sights (tests,
@@ -191,7 +187,7 @@ class RegionLink:
         self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.dead = threading.Event()
         self._stopping = threading.Event()
-        self._stream: Any = None
+        self._stream: Results | None = None
         self._threads = [
             threading.Thread(target=self._lookup_loop, name="kvtier-lookup", daemon=True),
             threading.Thread(target=self._job_loop, name="kvtier-jobs", daemon=True),
@@ -214,7 +210,7 @@ class RegionLink:
         self.first_sight_calls += 1
         try:
             packed, size = _pack(keys)
-            rep = self._call(self._api.RegionLookup, pb.RegionLookupRequest(
+            rep = self._client.region_lookup(pb.RegionLookupRequest(
                 region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed,
                 key_size=size, wait_us=wait_us), timeout=timeout)
             return bytes(rep.found)
@@ -229,9 +225,6 @@ class RegionLink:
         self._jobs.put(_Step(finished, touches))
 
     # -- threads ----------------------------------------------------------
-
-    def _call(self, rpc: Any, req: Any, timeout: float | None = None) -> Any:
-        return rpc(req, timeout=timeout or self._timeout, metadata=self._md)
 
     def _lookup_loop(self) -> None:
         while True:
@@ -267,7 +260,7 @@ class RegionLink:
                 packed, size = _pack(keys)
                 req.lookups.add(request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size)
             self.lookup_calls += 1
-            rep = self._call(self._api.RegionLookups, req)
+            rep = self._client.region_lookups(req, timeout=self._timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 # A daemon older than RegionLookups: one call per request.
@@ -293,9 +286,9 @@ class RegionLink:
         self.lookup_calls += 1
         try:
             packed, size = _pack(keys)
-            rep = self._call(
-                self._api.RegionLookup,
+            rep = self._client.region_lookup(
                 pb.RegionLookupRequest(region_id=self.region_id, request_id=req_id, kv_transfer_params=params, packed_keys=packed, key_size=size),
+                timeout=self._timeout,
             )
             return bytes(rep.found)
         except (grpc.RpcError, ValueError) as e:
@@ -341,7 +334,7 @@ class RegionLink:
             packed, size = _pack(j.keys)
             req.jobs.add(job_id=j.job_id, request_id=j.request_id, kv_transfer_params=j.params, promotion=j.promotion, packed_keys=packed, key_size=size, slots=j.slots)
         try:
-            self._call(self._api.RegionSubmit, req)
+            self._client.region_submit(req, timeout=self._timeout)
         except grpc.RpcError as e:
             # The daemon did not take them: no transfer touches their
             # slots, so they fail now.
@@ -357,7 +350,7 @@ class RegionLink:
             packed, size = _pack(keys)
             req.touches.add(request_id=rid, packed_keys=packed, key_size=size)
         try:
-            rep = self._call(self._api.RegionStep, req)
+            rep = self._client.region_step(req, timeout=self._timeout)
         except grpc.RpcError as e:
             log.warning("kvtier: step end failed: %s", _rpc_msg(e))
             return
@@ -370,8 +363,8 @@ class RegionLink:
 
     def _results_loop(self) -> None:
         try:
-            self._stream = self._api.RegionResults(pb.RegionResultsRequest(region_id=self.region_id), metadata=self._md)
-            for rep in self._stream:
+            self._stream = stream = self._client.region_results(self.region_id)
+            for rep in stream:
                 for r in rep.results:
                     self._results.put(Result(r.job_id, r.success, list(r.successful_indexes) if not r.success else None))
         except grpc.RpcError as e:
@@ -406,7 +399,7 @@ class RegionLink:
         released = self.dead.wait(timeout)
         if self._stream is not None:
             self._stream.cancel()
-        self._channel.close()
+        self._client.close()
         self._sock.close()
         return released
 

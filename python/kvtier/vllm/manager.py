@@ -77,28 +77,26 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
 
 import grpc
 
 from kvtier.vllm import _compat as vc
-from kvtier.vllm._region import _rpc_msg
+from kvtier.client import rpc_message as _rpc_msg
+from kvtier.vllm import _steps
 
 if TYPE_CHECKING:
-    from kvtier.client import Client
+    from kvtier.client import Client, Pending
     from kvtier.v1 import kvtier_pb2 as pb
     from kvtier.vllm.spec import KvtierOffloadingSpec
 
 log = logging.getLogger("kvtier.vllm")
 
-_ABSENT = object()
 _HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
 _MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
-_WARN_EVERY = 60.0  # seconds between "still unreachable" warnings
 _HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
 _CALL_BOUND = 0.1  # seconds, the most a first sight or a reserve may hold the scheduler
 _FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
@@ -141,57 +139,6 @@ class _Req:
     # lookup may ask the daemon at once (first sight).
     fresh: bool = False
     finished: bool = False
-
-
-@dataclass
-class _Link:
-    """One attach: a connection (a daemon session) and the epoch of the
-    namespace it attached to."""
-
-    gen: int
-    client: Client
-    namespace: str
-    epoch: int
-    num_slots: int
-
-
-@dataclass
-class _Answer:
-    gen: int
-    req: pb.EngineStepRequest
-    lookups: dict[str, list[bytes]]
-    rep: pb.EngineStepResponse | None = None
-    err: BaseException | None = None
-    stale: bool = False      # not sent: its link was down already
-
-
-@dataclass
-class _Late:
-    """The answer of a call the scheduler thread stopped waiting for (a
-    first sight, a reserve) that the daemon carried out after all: what it
-    took there (lookup leases, leased slots) is given back."""
-
-    gen: int
-    rid: str
-    keys: list[bytes]  # a first sight's keys, co-indexed with its answer
-    rep: Any
-
-
-@dataclass
-class _Attached:
-    link: _Link
-    old_client: Client
-    down_for: float
-
-
-#: A step's batch for the sending thread: the link generation it is for,
-#: the request, and the keys of its lookups by request id.
-_Batch = tuple[int, "pb.EngineStepRequest", dict[str, list[bytes]]]
-
-
-@dataclass
-class _Close:
-    clients: list[Client]
 
 
 class KvtierProxyManager(vc.OffloadingManager):
@@ -246,14 +193,14 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._reset = False
         # The scheduler's view of the link: the generation its batches are
         # for, the epoch its slots belong to, whether it is up.
-        link = _Link(1, spec.client(), spec.namespace, spec.epoch, spec.num_chunks)
+        link = _steps.Link(1, spec.client(), spec.namespace, spec.epoch, spec.num_chunks)
         self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
         # The link's connection, for EngineReserve (gRPC calls may overlap
         # the sending thread's: one connection, one daemon session).
         self._client = link.client
         self._up = True
         self._invalidated = True  # nothing of a down link is left to drop
-        self._attached: _Attached | None = None  # a new link, switched to between steps
+        self._attached: _steps.Attached | None = None  # a new link, switched to between steps
         self._in_step = False
         # Step ends so far, and the lookup leases in the order they came:
         # (step count, request id, key).
@@ -297,11 +244,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._new_batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
-        self._out: queue.SimpleQueue[_Batch | _Close | None] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[_Answer | _Attached | _Late] = queue.SimpleQueue()
+        self._sender = _steps.Sender(link, self._attach, self._timeout, self._reconnect_interval, self._target)
+        self._answers = self._sender.answers
         self._in_flight = 0
-        self._thread = threading.Thread(target=self._send_loop, args=(link,), name="kvtier-step", daemon=True)
-        self._thread.start()
         # A first pool of store slots before the first step (bounded by
         # the call timeout; a daemon gone by now leaves the link down).
         self._post(want=self._min_free)
@@ -360,89 +305,13 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._reset = False
         self._new_batch()
         self._in_flight += 1
-        self._out.put((self._gen, req, lookups))
+        self._sender.post(self._gen, req, lookups)
 
-    # -- the sending thread -------------------------------------------------
-
-    def _send_loop(self, link: _Link | None) -> None:
-        while True:
-            item = self._out.get()
-            if item is None:
-                break
-            if isinstance(item, _Close):
-                _close_all(item.clients)
-                continue
-            gen, req, lookups = item
-            if link is None or gen != link.gen:
-                self._answers.put(_Answer(gen, req, lookups, stale=True))
-                continue
-            try:
-                rep = link.client.stub.EngineStep(req, timeout=self._timeout, metadata=link.client.metadata)
-            except Exception as e:  # noqa: BLE001 - a failed step must not kill the scheduler
-                self._answers.put(_Answer(gen, req, lookups, err=e))
-                try:
-                    link = self._reattach(link, e)
-                except Exception:  # noqa: BLE001 - this thread must outlive anything
-                    log.exception("kvtier: attaching again failed unexpectedly; the engine serves without kvtier")
-                    link = None  # every later batch is answered stale
-                continue
-            self._answers.put(_Answer(gen, req, lookups, rep=rep))
-        if link is not None:
-            _close_all([link.client])
-
-    def _reattach(self, old: _Link, err: BaseException) -> _Link | None:
-        """Attaches again every reconnect_interval_s until it succeeds
-        (returns the new link) or the manager shuts down (None). Batches
-        that arrive meanwhile are answered stale."""
-        t0 = time.monotonic()
-        log.warning("kvtier: the daemon at %s did not answer a step (%s): lookups answer MISS and stores are skipped "
-                    "until it is back; attaching again every %gs", self._target, _rpc_msg(err), self._reconnect_interval)
-        next_try = t0 + self._reconnect_interval
-        next_warn = t0 + _WARN_EVERY
-        while True:
-            item: _Batch | _Close | object | None
-            try:
-                item = self._out.get(timeout=max(next_try - time.monotonic(), 0.0))
-            except queue.Empty:
-                item = _ABSENT
-            if item is None:
-                self._out.put(None)
-                _close_all([old.client])
-                return None
-            if isinstance(item, _Close):
-                _close_all(item.clients)
-                continue
-            if isinstance(item, tuple):
-                gen, req, lookups = item
-                self._answers.put(_Answer(gen, req, lookups, stale=True))
-                continue
-            try:
-                link = self._attach(old.gen + 1)
-            except Exception as e:  # noqa: BLE001
-                now = time.monotonic()
-                next_try = now + self._reconnect_interval
-                log.debug("kvtier: attach to %s: %s", self._target, _rpc_msg(e))
-                if now >= next_warn:
-                    next_warn = now + _WARN_EVERY
-                    log.warning("kvtier: the daemon at %s is still unreachable after %.0fs: %s", self._target, now - t0,
-                                _rpc_msg(e))
-                continue
-            self._answers.put(_Attached(link, old.client, time.monotonic() - t0))
-            return link
-
-    def _attach(self, gen: int) -> _Link:
+    def _attach(self, gen: int) -> _steps.Link:
         """A new connection attached to the daemon's namespace of the
         engine's layout (created anew by a restarted daemon)."""
-        import kvtier
-
-        spec = self._spec
-        c = kvtier.Client("unix://" + spec._path, token=spec._token)
-        try:
-            rep = spec.attach(c)
-        except BaseException:
-            c.close()
-            raise
-        return _Link(gen, c, rep.namespace, int(rep.epoch), int(rep.num_slots))
+        c, rep = self._spec.attach()
+        return _steps.Link(gen, c, rep.namespace, int(rep.epoch), int(rep.num_slots))
 
     # -- answers, applied on the scheduler thread ---------------------------
 
@@ -450,11 +319,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         while not self._answers.empty():
             self._handle(self._answers.get_nowait())
 
-    def _handle(self, a: _Answer | _Attached | _Late) -> None:
-        if isinstance(a, _Attached):
+    def _handle(self, a: _steps.Answer | _steps.Attached | _steps.Late) -> None:
+        if isinstance(a, _steps.Attached):
             self._attached = a  # one reattach at a time: the sending thread waits for no other
             return
-        if isinstance(a, _Late):
+        if isinstance(a, _steps.Late):
             self._give_back(a)
             return
         self._in_flight -= 1
@@ -476,7 +345,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             return
         self._apply(a)
 
-    def _apply(self, a: _Answer) -> None:
+    def _apply(self, a: _steps.Answer) -> None:
         rep = a.rep
         if rep is None:
             return  # only a failed or stale answer has none, and it is not applied
@@ -578,7 +447,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         r.loading.clear()
         r.storing.clear()
 
-    def _switch(self, a: _Attached) -> None:
+    def _switch(self, a: _steps.Attached) -> None:
         link = a.link
         self._old_clients[self._gen] = a.old_client
         self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
@@ -603,7 +472,7 @@ class KvtierProxyManager(vc.OffloadingManager):
     def _close_old(self) -> None:
         done = [g for g in self._old_clients if not self._outstanding.get(g)]
         if done:
-            self._out.put(_Close([self._old_clients.pop(g) for g in done]))
+            self._sender.close([self._old_clients.pop(g) for g in done])
 
     def _done(self, gen: int, n: int = 1) -> None:
         left = self._outstanding.get(gen, 0) - n
@@ -687,13 +556,14 @@ class KvtierProxyManager(vc.OffloadingManager):
             b.append(key)
         return _RETRY
 
-    def _call_now(self, rpc: Any, req: Any, timeout: float, rid: str = "", keys: list[bytes] | None = None) -> Any:
+    def _call_now(self, start: Callable[[Any, float], Pending[Any]], req: Any, timeout: float, rid: str = "",
+                  keys: list[bytes] | None = None) -> Any:
         """A call on the scheduler's thread, waited for at most timeout. If
         it is not answered by then it goes on (the daemon may still carry
         it out): its answer, if one comes, is handed to _give_back through
         the answers queue. Raises what the call raised, or
         grpc.FutureTimeoutError."""
-        fut = rpc.future(req, timeout=self._timeout, metadata=self._client.metadata)
+        fut = start(req, self._timeout)
         try:
             return fut.result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -701,12 +571,12 @@ class KvtierProxyManager(vc.OffloadingManager):
 
             def late(f: Any) -> None:
                 if not f.cancelled() and f.exception() is None:
-                    self._answers.put(_Late(gen, rid, keys or [], f.result()))
+                    self._answers.put(_steps.Late(gen, rid, keys or [], f.result()))
 
             fut.add_done_callback(late)
             raise
 
-    def _give_back(self, a: _Late) -> None:
+    def _give_back(self, a: _steps.Late) -> None:
         """Gives back what a call answered too late took on the daemon: a
         reserve's leased slots, a first sight's lookup leases (the request
         asked again, the asynchronous way). A link that went down since
@@ -751,7 +621,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
         t0 = time.monotonic()
         try:
-            rep = self._call_now(self._client.stub.EngineStep, req, self._call_bound, rid, keys)
+            rep = self._call_now(self._client.engine_step_async, req, self._call_bound, rid, keys)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._b_new.append((rid, r.params))  # announced with the step's batch after all
             self._sync_left, self._sync_ok = 0.0, False
@@ -877,7 +747,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             namespace=self._ns, epoch=self._epoch, packed_keys=b"".join(keys), key_size=len(keys[0]),
             more_slots=max(cap - len(self._pool), 0), free_slots=len(self._pool))
         try:
-            rep = self._call_now(self._client.stub.EngineReserve, req, self._call_bound)
+            rep = self._call_now(self._client.engine_reserve_async, req, self._call_bound)
         except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
             self._reserve_ok = False
             self.reserve_failures += 1
@@ -1064,21 +934,12 @@ class KvtierProxyManager(vc.OffloadingManager):
             self._done(g, sum(loading.values()) + len(storing))
 
     def shutdown(self) -> None:
-        self._out.put(None)
-        self._thread.join(self._timeout)
+        self._sender.stop()
         if not self._answers.empty():
             self._drain()
         if self._attached is not None:  # attached again, never switched to
             self._old_clients[self._gen] = self._attached.old_client
             self._attached = None
-        _close_all(self._old_clients.values())
+        _steps.close_all(self._old_clients.values())
         self._old_clients = {}
-
-
-def _close_all(clients: Iterable[Client]) -> None:
-    for c in clients:
-        try:
-            c.close()
-        except Exception:  # noqa: BLE001
-            pass
 

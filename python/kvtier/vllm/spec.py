@@ -104,28 +104,33 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         }
 
     def _attach(self) -> tuple[str, int, str, int]:
-        rep = self.attach(self.client())
+        _, rep = self.attach(self.client())
         return rep.namespace, int(rep.num_slots), rep.fd_socket, int(rep.epoch)
 
-    def attach(self, c: Client) -> pb.EngineAttachResponse:
-        """Attaches the engine's layout on connection c (the daemon creates
-        the namespace if it has none); returns the EngineAttachResponse
-        once its slots fit the engine's chunks."""
+    def attach(self, c: Client | None = None) -> tuple[Client, pb.EngineAttachResponse]:
+        """Attaches the engine's layout on connection c, or on a new one
+        (the daemon creates the namespace if it has none); returns the
+        connection and the EngineAttachResponse once its slots fit the
+        engine's chunks (a new connection is closed on failure)."""
         import grpc
 
-        from kvtier.v1 import kvtier_pb2 as pb
+        from kvtier import _daemon
 
         try:
-            rep = c.stub.EngineAttach(pb.EngineAttachRequest(layout=json.dumps(self._layout())), timeout=self._timeout,
-                                      metadata=c.metadata)
+            if c is None:
+                c, rep = _daemon.attach("unix://" + self._path, self._token, self._layout(), self._timeout)
+            else:
+                rep = c.engine_attach(self._layout(), timeout=self._timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise _region.DaemonUnavailable(
                     f"kvtier spec: no kvtier daemon at {self._target} (is `kvtier serve` running there?): {e.details()}") from e
             raise RuntimeError(f"kvtier spec: the daemon at {self._target} refused the engine: {e.code().name}: {e.details()}") from e
         if rep.slot_size != self.kv_bytes_per_chunk:
+            if c is not self._client:
+                c.close()
             raise RuntimeError(f"kvtier spec: namespace {rep.namespace} has {rep.slot_size}-byte slots, the engine's chunks are {self.kv_bytes_per_chunk} bytes")
-        return rep
+        return c, rep
 
     def client(self) -> Client:
         if self._client is None:
@@ -146,21 +151,18 @@ class KvtierOffloadingSpec(vc.OffloadingSpec):
         epoch, only that epoch's arena (else DaemonUnavailable)."""
         import grpc
 
-        import kvtier
+        from kvtier import _daemon
 
         try:
             # A ticket of its own: the attach's may be long spent or
             # expired (a worker maps after the model has loaded).
             ticket = self.client().arena_info(self.namespace, timeout=self._timeout).ticket
-            fd, reply = kvtier.receive_arena_fd(self._fd_socket, self.namespace, ticket)
-        except (OSError, RuntimeError, grpc.RpcError) as e:
+            fd, reply = _daemon.receive_arena(self._fd_socket, self.namespace, ticket, epoch)
+        except grpc.RpcError as e:
             raise _region.DaemonUnavailable(f"kvtier spec: no arena from the daemon at {self._target}: {e}") from e
+        except _region.DaemonUnavailable as e:
+            raise _region.DaemonUnavailable(f"kvtier spec: the daemon at {self._target}: {e}") from e
         got = int(reply.get("epoch") or 0)
-        if epoch is not None and got != epoch:
-            os.close(fd)
-            raise _region.DaemonUnavailable(
-                f"kvtier spec: the daemon at {self._target} serves epoch {got:016x} of namespace {self.namespace}, "
-                f"not {epoch:016x} (it restarted)")
         try:
             return ArenaRegion(fd, int(reply.get("num_slots") or self.num_chunks), self.kv_bytes_per_chunk,
                                self.cpu_page_size_per_worker, rank, got)

@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any, Collection, Iterable
 
+from kvtier import _daemon
 from kvtier.vllm import _compat as vc
 from kvtier.vllm import _region
 
@@ -127,6 +128,7 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
 
         self._link: _region.RegionLink | None = self._connect()
         self._next_link: _region.RegionLink | None = None
+        self._down_for = 0.0  # how long the daemon was away, set with _next_link
         self._reconnecting: threading.Thread | None = None
         self._closed = False
         log.info(
@@ -166,19 +168,25 @@ class KvtierSecondaryTier(vc.SecondaryTierManager):
         if self._link is None and not self._closed:
             if self._next_link is not None:
                 self._link, self._next_link = self._next_link, None
-                log.info("kvtier tier: region registered again with %s as %s", self._target, self._link.region_id)
+                log.info("kvtier tier: region registered again with %s as %s after %.1fs", self._target,
+                         self._link.region_id, self._down_for)
             elif self._reconnecting is None or not self._reconnecting.is_alive():
                 self._reconnecting = threading.Thread(target=self._reconnect, name="kvtier-reconnect", daemon=True)
                 self._reconnecting.start()
 
     def _reconnect(self) -> None:
+        again = _daemon.Reattach("kvtier tier", self._target, self._reconnect_interval, log)
+        again.start()
         while not self._closed:
-            time.sleep(self._reconnect_interval)
+            time.sleep(again.wait())
             try:
-                self._next_link = self._connect()
-                return
-            except Exception as e:  # the daemon is still away
-                log.debug("kvtier tier: reconnect to %s: %s", self._target, e)
+                link = self._connect()
+            except Exception as e:  # noqa: BLE001 - the daemon is still away
+                again.failed(e)
+                continue
+            self._down_for = again.back()
+            self._next_link = link
+            return
 
     # -- lookups ----------------------------------------------------------
 
