@@ -79,69 +79,23 @@ import logging
 import queue
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
-
-import grpc
+from typing import TYPE_CHECKING, Collection, Iterable
 
 from kvtier.vllm import _compat as vc
-from kvtier.client import rpc_message as _rpc_msg
 from kvtier.vllm import _steps
+from kvtier.vllm._calls import BoundedCalls
+from kvtier.vllm._mstate import _CALL_BOUND, _HELD_STEPS, _MAX_FREE, _MISS, _RETRY, Batch, KvtierSlotSpec, Req
 
 if TYPE_CHECKING:
-    from kvtier.client import Client, Pending
-    from kvtier.v1 import kvtier_pb2 as pb
+    from kvtier.client import Client
     from kvtier.vllm.spec import KvtierOffloadingSpec
 
 log = logging.getLogger("kvtier.vllm")
 
-_HIT, _MISS, _RETRY = vc.LookupResult.HIT, vc.LookupResult.MISS, vc.LookupResult.RETRY
-_MAX_FREE = 4096  # the daemon's bound on one engine's leased free slots
-_HELD_STEPS = 4  # steps a reserve's "the daemon holds it" is trusted
-_CALL_BOUND = 0.1  # seconds, the most a first sight or a reserve may hold the scheduler
-_FIRST_SIGHT_KEYS = 4096  # keys one first-sight lookup asks about
+__all__ = ["KvtierProxyManager", "KvtierSlotSpec"]
 
 
-class KvtierSlotSpec(vc.CPULoadStoreSpec):
-    """Slots of the daemon's arena, and the epoch of the arena they belong
-    to: a worker copies through that epoch's mapping or not at all."""
-
-    def __init__(self, block_ids: list[int], epoch: int) -> None:  # noqa: D107
-        super().__init__(block_ids)
-        self.epoch = epoch
-
-
-@dataclass
-class _Req:
-    ctx: vc.ReqContext
-    params: str
-    # key -> the settled answer (HIT or MISS): what lookup returns, in
-    # one dict lookup
-    answer: dict[bytes, vc.LookupResult] = field(default_factory=dict)
-    # key -> the slot of a HIT (a lookup lease); its keys answer HIT
-    slot: dict[bytes, int] = field(default_factory=dict)
-    # key -> monotonic deadline of a lookup in flight (pending: neither in
-    # answer nor in slot): past it, a MISS
-    asked: dict[bytes, float] = field(default_factory=dict)
-    # key -> the deadline of a key the daemon was not sure of yet (a
-    # promotion in flight): it is asked again, and the bound still runs
-    # from its first ask
-    retry_by: dict[bytes, float] = field(default_factory=dict)
-    # HITs not loaded yet: key -> the step count when the lease came
-    lease_at: dict[bytes, int] = field(default_factory=dict)
-    loading: dict[bytes, int] = field(default_factory=dict)    # key -> pins loaded, not completed
-    storing: dict[bytes, int] = field(default_factory=dict)    # key -> leased slot being written
-    # Jobs of a link that went down, not completed yet: key -> the
-    # generation of each. Their completions commit nothing.
-    stale_loading: dict[bytes, list[int]] = field(default_factory=dict)
-    stale_storing: dict[bytes, list[int]] = field(default_factory=dict)
-    # Announced in the batch being built and never asked about: its first
-    # lookup may ask the daemon at once (first sight).
-    fresh: bool = False
-    finished: bool = False
-
-
-class KvtierProxyManager(vc.OffloadingManager):
+class KvtierProxyManager(BoundedCalls, vc.OffloadingManager):
     def __init__(self, spec: KvtierOffloadingSpec) -> None:
         from kvtier.v1 import kvtier_pb2 as pb
 
@@ -184,7 +138,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._lookup_timeout = spec._lookup_timeout
         self._reconnect_interval = spec._reconnect_interval
         self._target = spec._target
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, Req] = {}
         self._pool: list[int] = []
         self._stored_recent: deque[int] = deque(maxlen=16)  # blocks the recent storing steps wanted to store
         self._step_stores = 0  # blocks this step wanted to store
@@ -241,7 +195,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         # answers of first sights and reserves that came too late, whose
         # leases and slots were given back
         self.late_answers = 0
-        self._new_batch()
+        self._b = Batch()
         # Step-end calls go out in order on one thread; answers come back
         # through a queue the scheduler thread drains.
         self._sender = _steps.Sender(link, self._attach, self._timeout, self._reconnect_interval, self._target)
@@ -257,55 +211,18 @@ class KvtierProxyManager(vc.OffloadingManager):
 
     # -- the step-end call --------------------------------------------------
 
-    def _new_batch(self) -> None:
-        self._b_new: list[tuple[str, str]] = []
-        self._b_unpins: dict[str, list[bytes]] = {}
-        self._b_stores: list[tuple[str, list[bytes], list[int], bool]] = []
-        self._b_touches: dict[str, list[bytes]] = {}
-        self._b_lookups: dict[str, list[bytes]] = {}
-        self._b_finished: list[str] = []
-        self._b_return: list[int] = []
-        self._b_scheduled: list[str] = []
-        self._b_preempted: list[str] = []
-
-    def _drop_batch(self) -> None:
-        """Discards the batch being built (its link is down): its stores
-        will never be bound."""
-        for _, ks, _, ok in self._b_stores:
-            if ok:
-                for k in ks:
-                    if (n := self._unbound.get(k, 0) - 1) > 0:
-                        self._unbound[k] = n
-                    else:
-                        self._unbound.pop(k, None)
-        self._new_batch()
-
     def _post(self, want: int) -> None:
         """Hands the batch to the sending thread and starts a new one."""
-        pb = self._pb
-        req = pb.EngineStepRequest(
-            namespace=self._ns, epoch=self._epoch, want_free_slots=want, finished_request_ids=self._b_finished,
-            return_slots=self._b_return, reset_cache=self._reset,
-            scheduled_request_ids=self._b_scheduled, preempted_request_ids=self._b_preempted,
-        )
-        for rid, params in self._b_new:
-            req.new_requests.add(request_id=rid, kv_transfer_params=params)
+        b = self._b
+        req = b.request(self._ns, self._epoch, want, self._reset)
+        for rid, _ in b.new:
             if (r := self._reqs.get(rid)) is not None:
                 r.fresh = False
-        for rid, keys in self._b_unpins.items():
-            req.unpins.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
-        for rid, keys, slots, ok in self._b_stores:
-            req.stores.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]), slots=slots, success=ok)
-        for rid, keys in self._b_touches.items():
-            req.touches.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
-        for rid, keys in self._b_lookups.items():
-            req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
-        lookups = self._b_lookups
-        self._batch_stores.append([k for _, ks, _, ok in self._b_stores if ok for k in ks])
+        self._batch_stores.append(b.stored_keys())
         self._reset = False
-        self._new_batch()
+        self._b = Batch()
         self._in_flight += 1
-        self._sender.post(self._gen, req, lookups)
+        self._sender.post(self._gen, req, b.lookups)
 
     def _attach(self, gen: int) -> _steps.Link:
         """A new connection attached to the daemon's namespace of the
@@ -315,187 +232,21 @@ class KvtierProxyManager(vc.OffloadingManager):
 
     # -- answers, applied on the scheduler thread ---------------------------
 
-    def _drain(self) -> None:
-        while not self._answers.empty():
-            self._handle(self._answers.get_nowait())
-
-    def _handle(self, a: _steps.Answer | _steps.Attached | _steps.Late) -> None:
-        if isinstance(a, _steps.Attached):
-            self._attached = a  # one reattach at a time: the sending thread waits for no other
-            return
-        if isinstance(a, _steps.Late):
-            self._give_back(a)
-            return
-        self._in_flight -= 1
-        # Answers come back in the order the batches went: this one's
-        # stores are bound now (or never will be).
-        if self._batch_stores:
-            for k in self._batch_stores.popleft():
-                if (n := self._unbound.get(k, 0) - 1) > 0:
-                    self._unbound[k] = n
-                else:
-                    self._unbound.pop(k, None)
-        if a.gen != self._gen or a.stale:
-            return
-        if a.err is not None:
-            if self._up:
-                self._up = False
-                self._invalidated = False
-                self.outages += 1
-            return
-        self._apply(a)
-
-    def _apply(self, a: _steps.Answer) -> None:
-        rep = a.rep
-        if rep is None:
-            return  # only a failed or stale answer has none, and it is not applied
-        self._reserve_ok = self._sync_ok = True
-        self._apply_lookups(rep.lookups, a.lookups)
-        self._apply_rest(rep)
-
-    def _apply_lookups(self, answers: Iterable[pb.EngineLookupResult], sent: dict[str, list[bytes]]) -> None:
-        """Applies a step call's lookup answers to the keys sent (by request
-        id, co-indexed with each answer's found)."""
-        for lk in answers:
-            rid = lk.request_id
-            r = self._reqs.get(rid)
-            slots = iter(lk.slots)
-            batch = sent.get(rid, ())
-            for i in range(min(len(lk.found), len(batch))):
-                k = batch[i]
-                f = lk.found[i]
-                if f == 2:  # HIT: a lease on slot
-                    slot = next(slots)
-                    if r is None or r.finished or k not in r.asked:
-                        # Nobody will load it (answered MISS past the
-                        # bound, or the request went): give the pin back.
-                        self._b_unpins.setdefault(rid, []).append(k)
-                        continue
-                    del r.asked[k]
-                    r.slot[k] = slot
-                    r.answer[k] = _HIT
-                    r.lease_at[k] = self._steps
-                    self._lease_q.append((self._steps, rid, k))
-                elif r is None or k not in r.asked:
-                    continue
-                elif f == 1:
-                    del r.asked[k]
-                    r.answer[k] = _MISS
-                else:
-                    # Not sure yet: asked again next time, within the
-                    # deadline of its first ask.
-                    r.retry_by[k] = r.asked.pop(k)
-
-    def _apply_rest(self, rep: pb.EngineStepResponse) -> None:
-        """A step call's granted slots, events and warnings."""
-        self._pool.extend(rep.granted_slots)
-        if self._events_on:
-            for e in rep.events:
-                keys = [vc.OffloadKey(e.packed_keys[i:i + e.key_size])
-                        for i in range(0, len(e.packed_keys), e.key_size)] if e.key_size else []
-                self._events.append(vc.OffloadingEvent(
-                    keys=keys, medium=vc.Medium.CPU if e.medium == 1 else vc.Medium.STORAGE, removed=e.removed,
-                    locality={1: vc.Locality.LOCAL, 2: vc.Locality.REMOTE}.get(e.locality)))
-        for w in rep.warnings:
-            log.debug("kvtier: %s", w)
-
     # -- link switches, between steps --------------------------------------
-
-    def _step_begin(self) -> None:
-        """The first call of a step: answers that arrived between steps
-        are applied, and a down link is dropped or a new one taken."""
-        self._in_step = True
-        self._now = time.monotonic()
-        self._sync_left = self._sync_budget if self._sync_ok else 0.0
-        self._boundary()
-
-    def _boundary(self) -> None:
-        if not self._answers.empty():
-            self._drain()
-        if not self._up and not self._invalidated:
-            self._invalidate()
-        if self._attached is not None:
-            self._switch(self._attached)
-            self._attached = None
-
-    def _invalidate(self) -> None:
-        """Forgets everything that named the down link's slots: the pool,
-        the lookup leases and lookups in flight, the batch. Loads and stores
-        handed to workers become stale."""
-        self._invalidated = True
-        self._pool.clear()
-        # What the down link's daemon held says nothing of the next one's.
-        self._held.clear()
-        self._held_q.clear()
-        self._drop_batch()
-        for r in self._reqs.values():
-            self._stale(r)
-            for k in r.slot:  # the leases went with the link; misses stay
-                del r.answer[k]
-            r.slot.clear()
-            r.asked.clear()
-            r.retry_by.clear()
-            r.lease_at.clear()
-
-    def _stale(self, r: _Req) -> None:
-        """Moves a request's loads and stores in flight to its stale sets."""
-        g = self._gen
-        for k, n in r.loading.items():
-            r.stale_loading.setdefault(k, []).extend([g] * n)
-        for k in r.storing:
-            r.stale_storing.setdefault(k, []).append(g)
-        r.loading.clear()
-        r.storing.clear()
-
-    def _switch(self, a: _steps.Attached) -> None:
-        link = a.link
-        self._old_clients[self._gen] = a.old_client
-        self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
-        self._client = link.client
-        self._up = True
-        self.reattaches += 1
-        # The new session knows no request: announce the live ones again
-        # (their lookups start afresh: misses are asked again too).
-        for rid, r in list(self._reqs.items()):
-            r.answer.clear()
-            r.slot.clear()
-            r.asked.clear()
-            r.retry_by.clear()
-            if r.finished:
-                self._maybe_forget(r)
-            else:
-                self._b_new.append((rid, r.params))
-        log.warning("kvtier: attached again to %s after %.1fs (namespace %s, epoch %016x, %d slots)", self._target,
-                    a.down_for, link.namespace, link.epoch, link.num_slots)
-        self._close_old()
-
-    def _close_old(self) -> None:
-        done = [g for g in self._old_clients if not self._outstanding.get(g)]
-        if done:
-            self._sender.close([self._old_clients.pop(g) for g in done])
-
-    def _done(self, gen: int, n: int = 1) -> None:
-        left = self._outstanding.get(gen, 0) - n
-        if left > 0:
-            self._outstanding[gen] = left
-            return
-        self._outstanding.pop(gen, None)
-        if gen in self._old_clients:
-            self._close_old()
 
     # -- OffloadingManager --------------------------------------------------
 
-    def _req(self, ctx: vc.ReqContext) -> _Req:
+    def _req(self, ctx: vc.ReqContext) -> Req:
         r = self._reqs.get(ctx.req_id)
         if r is None:
             r = self.on_new_request_state(ctx)
         return r
 
-    def on_new_request_state(self, ctx: vc.ReqContext) -> _Req:
+    def on_new_request_state(self, ctx: vc.ReqContext) -> Req:
         params = json.dumps(ctx.kv_transfer_params) if ctx.kv_transfer_params else ""
-        r = _Req(ctx=ctx, params=params, fresh=True)
+        r = Req(ctx=ctx, params=params, fresh=True)
         self._reqs[ctx.req_id] = r
-        self._b_new.append((ctx.req_id, params))
+        self._b.new.append((ctx.req_id, params))
         return r
 
     def on_new_request(self, req_context: vc.ReqContext) -> vc.RequestOffloadingContext:
@@ -550,100 +301,11 @@ class KvtierProxyManager(vc.OffloadingManager):
             self.late_lookups += 1
             return _MISS
         r.asked[key] = deadline
-        if (b := self._b_lookups.get(req_context.req_id)) is None:
-            self._b_lookups[req_context.req_id] = [key]
+        if (b := self._b.lookups.get(req_context.req_id)) is None:
+            self._b.lookups[req_context.req_id] = [key]
         else:
             b.append(key)
         return _RETRY
-
-    def _call_now(self, start: Callable[[Any, float], Pending[Any]], req: Any, timeout: float, rid: str = "",
-                  keys: list[bytes] | None = None) -> Any:
-        """A call on the scheduler's thread, waited for at most timeout. If
-        it is not answered by then it goes on (the daemon may still carry
-        it out): its answer, if one comes, is handed to _give_back through
-        the answers queue. Raises what the call raised, or
-        grpc.FutureTimeoutError."""
-        fut = start(req, self._timeout)
-        try:
-            return fut.result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            gen = self._gen
-
-            def late(f: Any) -> None:
-                if not f.cancelled() and f.exception() is None:
-                    self._answers.put(_steps.Late(gen, rid, keys or [], f.result()))
-
-            fut.add_done_callback(late)
-            raise
-
-    def _give_back(self, a: _steps.Late) -> None:
-        """Gives back what a call answered too late took on the daemon: a
-        reserve's leased slots, a first sight's lookup leases (the request
-        asked again, the asynchronous way). A link that went down since
-        took them with its session."""
-        if a.gen != self._gen or not self._up:
-            return
-        self.late_answers += 1
-        rep = a.rep
-        if isinstance(rep, self._pb.EngineReserveResponse):
-            self._b_return.extend(rep.granted_slots)
-            return
-        self._b_return.extend(rep.granted_slots)
-        for lk in rep.lookups:
-            hits = [k for k, f in zip(a.keys, lk.found) if f == 2]
-            if hits:
-                self._b_unpins.setdefault(lk.request_id, []).extend(hits)
-
-    def _first_sight(self, r: _Req, key: vc.OffloadKey, ctx: vc.ReqContext) -> vc.LookupResult | None:
-        """The first lookup of a request the daemon has not been told of:
-        one bounded step call announces it and looks up its keys from this
-        one on (vLLM records them all before it scans them), so that HITs
-        (leased), MISSes and the promotions of blocks on a secondary tier
-        start in the step that asks, not the next. Returns the key's answer,
-        or None to take the asynchronous path (the call failed, or the key
-        is not settled yet)."""
-        r.fresh = False
-        if self._reset or self._flush_in or self._attached is not None:
-            return None  # a reset or a new link goes first, with the step's batch
-        keys = vc.request_keys(ctx, key, _FIRST_SIGHT_KEYS)
-        if not keys:
-            return None
-        rid = ctx.req_id
-        try:
-            self._b_new.remove((rid, r.params))  # this call announces it
-        except ValueError:
-            return None
-        pb = self._pb
-        # Its events stay for the next step call: an answer of an earlier
-        # one may still be on its way, and events must keep their order.
-        req = pb.EngineStepRequest(namespace=self._ns, epoch=self._epoch, keep_events=True)
-        req.new_requests.add(request_id=rid, kv_transfer_params=r.params)
-        req.lookups.add(request_id=rid, packed_keys=b"".join(keys), key_size=len(keys[0]))
-        t0 = time.monotonic()
-        try:
-            rep = self._call_now(self._client.engine_step_async, req, self._call_bound, rid, keys)
-        except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
-            self._b_new.append((rid, r.params))  # announced with the step's batch after all
-            self._sync_left, self._sync_ok = 0.0, False
-            self.first_sight_failures += 1
-            log.debug("kvtier: first-sight lookup of %d keys for %s: %s", len(keys), rid, _rpc_msg(e))
-            return None
-        finally:
-            self._sync_left -= time.monotonic() - t0
-        self.first_sights += 1
-        deadline = self._now + self._lookup_timeout
-        for k in keys:
-            r.asked[k] = deadline
-        self._apply_lookups(rep.lookups, {rid: keys})
-        self._apply_rest(rep)
-        # This call went ahead of stores the engine completed that no step
-        # call has bound yet: the daemon's MISS for those is not final.
-        if self._unbound:
-            for k in keys:
-                if k in self._unbound and r.answer.get(k) is _MISS:
-                    del r.answer[k]
-                    r.retry_by[k] = deadline
-        return r.answer.get(key)
 
     def prepare_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> KvtierSlotSpec:
         r = self._req(req_context)
@@ -671,7 +333,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 continue
             self._done(self._gen)
             if unpins is None:
-                unpins = self._b_unpins.setdefault(req_context.req_id, [])
+                unpins = self._b.unpins.setdefault(req_context.req_id, [])
             unpins.append(k)
             if n <= 1:
                 del r.loading[k]
@@ -682,19 +344,9 @@ class KvtierProxyManager(vc.OffloadingManager):
                 r.loading[k] = n - 1
         self._maybe_forget(r)
 
-    def _stale_done(self, stale: dict[bytes, list[int]], k: bytes) -> bool:
-        gens = stale.get(k)
-        if gens is None:
-            return False
-        g = gens.pop()
-        if not gens:
-            del stale[k]
-        self._done(g)
-        return True
-
     def touch(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> None:
         if keys and self._up:
-            self._b_touches.setdefault(req_context.req_id, []).extend(keys)
+            self._b.touches.setdefault(req_context.req_id, []).extend(keys)
 
     def prepare_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> vc.PrepareStoreOutput | None:
         if not self._in_step:
@@ -733,38 +385,6 @@ class KvtierProxyManager(vc.OffloadingManager):
             self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(to_store)
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
-    def _reserve(self, keys: list[vc.OffloadKey]) -> list[vc.OffloadKey]:
-        """EngineReserve for a store the pool is too small for: drops the
-        keys the daemon holds (and remembers them for a few steps, for the
-        other requests that offer them) and adds the slots it leased to the
-        pool. Returns the keys left to store. After a failed call the keys
-        come back as they are, and no call is made until a step answer
-        shows the daemon answering again."""
-        if not self._reserve_ok:
-            return keys
-        cap = min(self._max_burst, _MAX_FREE)
-        req = self._pb.EngineReserveRequest(
-            namespace=self._ns, epoch=self._epoch, packed_keys=b"".join(keys), key_size=len(keys[0]),
-            more_slots=max(cap - len(self._pool), 0), free_slots=len(self._pool))
-        try:
-            rep = self._call_now(self._client.engine_reserve_async, req, self._call_bound)
-        except Exception as e:  # noqa: BLE001 - the scheduler must not fail on the daemon
-            self._reserve_ok = False
-            self.reserve_failures += 1
-            log.debug("kvtier: EngineReserve of %d keys: %s", len(keys), _rpc_msg(e))
-            return keys
-        self.reserves += 1
-        found, step, held = rep.found, self._steps, self._held
-        out: list[vc.OffloadKey] = []
-        for i, k in enumerate(keys):
-            if i < len(found) and found[i] == 2:  # the daemon holds it
-                held[k] = step
-                self._held_q.append((step, k))
-            else:
-                out.append(k)
-        self._pool.extend(rep.granted_slots)
-        return out
-
     def complete_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext, success: bool = True) -> None:
         r = self._reqs.get(req_context.req_id)
         if r is None:
@@ -780,7 +400,7 @@ class KvtierProxyManager(vc.OffloadingManager):
                 ks.append(k)
                 ss.append(s)
         if ks:
-            self._b_stores.append((req_context.req_id, ks, ss, bool(success)))
+            self._b.stores.append((req_context.req_id, ks, ss, bool(success)))
             if success:
                 for kb in ks:
                     self._unbound[kb] = self._unbound.get(kb, 0) + 1
@@ -794,17 +414,11 @@ class KvtierProxyManager(vc.OffloadingManager):
         # Leases the request never loaded go back with its finish.
         unused = list(r.lease_at)
         if unused:
-            self._b_unpins.setdefault(rid, []).extend(unused)
+            self._b.unpins.setdefault(rid, []).extend(unused)
         r.lease_at.clear()
         r.finished = True
-        self._b_finished.append(rid)
+        self._b.finished.append(rid)
         self._maybe_forget(r)
-
-    def _maybe_forget(self, r: _Req) -> None:
-        if r.finished and not (r.storing or r.loading or r.stale_loading or r.stale_storing):
-            self._reqs.pop(r.ctx.req_id, None)
-            if self._lk_answer is r.answer:
-                self._lk_ctx = None
 
     def on_schedule_end(self, context: vc.ScheduleEndContext) -> None:
         self._in_step = False
@@ -832,7 +446,7 @@ class KvtierProxyManager(vc.OffloadingManager):
             del r.lease_at[k]
             if r.slot.pop(k, None) is not None:
                 del r.answer[k]
-            self._b_unpins.setdefault(rid, []).append(k)
+            self._b.unpins.setdefault(rid, []).append(k)
         self._steps += 1
         # The pool the next steps will want: the largest of the recent
         # storing steps' stores, at least min_free_slots, at most the cap.
@@ -851,12 +465,12 @@ class KvtierProxyManager(vc.OffloadingManager):
         want = min(max(self._min_free, max(self._stored_recent, default=0)), self._max_free, _MAX_FREE)
         self._step_stores = 0
         if len(self._pool) > 2 * want:
-            self._b_return.extend(self._pool[want:])
+            self._b.returns.extend(self._pool[want:])
             del self._pool[want:]
         if context.new_req_ids:
-            self._b_scheduled.extend(context.new_req_ids)
+            self._b.scheduled.extend(context.new_req_ids)
         if context.preempted_req_ids:
-            self._b_preempted.extend(context.preempted_req_ids)
+            self._b.preempted.extend(context.preempted_req_ids)
         if self._in_flight:
             # One step call at a time: while it is out, the steps' work
             # joins the next batch. A queue of calls would grow without
@@ -876,8 +490,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         # a lookup not answered yet keeps vLLM stepping.
         # So does a reset's flush that only step ends complete (vLLM
         # without on_reset_flushed).
-        return (self._in_flight > 0 or bool(self._b_lookups or self._b_stores or self._b_unpins or self._b_finished
-                                            or self._b_new or self._b_return or self._reset)
+        return (self._in_flight > 0 or self._b.pending() or self._reset
                 or (self._flush_in > 0 and not vc.RESET_FLUSH_CALLBACK)
                 or any(r.asked for r in self._reqs.values()))
 
@@ -895,7 +508,7 @@ class KvtierProxyManager(vc.OffloadingManager):
         self._reset = True
         for rid, r in self._reqs.items():
             if r.lease_at:
-                self._b_unpins.setdefault(rid, []).extend(r.lease_at)
+                self._b.unpins.setdefault(rid, []).extend(r.lease_at)
             r.lease_at.clear()
             r.answer.clear()
             r.slot.clear()
@@ -928,9 +541,9 @@ class KvtierProxyManager(vc.OffloadingManager):
         for g, rid, loading, storing in fenced:
             if g == self._gen and self._up:
                 if loading:
-                    self._b_unpins.setdefault(rid, []).extend(k for k, n in loading.items() for _ in range(n))
+                    self._b.unpins.setdefault(rid, []).extend(k for k, n in loading.items() for _ in range(n))
                 if storing:
-                    self._b_stores.append((rid, list(storing), list(storing.values()), False))
+                    self._b.stores.append((rid, list(storing), list(storing.values()), False))
             self._done(g, sum(loading.values()) + len(storing))
 
     def shutdown(self) -> None:

@@ -17,7 +17,6 @@ transfer names (a restarted daemon's arena is another; see manager.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os

@@ -12,7 +12,6 @@ when its submit returns.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import torch
