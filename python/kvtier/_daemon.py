@@ -15,11 +15,15 @@ What they do the same way is here:
 * ``Reattach`` is when to try a daemon that went away again and what to
   say meanwhile: a try every ``interval``, a warning every minute while it
   stays away, debug lines in between, and how long it was away.
+* ``Users`` counts the copies still going through a link's slots, and
+  closes the link once it is retired (down, replaced, shut) and unused: a
+  daemon that was only slow keeps those slots reserved to the copies that
+  may still touch them (manager mode and SGLang; in tier mode the daemon
+  does the copies).
 
 Each integration keeps what is its own: which thread tries (the manager's
-sending thread, the tier's reconnect thread, SGLang's background thread),
-what a down link answers (misses), and when the old connection may close
-(once no transfer still uses its slots).
+sending thread, the tier's reconnect thread, SGLang's background thread)
+and what a down link answers (misses).
 
 Nothing here imports an engine.
 """
@@ -28,12 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from kvtier.client import ArenaReply, Client, receive_arena_fd, rpc_message
 
-__all__ = ["DaemonUnavailable", "Reattach", "attach", "receive_arena", "rpc_message"]
+__all__ = ["DaemonUnavailable", "Reattach", "Users", "attach", "receive_arena", "rpc_message"]
 from kvtier.v1 import kvtier_pb2 as pb
 
 #: Seconds between "still unreachable" warnings.
@@ -128,3 +133,50 @@ class Reattach:
         now = time.monotonic() if now is None else now
         since, self.since = self.since, None
         return now - since if since is not None else 0.0
+
+
+class Users:
+    """The copies still using a link's slots, and whether the link is
+    retired (down, replaced or shut down). Once it is retired and no copy
+    uses it, on_idle runs, once (it closes the connection: the daemon then
+    releases the link's pins and slots, which nothing touches any more).
+    Thread-safe; on_idle runs on the thread that made the link idle."""
+
+    def __init__(self, on_idle: Callable[[], None]) -> None:
+        self._mu = threading.Lock()
+        self._n = 0
+        self._retired = False
+        self._idle = False
+        self._on_idle = on_idle
+
+    @property
+    def retired(self) -> bool:
+        return self._retired
+
+    def acquire(self, n: int = 1) -> bool:
+        """Counts n copies in; False (nothing counted) once retired."""
+        with self._mu:
+            if self._retired:
+                return False
+            self._n += n
+            return True
+
+    def release(self, n: int = 1) -> None:
+        """Counts n copies out."""
+        with self._mu:
+            self._n -= n
+            fire = self._retired and self._n <= 0 and not self._idle
+            self._idle = self._idle or fire
+        if fire:
+            self._on_idle()
+
+    def retire(self) -> bool:
+        """Retires the link; True if it was not retired yet."""
+        with self._mu:
+            was = not self._retired
+            self._retired = True
+            fire = self._n <= 0 and not self._idle
+            self._idle = self._idle or fire
+        if fire:
+            self._on_idle()
+        return was

@@ -8,7 +8,7 @@ the connection closes, the daemon releases all of it.
 
 A Link goes *down* when a call fails (the daemon died, restarted, is slow
 or unreachable). It is closed only when no thread still copies through
-it (``users`` drops to zero): a slow daemon keeps the pins and slots of
+it (``_daemon.Users``): a slow daemon keeps the pins and slots of
 that copy reserved while it is still going, so no other writer is given
 them and no reader ever sees bytes another writer put there.
 
@@ -63,14 +63,12 @@ class Link:
                          daemon=True).start()
         if self.slot_size < layout_bytes:
             raise ConnectionError(f"namespace {self.namespace} has {self.slot_size}-byte slots, a page is {layout_bytes} bytes")
-        self.mu = threading.Lock()
-        self.down = False
-        self.users = 0
+        self.mu = threading.Lock()  # the free slots and deferred releases
+        self._users = _daemon.Users(self._close)
         self.free: list[int] = []  # leased free slots
         # Deferred releases, sent with the next step of this link.
         self.unpins: dict[str, list[bytes]] = {}
         self.finished: list[str] = []
-        self.closed = False
 
     @property
     def memory(self) -> mmap.mmap:
@@ -78,45 +76,26 @@ class Link:
 
     # -- use ---------------------------------------------------------------
 
+    @property
+    def down(self) -> bool:
+        return self._users.retired
+
     def acquire(self) -> bool:
-        with self.mu:
-            if self.down:
-                return False
-            self.users += 1
-            return True
+        return self._users.acquire()
 
     def release(self) -> None:
-        with self.mu:
-            self.users -= 1
-            close = self.down and self.users == 0 and not self.closed
-            if close:
-                self.closed = True
-        if close:
-            self._close()
+        self._users.release()
 
     def fail(self, err: BaseException) -> bool:
         """Marks the link down after a failed call (True if it was up);
         closes it once unused."""
-        with self.mu:
-            if self.down:
-                return False
-            self.down = True
-            close = self.users == 0 and not self.closed
-            if close:
-                self.closed = True
+        if not self._users.retire():
+            return False
         log.warning("kvtier: the daemon did not answer (%s): the backend answers misses until it is back", rpc_msg(err))
-        if close:
-            self._close()
         return True
 
     def shutdown(self) -> None:
-        with self.mu:
-            self.down = True
-            close = self.users == 0 and not self.closed
-            if close:
-                self.closed = True
-        if close:
-            self._close()
+        self._users.retire()
 
     def _close(self) -> None:
         try:

@@ -12,11 +12,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Iterable
 
+from kvtier import _daemon
 from kvtier.vllm import _compat as vc
 from kvtier.vllm import _steps
 from kvtier.vllm._mstate import _HIT, _MISS, Batch, Req, State
 
 if TYPE_CHECKING:
+    from kvtier.client import Client
     from kvtier.v1 import kvtier_pb2 as pb
 
 log = logging.getLogger("kvtier.vllm")
@@ -165,9 +167,22 @@ class Answers(State):
         r.loading.clear()
         r.storing.clear()
 
+    def _track(self, gen: int, client: Client) -> None:
+        """Counts the copies through link gen's slots: once the link is
+        replaced and none is left, its connection closes (on the sending
+        thread, after what it sends)."""
+        def idle() -> None:
+            self._users.pop(gen, None)
+            if (c := self._old_clients.pop(gen, None)) is not None:
+                self._sender.close([c])
+
+        self._users[gen] = _daemon.Users(idle)
+
     def _switch(self, a: _steps.Attached) -> None:
         link = a.link
-        self._old_clients[self._gen] = a.old_client
+        old = self._gen
+        self._old_clients[old] = a.old_client
+        self._track(link.gen, link.client)
         self._gen, self._epoch, self._ns = link.gen, link.epoch, link.namespace
         self._client = link.client
         self._up = True
@@ -185,21 +200,13 @@ class Answers(State):
                 self._b.new.append((rid, r.params))
         log.warning("kvtier: attached again to %s after %.1fs (namespace %s, epoch %016x, %d slots)", self._target,
                     a.down_for, link.namespace, link.epoch, link.num_slots)
-        self._close_old()
-
-    def _close_old(self) -> None:
-        done = [g for g in self._old_clients if not self._outstanding.get(g)]
-        if done:
-            self._sender.close([self._old_clients.pop(g) for g in done])
+        if (u := self._users.get(old)) is not None:
+            u.retire()
 
     def _done(self, gen: int, n: int = 1) -> None:
-        left = self._outstanding.get(gen, 0) - n
-        if left > 0:
-            self._outstanding[gen] = left
-            return
-        self._outstanding.pop(gen, None)
-        if gen in self._old_clients:
-            self._close_old()
+        """n copies through link gen's slots completed."""
+        if (u := self._users.get(gen)) is not None:
+            u.release(n)
 
     def _stale_done(self, stale: dict[bytes, list[int]], k: bytes) -> bool:
         gens = stale.get(k)

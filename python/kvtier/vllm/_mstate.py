@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.vllm import _compat as vc
 
 if TYPE_CHECKING:
+    from kvtier._daemon import Users
     from kvtier.client import Client
     from kvtier.v1 import kvtier_pb2 as pb
     from kvtier.vllm._steps import Answer, Attached, Late, Sender
@@ -155,7 +156,7 @@ class State:
     _lk_ctx: vc.ReqContext | None
     _lk_answer: dict[bytes, vc.LookupResult]
     _now: float
-    _outstanding: dict[int, int]
+    _users: dict[int, Users]
     _old_clients: dict[int, Client]
     _fenced: list[tuple[int, str, dict[bytes, int], dict[bytes, int]]]
     _fenced_stale: list[int]

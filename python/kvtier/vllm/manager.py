@@ -81,6 +81,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Collection, Iterable
 
+from kvtier import _daemon
 from kvtier.vllm import _compat as vc
 from kvtier.vllm import _steps
 from kvtier.vllm._calls import BoundedCalls
@@ -165,10 +166,11 @@ class KvtierProxyManager(BoundedCalls, vc.OffloadingManager):
         self._lk_ctx: vc.ReqContext | None = None
         self._lk_answer: dict[bytes, vc.LookupResult] = {}
         self._now = time.monotonic()
-        # Keys of loads and stores handed to workers and not completed, by
-        # link generation; the connections of earlier links stay open until
-        # theirs are done (a worker may still touch their slots).
-        self._outstanding: dict[int, int] = {}
+        # Loads and stores handed to workers and not completed, counted per
+        # link generation (_track); the connections of earlier links
+        # (old_clients) stay open until theirs are done (a worker may still
+        # touch their slots).
+        self._users: dict[int, _daemon.Users] = {}
         self._old_clients: dict[int, Client] = {}
         # Jobs in flight at a cache reset, which vLLM never completes,
         # released by on_reset_flushed: the current link's as (generation,
@@ -200,6 +202,7 @@ class KvtierProxyManager(BoundedCalls, vc.OffloadingManager):
         # through a queue the scheduler thread drains.
         self._sender = _steps.Sender(link, self._attach, self._timeout, self._reconnect_interval, self._target)
         self._answers = self._sender.answers
+        self._track(link.gen, link.client)
         self._in_flight = 0
         # A first pool of store slots before the first step (bounded by
         # the call timeout; a daemon gone by now leaves the link down).
@@ -317,7 +320,7 @@ class KvtierProxyManager(BoundedCalls, vc.OffloadingManager):
             slots.append(slot)
             r.lease_at.pop(k, None)
             r.loading[k] = r.loading.get(k, 0) + 1
-        self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(slots)
+        self._users[self._gen].acquire(len(slots))
         return KvtierSlotSpec(slots, self._epoch)
 
     def complete_load(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext) -> None:
@@ -382,7 +385,7 @@ class KvtierProxyManager(BoundedCalls, vc.OffloadingManager):
         for k, s in zip(to_store, slots):
             r.storing[k] = s
         if to_store:
-            self._outstanding[self._gen] = self._outstanding.get(self._gen, 0) + len(to_store)
+            self._users[self._gen].acquire(len(to_store))
         return vc.PrepareStoreOutput(keys_to_store=list(to_store), store_spec=KvtierSlotSpec(slots, self._epoch), evicted_keys=[])
 
     def complete_store(self, keys: Collection[vc.OffloadKey], req_context: vc.ReqContext, success: bool = True) -> None:
