@@ -127,6 +127,12 @@ func New(cfg Config) (*Manager, error) {
 	m.promos = make([]promoQueue, st.Len())
 	m.prefetch = newPrefetcher(cfg.Prefetch, cfg.Primary.NumSlots())
 	m.pins = newPinner(m, cfg.Pins)
+	// Tiers that choose their own victims pass over pinned blocks.
+	for _, t := range cfg.Tiers {
+		if k, ok := t.(offload.Keeper); ok {
+			k.Keep(m.pinnedNow)
+		}
+	}
 	return m, nil
 }
 

@@ -12,13 +12,16 @@
 // untagged pool): PinConfig.Share of the owner's quota, or of the primary
 // without quotas; a pin past it is refused, never taken from another
 // owner. Pins expire at the first step end after their TTL; they live in
-// the daemon and die with it.
+// the daemon and die with it. A tier that chooses its own victims
+// (offload.Keeper) is told what is pinned and passes over those blocks
+// too (pinnedNow, safe without the caller's lock).
 
 package tiering
 
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +64,11 @@ type PinAnswer struct {
 type pinner struct {
 	cfg     PinConfig
 	expires map[offload.Key]time.Time
+	// live mirrors expires' keys for readers without the caller's lock
+	// (tiers choosing victims); n counts them, so that a daemon without
+	// pins answers without a map lookup.
+	live sync.Map
+	n    atomic.Int64
 	// first is no later than the earliest expiry (zero: none): steps
 	// before it skip the scan.
 	first time.Time
@@ -140,6 +148,8 @@ func (m *Manager) Pin(keys []offload.Key, ttl time.Duration) (PinAnswer, error) 
 			continue
 		}
 		pn.expires[k] = until
+		pn.live.Store(k, struct{}{})
+		pn.n.Add(1)
 		pn.held[o].Add(1)
 		pn.stats.Pinned++
 		a.Pinned++
@@ -184,6 +194,8 @@ func (m *Manager) Unpin(keys []offload.Key) int {
 func (m *Manager) unpin(k offload.Key) {
 	pn := m.pins
 	delete(pn.expires, k)
+	pn.live.Delete(k)
+	pn.n.Add(-1)
 	pn.held[m.owner(k)].Add(-1)
 	m.one[0] = k
 	if err := m.primary.CompleteLoad(m.one[:]); err != nil {
@@ -227,6 +239,16 @@ func (m *Manager) PinStats() PinStats {
 	s := m.pins.stats
 	s.Blocks = len(m.pins.expires)
 	return s
+}
+
+// pinnedNow reports whether k holds a router pin; safe without the
+// caller's lock (offload.Keeper tiers call it while they choose victims).
+func (m *Manager) pinnedNow(k offload.Key) bool {
+	if m.pins.n.Load() == 0 {
+		return false
+	}
+	_, ok := m.pins.live.Load(k)
+	return ok
 }
 
 // Pinned reports whether k holds a router pin, and until when.

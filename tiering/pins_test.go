@@ -2,10 +2,12 @@ package tiering
 
 import (
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/tiers/memory"
 )
 
 func withPins(pc PinConfig) func(*Config) {
@@ -73,5 +75,49 @@ func TestPinsSurviveAResetAndRefusals(t *testing.T) {
 	g := newFixture(t, withPins(PinConfig{Share: -1}))
 	if _, err := g.m.Pin(keyRange(0, 1), time.Hour); !errors.Is(err, ErrPinRefused) {
 		t.Fatalf("pins off: %v", err)
+	}
+}
+
+// A tier that chooses its own victims (offload.Keeper: here a memory tier
+// of two blocks) passes over a pinned block while the pin lasts, and
+// evicts it once it is unpinned (issue 41: pins are exempt from a
+// secondary tier's own eviction).
+func TestPinnedBlocksAreKeptByTiersThatEvict(t *testing.T) {
+	mem, err := memory.New(memory.Config{Name: "disk", Medium: offload.MediumStorage, Locality: offload.LocalityLocal, CapacityBlocks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) { c.Tiers = []offload.SecondaryTier{mem} })
+	f.m.OnNewRequest(f.ctx)
+	landed := func(k offload.Key) {
+		t.Helper()
+		for !mem.Contains(k) {
+			if t.Context().Err() != nil {
+				t.Fatalf("%v never reached the tier", k)
+			}
+			f.step()
+			runtime.Gosched()
+		}
+	}
+	f.store(f.ctx, keyRange(0, 1))
+	landed(K(0))
+	if a, err := f.m.Pin([]offload.Key{K(0)}, time.Hour); err != nil || a.Pinned != 1 {
+		t.Fatalf("pin: %+v %v", a, err)
+	}
+	for i := 1; i < 6; i++ {
+		f.store(f.ctx, keyRange(i, i+1))
+		landed(K(i))
+		if !mem.Contains(K(0)) {
+			t.Fatalf("the tier evicted the pinned block for K%d", i)
+		}
+	}
+	if mem.Len() != 2 {
+		t.Fatalf("the tier holds %d blocks, capacity 2", mem.Len())
+	}
+	f.m.Unpin([]offload.Key{K(0)})
+	f.store(f.ctx, keyRange(6, 7))
+	landed(K(6))
+	if mem.Contains(K(0)) {
+		t.Fatal("the unpinned block, least recently used, was not the victim")
 	}
 }

@@ -145,6 +145,14 @@ func (t *Tier) Delete(_ context.Context, keys []offload.Key) (int, error) {
 	return n + len(gone), nil
 }
 
+// Keep passes over the blocks keep reports when the tier evicts
+// (offload.Keeper: routers' pins).
+func (t *Tier) Keep(keep func(offload.Key) bool) {
+	t.mu.Lock()
+	t.idx.keep = keep
+	t.mu.Unlock()
+}
+
 // evictToLow evicts down to the low watermark when usage is above the
 // high one (after the start-up scan).
 func (t *Tier) evictToLow() {

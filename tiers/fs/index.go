@@ -46,6 +46,15 @@ type index struct {
 	used         int64 // bytes of live and evicting files
 	live         int
 	sh           *shares // nil without tenants' shares
+	// keep reports blocks no eviction may choose (pinned by routers:
+	// offload.Keeper); nil keeps none.
+	keep func(offload.Key) bool
+}
+
+// evictable reports whether e may be chosen as a victim: nobody reads it
+// and it is not kept.
+func (x *index) evictable(e *entry) bool {
+	return e.readers == 0 && (x.keep == nil || !x.keep(e.key))
 }
 
 func newIndex() index {
@@ -193,9 +202,9 @@ func (x *index) drop(i int32) {
 	e.state = stateDoomed
 }
 
-// pickVictims marks least-recently-used live files without readers as
-// evicting until at least need bytes are chosen, and returns them. It may
-// return fewer bytes when the rest is being read. With shares it chooses
+// pickVictims marks least-recently-used live files without readers (and
+// not kept) as evicting until at least need bytes are chosen, and returns
+// them. It may return fewer bytes when the rest is being read or kept. With shares it chooses
 // across the owners (shares.go) for a store of storer's (-1: none).
 func (x *index) pickVictims(need int64, storer int) (victims []int32, freed int64) {
 	if x.sh != nil {
@@ -204,7 +213,7 @@ func (x *index) pickVictims(need int64, storer int) (victims []int32, freed int6
 	for i := x.tails[0]; i != nilIdx && freed < need; {
 		e := &x.ents[i]
 		prev := e.prev
-		if e.readers == 0 {
+		if x.evictable(e) {
 			x.unlink(i)
 			x.live--
 			e.state = stateEvicting

@@ -27,6 +27,8 @@ func TestIndexModel(t *testing.T) {
 		}
 		var handles []handle
 		readers := map[offload.Key]int{} // readers of the mapped entry of key
+		kept := map[offload.Key]bool{}   // pinned by routers: never a victim
+		x.keep = func(k offload.Key) bool { return kept[k] }
 		var evicting []int32
 
 		keyGen := rapid.Map(rapid.IntRange(0, 15), func(n int) offload.Key { return k(n) })
@@ -100,6 +102,10 @@ func TestIndexModel(t *testing.T) {
 					readers[h.key]--
 				}
 			},
+			"keep": func(t *rapid.T) { // a router pins or unpins a key
+				key := keyGen.Draw(t, "key")
+				kept[key] = !kept[key]
+			},
 			"drop": func(t *rapid.T) { // a corrupt file
 				key := keyGen.Draw(t, "key")
 				i, ok := x.find(key)
@@ -120,7 +126,7 @@ func TestIndexModel(t *testing.T) {
 				var want []offload.Key
 				var wantFreed int64
 				for j := len(order) - 1; j >= 0 && wantFreed < need; j-- {
-					if readers[order[j]] == 0 {
+					if readers[order[j]] == 0 && !kept[order[j]] {
 						want = append(want, order[j])
 						wantFreed += mapped[order[j]].size
 					}

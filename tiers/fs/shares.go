@@ -52,9 +52,9 @@ func (sh *shares) pickVictims(x *index, need int64, storer int) (victims []int32
 		if o < 0 {
 			break
 		}
-		// The owner's oldest file without readers.
+		// The owner's oldest file without readers, not kept.
 		i := cursor[o]
-		for i != nilIdx && x.ents[i].readers > 0 {
+		for i != nilIdx && !x.evictable(&x.ents[i]) {
 			i = x.ents[i].prev
 		}
 		if i == nilIdx {

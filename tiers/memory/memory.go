@@ -74,6 +74,9 @@ type Tier struct {
 	// the shares (one without shares); lru.next is the oldest.
 	lrus []entry
 	sh   *shares // nil without tenants' shares
+	// keep reports blocks eviction passes over (routers' pins:
+	// offload.Keeper); nil keeps none.
+	keep func(offload.Key) bool
 	// exhausted is evict's scratch, one flag per owner (nil without
 	// shares).
 	exhausted []bool
@@ -528,6 +531,16 @@ func (t *Tier) evict(n, storer int, removed []offload.Key) ([]offload.Key, bool)
 			continue
 		}
 		e := lru.next
+		for e != lru && t.keep != nil && t.keep(e.key) {
+			e = e.next // kept: the next oldest
+		}
+		if e == lru {
+			if t.sh == nil {
+				return removed, false // every block left is kept
+			}
+			exhausted[o] = true
+			continue
+		}
 		t.drop(e)
 		t.evicted++
 		if t.cfg.Events {
@@ -535,6 +548,14 @@ func (t *Tier) evict(n, storer int, removed []offload.Key) ([]offload.Key, bool)
 		}
 	}
 	return removed, true
+}
+
+// Keep passes over the blocks keep reports when the tier evicts
+// (offload.Keeper: routers' pins).
+func (t *Tier) Keep(keep func(offload.Key) bool) {
+	t.mu.Lock()
+	t.keep = keep
+	t.mu.Unlock()
 }
 
 // drop forgets e, keeping its buffer for a later block.

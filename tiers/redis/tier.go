@@ -464,3 +464,12 @@ func (t *Tier) existsOn(ctx context.Context, n *node, keys []offload.Key, idx []
 	}
 	return nil
 }
+
+// Keep passes over the blocks keep reports when max_bytes makes the tier
+// choose victims (offload.Keeper: routers' pins); without max_bytes it
+// chooses none.
+func (t *Tier) Keep(keep func(offload.Key) bool) {
+	if t.budget != nil {
+		t.budget.Keep(keep)
+	}
+}

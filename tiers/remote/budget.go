@@ -55,6 +55,17 @@ type Budget struct {
 	ents    map[offload.Key]*bentry
 	evicted int64
 	full    int64
+	// keep reports blocks no victim may be (routers' pins:
+	// offload.Keeper); nil keeps none.
+	keep func(offload.Key) bool
+}
+
+// Keep passes over the blocks keep reports when choosing victims
+// (offload.Keeper, for the tier that owns the Budget).
+func (b *Budget) Keep(keep func(offload.Key) bool) {
+	b.mu.Lock()
+	b.keep = keep
+	b.mu.Unlock()
 }
 
 type bentry struct {
@@ -200,7 +211,7 @@ func (b *Budget) newPicker() *picker {
 
 // next returns the next victim for a store by storer (-1: a trim, from
 // owners above their quotas only), or nil when no owner may give one. A
-// block being written is never one.
+// block being written, or kept, is never one.
 func (p *picker) next(storer int) *bentry {
 	for {
 		o := p.b.t.Victim(p.virt, p.exhausted, storer)
@@ -208,7 +219,7 @@ func (p *picker) next(storer int) *bentry {
 			return nil
 		}
 		e := p.cursor[o]
-		for e != &p.b.lru[o] && e.writing > 0 {
+		for e != &p.b.lru[o] && (e.writing > 0 || p.b.keep != nil && p.b.keep(e.key)) {
 			e = e.prev
 		}
 		if e == &p.b.lru[o] {

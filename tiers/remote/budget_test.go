@@ -386,3 +386,32 @@ func BenchmarkBudgetAdmit(b *testing.B) {
 		})
 	}
 }
+
+// A kept block (a router's pin: offload.Keeper) is never a victim: the
+// store takes the next oldest, and fails with ErrFull when only kept
+// blocks are left.
+func TestBudgetPassesOverKeptBlocks(t *testing.T) {
+	b, err := NewBudget(20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := func(n int) offload.Key { return offload.MakeKey(fmt.Appendf(nil, "%d", n), 0) }
+	kept := map[offload.Key]bool{k(0): true}
+	b.Keep(func(key offload.Key) bool { return kept[key] })
+	// A listing enters each block as the oldest so far: k0 is the oldest.
+	b.Add(k(1), 10)
+	b.Add(k(0), 10)
+	a, victims, err := b.Admit([]offload.Key{k(2)}, 10)
+	if err != nil || len(victims) != 1 || victims[0] != k(1) {
+		t.Fatalf("victims %v, err %v: want k1, the oldest block not kept", victims, err)
+	}
+	b.Settle(a, func(int) bool { return true })
+	kept[k(2)] = true
+	if _, victims, err := b.Admit([]offload.Key{k(3)}, 10); !errors.Is(err, ErrFull) {
+		t.Fatalf("victims %v, err %v: want ErrFull, every block kept", victims, err)
+	}
+	delete(kept, k(0))
+	if _, victims, err := b.Admit([]offload.Key{k(3)}, 10); err != nil || len(victims) != 1 || victims[0] != k(0) {
+		t.Fatalf("victims %v, err %v: want k0 once it is no longer kept", victims, err)
+	}
+}

@@ -554,3 +554,12 @@ func httpStatus(err error) int {
 	}
 	return 0
 }
+
+// Keep passes over the blocks keep reports when max_bytes makes the tier
+// choose victims (offload.Keeper: routers' pins); without max_bytes it
+// chooses none.
+func (t *Tier) Keep(keep func(offload.Key) bool) {
+	if t.budget != nil {
+		t.budget.Keep(keep)
+	}
+}
