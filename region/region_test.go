@@ -312,3 +312,45 @@ func TestRegisterRefusesWrongSizes(t *testing.T) {
 		t.Fatalf("a slot outside the region: %v", err)
 	}
 }
+
+// Residency of a tier-mode namespace (issue 41): each tier's leading run
+// for the load filter, nothing promoted or touched, Primary unknown (-1:
+// the engine's CPU tier is vLLM's); a namespace no region registered is
+// ErrNoNamespace.
+func TestResidencyOfATierModeNamespace(t *testing.T) {
+	e := newEnv(t, nil)
+	r, m := e.register(t, testLayout(8))
+	keys := []offload.Key{key(1), key(2), key(3)}
+	for i, k := range keys[:2] {
+		fill(m, int64(i), k)
+	}
+	// key(1) and key(2) to both tiers; key(3) nowhere.
+	if err := r.Submit(ctxT(t), []Job{{ID: 1, RequestID: "s", Keys: keys[:2], Slots: []int64{0, 1}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	results(t, r, 1)
+	before := e.svc.Stats(ctxT(t))[0]
+	res, warnings, err := e.svc.Residency(ctxT(t), r.Namespace(), keys, nil)
+	if err != nil || len(warnings) != 0 {
+		t.Fatalf("residency: %v %v", err, warnings)
+	}
+	if res.Primary != -1 || res.Loadable != 2 || len(res.Tiers) != 2 || res.Tiers[0].Run != 2 || res.Tiers[1].Run != 2 {
+		t.Fatalf("residency %+v, want primary -1, loadable 2, runs 2 and 2", res)
+	}
+	// The storage filter leaves the remote CPU tier out.
+	res, _, err = e.svc.Residency(ctxT(t), r.Namespace(), keys, []byte(`{"kv_load_tiers":[{"medium":"storage"}]}`))
+	if err != nil || res.Tiers[1].Allowed || res.Tiers[1].Run != 0 || res.Loadable != 2 {
+		t.Fatalf("residency with storage only: %+v %v", res, err)
+	}
+	// Nothing was asked of the tiers as a lookup is.
+	after := e.svc.Stats(ctxT(t))[0]
+	for i := range after.Tiers {
+		a, b := after.Tiers[i], before.Tiers[i]
+		if a.Hits+a.Misses+a.Retries != b.Hits+b.Misses+b.Retries {
+			t.Fatalf("tier %d was looked up: before %+v, after %+v", i, b, a)
+		}
+	}
+	if _, _, err := e.svc.Residency(ctxT(t), "nobody", keys, nil); !errors.Is(err, ErrNoNamespace) {
+		t.Fatalf("an unknown namespace: %v", err)
+	}
+}

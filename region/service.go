@@ -192,6 +192,36 @@ func (s *Service) group(ctx context.Context, l Layout) (*group, error) {
 	return g, nil
 }
 
+// ErrNoNamespace reports a namespace no region has registered.
+var ErrNoNamespace = errors.New("region: no such namespace")
+
+// Residency answers which of the namespace's tiers hold the leading keys
+// of a prefix, for the load filter of params, changing nothing in any
+// tier (tiering.Stack.ResidencyAlone: the engine's own CPU tier is not
+// known here). The warnings are params' under the parser's rules.
+func (s *Service) Residency(ctx context.Context, namespace string, keys []offload.Key, params []byte) (tiering.Residency, []offload.Warning, error) {
+	s.mu.Lock()
+	g := s.groups[namespace]
+	s.mu.Unlock()
+	if g == nil {
+		return tiering.Residency{}, nil, fmt.Errorf("%w: %q", ErrNoNamespace, namespace)
+	}
+	rc, err := s.cfg.Parse("residency", params)
+	if err != nil {
+		return tiering.Residency{}, nil, err
+	}
+	reply := make(chan tiering.Residency, 1)
+	if err := g.do(ctx, func() { reply <- g.stack.ResidencyAlone(keys, rc.LoadFilter) }); err != nil {
+		return tiering.Residency{}, nil, err
+	}
+	select {
+	case r := <-reply:
+		return r, rc.Warnings, nil
+	case <-ctx.Done():
+		return tiering.Residency{}, nil, ctx.Err()
+	}
+}
+
 // Region returns the registered region id.
 func (s *Service) Region(id string) (*Region, error) {
 	s.mu.Lock()

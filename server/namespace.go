@@ -315,10 +315,22 @@ func (ns *Namespace) newRequestLocked(s *session, id string, params []byte) (*of
 // Keys converts raw keys into keys of space sp, checking the per-call
 // count and each key's length against the limits.
 func (ns *Namespace) Keys(raw [][]byte, sp keyspace.Space) ([]offload.Key, error) {
-	if len(raw) > ns.limits.MaxKeysPerCall {
-		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, len(raw), ns.limits.MaxKeysPerCall)
+	return ns.limits.keys(raw, sp)
+}
+
+// PackedKeys splits keys stored back to back, size bytes each, into keys
+// of space sp, checking the same limits as Keys. It makes one allocation
+// for the whole batch.
+func (ns *Namespace) PackedKeys(packed []byte, size int, sp keyspace.Space) ([]offload.Key, error) {
+	return ns.limits.packedKeys(packed, size, sp)
+}
+
+// keys is Namespace.Keys under limits l.
+func (l Limits) keys(raw [][]byte, sp keyspace.Space) ([]offload.Key, error) {
+	if len(raw) > l.MaxKeysPerCall {
+		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, len(raw), l.MaxKeysPerCall)
 	}
-	maxLen := ns.maxKeyBytes(sp)
+	maxLen := l.maxKeyBytes(sp)
 	keys := make([]offload.Key, len(raw))
 	for i, b := range raw {
 		if len(b) <= offload.GroupSuffixLen || len(b) > maxLen {
@@ -336,18 +348,16 @@ func (ns *Namespace) Keys(raw [][]byte, sp keyspace.Space) ([]offload.Key, error
 
 // maxKeyBytes is the longest key a caller in space sp may send: the limit,
 // less the tag a space adds within offload.MaxKeyLen.
-func (ns *Namespace) maxKeyBytes(sp keyspace.Space) int {
+func (l Limits) maxKeyBytes(sp keyspace.Space) int {
 	if sp.Tagged() {
-		return min(ns.limits.MaxKeyBytes, offload.MaxKeyLen-keyspace.TagLen)
+		return min(l.MaxKeyBytes, offload.MaxKeyLen-keyspace.TagLen)
 	}
-	return ns.limits.MaxKeyBytes
+	return l.MaxKeyBytes
 }
 
-// PackedKeys splits keys stored back to back, size bytes each, into keys
-// of space sp, checking the same limits as Keys. It makes one allocation
-// for the whole batch.
-func (ns *Namespace) PackedKeys(packed []byte, size int, sp keyspace.Space) ([]offload.Key, error) {
-	if maxLen := ns.maxKeyBytes(sp); size <= offload.GroupSuffixLen || size > maxLen {
+// packedKeys is Namespace.PackedKeys under limits l.
+func (l Limits) packedKeys(packed []byte, size int, sp keyspace.Space) ([]offload.Key, error) {
+	if maxLen := l.maxKeyBytes(sp); size <= offload.GroupSuffixLen || size > maxLen {
 		return nil, fmt.Errorf("%w: key_size %d (want %d..%d: block hash + 4-byte group index)",
 			offload.ErrInvalidKey, size, offload.GroupSuffixLen+1, maxLen)
 	}
@@ -355,8 +365,8 @@ func (ns *Namespace) PackedKeys(packed []byte, size int, sp keyspace.Space) ([]o
 		return nil, fmt.Errorf("%w: packed_keys is %d bytes, not a multiple of key_size %d", ErrInvalidArgument, len(packed), size)
 	}
 	n := len(packed) / size
-	if n > ns.limits.MaxKeysPerCall {
-		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, n, ns.limits.MaxKeysPerCall)
+	if n > l.MaxKeysPerCall {
+		return nil, fmt.Errorf("%w: %d keys in one call (max %d)", ErrLimit, n, l.MaxKeysPerCall)
 	}
 	return splitKeys(packed, size, n, sp), nil
 }

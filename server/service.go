@@ -13,6 +13,7 @@ import (
 
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/explain"
+	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
 	"github.com/kvtier/kvtier/tiering"
 )
@@ -152,19 +153,23 @@ func (sv *service) nsKeys(ctx context.Context, in keyed, admin bool) (*Namespace
 	if err != nil {
 		return nil, sc, nil, err
 	}
-	var keys []offload.Key
-	switch {
-	case len(in.GetPackedKeys()) > 0 && len(in.GetKeys()) > 0:
-		err = fmt.Errorf("%w: both keys and packed_keys set", ErrInvalidArgument)
-	case len(in.GetPackedKeys()) > 0:
-		keys, err = ns.PackedKeys(in.GetPackedKeys(), int(in.GetKeySize()), sc.keys)
-	default:
-		keys, err = ns.Keys(in.GetKeys(), sc.keys)
-	}
+	keys, err := ns.limits.keysOf(in, sc.keys)
 	if err != nil {
 		return nil, sc, nil, toStatus(err)
 	}
 	return ns, sc, keys, nil
+}
+
+// keysOf returns a call's keys (keys or packed_keys) in space sp.
+func (l Limits) keysOf(in keyed, sp keyspace.Space) ([]offload.Key, error) {
+	switch {
+	case len(in.GetPackedKeys()) > 0 && len(in.GetKeys()) > 0:
+		return nil, fmt.Errorf("%w: both keys and packed_keys set", ErrInvalidArgument)
+	case len(in.GetPackedKeys()) > 0:
+		return l.packedKeys(in.GetPackedKeys(), int(in.GetKeySize()), sp)
+	default:
+		return l.keys(in.GetKeys(), sp)
+	}
 }
 
 func (sv *service) PrepareLoad(ctx context.Context, in *kvtierv1.PrepareLoadRequest) (*kvtierv1.PrepareLoadResponse, error) {

@@ -14,6 +14,7 @@ import (
 	kvtierv1 "github.com/kvtier/kvtier/api/kvtier/v1"
 	"github.com/kvtier/kvtier/keyspace"
 	"github.com/kvtier/kvtier/offload"
+	"github.com/kvtier/kvtier/region"
 	"github.com/kvtier/kvtier/tiering"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -56,6 +57,9 @@ func (ns *Namespace) Residency(keys []offload.Key, params []byte) (tiering.Resid
 }
 
 func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest) (*kvtierv1.ResidencyResponse, error) {
+	if out, ok, err := sv.regionResidency(ctx, in); ok {
+		return out, err
+	}
 	ns, keys, err := sv.steerKeys(ctx, in, &in.Namespace)
 	if err != nil {
 		return nil, err
@@ -64,6 +68,44 @@ func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest)
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	return residencyProto(r, warnings), nil
+}
+
+// regionResidency answers a residency query that names a vLLM tier-mode
+// namespace (ok false: the name is no such namespace, or one of the
+// daemon's own). Its tiers are shared by the layout's engines, each
+// principal's keys in its own key space, so any principal may ask, of
+// its own space: a tenant's keys are tagged with its space and it learns
+// of its own blocks only. The engine's CPU tier is vLLM's: Primary is not
+// known (0 in the answer).
+func (sv *service) regionResidency(ctx context.Context, in *kvtierv1.ResidencyRequest) (*kvtierv1.ResidencyResponse, bool, error) {
+	name := in.GetNamespace()
+	if sv.s.regions == nil || name == "" {
+		return nil, false, nil
+	}
+	if _, err := sv.ns(name); err == nil {
+		return nil, false, nil
+	}
+	var sp keyspace.Space
+	if t := principalOf(ctx).t; t != nil {
+		sp = t.space
+	}
+	keys, err := sv.s.limits.keysOf(in, sp)
+	if err != nil {
+		return nil, true, toStatus(err)
+	}
+	r, warnings, err := sv.s.regions.Residency(ctx, name, keys, []byte(in.GetKvTransferParams()))
+	switch {
+	case errors.Is(err, region.ErrNoNamespace):
+		return nil, false, nil
+	case err != nil:
+		return nil, true, regionStatus(err)
+	}
+	return residencyProto(r, warnings), true, nil
+}
+
+// residencyProto is a residency answer as the API sends it.
+func residencyProto(r tiering.Residency, warnings []offload.Warning) *kvtierv1.ResidencyResponse {
 	out := &kvtierv1.ResidencyResponse{Primary: uint32(max(r.Primary, 0)), Loadable: uint32(r.Loadable), Warnings: warningsProto(warnings)}
 	for _, t := range r.Tiers {
 		out.Tiers = append(out.Tiers, &kvtierv1.TierResidency{
@@ -71,7 +113,7 @@ func (sv *service) Residency(ctx context.Context, in *kvtierv1.ResidencyRequest)
 			Allowed: t.Allowed, Known: t.Known, Run: uint32(t.Run),
 		})
 	}
-	return out, nil
+	return out
 }
 
 // DefaultPrefetchDeadline is a prefetch's deadline when the call names

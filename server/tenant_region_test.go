@@ -98,4 +98,16 @@ func TestRegionsAsTenants(t *testing.T) {
 	if err != nil || r.GetFound()[0] != byte(kvtierv1.RegionFound_REGION_FOUND_HIT) {
 		t.Fatalf("the admin looks up in acme's region (acme's key space): %v %v", r, err)
 	}
+	// Residency of the tier-mode namespace (issue 41), each principal in
+	// its own key space: acme's block for acme, nothing for the others.
+	for _, tc := range []struct {
+		who  string
+		e    *engine
+		want uint32
+	}{{"acme", acme, 1}, {"beta", beta, 0}, {"the admin", adm, 0}} {
+		res, err := tc.e.c.WithNamespace(acme.r.Namespace).Residency(ctx, []offload.Key{k}, "")
+		if err != nil || res.GetLoadable() != tc.want || len(res.GetTiers()) == 0 || !res.GetTiers()[0].GetKnown() {
+			t.Fatalf("residency for %s: %v %v, want loadable %d", tc.who, res, err, tc.want)
+		}
+	}
 }

@@ -99,3 +99,15 @@ func (m *Manager) Residency(keys []offload.Key, req *offload.ReqContext) Residen
 	r.Loadable = leadingRun(found)
 	return r
 }
+
+// ResidencyAlone answers as Manager.Residency does, for a stack with no
+// primary before it (vLLM tier mode, whose CPU tier is the engine's and
+// unknown here): Primary is -1 and Loadable counts the leading keys the
+// allowed tiers hold.
+func (s *Stack) ResidencyAlone(keys []offload.Key, filter *offload.TierFilter) Residency {
+	found := make([]bool, len(keys))
+	r := Residency{Primary: -1}
+	r.Tiers = s.Residency(keys, filter, found)
+	r.Loadable = leadingRun(found)
+	return r
+}
