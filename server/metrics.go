@@ -69,6 +69,9 @@ func newMetrics() *metrics {
 		Name: "kvtier_receive_refusals_total",
 		Help: "API calls refused or cancelled by the receive budget, by reason (busy: refused before its request was read, limits.max_receive_bytes being reserved and too many calls waiting; timeout: cancelled, its request not whole within limits.receive_timeout).",
 	}, []string{"reason"})
+	// Both series from the start, at zero: an alert's rate needs them.
+	m.receiveRefusals.WithLabelValues("busy")
+	m.receiveRefusals.WithLabelValues("timeout")
 	m.streamBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_stream_blocks_total",
 		Help: "Blocks moved on the block stream by direction (out: sent, in: received) and result (ok; rejected: a received block of the wrong size or that failed its checksum, not stored).",
