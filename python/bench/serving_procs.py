@@ -10,7 +10,6 @@ import pathlib
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request

@@ -5,13 +5,10 @@ from the one config block, with kvtier as their secondary tier and a real
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import pathlib
 from typing import Any
 
 import numpy as np
-import pytest
 
 from conftest import Daemon, offloading_config, wait_until, stored_hash
 
