@@ -65,23 +65,31 @@ const tokenlessBodyBound = 256 << 20
 // checked on the call's headers: every call is refused UNAUTHENTICATED
 // and the daemon's peak RSS grows by less than tokenlessBodyBound.
 func TestTokenlessBodiesAreNeverRead(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the kvtier binary")
-	}
-	dir := shortTempDir(t)
-	d := startDaemon(t, daemonConfig(t, dir, "  auth_token: "+daemonToken+"\n"))
-	defer d.stop(t)
-	before := peakRSS(t, d)
-	for _, err := range putInFlight(t, d, "", 32) {
-		if status.Code(err) != codes.Unauthenticated {
-			t.Fatalf("a token-less PutBlocks: %v, want UNAUTHENTICATED", err)
-		}
-	}
-	grew := peakRSS(t, d) - before
+	grew := peakRSSOf32Puts(t, "", "", codes.Unauthenticated)
 	t.Logf("peak RSS grew by %d MiB for 32 token-less 60 MiB calls", grew>>20)
 	if grew > tokenlessBodyBound {
 		t.Errorf("the daemon's peak RSS grew by %d MiB (bound %d MiB): token-less bodies were read", grew>>20, tokenlessBodyBound>>20)
 	}
+}
+
+// peakRSSOf32Puts starts a daemon with an admin token (and limits, a
+// config block), sends 32 60 MiB PutBlocks at once with token, checks
+// each is answered want, and returns how much the daemon's peak RSS grew.
+func peakRSSOf32Puts(t *testing.T, limits, token string, want codes.Code) int64 {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the kvtier binary")
+	}
+	dir := shortTempDir(t)
+	d := startDaemon(t, daemonConfig(t, dir, "  auth_token: "+daemonToken+"\n"+limits))
+	defer d.stop(t)
+	before := peakRSS(t, d)
+	for _, err := range putInFlight(t, d, token, 32) {
+		if status.Code(err) != want {
+			t.Fatalf("a 60 MiB PutBlocks (token %q): %v, want %v", token, err, want)
+		}
+	}
+	return peakRSS(t, d) - before
 }
 
 // putInFlight sends n 60 MiB PutBlocks at once over one connection, with
@@ -121,7 +129,7 @@ func putInFlight(t *testing.T, d *daemon, token string, n int) []error {
 
 // receivedBodyBound is the bound on what 32 authenticated 60 MiB calls in
 // flight may add to the daemon's peak RSS with max_receive_bytes 128MiB.
-// Measured (docs/operations.md): about 4 × max_receive_bytes plus 350 MiB
+// Measured (docs/tenants.md): about 4 × max_receive_bytes plus 350 MiB
 // (a request's frames, its contiguous copy and its decoded message, and
 // the collector's headroom): 614, 853-964 and 1392 MiB at 64, 128 and
 // 256 MiB; 4476 MiB without the bound. The bound leaves room for the
@@ -135,19 +143,8 @@ const receivedBodyBound = 1536 << 20
 // at once here; every call is still answered (the block does not fit a
 // slot: INVALID_ARGUMENT).
 func TestReceivedBodiesAreBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the kvtier binary")
-	}
-	dir := shortTempDir(t)
-	d := startDaemon(t, daemonConfig(t, dir, "  auth_token: "+daemonToken+"\nlimits:\n  max_receive_bytes: 128MiB\n"))
-	defer d.stop(t)
-	before := peakRSS(t, d)
-	for _, err := range putInFlight(t, d, daemonToken, 32) {
-		if status.Code(err) != codes.InvalidArgument {
-			t.Fatalf("an authenticated 60 MiB PutBlocks: %v, want INVALID_ARGUMENT (no slot holds it)", err)
-		}
-	}
-	grew := peakRSS(t, d) - before
+	// INVALID_ARGUMENT: the block fits no slot, but every call is answered.
+	grew := peakRSSOf32Puts(t, "limits:\n  max_receive_bytes: 128MiB\n", daemonToken, codes.InvalidArgument)
 	t.Logf("peak RSS grew by %d MiB for 32 authenticated 60 MiB calls, max_receive_bytes 128 MiB", grew>>20)
 	if grew > receivedBodyBound {
 		t.Errorf("the daemon's peak RSS grew by %d MiB (bound %d MiB)", grew>>20, receivedBodyBound>>20)
